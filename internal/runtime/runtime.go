@@ -1,0 +1,72 @@
+// Package runtime defines how agentbox runs one sandbox as an isolated
+// container. Drivers (runc today, runsc and microVMs later) implement Runtime;
+// the sandbox manager only talks to this interface.
+package runtime
+
+import (
+	"context"
+	"time"
+)
+
+// EnvdPathInSandbox is where the envd binary is bind-mounted (read-only) in
+// every sandbox. envd runs as the container's init (PID 1).
+const EnvdPathInSandbox = "/.agentbox/bin/envd"
+
+// Resources are the cgroup limits of one sandbox.
+type Resources struct {
+	CPUCount int // whole CPUs (CFS quota = CPUCount * period); 0 = unlimited
+	MemoryMB int // hard memory limit in MiB (swap is not allowed beyond it); 0 = unlimited
+	PIDs     int // max number of tasks; 0 = unlimited
+	DiskMB   int // size of the writable layer in MiB, enforced where the driver can; 0 = unlimited
+}
+
+// Spec describes the sandbox to start.
+type Spec struct {
+	ID        string    // sandbox id: container id and hostname
+	Layers    []string  // template rootfs directories, lowest first; shared, never written
+	NetNSPath string    // network namespace to join (made by the network package)
+	DNS       []string  // nameservers written to the sandbox's /etc/resolv.conf
+	Resources Resources // cgroup limits
+	Runtime   string    // OCI runtime tier; "" means the driver's default
+}
+
+// Status is the lifecycle state the runtime observes.
+type Status string
+
+const (
+	StatusRunning Status = "running"
+	StatusPaused  Status = "paused"
+	StatusStopped Status = "stopped" // exists but its init exited
+)
+
+// Stats are point-in-time resource figures read from the cgroup and disk.
+type Stats struct {
+	Timestamp     time.Time
+	CPUUsageNanos uint64 // cumulative CPU time of all tasks
+	MemoryUsed    uint64 // bytes, excluding page cache
+	MemoryCache   uint64 // bytes of page cache
+	MemoryLimit   uint64 // bytes
+	DiskUsed      uint64 // bytes written to the sandbox's writable layer
+	DiskTotal     uint64 // bytes available to the writable layer
+}
+
+// Runtime runs sandboxes. Implementations must be safe for concurrent use and
+// must survive a restart of the server process: containers keep running and
+// State/Delete/List work on what an earlier process created.
+type Runtime interface {
+	// Create builds the bundle (overlay rootfs over Layers, cgroups, mounts),
+	// starts envd as init and returns once the container runs. On error it
+	// leaves nothing behind.
+	Create(ctx context.Context, spec Spec) error
+	// Delete stops the container and removes everything Create made: container
+	// state, overlay mount, writable layer, cgroups. Deleting an unknown id is
+	// not an error.
+	Delete(ctx context.Context, id string) error
+	// State reports the container's state; errdefs.ErrNotFound if unknown.
+	State(ctx context.Context, id string) (Status, error)
+	// Stats reads live resource usage.
+	Stats(ctx context.Context, id string) (Stats, error)
+	// List returns the ids of every sandbox this runtime has state for,
+	// including half-created ones, so the manager can reconcile after a crash.
+	List(ctx context.Context) ([]string, error)
+}
