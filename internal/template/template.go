@@ -18,4 +18,5 @@ type Template struct {
 	SizeBytes      int64             `json:"sizeBytes"`      // disk used by the layers
 	BuildSeconds   float64           `json:"buildSeconds"`   // how long the build took
 	CreatedAt      time.Time         `json:"createdAt"`
+	Definition     *Definition       `json:"definition,omitempty"` // what it was built from, if built here
 }
