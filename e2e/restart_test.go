@@ -1,0 +1,257 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agentbox/agentbox/e2e/wire"
+)
+
+// TestRestartKeepsSandboxes kills the server with SIGKILL, starts it again on
+// the same data dir, and expects the earlier sandbox to still run, answer and
+// list; killing it afterwards must leave nothing behind on the host.
+func TestRestartKeepsSandboxes(t *testing.T) {
+	s := need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	c := s.client()
+
+	sb, err := c.Create(ctx, wire.CreateRequest{TemplateID: "base", Timeout: 1800, Metadata: map[string]string{"e2e": "restart"}})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	killed := false
+	defer func() {
+		if !killed {
+			_ = s.client().Kill(context.Background(), sb.SandboxID)
+		}
+	}()
+	r, err := c.Run(ctx, sb, "user", "echo before > /tmp/mark; sleep 3600 >/dev/null 2>&1 & echo $!")
+	if err != nil || r.ExitCode != 0 {
+		t.Fatalf("run before restart: %v %+v", err, r)
+	}
+	sleeperPID := strings.TrimSpace(r.Stdout)
+
+	if err := s.stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.start(ctx); err != nil {
+		t.Fatalf("restart: %v\n%s", err, s.logTail(100))
+	}
+	c = s.client()
+
+	r, err = c.Run(ctx, sb, "user", "cat /tmp/mark; kill -0 "+sleeperPID+" && echo alive")
+	if err != nil {
+		t.Fatalf("run after restart: %v", err)
+	}
+	if r.Stdout != "before\nalive\n" {
+		t.Fatalf("after restart: stdout %q stderr %q exit %d; want the file and the background process", r.Stdout, r.Stderr, r.ExitCode)
+	}
+	list, err := c.List(ctx, map[string]string{"e2e": "restart"})
+	if err != nil {
+		t.Fatalf("list after restart: %v", err)
+	}
+	if len(list) != 1 || list[0].SandboxID != sb.SandboxID || list[0].State != "running" {
+		t.Fatalf("list after restart = %+v, want only %s running", list, sb.SandboxID)
+	}
+
+	if err := c.Kill(ctx, sb.SandboxID); err != nil {
+		t.Fatalf("kill: %v", err)
+	}
+	killed = true
+	if _, err := c.Get(ctx, sb.SandboxID); !wire.IsStatus(err, 404) {
+		t.Fatalf("get after kill: %v, want 404", err)
+	}
+	if err := c.EnvdHealth(ctx, sb); !wire.IsStatus(err, 502) {
+		t.Fatalf("envd health after kill: %v, want 502", err)
+	}
+	assertNoLeaks(t, s, sb.SandboxID)
+}
+
+// TestGracefulShutdownKeepsSandboxes is the SIGTERM variant of the restart.
+func TestGracefulShutdownKeepsSandboxes(t *testing.T) {
+	s := need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	c := s.client()
+	sb, err := c.Create(ctx, wire.CreateRequest{TemplateID: "base", Timeout: 1800})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	defer func() { _ = s.client().Kill(context.Background(), sb.SandboxID) }()
+	if err := s.stop(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.cmd.ProcessState; st == nil || !st.Success() {
+		t.Errorf("serve after SIGTERM: %v, want exit 0", st)
+	}
+	if err := s.start(ctx); err != nil {
+		t.Fatalf("restart: %v\n%s", err, s.logTail(100))
+	}
+	c = s.client()
+	r, err := c.Run(ctx, sb, "", "echo still-here")
+	if err != nil || r.Stdout != "still-here\n" {
+		t.Fatalf("run after graceful restart: %v %+v", err, r)
+	}
+	if err := c.Kill(ctx, sb.SandboxID); err != nil {
+		t.Fatalf("kill: %v", err)
+	}
+	assertNoLeaks(t, s, sb.SandboxID)
+}
+
+// assertNoLeaks checks the host for remains of a killed sandbox: mounts,
+// network namespaces, runc state and cgroups. Teardown is asynchronous in
+// some designs, so each check gets a grace period before it fails.
+func assertNoLeaks(t *testing.T, s *server, id string) {
+	t.Helper()
+	checks := []struct {
+		what string
+		find func() []string
+	}{
+		{"mounts mentioning the sandbox", func() []string {
+			m, _ := mountsMatching(func(line string) bool { return strings.Contains(line, id) })
+			return m
+		}},
+		{"network namespace files", func() []string { return netnsFiles(id) }},
+		{"runc containers", func() []string { return runcContainers(id) }},
+		{"cgroup directories", func() []string { return cgroupDirs(id) }},
+	}
+	for _, c := range checks {
+		var left []string
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			left = c.find()
+			if len(left) == 0 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		if len(left) > 0 {
+			t.Errorf("sandbox %s killed but %s remain:\n  %s", id, c.what, strings.Join(left, "\n  "))
+		}
+	}
+}
+
+// TestNothingLeaksUnderDataDir runs last (file order): once every sandbox of
+// this run is killed, nothing may stay mounted under the server's data dir.
+func TestNothingLeaksUnderDataDir(t *testing.T) {
+	s := need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	for _, key := range []string{s.apiKey, s.otherKey} {
+		c := s.client()
+		c.APIKey = key
+		list, err := c.List(ctx, nil)
+		if err != nil {
+			t.Fatalf("list: %v", err)
+		}
+		for _, sb := range list {
+			if err := c.Kill(ctx, sb.SandboxID); err != nil && !wire.IsStatus(err, 404) {
+				t.Errorf("kill %s: %v", sb.SandboxID, err)
+			}
+			assertNoLeaks(t, s, sb.SandboxID)
+		}
+	}
+	var left []string
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		left, _ = mountsUnder(s.dataDir)
+		if len(left) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if len(left) > 0 {
+		t.Errorf("no sandbox left, but mounted under %s:\n  %s", s.dataDir, strings.Join(left, "\n  "))
+	}
+}
+
+// mountsMatching returns the mount points of /proc/self/mountinfo lines that
+// match.
+func mountsMatching(match func(line string) bool) ([]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if match(line) {
+			fields := strings.Fields(line)
+			if len(fields) > 4 {
+				out = append(out, fields[4])
+			} else {
+				out = append(out, line)
+			}
+		}
+	}
+	return out, sc.Err()
+}
+
+func mountsUnder(dir string) ([]string, error) {
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		real = dir
+	}
+	return mountsMatching(func(line string) bool {
+		fields := strings.Fields(line)
+		if len(fields) < 5 {
+			return false
+		}
+		mp := fields[4]
+		return mp == real || strings.HasPrefix(mp, real+"/") || mp == dir || strings.HasPrefix(mp, dir+"/")
+	})
+}
+
+func netnsFiles(id string) []string {
+	var out []string
+	for _, dir := range []string{"/run/netns", "/var/run/netns", "/run/agentbox/netns"} {
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if strings.Contains(e.Name(), id) {
+				out = append(out, filepath.Join(dir, e.Name()))
+			}
+		}
+	}
+	return out
+}
+
+func runcContainers(id string) []string {
+	out, err := exec.Command("runc", "--root", "/run/agentbox/runc", "list", "-q").Output()
+	if err != nil {
+		return nil // no state dir at all: nothing runs
+	}
+	var left []string
+	for _, name := range strings.Fields(string(out)) {
+		if strings.Contains(name, id) {
+			left = append(left, name)
+		}
+	}
+	return left
+}
+
+func cgroupDirs(id string) []string {
+	var left []string
+	for _, p := range []string{
+		"/sys/fs/cgroup/memory/agentbox/" + id,
+		"/sys/fs/cgroup/pids/agentbox/" + id,
+		"/sys/fs/cgroup/cpu/agentbox/" + id,
+		"/sys/fs/cgroup/freezer/agentbox/" + id,
+		"/sys/fs/cgroup/unified/agentbox/" + id,
+		"/sys/fs/cgroup/agentbox/" + id,
+	} {
+		if _, err := os.Stat(p); err == nil {
+			left = append(left, p)
+		}
+	}
+	return left
+}
