@@ -1,0 +1,591 @@
+package network
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	goruntime "runtime"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+)
+
+// Config configures the Manager. Zero values take the defaults.
+type Config struct {
+	// Bridge is the host bridge all sandboxes attach to. Default "agentbox0".
+	Bridge string
+	// Subnet holds the gateway (its first address) and every sandbox
+	// address. IPv4 only. Default 10.11.0.0/16.
+	Subnet netip.Prefix
+	// NetNSDir holds one bind-mounted netns file per sandbox, named by id.
+	// Default /run/agentbox/netns.
+	NetNSDir string
+	// Table is the nftables table (family inet) the Manager owns and
+	// rewrites. Default "agentbox".
+	Table string
+	// ResolvConf is read for the host's nameservers. Default /etc/resolv.conf.
+	ResolvConf string
+}
+
+func (c *Config) setDefaults() error {
+	if c.Bridge == "" {
+		c.Bridge = "agentbox0"
+	}
+	if !c.Subnet.IsValid() {
+		c.Subnet = netip.MustParsePrefix("10.11.0.0/16")
+	}
+	if c.NetNSDir == "" {
+		c.NetNSDir = "/run/agentbox/netns"
+	}
+	if c.Table == "" {
+		c.Table = "agentbox"
+	}
+	if c.ResolvConf == "" {
+		c.ResolvConf = "/etc/resolv.conf"
+	}
+	switch {
+	case len(c.Bridge) > 15:
+		return fmt.Errorf("bridge name %q longer than 15 bytes: %w", c.Bridge, errdefs.ErrInvalidArgument)
+	case !c.Subnet.Addr().Is4() || c.Subnet.Bits() > 30:
+		return fmt.Errorf("subnet %s must be IPv4 and at most /30: %w", c.Subnet, errdefs.ErrInvalidArgument)
+	}
+	c.Subnet = c.Subnet.Masked()
+	return nil
+}
+
+// Manager owns the bridge, the nftables table and every sandbox's netns.
+// It is safe for concurrent use.
+type Manager struct {
+	cfg     Config
+	log     *slog.Logger
+	gateway netip.Addr
+	dns     []string
+
+	mu        sync.Mutex
+	used      map[netip.Addr]string // allocated address → sandbox id
+	endpoints map[string]Endpoint   // by sandbox id
+	denied    map[string]bool       // ids in the no_internet set
+}
+
+// validID keeps ids usable as file names and interface-name seeds.
+var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// New creates a Manager and re-learns the sandboxes an earlier process
+// attached (from the netns files under NetNSDir), so addresses are never
+// handed out twice after a restart. Call Setup before Attach.
+func New(cfg Config, log *slog.Logger) (*Manager, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	m := &Manager{
+		cfg:       cfg,
+		log:       log.With("component", "network"),
+		gateway:   cfg.Subnet.Addr().Next(),
+		used:      map[netip.Addr]string{},
+		endpoints: map[string]Endpoint{},
+		denied:    map[string]bool{},
+	}
+	m.dns = m.hostDNS()
+	if err := m.relearn(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Gateway returns the bridge address, the sandboxes' default route.
+func (m *Manager) Gateway() netip.Addr { return m.gateway }
+
+// DNS returns the nameservers sandboxes should use: the host's, unless they
+// are loopback addresses a sandbox cannot reach.
+func (m *Manager) DNS() []string { return append([]string(nil), m.dns...) }
+
+func (m *Manager) hostDNS() []string {
+	b, err := os.ReadFile(m.cfg.ResolvConf)
+	if err != nil {
+		m.log.Warn("no host resolv.conf; sandboxes get no nameserver", "path", m.cfg.ResolvConf, "err", err)
+		return nil
+	}
+	var out, skipped []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || f[0] != "nameserver" {
+			continue
+		}
+		ip, err := netip.ParseAddr(f[1])
+		if err != nil || ip.IsLoopback() {
+			skipped = append(skipped, f[1])
+			continue
+		}
+		out = append(out, ip.String())
+	}
+	if len(skipped) > 0 {
+		m.log.Warn("host nameservers unreachable from sandboxes skipped", "skipped", skipped, "kept", out)
+	}
+	return out
+}
+
+func (m *Manager) nsPath(id string) string { return filepath.Join(m.cfg.NetNSDir, id) }
+
+// hostVeth names the host side of a sandbox's veth pair. Interface names are
+// at most 15 bytes, so the id is hashed rather than truncated: truncation
+// collides for ids with a common prefix.
+func hostVeth(id string) string {
+	h := sha256.Sum256([]byte(id))
+	return "ab" + hex.EncodeToString(h[:])[:12]
+}
+
+// relearn reads eth0's address in every netns file left by an earlier process.
+func (m *Manager) relearn() error {
+	entries, err := os.ReadDir(m.cfg.NetNSDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read netns dir: %w", err)
+	}
+	denied := m.deniedSet()
+	for _, e := range entries {
+		id := e.Name()
+		ip, err := readNSAddr(m.nsPath(id))
+		if err != nil {
+			m.log.Warn("netns without a usable eth0; Detach will clean it", "id", id, "err", err)
+			continue
+		}
+		m.used[ip] = id
+		m.endpoints[id] = Endpoint{IP: ip, Gateway: m.gateway, NetNSPath: m.nsPath(id)}
+		if denied[ip] {
+			m.denied[id] = true
+		}
+	}
+	return nil
+}
+
+func readNSAddr(path string) (netip.Addr, error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	defer h.Close()
+	link, err := h.LinkByName("eth0")
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	addrs, err := h.AddrList(link, netlink.FAMILY_V4)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok {
+			return ip, nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("eth0 has no IPv4 address")
+}
+
+// Setup prepares the host: bridge with the gateway address, IP forwarding,
+// and a freshly written nftables table. Safe to call on every start.
+func (m *Manager) Setup(ctx context.Context) error {
+	if err := os.MkdirAll(m.cfg.NetNSDir, 0o755); err != nil {
+		return fmt.Errorf("netns dir: %w", err)
+	}
+	br, err := netlink.LinkByName(m.cfg.Bridge)
+	if err != nil {
+		if !errors.As(err, new(netlink.LinkNotFoundError)) {
+			return fmt.Errorf("bridge %s: %w", m.cfg.Bridge, err)
+		}
+		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: m.cfg.Bridge}}); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("create bridge %s: %w", m.cfg.Bridge, err)
+		}
+		if br, err = netlink.LinkByName(m.cfg.Bridge); err != nil {
+			return fmt.Errorf("bridge %s: %w", m.cfg.Bridge, err)
+		}
+	}
+	gw := &netlink.Addr{IPNet: &net.IPNet{IP: m.gateway.AsSlice(), Mask: net.CIDRMask(m.cfg.Subnet.Bits(), 32)}}
+	if err := netlink.AddrReplace(br, gw); err != nil {
+		return fmt.Errorf("bridge address: %w", err)
+	}
+	if err := netlink.LinkSetUp(br); err != nil {
+		return fmt.Errorf("bridge up: %w", err)
+	}
+	for _, s := range []struct{ path, val string }{
+		{"/proc/sys/net/ipv4/ip_forward", "1"},
+		// The host must not tell a sandbox to talk to a neighbour directly.
+		{"/proc/sys/net/ipv4/conf/" + m.cfg.Bridge + "/send_redirects", "0"},
+	} {
+		if err := os.WriteFile(s.path, []byte(s.val), 0o644); err != nil {
+			return fmt.Errorf("sysctl %s: %w", s.path, err)
+		}
+	}
+	m.mu.Lock()
+	var keep []netip.Addr
+	for id := range m.denied {
+		if ep, ok := m.endpoints[id]; ok {
+			keep = append(keep, ep.IP)
+		}
+	}
+	m.mu.Unlock()
+	if err := m.installRules(keep); err != nil {
+		return err
+	}
+	m.log.Info("network ready", "bridge", m.cfg.Bridge, "gateway", m.gateway, "subnet", m.cfg.Subnet, "table", m.cfg.Table)
+	return nil
+}
+
+// deniedSet reads the current no_internet set; empty when there is none yet.
+func (m *Manager) deniedSet() map[netip.Addr]bool {
+	out := map[netip.Addr]bool{}
+	ips, err := m.readNoInternet()
+	if err != nil {
+		return out
+	}
+	for _, ip := range ips {
+		out[ip] = true
+	}
+	return out
+}
+
+func (m *Manager) allocate(id string) (netip.Addr, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.endpoints[id]; ok {
+		return netip.Addr{}, fmt.Errorf("sandbox %s already attached: %w", id, errdefs.ErrConflict)
+	}
+	for ip := m.gateway.Next(); m.cfg.Subnet.Contains(ip); ip = ip.Next() {
+		if !m.cfg.Subnet.Contains(ip.Next()) {
+			break // broadcast address
+		}
+		if _, taken := m.used[ip]; !taken {
+			m.used[ip] = id
+			m.endpoints[id] = Endpoint{IP: ip, Gateway: m.gateway, NetNSPath: m.nsPath(id)}
+			return ip, nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("subnet %s full: %w", m.cfg.Subnet, errdefs.ErrResourceExhausted)
+}
+
+func (m *Manager) release(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ep, ok := m.endpoints[id]; ok && m.used[ep.IP] == id {
+		delete(m.used, ep.IP)
+	}
+	delete(m.endpoints, id)
+	delete(m.denied, id)
+}
+
+// Attach gives sandbox id its own network namespace with an address on the
+// bridge and applies p. On error nothing is left behind.
+func (m *Manager) Attach(ctx context.Context, id string, p Policy) (ep Endpoint, err error) {
+	if !validID.MatchString(id) {
+		return Endpoint{}, fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	ip, err := m.allocate(id)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	var undo []func()
+	defer func() {
+		if err != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
+	undo = append(undo, func() { m.release(id) })
+
+	path := m.nsPath(id)
+	if err := newNetNS(path); err != nil {
+		return Endpoint{}, fmt.Errorf("netns %s: %w", id, err)
+	}
+	undo = append(undo, func() { removeNetNS(path) })
+
+	br, err := netlink.LinkByName(m.cfg.Bridge)
+	if err != nil {
+		return Endpoint{}, fmt.Errorf("bridge %s (is Setup done?): %w", m.cfg.Bridge, errdefs.ErrUnavailable)
+	}
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return Endpoint{}, fmt.Errorf("open netns: %w", err)
+	}
+	defer ns.Close()
+
+	hostName := hostVeth(id)
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: hostName, MTU: br.Attrs().MTU, MasterIndex: br.Attrs().Index},
+		PeerName:      "eth0",
+		PeerNamespace: netlink.NsFd(int(ns)),
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return Endpoint{}, fmt.Errorf("veth %s exists: %w", hostName, errdefs.ErrConflict)
+		}
+		return Endpoint{}, fmt.Errorf("create veth: %w", err)
+	}
+	undo = append(undo, func() { deleteLink(hostName) })
+	host, err := netlink.LinkByName(hostName)
+	if err != nil {
+		return Endpoint{}, fmt.Errorf("veth %s: %w", hostName, err)
+	}
+	// Second wall behind the forward rule: the bridge itself never passes
+	// frames between two sandbox ports.
+	if err := netlink.LinkSetIsolated(host, true); err != nil {
+		return Endpoint{}, fmt.Errorf("isolate %s: %w", hostName, err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return Endpoint{}, fmt.Errorf("veth up: %w", err)
+	}
+	if err := m.configureInside(ns, ip); err != nil {
+		return Endpoint{}, err
+	}
+	if err := m.applyPolicy(id, ip, p); err != nil {
+		return Endpoint{}, err
+	}
+	undo = append(undo, func() { _ = m.setNoInternet(ip, false) })
+
+	ep = Endpoint{IP: ip, Gateway: m.gateway, NetNSPath: path}
+	m.log.Debug("sandbox attached", "id", id, "ip", ip, "veth", hostName, "internet", p.AllowInternet)
+	return ep, nil
+}
+
+// configureInside sets up eth0 and lo in the sandbox netns. The address is a
+// /32 with an on-link route to the gateway only: every packet, including
+// one for another sandbox, goes through the host and its nftables rules, so
+// a forbidden connection is rejected at once instead of timing out on ARP.
+func (m *Manager) configureInside(ns netns.NsHandle, ip netip.Addr) error {
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("netlink in netns: %w", err)
+	}
+	defer h.Close()
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("lo: %w", err)
+	}
+	if err := h.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("lo up: %w", err)
+	}
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		return fmt.Errorf("eth0: %w", err)
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}}
+	if err := h.AddrAdd(eth, addr); err != nil {
+		return fmt.Errorf("eth0 address: %w", err)
+	}
+	if err := h.LinkSetUp(eth); err != nil {
+		return fmt.Errorf("eth0 up: %w", err)
+	}
+	gw := m.gateway.AsSlice()
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Scope: netlink.SCOPE_LINK,
+		Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(32, 32)}}); err != nil {
+		return fmt.Errorf("gateway route: %w", err)
+	}
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: gw}); err != nil {
+		return fmt.Errorf("default route: %w", err)
+	}
+	return nil
+}
+
+func (m *Manager) applyPolicy(id string, ip netip.Addr, p Policy) error {
+	if err := m.setNoInternet(ip, !p.AllowInternet); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if p.AllowInternet {
+		delete(m.denied, id)
+	} else {
+		m.denied[id] = true
+	}
+	return nil
+}
+
+// SetPolicy changes an attached sandbox's egress policy.
+func (m *Manager) SetPolicy(ctx context.Context, id string, p Policy) error {
+	ep, ok := m.Lookup(id)
+	if !ok {
+		return fmt.Errorf("sandbox %s network: %w", id, errdefs.ErrNotFound)
+	}
+	return m.applyPolicy(id, ep.IP, p)
+}
+
+// Detach removes the sandbox's veth, netns and rules and frees its address.
+// Detaching an unknown id is not an error.
+func (m *Manager) Detach(ctx context.Context, id string) error {
+	if !validID.MatchString(id) {
+		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	var errs []error
+	ep, ok := m.Lookup(id)
+	if ok {
+		if err := m.setNoInternet(ep.IP, false); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := deleteLink(hostVeth(id)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := removeNetNS(m.nsPath(id)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("detach %s: %w", id, err)
+	}
+	m.release(id)
+	return nil
+}
+
+// List returns the ids that have a netns file, attached by this process or
+// an earlier one.
+func (m *Manager) List(ctx context.Context) ([]string, error) {
+	entries, err := os.ReadDir(m.cfg.NetNSDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read netns dir: %w", err)
+	}
+	ids := make([]string, 0, len(entries))
+	for _, e := range entries {
+		ids = append(ids, e.Name())
+	}
+	sort.Strings(ids)
+	return ids, nil
+}
+
+// Lookup returns the endpoint of an attached sandbox.
+func (m *Manager) Lookup(id string) (Endpoint, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ep, ok := m.endpoints[id]
+	return ep, ok
+}
+
+func deleteLink(name string) error {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		if errors.As(err, new(netlink.LinkNotFoundError)) {
+			return nil
+		}
+		return fmt.Errorf("veth %s: %w", name, err)
+	}
+	if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("delete veth %s: %w", name, err)
+	}
+	return nil
+}
+
+// newNetNS creates a network namespace and pins it by bind-mounting it onto
+// path. The work happens on a locked OS thread that is switched back to the
+// host netns afterwards; if that fails the thread stays locked, so Go
+// discards it rather than reusing a thread in the wrong namespace.
+func newNetNS(path string) (err error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+	if err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("%s: %w", path, errdefs.ErrConflict)
+		}
+		return err
+	}
+	f.Close()
+	defer func() {
+		if err != nil {
+			os.Remove(path)
+		}
+	}()
+
+	errc := make(chan error, 1)
+	go func() {
+		goruntime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer orig.Close()
+		ns, err := netns.New()
+		if err != nil {
+			errc <- fmt.Errorf("unshare: %w", err)
+			_ = netns.Set(orig)
+			return
+		}
+		ns.Close()
+		src := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
+		err = unix.Mount(src, path, "none", unix.MS_BIND, "")
+		if err == nil {
+			err = netnsSysctls()
+		}
+		if serr := netns.Set(orig); serr != nil {
+			errc <- errors.Join(err, fmt.Errorf("restore thread netns: %w", serr))
+			return // thread stays locked and dies with the goroutine
+		}
+		goruntime.UnlockOSThread()
+		errc <- err
+	}()
+	if err := <-errc; err != nil {
+		_ = unix.Unmount(path, unix.MNT_DETACH)
+		return err
+	}
+	return nil
+}
+
+// netnsSysctls runs on a thread inside the new netns: /proc/sys/net follows
+// the opening thread's namespace.
+func netnsSysctls() error {
+	for _, s := range []struct {
+		path, val string
+		optional  bool
+	}{
+		// Go listens with MPTCP by default; CRIU cannot dump it and
+		// Landlock's TCP rules do not cover it.
+		{"/proc/sys/net/mptcp/enabled", "0", true},
+		// No IPv6 at all: nothing leaks around the IPv4 rules.
+		{"/proc/sys/net/ipv6/conf/all/disable_ipv6", "1", false},
+		{"/proc/sys/net/ipv6/conf/default/disable_ipv6", "1", false},
+		// The host's ICMP redirects would point a sandbox straight at a
+		// neighbour behind the isolated bridge port: ignore them. "default"
+		// is what eth0 inherits when it arrives later.
+		{"/proc/sys/net/ipv4/conf/all/accept_redirects", "0", false},
+		{"/proc/sys/net/ipv4/conf/default/accept_redirects", "0", false},
+	} {
+		if err := os.WriteFile(s.path, []byte(s.val), 0o644); err != nil {
+			if s.optional && errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			return fmt.Errorf("sysctl %s: %w", s.path, err)
+		}
+	}
+	return nil
+}
+
+func removeNetNS(path string) error {
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove %s: %w", path, err)
+	}
+	return nil
+}
