@@ -1,0 +1,642 @@
+// Package api serves agentbox's control plane: the E2B REST API (same paths,
+// JSON names and status codes as E2B's, so the official SDKs work unchanged),
+// with API-key authentication and per-team isolation.
+package api
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/sandbox"
+	"github.com/agentbox/agentbox/internal/store"
+	"github.com/agentbox/agentbox/internal/template"
+)
+
+// Templates is what the API needs from the template store.
+type Templates interface {
+	Get(ctx context.Context, ref string) (*template.Template, error)
+	List(ctx context.Context) ([]*template.Template, error)
+}
+
+// Server is the REST control plane.
+type Server struct {
+	log       *slog.Logger
+	store     *store.Store
+	mgr       *sandbox.Manager
+	templates Templates
+	// MaxBody caps JSON request bodies.
+	MaxBody int64
+}
+
+// New returns a control-plane server.
+func New(log *slog.Logger, st *store.Store, mgr *sandbox.Manager, tpl Templates) *Server {
+	return &Server{log: log, store: st, mgr: mgr, templates: tpl, MaxBody: 1 << 20}
+}
+
+type ctxKey struct{}
+
+func keyOf(ctx context.Context) store.APIKey {
+	k, _ := ctx.Value(ctxKey{}).(store.APIKey)
+	return k
+}
+
+// Handler returns the API's routes.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Write([]byte("Health check successful"))
+	})
+	auth := func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, s.authenticate(h)) }
+	auth("POST /sandboxes", s.create(false))
+	auth("POST /v2/sandboxes", s.create(true))
+	auth("GET /sandboxes", s.listV1)
+	auth("GET /v2/sandboxes", s.listV2)
+	auth("GET /sandboxes/{id}", s.info)
+	auth("DELETE /sandboxes/{id}", s.kill)
+	auth("POST /sandboxes/{id}/timeout", s.timeout)
+	auth("POST /sandboxes/{id}/refreshes", s.refresh)
+	auth("POST /sandboxes/{id}/connect", s.connect(false))
+	auth("POST /v2/sandboxes/{id}/connect", s.connect(true))
+	auth("POST /sandboxes/{id}/resume", s.resume)
+	auth("POST /sandboxes/{id}/pause", s.pause)
+	auth("GET /sandboxes/{id}/metrics", s.metrics)
+	auth("GET /templates", s.listTemplates)
+	auth("GET /templates/{id}", s.getTemplate)
+	auth("GET /templates/aliases/{alias}", s.templateAlias)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
+	})
+	return mux
+}
+
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("X-API-Key")
+		if key == "" {
+			if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+				key = b
+			}
+		}
+		if key == "" {
+			writeError(w, fmt.Errorf("missing API key: send it in the X-API-Key header (see <data-dir>/apikey or `agentbox apikey create`): %w", errdefs.ErrUnauthenticated))
+			return
+		}
+		if len(key) > 256 {
+			writeError(w, fmt.Errorf("invalid API key: %w", errdefs.ErrUnauthenticated))
+			return
+		}
+		k, err := s.store.Authenticate(r.Context(), key)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, k)))
+	})
+}
+
+// ---- request and response shapes (E2B wire names) ----
+
+type newSandbox struct {
+	TemplateID          *string           `json:"templateID"`
+	Timeout             *int64            `json:"timeout"`
+	Metadata            map[string]string `json:"metadata"`
+	EnvVars             map[string]string `json:"envVars"`
+	Secure              *bool             `json:"secure"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	AutoPause           *bool             `json:"autoPause"`
+	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
+	AutoResume          *struct {
+		Enabled bool `json:"enabled"`
+	} `json:"autoResume"`
+	Network *struct {
+		AllowOut           []string `json:"allowOut"`
+		DenyOut            []string `json:"denyOut"`
+		AllowPublicTraffic *bool    `json:"allowPublicTraffic"`
+	} `json:"network"`
+	MCP          map[string]any `json:"mcp"`
+	VolumeMounts []any          `json:"volumeMounts"`
+}
+
+type sandboxResponse struct {
+	SandboxID          string  `json:"sandboxID"`
+	TemplateID         string  `json:"templateID"`
+	Alias              string  `json:"alias,omitempty"`
+	ClientID           string  `json:"clientID"`
+	EnvdVersion        string  `json:"envdVersion"`
+	EnvdAccessToken    string  `json:"envdAccessToken,omitempty"`
+	TrafficAccessToken *string `json:"trafficAccessToken"`
+	Domain             *string `json:"domain"`
+}
+
+type listedSandbox struct {
+	SandboxID   string            `json:"sandboxID"`
+	TemplateID  string            `json:"templateID"`
+	Alias       string            `json:"alias,omitempty"`
+	ClientID    string            `json:"clientID"`
+	StartedAt   time.Time         `json:"startedAt"`
+	EndAt       time.Time         `json:"endAt"`
+	State       string            `json:"state"`
+	CPUCount    int               `json:"cpuCount"`
+	MemoryMB    int               `json:"memoryMB"`
+	DiskSizeMB  int               `json:"diskSizeMB"`
+	EnvdVersion string            `json:"envdVersion"`
+	Metadata    map[string]string `json:"metadata"`
+}
+
+type sandboxDetail struct {
+	listedSandbox
+	EnvdAccessToken     string  `json:"envdAccessToken,omitempty"`
+	Domain              *string `json:"domain"`
+	AllowInternetAccess bool    `json:"allowInternetAccess"`
+	Lifecycle           struct {
+		OnTimeout  string `json:"onTimeout"`
+		AutoResume bool   `json:"autoResume"`
+	} `json:"lifecycle"`
+}
+
+func (s *Server) sandboxResponse(sb *sandbox.Sandbox) sandboxResponse {
+	out := sandboxResponse{SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: sandbox.ClientID, EnvdVersion: sandbox.EnvdVersion}
+	if sb.Secure {
+		out.EnvdAccessToken = s.mgr.Token(sb.ID)
+	}
+	return out
+}
+
+func listed(sb *sandbox.Sandbox) listedSandbox {
+	md := sb.Metadata
+	if md == nil {
+		md = map[string]string{}
+	}
+	return listedSandbox{
+		SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: sandbox.ClientID,
+		StartedAt: sb.StartedAt.UTC(), EndAt: sb.EndAt.UTC(), State: "running",
+		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB, EnvdVersion: sandbox.EnvdVersion, Metadata: md,
+	}
+}
+
+// ---- validation ----
+
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+const (
+	maxMetadata   = 64
+	maxMetaKey    = 256
+	maxMetaValue  = 2048
+	maxEnvVars    = 256
+	maxEnvValue   = 32 << 10
+	maxTemplateID = 256
+)
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf(format+": %w", append(args, errdefs.ErrInvalidArgument)...)
+}
+
+func validateStrings(field string, m map[string]string, maxN, maxKey, maxVal int, keyOK func(string) bool, keyHint string) error {
+	if len(m) > maxN {
+		return invalid("%s: %d entries is over the limit of %d", field, len(m), maxN)
+	}
+	for k, v := range m {
+		if k == "" || len(k) > maxKey || !keyOK(k) {
+			return invalid("%s: key %q is not allowed (%s, at most %d bytes)", field, truncate(k), keyHint, maxKey)
+		}
+		if len(v) > maxVal {
+			return invalid("%s.%s: value of %d bytes is over the limit of %d", field, k, len(v), maxVal)
+		}
+		if strings.ContainsRune(v, 0) {
+			return invalid("%s.%s: value contains a NUL byte", field, k)
+		}
+	}
+	return nil
+}
+
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
+
+func printable(s string) bool {
+	for _, c := range s {
+		if c < 0x20 || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// timeoutOf converts a seconds field to a duration with the E2B default.
+func timeoutOf(v *int64, def time.Duration) (time.Duration, error) {
+	if v == nil {
+		return def, nil
+	}
+	if *v <= 0 {
+		return 0, invalid("timeout: must be greater than 0 seconds, got %d", *v)
+	}
+	if *v > 1<<31-1 {
+		return 0, invalid("timeout: %d seconds does not fit in int32", *v)
+	}
+	return time.Duration(*v) * time.Second, nil
+}
+
+func (s *Server) create(v2 bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var body newSandbox
+		if err := decodeBody(w, r, s.MaxBody, false, &body); err != nil {
+			writeError(w, err)
+			return
+		}
+		req, err := s.createRequest(r.Context(), body, v2)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		sb, err := s.mgr.Create(r.Context(), req)
+		if err != nil {
+			s.log.Warn("create sandbox", "template", req.Template, "err", err)
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusCreated, s.sandboxResponse(sb))
+	}
+}
+
+func (s *Server) createRequest(ctx context.Context, b newSandbox, v2 bool) (sandbox.CreateRequest, error) {
+	key := keyOf(ctx)
+	req := sandbox.CreateRequest{TeamID: key.TeamID, APIKeyID: key.ID, Metadata: b.Metadata, EnvVars: b.EnvVars, AllowInternet: true}
+	if b.TemplateID == nil || strings.TrimSpace(*b.TemplateID) == "" {
+		return req, invalid("templateID: required; e.g. \"base\"")
+	}
+	if len(*b.TemplateID) > maxTemplateID || !printable(*b.TemplateID) {
+		return req, invalid("templateID: must be a printable template id or alias of at most %d bytes", maxTemplateID)
+	}
+	req.Template = *b.TemplateID
+	// E2B defaults: 15 s on the deprecated v1 endpoint, 300 s on v2.
+	def := 15 * time.Second
+	if v2 {
+		def = 300 * time.Second
+	}
+	var err error
+	if req.Timeout, err = timeoutOf(b.Timeout, def); err != nil {
+		return req, err
+	}
+	if err := validateStrings("metadata", b.Metadata, maxMetadata, maxMetaKey, maxMetaValue, printable, "printable characters"); err != nil {
+		return req, err
+	}
+	if err := validateStrings("envVars", b.EnvVars, maxEnvVars, 256, maxEnvValue, envName.MatchString, "letters, digits and _, not starting with a digit"); err != nil {
+		return req, err
+	}
+	// v2 is always secure; v1 is secure only when asked (the SDKs always ask).
+	req.Secure = v2 || (b.Secure != nil && *b.Secure)
+	if b.AllowInternetAccess != nil {
+		req.AllowInternet = *b.AllowInternetAccess
+	}
+	if b.AutoPause != nil && *b.AutoPause {
+		return req, invalid("autoPause: pausing is not supported by this server yet; omit autoPause (the sandbox is killed at its timeout)")
+	}
+	if b.AutoResume != nil && b.AutoResume.Enabled {
+		return req, invalid("autoResume: resuming paused sandboxes is not supported by this server yet; omit autoResume")
+	}
+	if b.AutoPauseMemory != nil && (b.AutoPause == nil || !*b.AutoPause) && !*b.AutoPauseMemory {
+		return req, invalid("autoPauseMemory: only meaningful with autoPause: true")
+	}
+	if n := b.Network; n != nil {
+		if len(n.AllowOut) > 0 {
+			return req, invalid("network.allowOut: fine-grained egress rules are not supported by this server yet; use allow_internet_access")
+		}
+		for _, d := range n.DenyOut {
+			if d != "0.0.0.0/0" && d != "ALL_TRAFFIC" {
+				return req, invalid("network.denyOut: only \"0.0.0.0/0\" (deny all egress) is supported by this server yet, got %q", truncate(d))
+			}
+			req.AllowInternet = false
+		}
+		if n.AllowPublicTraffic != nil && !*n.AllowPublicTraffic {
+			return req, invalid("network.allowPublicTraffic: traffic access tokens are not supported by this server yet; omit it")
+		}
+	}
+	if len(b.MCP) > 0 {
+		return req, invalid("mcp: the MCP gateway is not supported by this server yet; omit mcp")
+	}
+	if len(b.VolumeMounts) > 0 {
+		return req, invalid("volumeMounts: volumes are not supported by this server yet; omit volumeMounts")
+	}
+	return req, nil
+}
+
+func (s *Server) info(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.mgr.Get(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	d := sandboxDetail{listedSandbox: listed(sb), AllowInternetAccess: sb.AllowInternet}
+	if sb.Secure {
+		d.EnvdAccessToken = s.mgr.Token(sb.ID)
+	}
+	d.Lifecycle.OnTimeout = "kill"
+	writeJSON(w, http.StatusOK, d)
+}
+
+// sandboxID accepts the legacy "<sandboxID>-<clientID>" form too.
+func sandboxID(r *http.Request) string {
+	id := r.PathValue("id")
+	if i := strings.IndexByte(id, '-'); i > 0 {
+		id = id[:i]
+	}
+	return id
+}
+
+func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
+	if err := s.mgr.Kill(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r)); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) timeout(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Timeout *int64 `json:"timeout"`
+	}
+	if err := decodeBody(w, r, s.MaxBody, false, &body); err != nil {
+		writeError(w, err)
+		return
+	}
+	if body.Timeout == nil {
+		writeError(w, invalid("timeout: required (seconds from now)"))
+		return
+	}
+	d, err := timeoutOf(body.Timeout, 0)
+	if err == nil {
+		err = s.mgr.SetTimeout(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), d)
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Duration *int64 `json:"duration"`
+	}
+	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
+		writeError(w, err)
+		return
+	}
+	d, err := timeoutOf(body.Duration, 15*time.Second)
+	if err == nil {
+		_, err = s.mgr.Extend(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), max(d, 15*time.Second))
+	}
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) connect(v2 bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			Timeout *int64 `json:"timeout"`
+			Memory  *bool  `json:"memory"`
+		}
+		if err := decodeBody(w, r, s.MaxBody, v2, &body); err != nil {
+			writeError(w, err)
+			return
+		}
+		if !v2 && body.Timeout == nil {
+			writeError(w, invalid("timeout: required (seconds)"))
+			return
+		}
+		d, err := timeoutOf(body.Timeout, 300*time.Second)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		sb, err := s.mgr.Extend(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), d)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		// Running sandbox: 200 (201 is for a resumed one).
+		writeJSON(w, http.StatusOK, s.sandboxResponse(sb))
+	}
+}
+
+func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
+	if _, err := s.mgr.Get(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r)); err != nil {
+		writeError(w, err)
+		return
+	}
+	writeError(w, fmt.Errorf("sandbox %q is already running: %w", sandboxID(r), errdefs.ErrConflict))
+}
+
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
+	if _, err := s.mgr.Get(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r)); err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusNotImplemented, errorBody{Code: http.StatusNotImplemented,
+		Message: "pausing sandboxes is not supported by this server yet; the sandbox keeps running (kill it or set its timeout instead)"})
+}
+
+type metricJSON struct {
+	Timestamp     time.Time `json:"timestamp"`
+	TimestampUnix int64     `json:"timestampUnix"`
+	CPUCount      int       `json:"cpuCount"`
+	CPUUsedPct    float64   `json:"cpuUsedPct"`
+	MemUsed       uint64    `json:"memUsed"`
+	MemTotal      uint64    `json:"memTotal"`
+	MemCache      uint64    `json:"memCache"`
+	DiskUsed      uint64    `json:"diskUsed"`
+	DiskTotal     uint64    `json:"diskTotal"`
+}
+
+func unixParam(q url.Values, name string) (time.Time, error) {
+	v := q.Get(name)
+	if v == "" {
+		return time.Time{}, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return time.Time{}, invalid("%s: must be unix seconds, got %q", name, truncate(v))
+	}
+	return time.Unix(n, 0), nil
+}
+
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	start, err := unixParam(r.URL.Query(), "start")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	end, err := unixParam(r.URL.Query(), "end")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	pts, err := s.mgr.Metrics(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), start, end)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := make([]metricJSON, 0, len(pts))
+	for _, p := range pts {
+		out = append(out, metricJSON{Timestamp: p.Timestamp.UTC(), TimestampUnix: p.Timestamp.Unix(), CPUCount: p.CPUCount,
+			CPUUsedPct: p.CPUUsedPct, MemUsed: p.MemUsed, MemTotal: p.MemTotal, MemCache: p.MemCache, DiskUsed: p.DiskUsed, DiskTotal: p.DiskTotal})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// ---- listing ----
+
+type listQuery struct {
+	metadata map[string]string
+	states   []string
+	limit    int
+	after    *cursor
+	asc      bool
+}
+
+type cursor struct {
+	startedAt int64
+	id        string
+}
+
+func encodeCursor(sb *sandbox.Sandbox) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(sb.StartedAt.UnixNano(), 10) + "__" + sb.ID))
+}
+
+func parseListQuery(q url.Values, paginated bool) (listQuery, error) {
+	lq := listQuery{limit: 100}
+	if raw := q.Get("metadata"); raw != "" {
+		// The SDK URL-encodes a query string ("k=v&k2=v2") into one parameter.
+		vals, err := url.ParseQuery(raw)
+		if err != nil {
+			return lq, invalid("metadata: must be a URL-encoded query string like \"user=abc&app=prod\": %v", err)
+		}
+		lq.metadata = map[string]string{}
+		for k, v := range vals {
+			lq.metadata[k] = v[len(v)-1]
+		}
+	}
+	for _, st := range q["state"] {
+		for part := range strings.SplitSeq(st, ",") {
+			switch part {
+			case "running", "paused":
+				lq.states = append(lq.states, part)
+			case "":
+			default:
+				return lq, invalid("state: %q is not a state; use running or paused", truncate(part))
+			}
+		}
+	}
+	if !paginated {
+		return lq, nil
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 100 {
+			return lq, invalid("limit: must be an integer from 1 to 100, got %q", truncate(v))
+		}
+		lq.limit = n
+	}
+	switch q.Get("order") {
+	case "", "desc":
+	case "asc":
+		lq.asc = true
+	default:
+		return lq, invalid("order: must be asc or desc")
+	}
+	if tok := q.Get("nextToken"); tok != "" {
+		raw, err := base64.RawURLEncoding.DecodeString(tok)
+		ts, id, ok := strings.Cut(string(raw), "__")
+		n, perr := strconv.ParseInt(ts, 10, 64)
+		if err != nil || !ok || perr != nil {
+			return lq, invalid("nextToken: not a token this server issued; pass the X-Next-Token header of the previous page")
+		}
+		lq.after = &cursor{startedAt: n, id: id}
+	}
+	return lq, nil
+}
+
+func (lq listQuery) match(sb *sandbox.Sandbox) bool {
+	for k, v := range lq.metadata {
+		if got, ok := sb.Metadata[k]; !ok || got != v {
+			return false
+		}
+	}
+	return len(lq.states) == 0 || slices.Contains(lq.states, "running")
+}
+
+func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
+	lq, err := parseListQuery(r.URL.Query(), false)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := []listedSandbox{}
+	for _, sb := range s.mgr.List(r.Context(), keyOf(r.Context()).TeamID) {
+		if lq.match(sb) {
+			out = append(out, listed(sb))
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) listV2(w http.ResponseWriter, r *http.Request) {
+	lq, err := parseListQuery(r.URL.Query(), true)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	all := s.mgr.List(r.Context(), keyOf(r.Context()).TeamID) // newest first
+	if lq.asc {
+		slices.Reverse(all)
+	}
+	var matched []*sandbox.Sandbox
+	running := 0
+	for _, sb := range all {
+		if !lq.match(sb) {
+			continue
+		}
+		running++
+		if c := lq.after; c != nil {
+			ts := sb.StartedAt.UnixNano()
+			// Skip up to and including the cursor in the current order.
+			before := ts > c.startedAt || (ts == c.startedAt && sb.ID <= c.id)
+			if lq.asc {
+				before = ts < c.startedAt || (ts == c.startedAt && sb.ID >= c.id)
+			}
+			if before {
+				continue
+			}
+		}
+		matched = append(matched, sb)
+	}
+	out := []listedSandbox{}
+	for i, sb := range matched {
+		if i == lq.limit {
+			w.Header().Set("X-Next-Token", encodeCursor(matched[i-1]))
+			break
+		}
+		out = append(out, listed(sb))
+	}
+	if len(lq.states) == 0 || slices.Contains(lq.states, "running") {
+		w.Header().Set("X-Total-Running", strconv.Itoa(running))
+	}
+	writeJSON(w, http.StatusOK, out)
+}

@@ -1,0 +1,217 @@
+// Package gateway is agentbox's data plane: it routes a request to a port
+// inside a sandbox (envd, the code interpreter, or any user server) and
+// streams it through unbuffered, WebSockets included. Everything that is not
+// for a sandbox goes to the control-plane API on the same listener.
+package gateway
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/agentbox/agentbox/internal/sandbox"
+)
+
+// Resolver finds running sandboxes.
+type Resolver interface {
+	Lookup(id string) (*sandbox.Sandbox, bool)
+	Running() []*sandbox.Sandbox
+	Token(id string) string
+}
+
+// Gateway routes data-plane requests.
+type Gateway struct {
+	res   Resolver
+	log   *slog.Logger
+	proxy *httputil.ReverseProxy
+}
+
+type targetKey struct{}
+
+type target struct {
+	id   string
+	port int
+	addr string
+}
+
+// New returns a gateway resolving sandboxes through res.
+func New(res Resolver, log *slog.Logger) *Gateway {
+	g := &Gateway{res: res, log: log}
+	transport := &http.Transport{
+		// Never via an HTTP proxy from the environment: targets are local.
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        1024,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+		// Compression is the client's business; pass bytes through untouched.
+		DisableCompression: true,
+	}
+	g.proxy = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			t := pr.In.Context().Value(targetKey{}).(target)
+			pr.SetURL(&url.URL{Scheme: "http", Host: t.addr})
+			pr.Out.Host = pr.In.Host
+		},
+		Transport:     transport,
+		FlushInterval: -1, // stream every write: process output, SSE, NDJSON
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			t := r.Context().Value(targetKey{}).(target)
+			if r.Context().Err() != nil {
+				return // the client went away
+			}
+			var opErr *net.OpError
+			if errors.As(err, &opErr) && opErr.Op == "dial" {
+				if _, ok := g.res.Lookup(t.id); !ok {
+					notFound(w, t.id)
+					return
+				}
+				writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": t.id, "message": "The sandbox is running but port is not open", "port": t.port, "code": http.StatusBadGateway})
+				return
+			}
+			g.log.Debug("proxy error", "sandbox", t.id, "port", t.port, "err", err)
+			writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": t.id, "message": "error talking to the sandbox: " + err.Error(), "port": t.port, "code": http.StatusBadGateway})
+		},
+	}
+	return g
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func notFound(w http.ResponseWriter, id string) {
+	writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "message": "The sandbox was not found", "code": http.StatusBadGateway})
+}
+
+func badRequest(w http.ResponseWriter, msg string) {
+	writeJSON(w, http.StatusBadRequest, map[string]any{"code": http.StatusBadRequest, "message": msg})
+}
+
+// hostRoute matches "<port>-<sandboxID>" as the first label of Host.
+var hostRoute = regexp.MustCompile(`^([0-9]{1,5})-([a-z0-9]{1,64})$`)
+
+// Handler dispatches between the data plane and api.
+func (g *Gateway) Handler(api http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, port, routed, errMsg := route(r)
+		if errMsg != "" {
+			badRequest(w, errMsg)
+			return
+		}
+		if !routed {
+			if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
+				g.serveSigned(w, r)
+				return
+			}
+			api.ServeHTTP(w, r)
+			return
+		}
+		g.serve(w, r, id, port)
+	})
+}
+
+// route extracts the sandbox target from headers or Host.
+func route(r *http.Request) (id string, port int, routed bool, errMsg string) {
+	hid, hport := r.Header.Get("E2b-Sandbox-Id"), r.Header.Get("E2b-Sandbox-Port")
+	if hid != "" || hport != "" {
+		if hid == "" {
+			return "", 0, false, "missing header E2b-Sandbox-Id"
+		}
+		if hport == "" {
+			return "", 0, false, "missing header E2b-Sandbox-Port"
+		}
+		if !sandbox.ValidID(hid) {
+			return "", 0, false, "Invalid sandbox ID"
+		}
+		p, err := strconv.Atoi(hport)
+		if err != nil || p < 1 || p > 65535 {
+			return "", 0, false, "Invalid sandbox port"
+		}
+		return hid, p, true, ""
+	}
+	host := r.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	label, _, ok := strings.Cut(host, ".")
+	if !ok {
+		return "", 0, false, ""
+	}
+	m := hostRoute.FindStringSubmatch(label)
+	if m == nil {
+		return "", 0, false, ""
+	}
+	p, _ := strconv.Atoi(m[1])
+	if p < 1 || p > 65535 {
+		return "", 0, false, "Invalid sandbox port"
+	}
+	return m[2], p, true, ""
+}
+
+// internalEnvdPaths are envd routes only the server itself may call.
+var internalEnvdPaths = map[string]bool{"/init": true}
+
+func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port int) {
+	sb, ok := g.res.Lookup(id)
+	if !ok {
+		notFound(w, id)
+		return
+	}
+	if port == sandbox.EnvdPort && internalEnvdPaths[r.URL.Path] {
+		writeJSON(w, http.StatusNotFound, map[string]any{"code": http.StatusNotFound, "message": "not found"})
+		return
+	}
+	t := target{id: id, port: port, addr: net.JoinHostPort(sb.IP.String(), strconv.Itoa(port))}
+	ctx := r.Context()
+	r = r.WithContext(context.WithValue(ctx, targetKey{}, t))
+	g.proxy.ServeHTTP(w, r)
+}
+
+// serveSigned routes a header-less /files URL (sandbox.downloadUrl/uploadUrl)
+// to the sandbox whose access token produced its signature. envd verifies the
+// signature and its expiry again.
+func (g *Gateway) serveSigned(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	op := "read"
+	if r.Method == http.MethodPost || r.Method == http.MethodPut {
+		op = "write"
+	}
+	sig := q.Get("signature")
+	for _, sb := range g.res.Running() {
+		if !sb.Secure {
+			continue
+		}
+		want := Signature(q.Get("path"), op, q.Get("username"), g.res.Token(sb.ID), q.Get("signature_expiration"))
+		if subtle.ConstantTimeCompare([]byte(want), []byte(sig)) == 1 {
+			g.serve(w, r, sb.ID, sandbox.EnvdPort)
+			return
+		}
+	}
+	writeJSON(w, http.StatusUnauthorized, map[string]any{"code": http.StatusUnauthorized, "message": "invalid signature: no running sandbox issued this URL (it may have been killed)"})
+}
+
+// Signature is E2B's file URL signature:
+// "v1_" + base64(sha256("<path>:<operation>:<username>:<token>[:<expiration>]")).
+func Signature(path, op, user, token, expiration string) string {
+	s := path + ":" + op + ":" + user + ":" + token
+	if expiration != "" {
+		s += ":" + expiration
+	}
+	sum := sha256.Sum256([]byte(s))
+	return "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
+}

@@ -1,0 +1,495 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/network"
+	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/store"
+)
+
+// Config tunes the manager.
+type Config struct {
+	MaxTimeout     time.Duration // longest allowed lifetime from now
+	EnvdReadyWait  time.Duration // how long to wait for envd after the container starts
+	ReapInterval   time.Duration // how often expired sandboxes are looked for
+	SampleInterval time.Duration // how often metrics are sampled
+}
+
+func (c *Config) defaults() {
+	if c.MaxTimeout == 0 {
+		c.MaxTimeout = 24 * time.Hour
+	}
+	if c.EnvdReadyWait == 0 {
+		c.EnvdReadyWait = 20 * time.Second
+	}
+	if c.ReapInterval == 0 {
+		c.ReapInterval = time.Second
+	}
+	if c.SampleInterval == 0 {
+		c.SampleInterval = 5 * time.Second
+	}
+}
+
+// Manager runs the lifecycle of every sandbox of this server.
+type Manager struct {
+	cfg       Config
+	log       *slog.Logger
+	store     *store.Store
+	rt        runtime.Runtime
+	net       Network
+	templates Templates
+	secret    []byte
+	client    *http.Client // talks to envd directly (not through the gateway)
+
+	mu        sync.Mutex
+	sandboxes map[string]*Sandbox
+	metrics   map[string]*series
+}
+
+// New makes a manager. Call Reconcile before serving, then Run.
+func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt runtime.Runtime, nw Network, tpl Templates) (*Manager, error) {
+	cfg.defaults()
+	secret, err := st.Secret(ctx, "envd-token")
+	if err != nil {
+		return nil, err
+	}
+	return &Manager{
+		cfg: cfg, log: log, store: st, rt: rt, net: nw, templates: tpl, secret: secret,
+		client:    &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second}},
+		sandboxes: map[string]*Sandbox{},
+		metrics:   map[string]*series{},
+	}, nil
+}
+
+// Token returns the envd access token of sandbox id.
+func (m *Manager) Token(id string) string { return AccessToken(m.secret, id) }
+
+func (m *Manager) save(ctx context.Context, sb *Sandbox) error {
+	doc, err := json.Marshal(sb)
+	if err != nil {
+		return err
+	}
+	return m.store.PutSandbox(ctx, store.Record{ID: sb.ID, TeamID: sb.TeamID, State: string(sb.State), StartedAt: sb.StartedAt, EndAt: sb.EndAt, Doc: doc})
+}
+
+// Create starts a sandbox and returns once its envd answers and is initialised.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
+	tpl, err := m.templates.Get(ctx, req.Template)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil, fmt.Errorf("templateID: template %q not found; list templates with GET /templates or `agentbox template ls`: %w", req.Template, errdefs.ErrInvalidArgument)
+		}
+		return nil, err
+	}
+	if err := m.checkTimeout(req.Timeout); err != nil {
+		return nil, err
+	}
+	now := time.Now().UTC()
+	sb := &Sandbox{
+		ID: newID(), TeamID: req.TeamID, APIKeyID: req.APIKeyID, TemplateID: tpl.ID, State: StateCreating,
+		Secure: req.Secure, AllowInternet: req.AllowInternet, Metadata: req.Metadata, EnvVars: req.EnvVars,
+		CPUCount: tpl.CPUCount, MemoryMB: tpl.MemoryMB, DiskMB: tpl.DiskMB,
+		DefaultUser: tpl.DefaultUser, DefaultWorkdir: tpl.DefaultWorkdir,
+		StartedAt: now, EndAt: now.Add(req.Timeout),
+	}
+	if len(tpl.Aliases) > 0 {
+		sb.Alias = tpl.Aliases[0]
+	}
+	// Persist "creating" before touching the host: a crash from here on is
+	// cleaned up by Reconcile, never leaked.
+	if err := m.save(ctx, sb); err != nil {
+		return nil, err
+	}
+	var undo []func()
+	fail := func(err error) (*Sandbox, error) {
+		for _, f := range slices.Backward(undo) {
+			f()
+		}
+		if derr := m.store.DeleteSandbox(context.WithoutCancel(ctx), sb.ID); derr != nil {
+			m.log.Error("forget failed sandbox", "sandbox", sb.ID, "err", derr)
+		}
+		return nil, err
+	}
+	// Setup must not be half-cancelled by a client that goes away.
+	sctx := context.WithoutCancel(ctx)
+	ep, err := m.net.Attach(sctx, sb.ID, network.Policy{AllowInternet: sb.AllowInternet})
+	if err != nil {
+		return fail(fmt.Errorf("sandbox %s: network: %w", sb.ID, err))
+	}
+	undo = append(undo, func() {
+		if err := m.net.Detach(context.Background(), sb.ID); err != nil {
+			m.log.Error("detach after failed create", "sandbox", sb.ID, "err", err)
+		}
+	})
+	sb.IP = ep.IP
+	spec := runtime.Spec{
+		ID: sb.ID, Layers: tpl.Layers, NetNSPath: ep.NetNSPath, DNS: m.net.DNS(),
+		Resources: runtime.Resources{CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, PIDs: 4096, DiskMB: sb.DiskMB},
+	}
+	if err := m.rt.Create(sctx, spec); err != nil {
+		return fail(fmt.Errorf("sandbox %s: start container: %w", sb.ID, err))
+	}
+	undo = append(undo, func() {
+		if err := m.rt.Delete(context.Background(), sb.ID); err != nil {
+			m.log.Error("delete after failed create", "sandbox", sb.ID, "err", err)
+		}
+	})
+	if err := m.initEnvd(sctx, sb); err != nil {
+		return fail(fmt.Errorf("sandbox %s: envd did not start: %w", sb.ID, err))
+	}
+	sb.State = StateRunning
+	if err := m.save(sctx, sb); err != nil {
+		return fail(err)
+	}
+	m.mu.Lock()
+	m.sandboxes[sb.ID] = sb
+	m.mu.Unlock()
+	m.log.Info("sandbox created", "sandbox", sb.ID, "template", sb.TemplateID, "ip", sb.IP, "team", sb.TeamID, "took", time.Since(now).Round(time.Millisecond))
+	return clone(sb), nil
+}
+
+// initEnvd waits for envd's /health, then hands it the sandbox's env vars,
+// default user/workdir and (for secure sandboxes) its access token.
+func (m *Manager) initEnvd(ctx context.Context, sb *Sandbox) error {
+	base := "http://" + net.JoinHostPort(sb.IP.String(), strconv.Itoa(EnvdPort))
+	deadline := time.Now().Add(m.cfg.EnvdReadyWait)
+	delay := 2 * time.Millisecond
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/health", nil)
+		resp, err := m.client.Do(req)
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode/100 == 2 {
+				break
+			}
+			err = fmt.Errorf("health answered %s", resp.Status)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no answer from envd at %s within %s: %w (%w)", base, m.cfg.EnvdReadyWait, err, errdefs.ErrUnavailable)
+		}
+		time.Sleep(delay)
+		delay = min(delay*2, 50*time.Millisecond)
+	}
+	body := map[string]any{
+		"envVars":        sb.EnvVars,
+		"defaultUser":    sb.DefaultUser,
+		"defaultWorkdir": sb.DefaultWorkdir,
+		"timestamp":      time.Now().UTC().Format(time.RFC3339Nano),
+	}
+	if sb.Secure {
+		body["accessToken"] = m.Token(sb.ID)
+	}
+	buf, _ := json.Marshal(body)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/init", bytes.NewReader(buf))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := m.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("envd /init: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("envd /init answered %s: %s", resp.Status, msg)
+	}
+	return nil
+}
+
+func (m *Manager) checkTimeout(d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("timeout: must be greater than 0 seconds: %w", errdefs.ErrInvalidArgument)
+	}
+	if d > m.cfg.MaxTimeout {
+		return fmt.Errorf("timeout: %s is over the maximum of %s; pass at most %d seconds: %w", d, m.cfg.MaxTimeout, int(m.cfg.MaxTimeout.Seconds()), errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func clone(sb *Sandbox) *Sandbox {
+	c := *sb
+	c.Metadata = maps.Clone(sb.Metadata)
+	c.EnvVars = maps.Clone(sb.EnvVars)
+	return &c
+}
+
+func notFound(id string) error {
+	return fmt.Errorf("Sandbox %q doesn't exist or you don't have access to it: %w", id, errdefs.ErrNotFound)
+}
+
+// get returns the live sandbox of the team (nil team = any, for the gateway).
+func (m *Manager) get(teamID, id string) (*Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, ok := m.sandboxes[id]
+	if !ok || (teamID != "" && sb.TeamID != teamID) {
+		return nil, notFound(id)
+	}
+	return sb, nil
+}
+
+// Get returns a copy of the team's sandbox.
+func (m *Manager) Get(ctx context.Context, teamID, id string) (*Sandbox, error) {
+	sb, err := m.get(teamID, id)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return clone(sb), nil
+}
+
+// Lookup is the gateway's view: any team, only running sandboxes.
+func (m *Manager) Lookup(id string) (*Sandbox, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, ok := m.sandboxes[id]
+	if !ok || sb.State != StateRunning {
+		return nil, false
+	}
+	return clone(sb), true
+}
+
+// Running returns copies of every running sandbox (for signature routing).
+func (m *Manager) Running() []*Sandbox {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]*Sandbox, 0, len(m.sandboxes))
+	for _, sb := range m.sandboxes {
+		if sb.State == StateRunning {
+			out = append(out, clone(sb))
+		}
+	}
+	return out
+}
+
+// List returns the team's sandboxes, newest first.
+func (m *Manager) List(ctx context.Context, teamID string) []*Sandbox {
+	m.mu.Lock()
+	out := make([]*Sandbox, 0, len(m.sandboxes))
+	for _, sb := range m.sandboxes {
+		if sb.TeamID == teamID && sb.State == StateRunning {
+			out = append(out, clone(sb))
+		}
+	}
+	m.mu.Unlock()
+	slices.SortFunc(out, func(a, b *Sandbox) int {
+		if c := b.StartedAt.Compare(a.StartedAt); c != 0 {
+			return c
+		}
+		return cmpString(a.ID, b.ID)
+	})
+	return out
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Kill stops and removes the team's sandbox and everything it held.
+func (m *Manager) Kill(ctx context.Context, teamID, id string) error {
+	m.mu.Lock()
+	sb, ok := m.sandboxes[id]
+	if !ok || (teamID != "" && sb.TeamID != teamID) || sb.State != StateRunning {
+		m.mu.Unlock()
+		return notFound(id)
+	}
+	sb.State = StateKilling
+	snapshot := clone(sb)
+	m.mu.Unlock()
+	return m.destroy(context.WithoutCancel(ctx), snapshot, "killed")
+}
+
+// destroy removes a sandbox that is already marked killing (or was never
+// adopted). Every step is idempotent, so an interrupted destroy is finished by
+// the next Reconcile.
+func (m *Manager) destroy(ctx context.Context, sb *Sandbox, why string) error {
+	if err := m.save(ctx, sb); err != nil {
+		m.log.Error("persist killing", "sandbox", sb.ID, "err", err)
+	}
+	var errs []error
+	if err := m.rt.Delete(ctx, sb.ID); err != nil {
+		errs = append(errs, fmt.Errorf("container: %w", err))
+	}
+	if err := m.net.Detach(ctx, sb.ID); err != nil {
+		errs = append(errs, fmt.Errorf("network: %w", err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		m.log.Error("sandbox cleanup incomplete; will retry at next start", "sandbox", sb.ID, "err", err)
+		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
+	}
+	if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	delete(m.sandboxes, sb.ID)
+	delete(m.metrics, sb.ID)
+	m.mu.Unlock()
+	m.log.Info("sandbox removed", "sandbox", sb.ID, "why", why)
+	return nil
+}
+
+// SetTimeout sets the sandbox to end d from now (it may shorten the life).
+func (m *Manager) SetTimeout(ctx context.Context, teamID, id string, d time.Duration) error {
+	if err := m.checkTimeout(d); err != nil {
+		return err
+	}
+	return m.update(ctx, teamID, id, func(sb *Sandbox) { sb.EndAt = time.Now().UTC().Add(d) })
+}
+
+// Extend makes the sandbox live at least d from now; it never shortens.
+func (m *Manager) Extend(ctx context.Context, teamID, id string, d time.Duration) (*Sandbox, error) {
+	if err := m.checkTimeout(d); err != nil {
+		return nil, err
+	}
+	var out *Sandbox
+	err := m.update(ctx, teamID, id, func(sb *Sandbox) {
+		if end := time.Now().UTC().Add(d); end.After(sb.EndAt) {
+			sb.EndAt = end
+		}
+		out = clone(sb)
+	})
+	return out, err
+}
+
+func (m *Manager) update(ctx context.Context, teamID, id string, f func(*Sandbox)) error {
+	m.mu.Lock()
+	sb, ok := m.sandboxes[id]
+	if !ok || (teamID != "" && sb.TeamID != teamID) || sb.State != StateRunning {
+		m.mu.Unlock()
+		return notFound(id)
+	}
+	f(sb)
+	snapshot := clone(sb)
+	m.mu.Unlock()
+	return m.save(ctx, snapshot)
+}
+
+// Reconcile makes the in-memory view, the database, the runtime and the
+// network agree after a start: running sandboxes whose container and network
+// are intact are adopted; everything else is removed so nothing leaks.
+func (m *Manager) Reconcile(ctx context.Context) error {
+	records, err := m.store.ListSandboxes(ctx)
+	if err != nil {
+		return err
+	}
+	adopted := map[string]bool{}
+	for _, r := range records {
+		var sb Sandbox
+		if err := json.Unmarshal(r.Doc, &sb); err != nil {
+			m.log.Error("unreadable sandbox record; removing", "sandbox", r.ID, "err", err)
+			sb = Sandbox{ID: r.ID, TeamID: r.TeamID}
+		}
+		reason := ""
+		switch {
+		case sb.State != StateRunning:
+			reason = "was " + string(sb.State) + " when the server stopped"
+		default:
+			st, err := m.rt.State(ctx, sb.ID)
+			if err != nil {
+				reason = "container is gone: " + err.Error()
+			} else if st != runtime.StatusRunning {
+				reason = "container is " + string(st)
+			} else if _, ok := m.net.Lookup(sb.ID); !ok {
+				reason = "network namespace is gone"
+			}
+		}
+		if reason != "" {
+			m.log.Warn("removing sandbox after restart", "sandbox", sb.ID, "why", reason)
+			sb.State = StateKilling
+			_ = m.destroy(ctx, &sb, reason)
+			continue
+		}
+		m.mu.Lock()
+		m.sandboxes[sb.ID] = &sb
+		m.mu.Unlock()
+		adopted[sb.ID] = true
+		m.log.Info("sandbox re-adopted", "sandbox", sb.ID, "ip", sb.IP)
+	}
+	// Orphans: runtime or network state without a database record (a crash
+	// between the two, or state from a deleted database).
+	if ids, err := m.rt.List(ctx); err == nil {
+		for _, id := range ids {
+			if !adopted[id] {
+				m.log.Warn("removing orphaned container", "sandbox", id)
+				if err := m.rt.Delete(ctx, id); err != nil {
+					m.log.Error("remove orphaned container", "sandbox", id, "err", err)
+				}
+			}
+		}
+	} else {
+		m.log.Error("list containers", "err", err)
+	}
+	if ids, err := m.net.List(ctx); err == nil {
+		for _, id := range ids {
+			if !adopted[id] {
+				m.log.Warn("removing orphaned network namespace", "sandbox", id)
+				if err := m.net.Detach(ctx, id); err != nil {
+					m.log.Error("remove orphaned netns", "sandbox", id, "err", err)
+				}
+			}
+		}
+	} else {
+		m.log.Error("list network namespaces", "err", err)
+	}
+	return nil
+}
+
+// Run reaps expired sandboxes and samples metrics until ctx ends.
+func (m *Manager) Run(ctx context.Context) {
+	reap := time.NewTicker(m.cfg.ReapInterval)
+	sample := time.NewTicker(m.cfg.SampleInterval)
+	defer reap.Stop()
+	defer sample.Stop()
+	m.sample(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-reap.C:
+			m.reap(ctx)
+		case <-sample.C:
+			m.sample(ctx)
+		}
+	}
+}
+
+func (m *Manager) reap(ctx context.Context) {
+	now := time.Now()
+	var expired []*Sandbox
+	m.mu.Lock()
+	for _, sb := range m.sandboxes {
+		if sb.State == StateRunning && now.After(sb.EndAt) {
+			sb.State = StateKilling
+			expired = append(expired, clone(sb))
+		}
+	}
+	m.mu.Unlock()
+	for _, sb := range expired {
+		go func() {
+			if err := m.destroy(context.WithoutCancel(ctx), sb, "timeout expired"); err != nil {
+				m.log.Error("reap", "sandbox", sb.ID, "err", err)
+			}
+		}()
+	}
+}
