@@ -1,0 +1,355 @@
+// Package benchmark measures a running agentbox server next to the raw floor
+// of the same host (runc on an overlay of the same template, fork/exec, disk
+// I/O) in one run, and prints the figures with their ratio to the floor. It
+// never asserts timings: it reports them.
+package benchmark
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/agentbox/agentbox/e2e/wire"
+	"github.com/agentbox/agentbox/internal/template"
+)
+
+// Config says what to measure and against which server.
+type Config struct {
+	APIURL      string // server base URL (API and data plane)
+	APIKey      string
+	Template    string // template to start sandboxes from; default "base"
+	TemplateDir string // the server's --template-dir, for the runc floor; empty skips it
+	Creates     int    // sequential create→first-command samples; default 10
+	Commands    int    // command round-trip samples; default 50
+	Concurrent  int    // simultaneous creates; default 50
+	SizeMB      int    // upload/download size; default 100
+	ServerPID   int    // for RSS; 0 finds the process listening on the API port
+}
+
+func (c *Config) defaults() {
+	if c.Template == "" {
+		c.Template = "base"
+	}
+	if c.Creates <= 0 {
+		c.Creates = 10
+	}
+	if c.Commands <= 0 {
+		c.Commands = 50
+	}
+	if c.Concurrent <= 0 {
+		c.Concurrent = 50
+	}
+	if c.SizeMB <= 0 {
+		c.SizeMB = 100
+	}
+}
+
+// row is one line of the result table.
+type row struct {
+	metric, value, floor, ratio string
+}
+
+// Run measures and writes the table to w. A failed measurement is reported
+// in its row; Run fails only when the server cannot be reached at all.
+func Run(ctx context.Context, cfg Config, w io.Writer, log *slog.Logger) error {
+	cfg.defaults()
+	c := wire.New(cfg.APIURL, cfg.APIKey)
+	if err := c.Health(ctx); err != nil {
+		return fmt.Errorf("server at %s: %w", cfg.APIURL, err)
+	}
+	pid := cfg.ServerPID
+	if pid == 0 {
+		pid = listenerPID(cfg.APIURL)
+	}
+	rssBefore := rssKB(pid)
+	var rows []row
+	add := func(r row) { rows = append(rows, r); log.Info("measured", "metric", r.metric, "value", r.value) }
+
+	// Floors first, so they are not disturbed by sandboxes the server runs.
+	var runcP50, runcP95, execP50, execP95 time.Duration
+	if cfg.TemplateDir != "" {
+		if layers, err := templateLayers(ctx, cfg.TemplateDir, cfg.Template); err != nil {
+			add(row{"floor: runc run /bin/true on overlay", "error: " + err.Error(), "", ""})
+		} else if d, err := runcFloor(ctx, layers, cfg.Creates); err != nil {
+			add(row{"floor: runc run /bin/true on overlay", "error: " + err.Error(), "", ""})
+		} else {
+			runcP50, runcP95 = pct(d, 50), pct(d, 95)
+			add(row{"floor: runc run /bin/true on overlay (p50/p95)", pair(runcP50, runcP95), "", ""})
+		}
+	}
+	if d, err := execFloor(ctx, cfg.Commands); err == nil {
+		execP50, execP95 = pct(d, 50), pct(d, 95)
+		add(row{"floor: fork/exec /bin/true on host (p50/p95)", pair(execP50, execP95), "", ""})
+	}
+
+	// Create → first command.
+	var createDur []time.Duration
+	var createErrs int
+	for range cfg.Creates {
+		start := time.Now()
+		sb, err := c.Create(ctx, wire.CreateRequest{TemplateID: cfg.Template, Timeout: 600, Metadata: map[string]string{"bench": "create"}})
+		if err == nil {
+			var r *wire.Result
+			r, err = c.Run(ctx, sb, "", "echo ok")
+			if err == nil && r.Stdout != "ok\n" {
+				err = fmt.Errorf("echo ok printed %q", r.Stdout)
+			}
+			createDur = append(createDur, time.Since(start))
+			_ = c.Kill(ctx, sb.SandboxID)
+		}
+		if err != nil {
+			createErrs++
+			log.Warn("create", "err", err)
+		}
+	}
+	if len(createDur) > 0 {
+		p50, p95 := pct(createDur, 50), pct(createDur, 95)
+		add(row{fmt.Sprintf("create → first command (p50/p95, %d errors)", createErrs), pair(p50, p95), pair(runcP50, runcP95), ratio(p50, runcP50)})
+	} else {
+		add(row{"create → first command", fmt.Sprintf("all %d failed", createErrs), "", ""})
+	}
+
+	// Command round trip, upload, download on one sandbox.
+	sb, err := c.Create(ctx, wire.CreateRequest{TemplateID: cfg.Template, Timeout: 1200, Metadata: map[string]string{"bench": "io"}})
+	if err != nil {
+		add(row{"command round trip / transfers", "error: " + err.Error(), "", ""})
+	} else {
+		rows = append(rows, measureIO(ctx, c, sb, cfg, execP50, execP95, log)...)
+		_ = c.Kill(ctx, sb.SandboxID)
+	}
+
+	// Concurrent creates.
+	rows = append(rows, measureConcurrent(ctx, c, cfg, runcP50))
+
+	rssAfter := rssKB(pid)
+	if pid > 0 {
+		add(row{fmt.Sprintf("server RSS (pid %d) before → after", pid), fmt.Sprintf("%.1f MiB → %.1f MiB", float64(rssBefore)/1024, float64(rssAfter)/1024), "", ""})
+	} else {
+		add(row{"server RSS", "server process not found (pass --server-pid)", "", ""})
+	}
+
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "METRIC\tAGENTBOX\tFLOOR\tRATIO")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.metric, r.value, r.floor, r.ratio)
+	}
+	return tw.Flush()
+}
+
+func measureIO(ctx context.Context, c *wire.Client, sb *wire.Sandbox, cfg Config, execP50, execP95 time.Duration, log *slog.Logger) []row {
+	var rows []row
+	var rtt []time.Duration
+	var errs int
+	for range cfg.Commands {
+		start := time.Now()
+		r, err := c.Run(ctx, sb, "", "true")
+		if err != nil || r.ExitCode != 0 {
+			errs++
+			continue
+		}
+		rtt = append(rtt, time.Since(start))
+	}
+	if len(rtt) > 0 {
+		p50, p95 := pct(rtt, 50), pct(rtt, 95)
+		rows = append(rows, row{fmt.Sprintf("command round trip `true` (p50/p95, %d errors)", errs), pair(p50, p95), pair(execP50, execP95), ratio(p50, execP50)})
+	}
+
+	size := int64(cfg.SizeMB) << 20
+	data := make([]byte, size)
+	if _, err := rand.Read(data); err != nil {
+		return append(rows, row{"upload/download", "error: " + err.Error(), "", ""})
+	}
+	want := sha256.Sum256(data)
+	diskW, diskR, diskErr := diskFloor(os.TempDir(), data)
+	if diskErr != nil {
+		log.Warn("disk floor", "err", diskErr)
+	}
+	mb := float64(cfg.SizeMB)
+
+	start := time.Now()
+	err := c.Upload(ctx, sb, "/tmp/bench.bin", bytes.NewReader(data), size)
+	up := time.Since(start)
+	if err != nil {
+		rows = append(rows, row{fmt.Sprintf("upload %d MB", cfg.SizeMB), "error: " + err.Error(), "", ""})
+	} else {
+		rows = append(rows, row{fmt.Sprintf("upload %d MB (octet-stream)", cfg.SizeMB), rate(mb, up), rate(mb, diskW) + " disk write", ratioRate(mb, up, diskW)})
+	}
+
+	h := sha256.New()
+	start = time.Now()
+	n, err := c.Download(ctx, sb, "/tmp/bench.bin", h)
+	down := time.Since(start)
+	switch {
+	case err != nil:
+		rows = append(rows, row{fmt.Sprintf("download %d MB", cfg.SizeMB), "error: " + err.Error(), "", ""})
+	case n != size || !bytes.Equal(h.Sum(nil), want[:]):
+		rows = append(rows, row{fmt.Sprintf("download %d MB", cfg.SizeMB), fmt.Sprintf("corrupt: %d bytes, checksum mismatch", n), "", ""})
+	default:
+		rows = append(rows, row{fmt.Sprintf("download %d MB (checksum ok)", cfg.SizeMB), rate(mb, down), rate(mb, diskR) + " disk read", ratioRate(mb, down, diskR)})
+	}
+	return rows
+}
+
+func measureConcurrent(ctx context.Context, c *wire.Client, cfg Config, runcP50 time.Duration) row {
+	var (
+		mu   sync.Mutex
+		durs []time.Duration
+		ids  []string
+		errs []error
+		wg   sync.WaitGroup
+	)
+	start := time.Now()
+	for range cfg.Concurrent {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t0 := time.Now()
+			sb, err := c.Create(ctx, wire.CreateRequest{TemplateID: cfg.Template, Timeout: 600, Metadata: map[string]string{"bench": "concurrent"}})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			durs = append(durs, time.Since(t0))
+			ids = append(ids, sb.SandboxID)
+		}()
+	}
+	wg.Wait()
+	total := time.Since(start)
+	var kw sync.WaitGroup
+	for _, id := range ids {
+		kw.Add(1)
+		go func() { defer kw.Done(); _ = c.Kill(ctx, id) }()
+	}
+	kw.Wait()
+	metric := fmt.Sprintf("%d concurrent creates (total; p50/p95; %d errors)", cfg.Concurrent, len(errs))
+	if len(errs) > 0 {
+		metric += ": " + firstLine(errs[0].Error())
+	}
+	if len(durs) == 0 {
+		return row{metric, "all failed", "", ""}
+	}
+	p50, p95 := pct(durs, 50), pct(durs, 95)
+	return row{metric, fmt.Sprintf("%s; %s", round(total), pair(p50, p95)), runcP50.Round(time.Millisecond).String(), ratio(p50, runcP50)}
+}
+
+func templateLayers(ctx context.Context, dir, ref string) ([]string, error) {
+	st, err := template.NewStore(dir, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return nil, err
+	}
+	t, err := st.Get(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	return t.Layers, nil
+}
+
+var pidPattern = regexp.MustCompile(`pid=(\d+)`)
+
+// listenerPID finds the process listening on the URL's port with ss(8);
+// 0 when it cannot tell (remote server, no ss).
+func listenerPID(apiURL string) int {
+	u, err := url.Parse(apiURL)
+	if err != nil || u.Port() == "" {
+		return 0
+	}
+	out, err := exec.Command("ss", "-Hltnp", "sport = :"+u.Port()).Output()
+	if err != nil {
+		return 0
+	}
+	m := pidPattern.FindStringSubmatch(string(out))
+	if m == nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(m[1])
+	return pid
+}
+
+// rssKB is VmRSS of pid in KiB, 0 when unknown.
+func rssKB(pid int) int64 {
+	if pid <= 0 {
+		return 0
+	}
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb
+		}
+	}
+	return 0
+}
+
+// pct is the p-th percentile (nearest rank) of ds.
+func pct(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := (p*len(s)+99)/100 - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+func round(d time.Duration) time.Duration {
+	if d > 10*time.Millisecond {
+		return d.Round(time.Millisecond)
+	}
+	return d.Round(10 * time.Microsecond)
+}
+
+func pair(a, b time.Duration) string {
+	if a == 0 && b == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s / %s", round(a), round(b))
+}
+
+func ratio(v, floor time.Duration) string {
+	if floor <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("%.1fx", float64(v)/float64(floor))
+}
+
+func rate(mb float64, d time.Duration) string {
+	if d <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("%.0f MB/s", mb/d.Seconds())
+}
+
+// ratioRate is how many times slower the server moved the data than the floor.
+func ratioRate(mb float64, d, floor time.Duration) string {
+	if d <= 0 || floor <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("%.1fx slower", d.Seconds()/floor.Seconds())
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	if len(s) > 120 {
+		s = s[:120] + "…"
+	}
+	return s
+}

@@ -1,0 +1,44 @@
+// Command bench measures a running agentbox server against the raw floor of
+// this host and prints one table. Usage:
+//
+//	go run ./bench --api-url http://127.0.0.1:3000 --api-key "$(cat /var/lib/agentbox/apikey)"
+//
+// The runc floor needs root and --template-dir (the server's template store).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/agentbox/agentbox/bench/benchmark"
+)
+
+func main() {
+	var cfg benchmark.Config
+	flag.StringVar(&cfg.APIURL, "api-url", os.Getenv("E2B_API_URL"), "server base URL (default $E2B_API_URL)")
+	flag.StringVar(&cfg.APIKey, "api-key", os.Getenv("E2B_API_KEY"), "API key (default $E2B_API_KEY)")
+	flag.StringVar(&cfg.Template, "template", "base", "template to start sandboxes from")
+	flag.StringVar(&cfg.TemplateDir, "template-dir", "/var/cache/agentbox/templates", "the server's template dir, for the runc floor (empty: skip)")
+	flag.IntVar(&cfg.Creates, "creates", 10, "sequential create → first command samples (also runc floor samples)")
+	flag.IntVar(&cfg.Commands, "commands", 50, "command round-trip samples")
+	flag.IntVar(&cfg.Concurrent, "concurrent", 50, "simultaneous creates")
+	flag.IntVar(&cfg.SizeMB, "size-mb", 100, "upload/download size in MB")
+	flag.IntVar(&cfg.ServerPID, "server-pid", 0, "server pid for RSS (default: the process listening on the API port)")
+	flag.Parse()
+	if cfg.APIURL == "" || cfg.APIKey == "" {
+		fmt.Fprintln(os.Stderr, "bench: --api-url and --api-key (or E2B_API_URL, E2B_API_KEY) are required")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if err := benchmark.Run(ctx, cfg, os.Stdout, log); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
