@@ -15,3 +15,24 @@ tools:
 # envd builds the in-sandbox daemon as a static binary.
 envd:
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o bin/envd ./cmd/envd
+
+.PHONY: build test up bench
+
+# build builds the server/CLI and the static in-sandbox daemon.
+build: envd
+	go build -trimpath -o bin/agentbox ./cmd/agentbox
+
+# test is what CI runs: vet, formatting, then every test (unit and end-to-end,
+# which start the real server; root-only tests fail instead of skipping).
+test:
+	go vet ./...
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	AGENTBOX_REQUIRE_ROOT=1 go test -count=1 -timeout 60m ./...
+
+# up installs what is missing, builds and runs the server in the foreground.
+up:
+	bash scripts/up.sh
+
+# bench measures a running server (E2B_API_URL, E2B_API_KEY) against the raw floor.
+bench:
+	go run ./bench
