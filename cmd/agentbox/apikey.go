@@ -1,18 +1,112 @@
 package main
 
 import (
-	"errors"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+
+	"github.com/agentbox/agentbox/internal/store"
 )
 
-// newAPIKeyCmd is `agentbox apikey create|ls|rm` (owned by the server work).
+// newAPIKeyCmd is `agentbox apikey create|ls|rm`: key management on the
+// server's own database, for the host's administrator (no API call: this is
+// how the first keys of new teams are minted).
 func newAPIKeyCmd() *cobra.Command {
-	return &cobra.Command{
+	var dataDir string
+	open := func(ctx context.Context) (*store.Store, error) {
+		return store.Open(ctx, filepath.Join(dataDir, "agentbox.db"))
+	}
+	cmd := &cobra.Command{
 		Use:   "apikey",
-		Short: "Manage API keys in the local data directory",
+		Short: "Create, list and remove API keys (on the server's data directory)",
+		Long: `Manage API keys directly in the server's database (run on the server host,
+as a user who can read --data-dir). Keys are stored hashed; a new key is shown
+once. Each key belongs to a team; a team sees only its own sandboxes.`,
+	}
+	cmd.PersistentFlags().StringVar(&dataDir, "data-dir", defaultDataDir(), "server data directory")
+
+	var team, name string
+	create := &cobra.Command{
+		Use:     "create",
+		Short:   "Create a key and print it (shown only once)",
+		Example: "  agentbox apikey create --team research --name ci",
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return errors.New("apikey: not built yet")
+			if !store.ValidTeamName(team) {
+				return fmt.Errorf("--team %q: use 1-64 letters, digits, '-', '_' or '.'", team)
+			}
+			st, err := open(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			t, err := st.EnsureTeam(cmd.Context(), team)
+			if err != nil {
+				return err
+			}
+			plain, _, err := st.CreateAPIKey(cmd.Context(), t.ID, name)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), plain)
+			return nil
 		},
 	}
+	create.Flags().StringVar(&team, "team", "default", "team the key belongs to (created if new)")
+	create.Flags().StringVar(&name, "name", "", "a note to recognise the key by")
+
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "List keys (masked)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := open(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			keys, err := st.ListAPIKeys(cmd.Context())
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tKEY\tTEAM\tNAME\tCREATED")
+			for _, k := range keys {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.ID, k.Mask, k.TeamName, k.Name, k.CreatedAt.Format("2006-01-02 15:04"))
+			}
+			return tw.Flush()
+		},
+	}
+	rm := &cobra.Command{
+		Use:   "rm <key-id>...",
+		Short: "Remove keys by the ID shown by `apikey ls`",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := open(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			for _, id := range args {
+				if err := st.DeleteAPIKey(cmd.Context(), id); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(create, ls, rm)
+	return cmd
+}
+
+// defaultDataDir is $AGENTBOX_DATA_DIR or /var/lib/agentbox.
+func defaultDataDir() string {
+	if d := os.Getenv("AGENTBOX_DATA_DIR"); d != "" {
+		return d
+	}
+	return "/var/lib/agentbox"
 }

@@ -1,18 +1,332 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/agentbox/agentbox/internal/api"
+	"github.com/agentbox/agentbox/internal/gateway"
+	"github.com/agentbox/agentbox/internal/network"
+	"github.com/agentbox/agentbox/internal/runtime/runc"
+	"github.com/agentbox/agentbox/internal/sandbox"
+	"github.com/agentbox/agentbox/internal/store"
+	"github.com/agentbox/agentbox/internal/template"
 )
 
-// newServeCmd is the `agentbox serve` command (owned by the server work).
+// serveConfig is every setting of `agentbox serve`. Each is a flag, an
+// environment variable AGENTBOX_<FLAG> (dashes as underscores) and a key of
+// the JSON config file; a flag beats the environment, which beats the file.
+type serveConfig struct {
+	Listen          string
+	DataPlaneListen string
+	DataDir         string
+	TemplateDir     string
+	Envd            string
+	Runc            string
+	Bridge          string
+	Subnet          string
+	MaxTimeout      time.Duration
+	BuildBase       bool
+	LogLevel        string
+	ConfigFile      string
+}
+
 func newServeCmd() *cobra.Command {
-	return &cobra.Command{
+	var c serveConfig
+	cmd := &cobra.Command{
 		Use:   "serve",
-		Short: "Run the agentbox server (API, gateway, sandboxes)",
+		Short: "Run the agentbox server: E2B-compatible API, data-plane gateway and sandboxes",
+		Long: `Run the agentbox server in the foreground (as root).
+
+One process serves the E2B-compatible REST API and the sandbox data plane on
+one address: requests carrying E2b-Sandbox-Id/E2b-Sandbox-Port headers, or a
+Host of the form <port>-<sandboxID>.<domain>, go to the sandbox; everything
+else goes to the API. State lives in --data-dir (SQLite); the first start
+creates an API key and writes it to <data-dir>/apikey (mode 0600), and builds
+the "base" template if it is missing (about 1-2 minutes, cached).
+
+Sandboxes keep running when the server stops (also on kill -9); the next
+start on the same data dir re-adopts them or cleans up what is left.
+
+Every flag can also be set with an environment variable AGENTBOX_<FLAG>
+(e.g. AGENTBOX_LISTEN=0.0.0.0:3000) or in a JSON file given with --config
+({"listen": "...", "max-timeout": "24h"}); flags win over the environment,
+which wins over the file.`,
+		Example: `  sudo agentbox serve
+  sudo agentbox serve --listen 0.0.0.0:3000 --data-dir /srv/agentbox`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return errors.New("serve: not built yet")
+			if err := applyEnvAndFile(cmd.Flags(), c.ConfigFile); err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return serve(ctx, c, cmd.OutOrStdout())
 		},
 	}
+	f := cmd.Flags()
+	f.StringVar(&c.Listen, "listen", "127.0.0.1:3000", "address for the API and the data plane")
+	f.StringVar(&c.DataPlaneListen, "data-plane-listen", "", "optional second address serving only sandbox traffic")
+	f.StringVar(&c.DataDir, "data-dir", "/var/lib/agentbox", "state directory: database, API key, sandboxes")
+	f.StringVar(&c.TemplateDir, "template-dir", "", "template store (default <data-dir>/templates)")
+	f.StringVar(&c.Envd, "envd", "", "path of the static envd binary (default: envd next to this binary, then $PATH)")
+	f.StringVar(&c.Runc, "runc", "runc", "OCI runtime binary")
+	f.StringVar(&c.Bridge, "bridge", "agentbox0", "host bridge the sandboxes attach to")
+	f.StringVar(&c.Subnet, "subnet", "10.11.0.0/16", "IPv4 subnet for sandbox addresses")
+	f.DurationVar(&c.MaxTimeout, "max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
+	f.BoolVar(&c.BuildBase, "build-base", true, "build the base template at start if it is missing")
+	f.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&c.ConfigFile, "config", "", "JSON config file with flag names as keys")
+	return cmd
+}
+
+// applyEnvAndFile fills every flag not given on the command line from
+// AGENTBOX_<FLAG>, then from the config file.
+func applyEnvAndFile(fs *pflag.FlagSet, file string) error {
+	if file == "" {
+		file = os.Getenv("AGENTBOX_CONFIG")
+	}
+	fileVals := map[string]any{}
+	if file != "" {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			return fmt.Errorf("--config: %w", err)
+		}
+		if err := json.Unmarshal(data, &fileVals); err != nil {
+			return fmt.Errorf("--config %s: not a JSON object of flag names to values: %w", file, err)
+		}
+		for k := range fileVals {
+			if fs.Lookup(k) == nil {
+				return fmt.Errorf("--config %s: unknown setting %q (settings are the flag names of `agentbox serve --help`)", file, k)
+			}
+		}
+	}
+	var errs []error
+	fs.VisitAll(func(fl *pflag.Flag) {
+		if fl.Changed {
+			return
+		}
+		env := "AGENTBOX_" + strings.ToUpper(strings.ReplaceAll(fl.Name, "-", "_"))
+		if v, ok := os.LookupEnv(env); ok {
+			if err := fl.Value.Set(v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", env, v, err))
+			}
+			return
+		}
+		if v, ok := fileVals[fl.Name]; ok {
+			if err := fl.Value.Set(fmt.Sprint(v)); err != nil {
+				errs = append(errs, fmt.Errorf("config %s=%v: %w", fl.Name, v, err))
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+func newLogger(level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+}
+
+// findEnvd locates the envd binary: explicit path, next to this executable, $PATH.
+func findEnvd(explicit string) (string, error) {
+	if explicit != "" {
+		if _, err := os.Stat(explicit); err != nil {
+			return "", fmt.Errorf("--envd: %w", err)
+		}
+		return filepath.Abs(explicit)
+	}
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), "envd")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", errors.New("envd binary not found next to agentbox; build it with `make build` or pass --envd")
+}
+
+func listen(ctx context.Context, addr string) (net.Listener, error) {
+	// MPTCP off: CRIU cannot checkpoint it and Landlock does not cover it.
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	return lc.Listen(ctx, "tcp", addr)
+}
+
+func serve(ctx context.Context, c serveConfig, out io.Writer) error {
+	log, err := newLogger(c.LogLevel)
+	if err != nil {
+		return err
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("agentbox serve needs root (namespaces, cgroups, nftables, mounts); run it with sudo")
+	}
+	subnet, err := netip.ParsePrefix(c.Subnet)
+	if err != nil {
+		return fmt.Errorf("--subnet: %w", err)
+	}
+	if c.TemplateDir == "" {
+		c.TemplateDir = filepath.Join(c.DataDir, "templates")
+	}
+	envd, err := findEnvd(c.Envd)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
+		return fmt.Errorf("--data-dir: %w", err)
+	}
+	st, err := store.Open(ctx, filepath.Join(c.DataDir, "agentbox.db"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	key, err := firstKey(ctx, st, c.DataDir)
+	if err != nil {
+		return err
+	}
+
+	templates, err := template.NewStore(c.TemplateDir, log)
+	if err != nil {
+		return err
+	}
+	if c.BuildBase {
+		if _, err := templates.Get(ctx, "base"); err != nil {
+			fmt.Fprintln(out, "Building the base template (first start only; about 1-2 minutes)...")
+			if _, err := templates.Build(ctx, template.BuiltinDefinitions()["base"], out); err != nil {
+				return fmt.Errorf("build base template: %w", err)
+			}
+		}
+	}
+
+	nw, err := network.New(network.Config{Bridge: c.Bridge, Subnet: subnet}, log)
+	if err != nil {
+		return err
+	}
+	if err := nw.Setup(ctx); err != nil {
+		return fmt.Errorf("network setup: %w", err)
+	}
+	rt, err := runc.New(runc.Config{
+		StateDir:   filepath.Join(c.DataDir, "sandboxes"),
+		RuncBinary: c.Runc,
+		EnvdPath:   envd,
+	}, log)
+	if err != nil {
+		return err
+	}
+	mgr, err := sandbox.New(ctx, sandbox.Config{MaxTimeout: c.MaxTimeout}, log, st, rt, nw, templates)
+	if err != nil {
+		return err
+	}
+	if err := mgr.Reconcile(ctx); err != nil {
+		return fmt.Errorf("reconcile sandboxes: %w", err)
+	}
+	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelRun()
+	go mgr.Run(runCtx)
+
+	apiSrv := api.New(log, st, mgr, templates)
+	gw := gateway.New(mgr, log)
+	handler := gw.Handler(apiSrv.Handler())
+
+	ln, err := listen(ctx, c.Listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	servers := []*http.Server{{Handler: handler, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 640 * time.Second}}
+	listeners := []net.Listener{ln}
+	if c.DataPlaneListen != "" {
+		dln, err := listen(ctx, c.DataPlaneListen)
+		if err != nil {
+			return fmt.Errorf("--data-plane-listen: %w", err)
+		}
+		onlySandboxes := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, `{"code":404,"message":"this address serves sandbox traffic only; send E2b-Sandbox-Id and E2b-Sandbox-Port headers"}`, http.StatusNotFound)
+		})
+		servers = append(servers, &http.Server{Handler: gw.Handler(onlySandboxes), ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 640 * time.Second})
+		listeners = append(listeners, dln)
+	}
+	errc := make(chan error, len(servers))
+	for i, srv := range servers {
+		go func() { errc <- srv.Serve(listeners[i]) }()
+	}
+	printBanner(out, "http://"+ln.Addr().String(), key, c.DataDir)
+	log.Info("agentbox serving", "listen", ln.Addr().String(), "data-dir", c.DataDir, "templates", c.TemplateDir, "envd", envd)
+
+	select {
+	case err := <-errc:
+		return fmt.Errorf("server stopped: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down; sandboxes keep running and are re-adopted at the next start")
+	shutCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, srv := range servers {
+		_ = srv.Shutdown(shutCtx)
+	}
+	return nil
+}
+
+// firstKey makes sure a team and a key exist. On the very first start it
+// creates one and writes it to <data-dir>/apikey (0600); it returns the key
+// from that file if it is there.
+func firstKey(ctx context.Context, st *store.Store, dataDir string) (string, error) {
+	path := filepath.Join(dataDir, "apikey")
+	keys, err := st.ListAPIKeys(ctx)
+	if err != nil {
+		return "", err
+	}
+	if len(keys) > 0 {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return "", nil // a key exists but its file was removed: fine
+		}
+		return strings.TrimSpace(string(b)), nil
+	}
+	team, err := st.EnsureTeam(ctx, "default")
+	if err != nil {
+		return "", err
+	}
+	plain, _, err := st.CreateAPIKey(ctx, team.ID, "first key")
+	if err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(path, []byte(plain+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("write %s: %w", path, err)
+	}
+	return plain, nil
+}
+
+func printBanner(out io.Writer, url, key, dataDir string) {
+	shown := key
+	if shown == "" {
+		shown = "(see " + filepath.Join(dataDir, "apikey") + " or `agentbox apikey create`)"
+	}
+	fmt.Fprintf(out, `
+agentbox is ready.
+  API URL:  %[1]s
+  API key:  %[2]s   (saved in %[3]s)
+
+Use it from the official E2B SDK (npm install e2b):
+  export E2B_API_URL=%[1]s E2B_SANDBOX_URL=%[1]s E2B_API_KEY=%[2]s
+  node -e "const {Sandbox}=require('e2b'); (async()=>{const s=await Sandbox.create('base'); console.log((await s.commands.run('echo hello from $(hostname)')).stdout); await s.kill()})()"
+
+Or the CLI:  agentbox create base && agentbox exec <id> -- python3 -c 'print(1)'
+`, url, shown, filepath.Join(dataDir, "apikey"))
 }

@@ -420,6 +420,14 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			_ = m.destroy(ctx, &sb, reason)
 			continue
 		}
+		// The nftables table is rebuilt at every start; put the sandbox's
+		// egress policy back before it is reachable again.
+		if err := m.net.SetPolicy(ctx, sb.ID, network.Policy{AllowInternet: sb.AllowInternet}); err != nil {
+			m.log.Error("restore egress policy; removing sandbox", "sandbox", sb.ID, "err", err)
+			sb.State = StateKilling
+			_ = m.destroy(ctx, &sb, "could not restore its egress policy")
+			continue
+		}
 		m.mu.Lock()
 		m.sandboxes[sb.ID] = &sb
 		m.mu.Unlock()

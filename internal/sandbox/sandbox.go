@@ -62,6 +62,7 @@ type Sandbox struct {
 type Network interface {
 	Attach(ctx context.Context, id string, p network.Policy) (network.Endpoint, error)
 	Detach(ctx context.Context, id string) error
+	SetPolicy(ctx context.Context, id string, p network.Policy) error
 	List(ctx context.Context) ([]string, error)
 	Lookup(id string) (network.Endpoint, bool)
 	DNS() []string
