@@ -1,0 +1,186 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/store"
+)
+
+func decodeString(t *testing.T, body string, limit int64) (newSandbox, error) {
+	t.Helper()
+	var b newSandbox
+	r := httptest.NewRequest(http.MethodPost, "/v2/sandboxes", strings.NewReader(body))
+	err := decodeBody(httptest.NewRecorder(), r, limit, false, &b)
+	return b, err
+}
+
+func TestCreateValidation(t *testing.T) {
+	s := &Server{MaxBody: 1 << 20}
+	long := strings.Repeat("x", 300)
+	tests := []struct {
+		name, body string
+		v2         bool
+		wantErr    string // substring naming the field; "" = valid
+		check      func(t *testing.T, b newSandbox)
+	}{
+		{name: "minimal v2", body: `{"templateID":"base"}`, v2: true},
+		{name: "missing template", body: `{}`, wantErr: "templateID"},
+		{name: "blank template", body: `{"templateID":"  "}`, wantErr: "templateID"},
+		{name: "template wrong type", body: `{"templateID":5}`, wantErr: "templateID"},
+		{name: "zero timeout", body: `{"templateID":"base","timeout":0}`, wantErr: "timeout"},
+		{name: "negative timeout", body: `{"templateID":"base","timeout":-5}`, wantErr: "timeout"},
+		{name: "huge timeout", body: `{"templateID":"base","timeout":99999999999}`, wantErr: "timeout"},
+		{name: "timeout as string", body: `{"templateID":"base","timeout":"10"}`, wantErr: "timeout"},
+		{name: "bad env name", body: `{"templateID":"base","envVars":{"A=B":"x"}}`, wantErr: "envVars"},
+		{name: "env NUL", body: `{"templateID":"base","envVars":{"A":"x\u0000y"}}`, wantErr: "envVars.A"},
+		{name: "metadata key too long", body: `{"templateID":"base","metadata":{"` + long + `":"v"}}`, wantErr: "metadata"},
+		{name: "metadata wrong type", body: `{"templateID":"base","metadata":{"a":1}}`, wantErr: "metadata"},
+		{name: "autoPause unsupported", body: `{"templateID":"base","autoPause":true}`, wantErr: "autoPause"},
+		{name: "allowOut unsupported", body: `{"templateID":"base","network":{"allowOut":["1.1.1.1"]}}`, wantErr: "network.allowOut"},
+		{name: "deny all", body: `{"templateID":"base","network":{"denyOut":["0.0.0.0/0"]}}`},
+		{name: "not json", body: `{"templateID":`, wantErr: "not valid JSON"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := decodeString(t, tc.body, 1<<20)
+			if err == nil {
+				_, err = s.createRequest(context.Background(), b, tc.v2)
+			}
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("unexpected error: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("error %v does not name %q", err, tc.wantErr)
+			}
+			if statusOf(err) != http.StatusBadRequest {
+				t.Fatalf("status %d, want 400", statusOf(err))
+			}
+		})
+	}
+}
+
+func TestCreateDefaults(t *testing.T) {
+	s := &Server{}
+	for _, tc := range []struct {
+		v2     bool
+		want   time.Duration
+		secure bool
+	}{{false, 15 * time.Second, false}, {true, 300 * time.Second, true}} {
+		b, _ := decodeString(t, `{"templateID":"base"}`, 1<<20)
+		req, err := s.createRequest(context.Background(), b, tc.v2)
+		if err != nil || req.Timeout != tc.want || req.Secure != tc.secure || !req.AllowInternet {
+			t.Errorf("v2=%v: %+v, %v", tc.v2, req, err)
+		}
+	}
+	b, _ := decodeString(t, `{"templateID":"base","allow_internet_access":false,"secure":true}`, 1<<20)
+	req, _ := s.createRequest(context.Background(), b, false)
+	if req.AllowInternet || !req.Secure {
+		t.Errorf("allow_internet_access/secure not honoured: %+v", req)
+	}
+}
+
+func TestBodyTooLarge(t *testing.T) {
+	_, err := decodeString(t, `{"templateID":"`+strings.Repeat("a", 2000)+`"}`, 1000)
+	if !errors.Is(err, errdefs.ErrTooLarge) || statusOf(err) != http.StatusRequestEntityTooLarge || !strings.Contains(err.Error(), "1000") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestListQuery(t *testing.T) {
+	q := url.Values{"metadata": {"user=abc&app=prod"}, "state": {"running,paused"}, "limit": {"2"}}
+	lq, err := parseListQuery(q, true)
+	if err != nil || lq.metadata["user"] != "abc" || lq.metadata["app"] != "prod" || len(lq.states) != 2 || lq.limit != 2 {
+		t.Fatalf("%+v %v", lq, err)
+	}
+	for _, bad := range []url.Values{{"state": {"dead"}}, {"limit": {"0"}}, {"limit": {"101"}}, {"nextToken": {"!!"}}, {"order": {"up"}}} {
+		if _, err := parseListQuery(bad, true); statusOf(err) != http.StatusBadRequest {
+			t.Errorf("%v: got %v, want 400", bad, err)
+		}
+	}
+}
+
+func TestAuthentication(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	team, _ := st.EnsureTeam(ctx, "a")
+	key, _, _ := st.CreateAPIKey(ctx, team.ID, "")
+	s := New(slog.New(slog.DiscardHandler), st, nil, nil)
+	h := s.Handler()
+	for _, tc := range []struct {
+		name   string
+		header map[string]string
+		want   int
+	}{
+		{"no key", nil, 401},
+		{"wrong key", map[string]string{"X-API-Key": "e2b_00"}, 401},
+		{"huge key", map[string]string{"X-API-Key": strings.Repeat("a", 5000)}, 401},
+		{"good key", map[string]string{"X-API-Key": key}, 200},
+		{"bearer", map[string]string{"Authorization": "Bearer " + key}, 200},
+	} {
+		r := httptest.NewRequest(http.MethodGet, "/sandboxes?state=running", nil)
+		for k, v := range tc.header {
+			r.Header.Set(k, v)
+		}
+		w := httptest.NewRecorder()
+		// /sandboxes with a nil manager would panic past auth; use a route
+		// that fails validation after auth instead.
+		r.URL.RawQuery = "state=bogus"
+		h.ServeHTTP(w, r)
+		want := tc.want
+		if want == 200 {
+			want = 400 // authenticated, then the bad state is refused
+		}
+		if w.Code != want {
+			t.Errorf("%s: status %d, want %d: %s", tc.name, w.Code, want, w.Body)
+		}
+		var body errorBody
+		data, _ := io.ReadAll(w.Body)
+		if err := json.Unmarshal(data, &body); err != nil || body.Code != want || body.Message == "" {
+			t.Errorf("%s: body %s is not {code,message}", tc.name, data)
+		}
+	}
+}
+
+// FuzzCreateBody: no body makes decoding or validation panic, and every
+// rejection is a client error with a message.
+func FuzzCreateBody(f *testing.F) {
+	for _, seed := range []string{`{"templateID":"base"}`, `{"templateID":"base","timeout":-1}`, `{"metadata":{"a":"b"}}`, `[]`, `null`, `{"envVars":{"":""}}`} {
+		f.Add(seed)
+	}
+	s := &Server{MaxBody: 1 << 16}
+	f.Fuzz(func(t *testing.T, body string) {
+		var b newSandbox
+		r := httptest.NewRequest(http.MethodPost, "/v2/sandboxes", strings.NewReader(body))
+		err := decodeBody(httptest.NewRecorder(), r, s.MaxBody, false, &b)
+		if err == nil {
+			_, err = s.createRequest(context.Background(), b, true)
+		}
+		if err != nil {
+			if st := statusOf(err); st < 400 || st > 499 {
+				t.Fatalf("status %d for %q: %v", st, body, err)
+			}
+			if message(err) == "" {
+				t.Fatal("empty message")
+			}
+		}
+	})
+}
