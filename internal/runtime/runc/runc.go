@@ -1,0 +1,467 @@
+// Package runc runs sandboxes as runc containers: it owns each sandbox's
+// bundle directory (overlay rootfs over the template layers, config.json,
+// /etc files, log dir), the container in runc's state root and its cgroups.
+// Everything lives on disk, so a restarted server finds, inspects and
+// deletes what an earlier process started.
+package runc
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/runtime"
+)
+
+// Config configures the runc driver. Zero values take the defaults.
+type Config struct {
+	// StateDir holds one bundle directory per sandbox, <StateDir>/<id>.
+	// Required (e.g. /var/lib/agentbox/sandboxes).
+	StateDir string
+	// RuncBinary is the runc executable. Default "runc" from PATH.
+	RuncBinary string
+	// RuncRoot is runc's --root (container state). Default /run/agentbox/runc.
+	RuncRoot string
+	// EnvdPath is the host path of the static envd binary, bind-mounted
+	// read-only at runtime.EnvdPathInSandbox. Required.
+	EnvdPath string
+	// CgroupParent is the cgroup (relative to each hierarchy's root) under
+	// which every sandbox gets <CgroupParent>/<id>. Default "agentbox".
+	CgroupParent string
+}
+
+// Runtime is the runc driver. It keeps no state in memory besides its
+// configuration, so it is safe for concurrent use and across restarts.
+type Runtime struct {
+	cfg      Config
+	log      *slog.Logger
+	cgroupV2 bool
+	nofile   uint64 // RLIMIT_NOFILE given to envd
+}
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// validID matches ids that are safe as a runc container id, a directory name
+// and a cgroup name.
+var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// New checks cfg and detects the cgroup version.
+func New(cfg Config, log *slog.Logger) (*Runtime, error) {
+	if cfg.StateDir == "" {
+		return nil, fmt.Errorf("runc: StateDir is required: %w", errdefs.ErrInvalidArgument)
+	}
+	if cfg.EnvdPath == "" {
+		return nil, fmt.Errorf("runc: EnvdPath is required: %w", errdefs.ErrInvalidArgument)
+	}
+	if cfg.RuncBinary == "" {
+		cfg.RuncBinary = "runc"
+	}
+	if cfg.RuncRoot == "" {
+		cfg.RuncRoot = "/run/agentbox/runc"
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "agentbox"
+	}
+	bin, err := exec.LookPath(cfg.RuncBinary)
+	if err != nil {
+		return nil, fmt.Errorf("runc binary %q: %w", cfg.RuncBinary, errdefs.ErrUnavailable)
+	}
+	cfg.RuncBinary = bin
+	if log == nil {
+		log = slog.Default()
+	}
+	for _, d := range []string{cfg.StateDir, cfg.RuncRoot} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, fmt.Errorf("runc: %w", err)
+		}
+	}
+	r := &Runtime{cfg: cfg, log: log.With("component", "runc"), cgroupV2: isCgroupV2()}
+	r.nofile = r.nofileLimit()
+	return r, nil
+}
+
+// wantNOFILE is the open-files limit sandboxes get where the host allows it.
+const wantNOFILE = 1048576
+
+// nofileLimit returns wantNOFILE, or the server's own hard limit when the
+// server lacks CAP_SYS_RESOURCE and runc therefore cannot raise it.
+func (r *Runtime) nofileLimit() uint64 {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil || lim.Max >= wantNOFILE || hasCap(unix.CAP_SYS_RESOURCE) {
+		return wantNOFILE
+	}
+	r.log.Warn("no CAP_SYS_RESOURCE: sandboxes get the server's open-files limit", "nofile", lim.Max, "wanted", wantNOFILE)
+	return lim.Max
+}
+
+// hasCap reports whether the process has capability c in its effective set.
+func hasCap(c int) bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			var mask uint64
+			if _, err := fmt.Sscanf(strings.TrimSpace(v), "%x", &mask); err != nil {
+				return false
+			}
+			return mask&(1<<uint(c)) != 0
+		}
+	}
+	return false
+}
+
+func (r *Runtime) dir(id string) string { return filepath.Join(r.cfg.StateDir, id) }
+
+// runc runs one runc command. Its stdio never reaches the container: with
+// run --detach the container inherits runc's stdio, and a pipe there would
+// both hang Wait and make the container uncheckpointable. Errors are read
+// from runc's own log file instead.
+func (r *Runtime) runc(ctx context.Context, logFile string, args ...string) ([]byte, error) {
+	full := append([]string{"--root", r.cfg.RuncRoot}, args...)
+	if logFile != "" {
+		full = append([]string{"--log", logFile, "--log-format", "json"}, full...)
+	}
+	cmd := exec.CommandContext(ctx, r.cfg.RuncBinary, full...)
+	var stdout, stderr bytes.Buffer
+	if args[0] != "run" {
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	}
+	if err := cmd.Run(); err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if logFile != "" {
+			msg = lastLogError(logFile)
+		}
+		return nil, fmt.Errorf("runc %s: %w: %s", args[0], err, msg)
+	}
+	return stdout.Bytes(), nil
+}
+
+// lastLogError returns the last error message in a runc JSON log.
+func lastLogError(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	var msg string
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		var e struct{ Level, Msg string }
+		if json.Unmarshal(sc.Bytes(), &e) == nil && e.Level == "error" {
+			msg = e.Msg
+		}
+	}
+	return msg
+}
+
+func notExist(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "does not exist")
+}
+
+// rollback undoes completed setup steps in reverse order.
+type rollback []func()
+
+func (rb *rollback) add(f func()) { *rb = append(*rb, f) }
+func (rb rollback) run() {
+	for i := len(rb) - 1; i >= 0; i-- {
+		rb[i]()
+	}
+}
+
+// Create builds the bundle and starts envd as the container's init.
+func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
+	switch {
+	case !validID.MatchString(spec.ID):
+		return fmt.Errorf("sandbox id %q: %w", spec.ID, errdefs.ErrInvalidArgument)
+	case len(spec.Layers) == 0:
+		return fmt.Errorf("sandbox %s: no rootfs layers: %w", spec.ID, errdefs.ErrInvalidArgument)
+	case spec.Runtime != "" && spec.Runtime != "runc":
+		return fmt.Errorf("sandbox %s: runtime %q is not runc: %w", spec.ID, spec.Runtime, errdefs.ErrInvalidArgument)
+	}
+	dir := r.dir(spec.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrConflict)
+		}
+		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	var rb rollback
+	defer func() {
+		if err != nil {
+			rb.run()
+		}
+	}()
+	rb.add(func() { _ = os.RemoveAll(dir) })
+
+	for _, sub := range []string{"upper", "work", "rootfs", "log"} {
+		if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
+			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+	}
+	rootfs := filepath.Join(dir, "rootfs")
+	lower := slices.Clone(spec.Layers)
+	slices.Reverse(lower) // overlay wants the topmost layer first
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s",
+		strings.Join(lower, ":"), filepath.Join(dir, "upper"), filepath.Join(dir, "work"))
+	if err := unix.Mount("overlay", rootfs, "overlay", 0, opts); err != nil {
+		return fmt.Errorf("sandbox %s: mount overlay: %w", spec.ID, err)
+	}
+	rb.add(func() { _ = unmount(rootfs) })
+
+	if err := writeEtc(dir, spec); err != nil {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	cfgJSON, err := json.MarshalIndent(r.ociSpec(spec, dir), "", "\t")
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfgJSON, 0o600); err != nil {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+
+	rb.add(func() {
+		// A failed run may leave a container record or a cgroup behind.
+		_, _ = r.runc(context.WithoutCancel(ctx), "", "delete", "--force", spec.ID)
+		_ = r.removeCgroups(r.cgroupPath(spec.ID))
+	})
+	if _, err := r.runc(ctx, filepath.Join(dir, "runc.log"), "run", "--detach", "--bundle", dir, spec.ID); err != nil {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	r.log.Debug("sandbox started", "id", spec.ID)
+	return nil
+}
+
+// writeEtc writes the files bind-mounted over the sandbox's /etc/hosts,
+// /etc/hostname and /etc/resolv.conf. The hostname resolves locally so
+// tools that look it up (getfqdn, sudo) never wait on DNS.
+func writeEtc(dir string, spec runtime.Spec) error {
+	hosts := "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + spec.ID + "\n"
+	var resolv strings.Builder
+	for _, ns := range spec.DNS {
+		fmt.Fprintf(&resolv, "nameserver %s\n", ns)
+	}
+	for name, content := range map[string]string{
+		"hosts":       hosts,
+		"hostname":    spec.ID + "\n",
+		"resolv.conf": resolv.String(),
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// unmount unmounts path, retrying while it is busy (processes of a killed
+// container may still be exiting) and detaching it lazily as a last resort.
+func unmount(path string) error {
+	var err error
+	for range 20 {
+		err = unix.Unmount(path, 0)
+		if err == nil || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if derr := unix.Unmount(path, unix.MNT_DETACH); derr != nil && !errors.Is(derr, unix.EINVAL) {
+		return fmt.Errorf("unmount %s: %w", path, errors.Join(err, derr))
+	}
+	return nil
+}
+
+// Delete kills the container and removes its state, rootfs mount, bundle
+// directory and cgroups. Deleting an unknown id is not an error.
+func (r *Runtime) Delete(ctx context.Context, id string) error {
+	if !validID.MatchString(id) {
+		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	dir := r.dir(id)
+	cgPath := r.bundleCgroupPath(id)
+	var errs []error
+	// kill first: delete --force alone signals and then polls in 100 ms steps.
+	_, _ = r.runc(ctx, "", "kill", id, "KILL")
+	if _, err := r.runc(ctx, "", "delete", "--force", id); err != nil && !notExist(err) {
+		errs = append(errs, err)
+	}
+	if err := unmount(filepath.Join(dir, "rootfs")); err != nil {
+		errs = append(errs, err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		errs = append(errs, err)
+	}
+	if err := r.removeCgroups(cgPath); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// bundleCgroupPath reads the cgroup path from the bundle, so a sandbox
+// created under another CgroupParent is still found; it falls back to the
+// configured one.
+func (r *Runtime) bundleCgroupPath(id string) string {
+	b, err := os.ReadFile(filepath.Join(r.dir(id), "config.json"))
+	if err == nil {
+		var s specs.Spec
+		if json.Unmarshal(b, &s) == nil && s.Linux != nil && s.Linux.CgroupsPath != "" {
+			return s.Linux.CgroupsPath
+		}
+	}
+	return r.cgroupPath(id)
+}
+
+// State reports the container's status. A bundle directory without a runc
+// container (a half-done Create or Delete) is reported as stopped so the
+// caller deletes it; an id with neither is errdefs.ErrNotFound.
+func (r *Runtime) State(ctx context.Context, id string) (runtime.Status, error) {
+	if !validID.MatchString(id) {
+		return "", fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	out, err := r.runc(ctx, "", "state", id)
+	if err != nil {
+		if notExist(err) {
+			if _, serr := os.Stat(r.dir(id)); serr == nil {
+				return runtime.StatusStopped, nil
+			}
+			return "", fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+		}
+		return "", err
+	}
+	var st struct {
+		Status string `json:"status"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		return "", fmt.Errorf("runc state %s: %w", id, err)
+	}
+	switch st.Status {
+	case "running":
+		return runtime.StatusRunning, nil
+	case "paused", "pausing":
+		return runtime.StatusPaused, nil
+	default: // created, stopped
+		return runtime.StatusStopped, nil
+	}
+}
+
+// Stats reads the sandbox's cgroup and the size of its writable layer.
+func (r *Runtime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
+	if !validID.MatchString(id) {
+		return runtime.Stats{}, fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	dir := r.dir(id)
+	if _, err := os.Stat(dir); err != nil {
+		return runtime.Stats{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	st := runtime.Stats{Timestamp: time.Now()}
+	if err := r.cgroupStats(r.bundleCgroupPath(id), &st); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return runtime.Stats{}, fmt.Errorf("sandbox %s cgroup: %w", id, errdefs.ErrNotFound)
+		}
+		return runtime.Stats{}, fmt.Errorf("sandbox %s stats: %w", id, err)
+	}
+	st.DiskUsed = diskUsage(filepath.Join(dir, "upper"))
+	if mb := r.diskMB(id); mb > 0 {
+		st.DiskTotal = uint64(mb) << 20
+	} else {
+		var sfs unix.Statfs_t
+		if err := unix.Statfs(r.cfg.StateDir, &sfs); err == nil {
+			st.DiskTotal = sfs.Blocks * uint64(sfs.Bsize)
+		}
+	}
+	return st, nil
+}
+
+// diskMB is the disk limit recorded in the bundle (0 = none).
+func (r *Runtime) diskMB(id string) int {
+	b, err := os.ReadFile(filepath.Join(r.dir(id), "config.json"))
+	if err != nil {
+		return 0
+	}
+	var s specs.Spec
+	if json.Unmarshal(b, &s) != nil {
+		return 0
+	}
+	var mb int
+	fmt.Sscan(s.Annotations[annotationDiskMB], &mb)
+	return mb
+}
+
+// annotationDiskMB records Resources.DiskMB in the bundle, for Stats.
+const annotationDiskMB = "io.agentbox.disk-mb"
+
+// diskUsage sums allocated blocks under dir.
+func diskUsage(dir string) uint64 {
+	var total uint64
+	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			return nil
+		}
+		if st, ok := info.Sys().(*syscall.Stat_t); ok {
+			total += uint64(st.Blocks) * 512
+		}
+		return nil
+	})
+	return total
+}
+
+// List returns the ids that have a bundle directory or a runc container.
+func (r *Runtime) List(ctx context.Context) ([]string, error) {
+	ids := map[string]bool{}
+	entries, err := os.ReadDir(r.cfg.StateDir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			ids[e.Name()] = true
+		}
+	}
+	out, err := r.runc(ctx, "", "list", "--format", "json")
+	if err != nil {
+		return nil, err
+	}
+	var cs []struct {
+		ID string `json:"id"`
+	}
+	if len(bytes.TrimSpace(out)) > 0 {
+		if err := json.Unmarshal(out, &cs); err != nil {
+			return nil, fmt.Errorf("runc list: %w", err)
+		}
+	}
+	for _, c := range cs {
+		ids[c.ID] = true
+	}
+	list := make([]string, 0, len(ids))
+	for id := range ids {
+		list = append(list, id)
+	}
+	slices.Sort(list)
+	return list, nil
+}

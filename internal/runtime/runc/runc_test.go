@@ -1,0 +1,410 @@
+package runc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/network"
+	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/testutil"
+)
+
+const baseRootfs = "/tmp/base-probe"
+
+// testInit stands in for envd: it records that it ran, writes a log line
+// through the log mount, and serves a few files over HTTP on envd's port.
+const testInit = `package main
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"os"
+)
+
+func main() {
+	if len(os.Args) == 3 && os.Args[1] == "--log-file" {
+		os.WriteFile(os.Args[2], []byte("test init started\n"), 0o644)
+	}
+	os.WriteFile("/written-by-init", []byte("hello"), 0o644)
+	http.HandleFunc("/read", func(w http.ResponseWriter, r *http.Request) {
+		b, err := os.ReadFile(r.URL.Query().Get("p"))
+		if err != nil {
+			http.Error(w, err.Error(), 404)
+			return
+		}
+		w.Write(b)
+	})
+	http.HandleFunc("/hostname", func(w http.ResponseWriter, r *http.Request) {
+		h, _ := os.Hostname()
+		w.Write([]byte(h))
+	})
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	l, err := lc.Listen(context.Background(), "tcp", ":49983")
+	if err != nil {
+		panic(err)
+	}
+	http.Serve(l, nil)
+}
+`
+
+type env struct {
+	rt      *Runtime
+	cfg     Config
+	net     *network.Manager
+	layers  []string
+	netCfg  network.Config
+	cleanup []func()
+}
+
+func setup(tb testing.TB) *env {
+	tb.Helper()
+	testutil.RequireRoot(tb)
+	if _, err := os.Stat(filepath.Join(baseRootfs, "bin")); err != nil {
+		tb.Skipf("no base rootfs at %s", baseRootfs)
+	}
+	tmp := tb.TempDir()
+
+	src := filepath.Join(tmp, "init.go")
+	if err := os.WriteFile(src, []byte(testInit), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	bin := filepath.Join(tmp, "envd")
+	build := exec.Command("go", "build", "-o", bin, src)
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
+	build.Dir = tmp
+	if out, err := build.CombinedOutput(); err != nil {
+		tb.Fatalf("build test init: %v\n%s", err, out)
+	}
+
+	// A small top layer over the shared base, to check layer order.
+	top := filepath.Join(tmp, "layer")
+	if err := os.MkdirAll(filepath.Join(top, "etc"), 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(top, "etc", "agentbox-layer"), []byte("top"), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+
+	netCfg := network.Config{
+		Bridge: "abrt0", Subnet: netip.MustParsePrefix("10.97.0.0/24"),
+		NetNSDir: filepath.Join(tmp, "netns"), Table: "agentbox_rt_test",
+	}
+	nm, err := network.New(netCfg, slog.Default())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := nm.Setup(context.Background()); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if l, err := netlink.LinkByName(netCfg.Bridge); err == nil {
+			_ = netlink.LinkDel(l)
+		}
+		_ = exec.Command("nft", "delete", "table", "inet", netCfg.Table).Run()
+	})
+
+	cfg := Config{
+		StateDir:     filepath.Join(tmp, "sandboxes"),
+		RuncRoot:     filepath.Join(tmp, "runc"),
+		EnvdPath:     bin,
+		CgroupParent: "agentbox-test",
+	}
+	rt, err := New(cfg, slog.Default())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return &env{rt: rt, cfg: cfg, net: nm, netCfg: netCfg, layers: []string{baseRootfs, top}}
+}
+
+// sandbox attaches a network and creates the container; cleanup removes both.
+func (e *env) sandbox(tb testing.TB, id string, res runtime.Resources) network.Endpoint {
+	tb.Helper()
+	ctx := context.Background()
+	ep, err := e.net.Attach(ctx, id, network.Policy{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		_ = e.rt.Delete(ctx, id)
+		_ = e.net.Detach(ctx, id)
+	})
+	spec := runtime.Spec{ID: id, Layers: e.layers, NetNSPath: ep.NetNSPath, DNS: e.net.DNS(), Resources: res}
+	if err := e.rt.Create(ctx, spec); err != nil {
+		tb.Fatal(err)
+	}
+	return ep
+}
+
+func get(tb testing.TB, ep network.Endpoint, path string) string {
+	tb.Helper()
+	url := fmt.Sprintf("http://%s/%s", netip.AddrPortFrom(ep.IP, 49983), path)
+	var lastErr error
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		resp, err := http.Get(url)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return string(b)
+	}
+	tb.Fatalf("GET %s: %v", url, lastErr)
+	return ""
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func TestSandboxLifecycle(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	const id = "rt1sandbox"
+	ep := e.sandbox(t, id, runtime.Resources{CPUCount: 1, MemoryMB: 256, PIDs: 128})
+
+	if st, err := e.rt.State(ctx, id); err != nil || st != runtime.StatusRunning {
+		t.Fatalf("State = %q, %v; want running", st, err)
+	}
+	if got := get(t, ep, "hostname"); got != id {
+		t.Errorf("hostname = %q, want %q", got, id)
+	}
+	if got := get(t, ep, "read?p=/etc/agentbox-layer"); got != "top" {
+		t.Errorf("top layer file = %q", got)
+	}
+	if got := get(t, ep, "read?p=/etc/hosts"); !strings.Contains(got, "127.0.1.1\t"+id) {
+		t.Errorf("/etc/hosts = %q", got)
+	}
+	if got := get(t, ep, "read?p=/etc/os-release"); !strings.Contains(got, "Debian") {
+		t.Errorf("base layer /etc/os-release = %q", got)
+	}
+
+	dir := filepath.Join(e.cfg.StateDir, id)
+	t.Run("writes land in the upper dir", func(t *testing.T) {
+		if got := readFile(t, filepath.Join(dir, "upper", "written-by-init")); got != "hello" {
+			t.Errorf("upper file = %q", got)
+		}
+		if _, err := os.Stat(filepath.Join(baseRootfs, "written-by-init")); err == nil {
+			t.Error("write reached the base layer")
+		}
+		if got := readFile(t, filepath.Join(dir, "log", "envd.log")); got != "test init started" {
+			t.Errorf("envd log = %q", got)
+		}
+	})
+
+	t.Run("cgroup limits", func(t *testing.T) {
+		cg := e.rt.cgroupPath(id)
+		var files map[string]string
+		if e.rt.cgroupV2 {
+			files = map[string]string{
+				"memory.max": "268435456", "memory.swap.max": "0", "pids.max": "128", "cpu.max": "100000 100000",
+			}
+			for f, want := range files {
+				if got := readFile(t, filepath.Join(cgroupRoot, cg, f)); got != want {
+					t.Errorf("%s = %q, want %q", f, got, want)
+				}
+			}
+			return
+		}
+		for _, c := range []struct{ ctrl, file, want string }{
+			{"memory", "memory.limit_in_bytes", "268435456"},
+			{"memory", "memory.memsw.limit_in_bytes", "268435456"},
+			{"pids", "pids.max", "128"},
+			{"cpu", "cpu.cfs_quota_us", "100000"},
+			{"cpu", "cpu.cfs_period_us", "100000"},
+			{"cpu", "cpu.shares", "1024"},
+		} {
+			p := filepath.Join(cgroupRoot, c.ctrl, cg, c.file)
+			if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) && c.file == "memory.memsw.limit_in_bytes" {
+				continue // kernel without swap accounting
+			}
+			if got := readFile(t, p); got != c.want {
+				t.Errorf("%s/%s = %q, want %q", c.ctrl, c.file, got, c.want)
+			}
+		}
+	})
+
+	t.Run("stats", func(t *testing.T) {
+		st, err := e.rt.Stats(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.MemoryUsed+st.MemoryCache == 0 || st.MemoryLimit != 256<<20 || st.CPUUsageNanos == 0 || st.DiskUsed == 0 || st.DiskTotal == 0 {
+			t.Errorf("Stats = %+v", st)
+		}
+	})
+
+	// A second driver on the same directories plays the restarted server.
+	r2, err := New(e.cfg, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := r2.List(ctx)
+	if err != nil || !slices.Contains(ids, id) {
+		t.Fatalf("List after restart = %v, %v", ids, err)
+	}
+	if st, err := r2.State(ctx, id); err != nil || st != runtime.StatusRunning {
+		t.Fatalf("State after restart = %q, %v", st, err)
+	}
+	if err := r2.Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := r2.Delete(ctx, id); err != nil {
+		t.Fatalf("second Delete: %v", err)
+	}
+	assertGone(t, e, id)
+}
+
+// assertGone checks that nothing of sandbox id is left on the host.
+func assertGone(t *testing.T, e *env, id string) {
+	t.Helper()
+	dir := filepath.Join(e.cfg.StateDir, id)
+	if mi := readFile(t, "/proc/self/mountinfo"); strings.Contains(mi, dir) {
+		t.Errorf("mount left under %s", dir)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("bundle dir left: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(e.cfg.RuncRoot, id)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("runc state left: %v", err)
+	}
+	if _, err := e.rt.State(context.Background(), id); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("State after Delete: %v, want ErrNotFound", err)
+	}
+	matches, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", e.cfg.CgroupParent, id))
+	matches2, _ := filepath.Glob(filepath.Join(cgroupRoot, e.cfg.CgroupParent, id))
+	if left := append(matches, matches2...); len(left) > 0 {
+		t.Errorf("cgroups left: %v", left)
+	}
+	ids, _ := e.rt.List(context.Background())
+	if slices.Contains(ids, id) {
+		t.Errorf("List still has %s", id)
+	}
+}
+
+func TestCreateRollsBack(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	tests := []struct {
+		name   string
+		id     string
+		mutate func(*runtime.Spec)
+		envd   string
+	}{
+		{name: "missing layer", id: "rbLayer", mutate: func(s *runtime.Spec) { s.Layers = []string{"/nonexistent-layer"} }},
+		{name: "runc fails", id: "rbRunc", envd: "/nonexistent-envd"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rt := e.rt
+			if tc.envd != "" {
+				cfg := e.cfg
+				cfg.EnvdPath = tc.envd
+				var err error
+				if rt, err = New(cfg, slog.Default()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			spec := runtime.Spec{ID: tc.id, Layers: e.layers, Resources: runtime.Resources{MemoryMB: 64}}
+			if tc.mutate != nil {
+				tc.mutate(&spec)
+			}
+			if err := rt.Create(ctx, spec); err == nil {
+				t.Fatal("Create succeeded")
+			} else {
+				t.Logf("Create: %v", err)
+			}
+			assertGone(t, e, tc.id)
+		})
+	}
+	if err := e.rt.Create(ctx, runtime.Spec{ID: "../x", Layers: e.layers}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("bad id: %v", err)
+	}
+}
+
+// BenchmarkCreateDelete measures a full Create and Delete, Create alone, and
+// the floor: runc run --detach of the same init on an already built bundle.
+func BenchmarkCreateDelete(b *testing.B) {
+	e := setup(b)
+	ctx := context.Background()
+	ep, err := e.net.Attach(ctx, "bench", network.Policy{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = e.net.Detach(ctx, "bench") })
+	spec := func(id string) runtime.Spec {
+		return runtime.Spec{ID: id, Layers: e.layers, NetNSPath: ep.NetNSPath,
+			Resources: runtime.Resources{CPUCount: 1, MemoryMB: 256, PIDs: 128}}
+	}
+	b.Run("CreateDelete", func(b *testing.B) {
+		for b.Loop() {
+			if err := e.rt.Create(ctx, spec("bench-cd")); err != nil {
+				b.Fatal(err)
+			}
+			if err := e.rt.Delete(ctx, "bench-cd"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("Create", func(b *testing.B) {
+		for b.Loop() {
+			if err := e.rt.Create(ctx, spec("bench-c")); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			if err := e.rt.Delete(ctx, "bench-c"); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+	})
+	b.Run("RawRuncRun", func(b *testing.B) {
+		const id = "bench-raw"
+		if err := e.rt.Create(ctx, spec(id)); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = e.rt.Delete(ctx, id) })
+		dir := filepath.Join(e.cfg.StateDir, id)
+		runc := func(args ...string) error {
+			cmd := exec.Command(e.rt.cfg.RuncBinary, append([]string{"--root", e.cfg.RuncRoot}, args...)...)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				return fmt.Errorf("runc %v: %v: %s", args, err, out)
+			}
+			return nil
+		}
+		for b.Loop() {
+			b.StopTimer()
+			_ = runc("kill", id, "KILL")
+			if err := runc("delete", "--force", id); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+			cmd := exec.Command(e.rt.cfg.RuncBinary, "--root", e.cfg.RuncRoot, "run", "--detach", "--bundle", dir, id)
+			if err := cmd.Run(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
