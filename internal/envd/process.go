@@ -1,0 +1,476 @@
+package envd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"sort"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/creack/pty"
+
+	"github.com/agentbox/agentbox/api/gen/process"
+	"github.com/agentbox/agentbox/internal/errdefs"
+)
+
+// defaultKeepalive is the keepalive interval without a Keepalive-Ping-Interval header.
+const defaultKeepalive = 90 * time.Second
+
+// drainGrace is how long output readers may keep going after the process
+// exits: a background grandchild can hold the pipes open forever.
+const drainGrace = 2 * time.Second
+
+// processService implements process.Process.
+type processService struct {
+	s *Server
+}
+
+// rpcUser selects the calling user of an RPC.
+func (s *Server) rpcUser(h http.Header) (*User, error) {
+	u, err := s.userFromHeader(h, "")
+	if err != nil {
+		return nil, connect.NewError(connect.CodeUnauthenticated, err)
+	}
+	return u, nil
+}
+
+func (ps *processService) Start(ctx context.Context, req *connect.Request[process.StartRequest], stream *connect.ServerStream[process.StartResponse]) error {
+	u, err := ps.s.rpcUser(req.Header())
+	if err != nil {
+		return err
+	}
+	p, sub, err := ps.s.startProcess(ctx, u, req.Msg)
+	if err != nil {
+		return connectError(err)
+	}
+	return streamEvents(ctx, req.Header(), p, sub, func(ev *process.ProcessEvent) error {
+		return stream.Send(&process.StartResponse{Event: ev})
+	})
+}
+
+func (ps *processService) Connect(ctx context.Context, req *connect.Request[process.ConnectRequest], stream *connect.ServerStream[process.ConnectResponse]) error {
+	if _, err := ps.s.rpcUser(req.Header()); err != nil {
+		return err
+	}
+	p, err := ps.s.procs.get(req.Msg.GetProcess())
+	if err != nil {
+		return connectError(err)
+	}
+	sub, _ := p.subscribe()
+	return streamEvents(ctx, req.Header(), p, sub, func(ev *process.ProcessEvent) error {
+		return stream.Send(&process.ConnectResponse{Event: ev})
+	})
+}
+
+// streamEvents sends start, then output, keepalives after quiet intervals,
+// and finally end. It returns when the process ends or the client leaves;
+// neither the client leaving nor this function returning stops the process.
+func streamEvents(ctx context.Context, h interface{ Get(string) string }, p *proc, sub *subscriber, send func(*process.ProcessEvent) error) error {
+	if sub != nil {
+		defer p.unsubscribe(sub)
+	}
+	if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: p.pid}}}); err != nil {
+		return err
+	}
+	ka := keepaliveInterval(h)
+	timer := time.NewTimer(ka)
+	defer timer.Stop()
+	sendEnd := func() error {
+		p.mu.Lock()
+		end := p.end
+		p.mu.Unlock()
+		if end.GetError() == context.DeadlineExceeded.Error() {
+			_ = send(&process.ProcessEvent{Event: &process.ProcessEvent_End{End: end}})
+			return connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("process %d killed: its timeout expired", p.pid))
+		}
+		return send(&process.ProcessEvent{Event: &process.ProcessEvent_End{End: end}})
+	}
+	if sub == nil {
+		return sendEnd()
+	}
+	for {
+		select {
+		case ev := <-sub.ch:
+			if err := send(ev); err != nil {
+				return err
+			}
+			timer.Reset(ka)
+		case <-p.done:
+			for {
+				select {
+				case ev := <-sub.ch:
+					if err := send(ev); err != nil {
+						return err
+					}
+					continue
+				default:
+				}
+				break
+			}
+			return sendEnd()
+		case <-timer.C:
+			if err := send(&process.ProcessEvent{Event: &process.ProcessEvent_Keepalive{Keepalive: &process.ProcessEvent_KeepAlive{}}}); err != nil {
+				return err
+			}
+			timer.Reset(ka)
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				// The process shares this deadline and is being killed; wait
+				// for its end so the client learns the exit state.
+				select {
+				case <-p.done:
+					return sendEnd()
+				case <-time.After(5 * time.Second):
+				}
+			}
+			return connect.NewError(connect.CodeOf(ctx.Err()), ctx.Err())
+		}
+	}
+}
+
+func keepaliveInterval(h interface{ Get(string) string }) time.Duration {
+	if v := h.Get("Keepalive-Ping-Interval"); v != "" {
+		if n, err := strconv.Atoi(v); err == nil && n > 0 {
+			return time.Duration(n) * time.Second
+		}
+	}
+	return defaultKeepalive
+}
+
+// startProcess starts req as user u. The process's lifetime is bounded by
+// ctx's deadline (Connect-Timeout-Ms) but not by ctx's cancellation.
+func (s *Server) startProcess(ctx context.Context, u *User, req *process.StartRequest) (*proc, *subscriber, error) {
+	cfg := req.GetProcess()
+	if cfg.GetCmd() == "" {
+		return nil, nil, fmt.Errorf("process.cmd is empty: %w", errdefs.ErrInvalidArgument)
+	}
+	_, defWorkdir := s.defaults()
+	cwd := u.Home
+	if cfg.Cwd != nil && *cfg.Cwd != "" {
+		cwd = *cfg.Cwd
+	} else if defWorkdir != "" {
+		cwd = defWorkdir
+	}
+	cwd, err := ResolvePath(cwd, u.Home)
+	if err != nil {
+		return nil, nil, err
+	}
+	var isDir bool
+	_ = asUser(u, func() error {
+		fi, err := os.Stat(cwd)
+		isDir = err == nil && fi.IsDir()
+		return nil
+	})
+	if !isDir {
+		return nil, nil, fmt.Errorf("cwd '%s' does not exist: %w", cwd, errdefs.ErrInvalidArgument)
+	}
+
+	// Lifetime: Connect-Timeout-Ms of this request, not the request itself.
+	life, cancel := context.Background(), context.CancelFunc(func() {})
+	if dl, ok := ctx.Deadline(); ok {
+		life, cancel = context.WithDeadline(context.Background(), dl)
+	}
+
+	cmd := exec.Command(cfg.GetCmd(), cfg.GetArgs()...)
+	cmd.Dir = cwd
+	cmd.Env = s.processEnv(u, cfg.GetEnvs())
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if u.UID != 0 || u.GID != 0 {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
+	}
+	p := &proc{config: cfg, tag: req.Tag, cmd: cmd, subs: map[*subscriber]struct{}{}, done: make(chan struct{})}
+
+	var readers []io.ReadCloser
+	var kinds []string
+	if req.Pty != nil {
+		size := req.Pty.GetSize()
+		ws := &pty.Winsize{Cols: 80, Rows: 24}
+		if size.GetCols() > 0 && size.GetRows() > 0 {
+			ws = &pty.Winsize{Cols: uint16(size.GetCols()), Rows: uint16(size.GetRows())}
+		}
+		cmd.SysProcAttr.Setctty = true
+		tty, err := pty.StartWithAttrs(cmd, ws, cmd.SysProcAttr)
+		if err != nil {
+			cancel()
+			return nil, nil, startError(cfg.GetCmd(), err)
+		}
+		p.tty = tty
+		readers, kinds = []io.ReadCloser{tty}, []string{"pty"}
+	} else {
+		files, err := s.startPiped(cmd, req.Stdin == nil || *req.Stdin, p)
+		if err != nil {
+			cancel()
+			return nil, nil, err
+		}
+		readers, kinds = files, []string{"stdout", "stderr"}
+	}
+	p.pid = uint32(cmd.Process.Pid)
+	sub, _ := p.subscribe()
+	s.procs.add(p)
+	s.log.Info("process started", "pid", p.pid, "cmd", cfg.GetCmd(), "user", u.Name, "pty", req.Pty != nil, "tag", req.GetTag())
+
+	go s.superviseProcess(life, cancel, p, readers, kinds)
+	return p, sub, nil
+}
+
+// startPiped starts cmd with stdout/stderr pipes (and a stdin pipe if
+// wanted) and returns the read ends.
+func (s *Server) startPiped(cmd *exec.Cmd, wantStdin bool, p *proc) ([]io.ReadCloser, error) {
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return nil, err
+	}
+	var inR *os.File
+	if wantStdin {
+		if inR, p.stdin, err = os.Pipe(); err != nil {
+			outR.Close()
+			outW.Close()
+			errR.Close()
+			errW.Close()
+			return nil, err
+		}
+		cmd.Stdin = inR
+	}
+	cmd.Stdout, cmd.Stderr = outW, errW
+	err = cmd.Start()
+	// The child has its copies; ours must go so EOF arrives when it exits.
+	outW.Close()
+	errW.Close()
+	if inR != nil {
+		inR.Close()
+	}
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		if p.stdin != nil {
+			p.stdin.Close()
+		}
+		return nil, startError(cmd.Path, err)
+	}
+	return []io.ReadCloser{outR, errR}, nil
+}
+
+func startError(cmd string, err error) error {
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, exec.ErrNotFound) {
+		return fmt.Errorf("start %s: %v: %w", cmd, err, errdefs.ErrNotFound)
+	}
+	if errors.Is(err, os.ErrPermission) {
+		return fmt.Errorf("start %s: %w", cmd, err)
+	}
+	return fmt.Errorf("start %s: %w", cmd, err)
+}
+
+// superviseProcess pumps output, kills the process group when life ends,
+// waits for the exit and publishes the end event.
+func (s *Server) superviseProcess(life context.Context, cancel context.CancelFunc, p *proc, readers []io.ReadCloser, kinds []string) {
+	defer cancel()
+	var outMu sync.Mutex // one publish at a time keeps each stream in order
+	var wg sync.WaitGroup
+	for i, r := range readers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, chunkSize)
+			for {
+				n, err := r.Read(buf)
+				if n > 0 {
+					data := append([]byte(nil), buf[:n]...)
+					outMu.Lock()
+					p.publish(dataEvent(kinds[i], data))
+					outMu.Unlock()
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+
+	waited := make(chan error, 1)
+	go func() { waited <- p.cmd.Wait() }()
+	var waitErr error
+	killed := false
+	select {
+	case waitErr = <-waited:
+	case <-life.Done():
+		killed = true
+		_ = syscall.Kill(-int(p.pid), syscall.SIGKILL)
+		waitErr = <-waited
+	}
+
+	readersDone := make(chan struct{})
+	go func() { wg.Wait(); close(readersDone) }()
+	select {
+	case <-readersDone:
+	case <-time.After(drainGrace):
+	}
+	for _, r := range readers {
+		r.Close()
+	}
+	<-readersDone
+	p.stdinMu.Lock()
+	if p.stdin != nil {
+		p.stdin.Close()
+		p.stdin = nil
+	}
+	p.stdinMu.Unlock()
+
+	end := &process.ProcessEvent_EndEvent{}
+	if st := p.cmd.ProcessState; st != nil {
+		end.ExitCode = int32(st.ExitCode())
+		end.Exited = st.Exited()
+		end.Status = st.String()
+	}
+	if killed {
+		msg := context.DeadlineExceeded.Error()
+		end.Error = &msg
+	} else if waitErr != nil {
+		var ee *exec.ExitError
+		if !errors.As(waitErr, &ee) {
+			msg := waitErr.Error()
+			end.Error = &msg
+		}
+	}
+	p.finish(end)
+	s.log.Info("process ended", "pid", p.pid, "status", end.Status, "timeout", killed)
+	time.AfterFunc(retainExited, func() { s.procs.remove(p) })
+}
+
+func dataEvent(kind string, b []byte) *process.ProcessEvent {
+	d := &process.ProcessEvent_DataEvent{}
+	switch kind {
+	case "stdout":
+		d.Output = &process.ProcessEvent_DataEvent_Stdout{Stdout: b}
+	case "stderr":
+		d.Output = &process.ProcessEvent_DataEvent_Stderr{Stderr: b}
+	default:
+		d.Output = &process.ProcessEvent_DataEvent_Pty{Pty: b}
+	}
+	return &process.ProcessEvent{Event: &process.ProcessEvent_Data{Data: d}}
+}
+
+// processEnv is PATH, HOME, USER and LOGNAME of u, then the /init variables,
+// then the request's.
+func (s *Server) processEnv(u *User, extra map[string]string) []string {
+	path := os.Getenv("PATH")
+	if path == "" {
+		path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	}
+	env := map[string]string{"PATH": path, "HOME": u.Home, "USER": u.Name, "LOGNAME": u.Name}
+	for k, v := range s.env() {
+		env[k] = v
+	}
+	for k, v := range extra {
+		env[k] = v
+	}
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (ps *processService) List(ctx context.Context, req *connect.Request[process.ListRequest]) (*connect.Response[process.ListResponse], error) {
+	procs := ps.s.procs.running()
+	sort.Slice(procs, func(i, j int) bool { return procs[i].pid < procs[j].pid })
+	resp := &process.ListResponse{}
+	for _, p := range procs {
+		resp.Processes = append(resp.Processes, &process.ProcessInfo{Config: p.config, Pid: p.pid, Tag: p.tag})
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (ps *processService) SendInput(ctx context.Context, req *connect.Request[process.SendInputRequest]) (*connect.Response[process.SendInputResponse], error) {
+	p, err := ps.s.procs.get(req.Msg.GetProcess())
+	if err != nil {
+		return nil, connectError(err)
+	}
+	if err := p.writeInput(req.Msg.GetInput()); err != nil {
+		return nil, connectError(err)
+	}
+	return connect.NewResponse(&process.SendInputResponse{}), nil
+}
+
+func (ps *processService) StreamInput(ctx context.Context, stream *connect.ClientStream[process.StreamInputRequest]) (*connect.Response[process.StreamInputResponse], error) {
+	var p *proc
+	for stream.Receive() {
+		switch ev := stream.Msg().GetEvent().(type) {
+		case *process.StreamInputRequest_Start:
+			found, err := ps.s.procs.get(ev.Start.GetProcess())
+			if err != nil {
+				return nil, connectError(err)
+			}
+			p = found
+		case *process.StreamInputRequest_Data:
+			if p == nil {
+				return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("input before start event"))
+			}
+			if err := p.writeInput(ev.Data.GetInput()); err != nil {
+				return nil, connectError(err)
+			}
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&process.StreamInputResponse{}), nil
+}
+
+func (ps *processService) Update(ctx context.Context, req *connect.Request[process.UpdateRequest]) (*connect.Response[process.UpdateResponse], error) {
+	p, err := ps.s.procs.get(req.Msg.GetProcess())
+	if err != nil {
+		return nil, connectError(err)
+	}
+	if req.Msg.Pty != nil {
+		if err := p.resize(req.Msg.Pty.GetSize()); err != nil {
+			return nil, connectError(err)
+		}
+	}
+	return connect.NewResponse(&process.UpdateResponse{}), nil
+}
+
+func (ps *processService) SendSignal(ctx context.Context, req *connect.Request[process.SendSignalRequest]) (*connect.Response[process.SendSignalResponse], error) {
+	var sig syscall.Signal
+	switch req.Msg.GetSignal() {
+	case process.Signal_SIGNAL_SIGKILL:
+		sig = syscall.SIGKILL
+	case process.Signal_SIGNAL_SIGTERM:
+		sig = syscall.SIGTERM
+	default:
+		return nil, connect.NewError(connect.CodeUnimplemented, fmt.Errorf("signal %v is not supported", req.Msg.GetSignal()))
+	}
+	p, err := ps.s.procs.get(req.Msg.GetProcess())
+	if err != nil {
+		return nil, connectError(err)
+	}
+	if err := p.signal(sig); err != nil {
+		return nil, connectError(err)
+	}
+	return connect.NewResponse(&process.SendSignalResponse{}), nil
+}
+
+func (ps *processService) CloseStdin(ctx context.Context, req *connect.Request[process.CloseStdinRequest]) (*connect.Response[process.CloseStdinResponse], error) {
+	p, err := ps.s.procs.get(req.Msg.GetProcess())
+	if err != nil {
+		return nil, connectError(err)
+	}
+	if err := p.closeStdin(); err != nil {
+		return nil, connectError(err)
+	}
+	return connect.NewResponse(&process.CloseStdinResponse{}), nil
+}
