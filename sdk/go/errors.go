@@ -14,13 +14,13 @@ import (
 // Sentinel errors; every error of this package that means one of them
 // matches it with errors.Is.
 var (
-	ErrNotFound     = errors.New("not found")     // HTTP 404, Connect not_found
-	ErrUnauthorized = errors.New("unauthorized")  // HTTP 401, Connect unauthenticated
-	ErrInvalid      = errors.New("invalid")       // HTTP 400, Connect invalid_argument
-	ErrConflict     = errors.New("conflict")      // HTTP 409, Connect already_exists
-	ErrUnavailable  = errors.New("unavailable")   // HTTP 502/503: the sandbox is gone or paused
-	ErrRateLimited  = errors.New("rate limited")  // HTTP 429, Connect resource_exhausted
-	ErrTimeout      = errors.New("timed out")     // Connect deadline_exceeded
+	ErrNotFound     = errors.New("not found")    // HTTP 404, Connect not_found
+	ErrUnauthorized = errors.New("unauthorized") // HTTP 401, Connect unauthenticated
+	ErrInvalid      = errors.New("invalid")      // HTTP 400, Connect invalid_argument
+	ErrConflict     = errors.New("conflict")     // HTTP 409, Connect already_exists
+	ErrUnavailable  = errors.New("unavailable")  // HTTP 502/503: the sandbox is gone or paused
+	ErrRateLimited  = errors.New("rate limited") // HTTP 429, Connect resource_exhausted
+	ErrTimeout      = errors.New("timed out")    // Connect deadline_exceeded
 )
 
 // APIError is an error answer of the server: its HTTP status and message.

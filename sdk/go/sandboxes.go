@@ -260,7 +260,9 @@ func (s *Sandbox) SetTimeout(ctx context.Context, d time.Duration) error {
 }
 
 // GetInfo describes the sandbox.
-func (s *Sandbox) GetInfo(ctx context.Context) (*SandboxInfo, error) { return s.client.GetInfo(ctx, s.ID) }
+func (s *Sandbox) GetInfo(ctx context.Context) (*SandboxInfo, error) {
+	return s.client.GetInfo(ctx, s.ID)
+}
 
 // Metrics returns the sandbox's recent resource samples.
 func (s *Sandbox) Metrics(ctx context.Context) ([]SandboxMetric, error) {
