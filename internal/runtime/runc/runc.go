@@ -299,8 +299,9 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	dir := r.dir(id)
 	cgPath := r.bundleCgroupPath(id)
 	var errs []error
-	// kill first: delete --force alone signals and then polls in 100 ms steps.
-	_, _ = r.runc(ctx, "", "kill", id, "KILL")
+	if err := r.killInit(ctx, id); err != nil && !notExist(err) {
+		r.log.Warn("kill sandbox init; runc delete --force takes over", "id", id, "err", err)
+	}
 	if _, err := r.runc(ctx, "", "delete", "--force", id); err != nil && !notExist(err) {
 		errs = append(errs, err)
 	}

@@ -130,6 +130,12 @@ func setup(tb testing.TB) *env {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	tb.Cleanup(func() {
+		parents, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", cfg.CgroupParent))
+		for _, p := range append(parents, filepath.Join(cgroupRoot, cfg.CgroupParent)) {
+			_ = os.Remove(p)
+		}
+	})
 	return &env{rt: rt, cfg: cfg, net: nm, netCfg: netCfg, layers: []string{baseRootfs, top}}
 }
 
