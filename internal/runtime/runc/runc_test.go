@@ -252,6 +252,23 @@ func TestSandboxLifecycle(t *testing.T) {
 		}
 	})
 
+	t.Run("inside", func(t *testing.T) {
+		script := `set -e
+for d in null zero full random urandom tty ptmx pts shm mqueue; do test -e /dev/$d; done
+test "$(hostname)" = "$(cat /etc/hostname)"
+! touch /sys/x 2>/dev/null
+! touch /.agentbox/bin/envd 2>/dev/null
+ulimit -n
+echo ok > /tmp/f && sudo -n -u nobody true && echo SUDO_OK`
+		out, err := exec.Command(e.rt.cfg.RuncBinary, "--root", e.cfg.RuncRoot, "exec", id, "/bin/sh", "-c", script).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "SUDO_OK") {
+			t.Fatalf("in-sandbox checks: %v\n%s", err, out)
+		}
+		if got := strings.Fields(string(out))[0]; got != fmt.Sprint(e.rt.nofile) {
+			t.Errorf("ulimit -n = %s, want %d", got, e.rt.nofile)
+		}
+	})
+
 	t.Run("stats", func(t *testing.T) {
 		st, err := e.rt.Stats(ctx, id)
 		if err != nil {
@@ -413,4 +430,44 @@ func BenchmarkCreateDelete(b *testing.B) {
 			}
 		}
 	})
+}
+
+func TestStateAndDeleteOfPausedAndStopped(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	tests := []struct {
+		id   string
+		runc []string // turns the running sandbox into the state under test
+		want runtime.Status
+	}{
+		{id: "paused1", runc: []string{"pause"}, want: runtime.StatusPaused},
+		{id: "stopped1", runc: []string{"kill", "KILL"}, want: runtime.StatusStopped},
+	}
+	for _, tc := range tests {
+		t.Run(tc.id, func(t *testing.T) {
+			e.sandbox(t, tc.id, runtime.Resources{MemoryMB: 128})
+			args := append([]string{"--root", e.cfg.RuncRoot, tc.runc[0], tc.id}, tc.runc[1:]...)
+			if out, err := exec.Command(e.rt.cfg.RuncBinary, args...).CombinedOutput(); err != nil {
+				t.Fatalf("runc %v: %v: %s", tc.runc, err, out)
+			}
+			var got runtime.Status
+			for range 100 { // a killed init needs a moment to be reaped
+				var err error
+				if got, err = e.rt.State(ctx, tc.id); err != nil {
+					t.Fatal(err)
+				}
+				if got == tc.want {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if got != tc.want {
+				t.Fatalf("State = %q, want %q", got, tc.want)
+			}
+			if err := e.rt.Delete(ctx, tc.id); err != nil {
+				t.Fatal(err)
+			}
+			assertGone(t, e, tc.id)
+		})
+	}
 }
