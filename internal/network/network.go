@@ -10,7 +10,10 @@ import (
 // Policy is a sandbox's egress policy.
 type Policy struct {
 	// AllowInternet permits outbound traffic to public addresses. The host,
-	// other sandboxes, private and link-local ranges stay denied regardless.
+	// other sandboxes, private (RFC 1918, CGNAT) and link-local ranges stay
+	// denied regardless; only the nameservers from Manager.DNS are reachable
+	// on port 53. Without it a sandbox reaches nothing but connections the
+	// host opens to it.
 	AllowInternet bool
 }
 

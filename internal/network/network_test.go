@@ -203,6 +203,16 @@ func TestIsolation(t *testing.T) {
 		}
 		// The host and other sandboxes stay out of reach.
 		wantRefused(t, "host with internet", inNetNS(t, a.NetNSPath, func() error { return dial(targets[0].addr) }))
+		for _, ns := range m.DNS() {
+			addr := net.JoinHostPort(ns, "53")
+			if dial(addr) != nil {
+				continue // the host itself cannot reach it
+			}
+			if err := inNetNS(t, a.NetNSPath, func() error { return dial(addr) }); err != nil {
+				t.Errorf("nameserver %s with internet: %v", addr, err)
+			}
+		}
+		wantRefused(t, "private range with internet", inNetNS(t, a.NetNSPath, func() error { return dial("10.255.255.1:80") }))
 		wantRefused(t, "B with internet", inNetNS(t, a.NetNSPath, func() error { return dial(targets[2].addr) }))
 		if err := m.SetPolicy(ctx, "sba", Policy{}); err != nil {
 			t.Fatal(err)

@@ -14,6 +14,14 @@ import (
 // noInternetSet holds the IPv4 addresses of sandboxes denied public egress.
 const noInternetSet = "no_internet"
 
+// privateRanges are never reachable from a sandbox, whatever its policy.
+var privateRanges = []netip.Prefix{
+	netip.MustParsePrefix("10.0.0.0/8"),
+	netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.168.0.0/16"),
+	netip.MustParsePrefix("100.64.0.0/10"), // carrier-grade NAT, often cloud-internal
+}
+
 // ifname encodes an interface name the way the kernel compares it in
 // meta iifname/oifname: NUL-padded to IFNAMSIZ.
 func ifname(n string) []byte {
@@ -180,6 +188,26 @@ func (m *Manager) installRules(keep []netip.Addr) error {
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
 		&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID},
 		oifname(expr.CmpOpNeq, br))
+	// Sandboxes allowed out still reach no private network (the LAN, the
+	// cloud's internal services) except the host's nameservers they are
+	// given in resolv.conf.
+	for _, ns := range m.dns {
+		ip, err := netip.ParseAddr(ns)
+		if err != nil || !ip.Is4() {
+			continue
+		}
+		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+			add(forward, rule(iifname(br), ipInPrefix(16, netip.PrefixFrom(ip, 32)),
+				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(53)},
+				accept()))
+		}
+	}
+	for _, p := range privateRanges {
+		deny(forward, iifname(br), ipInPrefix(16, p))
+	}
 	// Nothing outside the host opens connections into a sandbox.
 	deny(forward, oifname(expr.CmpOpEq, br))
 
