@@ -308,13 +308,26 @@ func BenchmarkAttachDetach(b *testing.B) {
 			_ = c.Flush()
 		}
 	}()
-	for i := 0; b.Loop(); i++ {
-		id := fmt.Sprintf("bench%d", i)
-		if _, err := m.Attach(ctx, id, Policy{}); err != nil {
-			b.Fatal(err)
+	b.Run("AttachDetach", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := m.Attach(ctx, "bench", Policy{}); err != nil {
+				b.Fatal(err)
+			}
+			if err := m.Detach(ctx, "bench"); err != nil {
+				b.Fatal(err)
+			}
 		}
-		if err := m.Detach(ctx, id); err != nil {
-			b.Fatal(err)
+	})
+	b.Run("Attach", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := m.Attach(ctx, "bench", Policy{}); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			if err := m.Detach(ctx, "bench"); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
 		}
-	}
+	})
 }
