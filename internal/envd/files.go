@@ -270,7 +270,7 @@ func forEachUpload(r *http.Request, fn func(target string, body io.Reader) error
 			}
 			target := queryPath
 			if target == "" {
-				target = part.FileName()
+				target = partFileName(part)
 			}
 			if target == "" {
 				part.Close()
@@ -308,6 +308,16 @@ func forEachUpload(r *http.Request, fn func(target string, body io.Reader) error
 	default:
 		return &uploadError{http.StatusUnsupportedMediaType, fmt.Sprintf("unsupported Content-Type %q", ct)}
 	}
+}
+
+// partFileName is the part's filename as sent. multipart.Part.FileName
+// strips directories, but E2B clients put the whole target path there.
+func partFileName(p *multipart.Part) string {
+	_, params, err := mime.ParseMediaType(p.Header.Get("Content-Disposition"))
+	if err != nil {
+		return ""
+	}
+	return params["filename"]
 }
 
 // metadataFromHeader collects X-Metadata-<key> headers (first value wins,
