@@ -234,6 +234,8 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	gw := gateway.New(mgr, log)
+	mgr.OnRemove(gw.Forget)
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fmt.Errorf("reconcile sandboxes: %w", err)
 	}
@@ -242,7 +244,6 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	go mgr.Run(runCtx)
 
 	apiSrv := api.New(log, st, mgr, templates)
-	gw := gateway.New(mgr, log)
 	handler := gw.Handler(apiSrv.Handler())
 
 	ln, err := listen(ctx, c.Listen)

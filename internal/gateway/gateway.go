@@ -33,10 +33,15 @@ type Resolver interface {
 
 // Gateway routes data-plane requests.
 type Gateway struct {
-	res   Resolver
-	log   *slog.Logger
-	proxy *httputil.ReverseProxy
+	res       Resolver
+	log       *slog.Logger
+	proxy     *httputil.ReverseProxy
+	transport *http.Transport
 }
+
+// Forget drops pooled connections after a sandbox is removed: its address
+// will belong to another sandbox later.
+func (g *Gateway) Forget(id string) { g.transport.CloseIdleConnections() }
 
 type targetKey struct{}
 
@@ -59,6 +64,7 @@ func New(res Resolver, log *slog.Logger) *Gateway {
 		// Compression is the client's business; pass bytes through untouched.
 		DisableCompression: true,
 	}
+	g.transport = transport
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(targetKey{}).(target)

@@ -77,6 +77,7 @@ type Manager struct {
 
 	mu        sync.Mutex
 	used      map[netip.Addr]string // allocated address → sandbox id
+	last      netip.Addr            // most recently allocated address (next-fit)
 	endpoints map[string]Endpoint   // by sandbox id
 	denied    map[string]bool       // ids in the no_internet set
 }
@@ -272,17 +273,30 @@ func (m *Manager) allocate(id string) (netip.Addr, error) {
 	if _, ok := m.endpoints[id]; ok {
 		return netip.Addr{}, fmt.Errorf("sandbox %s already attached: %w", id, errdefs.ErrConflict)
 	}
-	for ip := m.gateway.Next(); m.cfg.Subnet.Contains(ip); ip = ip.Next() {
-		if !m.cfg.Subnet.Contains(ip.Next()) {
-			break // broadcast address
-		}
+	// Next-fit, not lowest-free: a just-freed address is handed out again as
+	// late as possible, so stale neighbour entries and idle keep-alive
+	// connections to a dead sandbox never reach its successor.
+	first := m.gateway.Next()
+	usable := func(ip netip.Addr) bool { return m.cfg.Subnet.Contains(ip) && m.cfg.Subnet.Contains(ip.Next()) }
+	start := m.last.Next()
+	if !m.last.IsValid() || !usable(start) {
+		start = first
+	}
+	ip := start
+	for {
 		if _, taken := m.used[ip]; !taken {
 			m.used[ip] = id
+			m.last = ip
 			m.endpoints[id] = Endpoint{IP: ip, Gateway: m.gateway, NetNSPath: m.nsPath(id)}
 			return ip, nil
 		}
+		if ip = ip.Next(); !usable(ip) {
+			ip = first
+		}
+		if ip == start {
+			return netip.Addr{}, fmt.Errorf("subnet %s full: %w", m.cfg.Subnet, errdefs.ErrResourceExhausted)
+		}
 	}
-	return netip.Addr{}, fmt.Errorf("subnet %s full: %w", m.cfg.Subnet, errdefs.ErrResourceExhausted)
 }
 
 func (m *Manager) release(id string) {

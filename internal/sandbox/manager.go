@@ -56,6 +56,8 @@ type Manager struct {
 	secret    []byte
 	client    *http.Client // talks to envd directly (not through the gateway)
 
+	onRemove []func(id string)
+
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
 	metrics   map[string]*series
@@ -70,11 +72,17 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 	}
 	return &Manager{
 		cfg: cfg, log: log, store: st, rt: rt, net: nw, templates: tpl, secret: secret,
-		client:    &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second}},
+		// No keep-alive: addresses are reused by later sandboxes, and a pooled
+		// connection to a dead one would hang its successor's start.
+		client:    &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}},
 		sandboxes: map[string]*Sandbox{},
 		metrics:   map[string]*series{},
 	}, nil
 }
+
+// OnRemove registers f to run after a sandbox is gone (the gateway drops
+// pooled connections to it). Call before Run.
+func (m *Manager) OnRemove(f func(id string)) { m.onRemove = append(m.onRemove, f) }
 
 // Token returns the envd access token of sandbox id.
 func (m *Manager) Token(id string) string { return AccessToken(m.secret, id) }
@@ -345,6 +353,9 @@ func (m *Manager) destroy(ctx context.Context, sb *Sandbox, why string) error {
 	delete(m.sandboxes, sb.ID)
 	delete(m.metrics, sb.ID)
 	m.mu.Unlock()
+	for _, f := range m.onRemove {
+		f(sb.ID)
+	}
 	m.log.Info("sandbox removed", "sandbox", sb.ID, "why", why)
 	return nil
 }
