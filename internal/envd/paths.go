@@ -21,7 +21,7 @@ func ResolvePath(p, home string) (string, error) {
 	if len(p) > maxPathLen {
 		return "", fmt.Errorf("path longer than %d bytes: %w", maxPathLen, errdefs.ErrInvalidArgument)
 	}
-	if home == "" || !filepath.IsAbs(home) {
+	if !filepath.IsAbs(home) || strings.IndexByte(home, 0) >= 0 {
 		home = "/"
 	}
 	switch {
