@@ -122,7 +122,7 @@ func download(ctx context.Context, files *agentbox.Files, stdout io.Writer, src,
 		dst = filepath.Join(dst, path.Base(info.Path))
 	}
 	if info.Type != agentbox.FileTypeDir {
-		return downloadFile(ctx, files, info.Path, dst)
+		return downloadFile(ctx, files, info.Path, dst, info.Mode)
 	}
 	entries, err := files.List(ctx, info.Path, 64)
 	if err != nil {
@@ -141,7 +141,7 @@ func download(ctx context.Context, files *agentbox.Files, stdout io.Writer, src,
 		case agentbox.FileTypeDir:
 			err = os.MkdirAll(target, 0o755)
 		case agentbox.FileTypeFile:
-			err = downloadFile(ctx, files, e.Path, target)
+			err = downloadFile(ctx, files, e.Path, target, e.Mode)
 		}
 		if err != nil {
 			return err
@@ -150,7 +150,7 @@ func download(ctx context.Context, files *agentbox.Files, stdout io.Writer, src,
 	return nil
 }
 
-func downloadFile(ctx context.Context, files *agentbox.Files, src, dst string) error {
+func downloadFile(ctx context.Context, files *agentbox.Files, src, dst string, mode fs.FileMode) error {
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return err
 	}
@@ -160,6 +160,14 @@ func downloadFile(ctx context.Context, files *agentbox.Files, src, dst string) e
 	}
 	defer os.Remove(tmp.Name())
 	if err := downloadTo(ctx, files, src, tmp); err != nil {
+		tmp.Close()
+		return err
+	}
+	if mode == 0 {
+		mode = 0o644
+	}
+	// CreateTemp makes 0600 files; keep the sandbox file's permissions.
+	if err := tmp.Chmod(mode.Perm()); err != nil {
 		tmp.Close()
 		return err
 	}

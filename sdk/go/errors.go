@@ -94,8 +94,27 @@ func rpcError(op string, err error) error {
 	case connect.CodeDeadlineExceeded:
 		sentinel = ErrTimeout
 	}
-	if sentinel == nil {
-		return fmt.Errorf("%s: %w", op, err)
+	return fmt.Errorf("%s: %w", op, &rpcErr{sentinel: sentinel, err: err})
+}
+
+// rpcErr shows only the server's message but matches both the sentinel and
+// the underlying *connect.Error.
+type rpcErr struct {
+	sentinel error
+	err      error
+}
+
+func (e *rpcErr) Error() string {
+	var ce *connect.Error
+	if errors.As(e.err, &ce) && ce.Message() != "" {
+		return ce.Message()
 	}
-	return fmt.Errorf("%s: %w: %w", op, sentinel, err)
+	return e.err.Error()
+}
+
+func (e *rpcErr) Unwrap() []error {
+	if e.sentinel == nil {
+		return []error{e.err}
+	}
+	return []error{e.sentinel, e.err}
 }
