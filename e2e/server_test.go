@@ -89,6 +89,10 @@ func (s *server) start(ctx context.Context) error {
 		"--listen", s.addr,
 		"--template-dir", s.templateDir,
 		"--envd", s.envd,
+		// Own bridge and subnet, so a developer's server on the same host
+		// keeps its addresses.
+		"--bridge", "abe2e0",
+		"--subnet", "10.213.0.0/16",
 	)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Dir = s.root
