@@ -33,6 +33,7 @@ import (
 // environment variable AGENTBOX_<FLAG> (dashes as underscores) and a key of
 // the JSON config file; a flag beats the environment, which beats the file.
 type serveConfig struct {
+	Instance        string
 	Listen          string
 	DataPlaneListen string
 	DataDir         string
@@ -81,6 +82,7 @@ which wins over the file.`,
 		},
 	}
 	f := cmd.Flags()
+	f.StringVar(&c.Instance, "instance", "agentbox", "name of this server instance on the host: its runc root and netns dir (/run/<instance>/), nftables table and cgroup parent; servers with different names never touch each other's sandboxes")
 	f.StringVar(&c.Listen, "listen", "127.0.0.1:3000", "address for the API and the data plane")
 	f.StringVar(&c.DataPlaneListen, "data-plane-listen", "", "optional second address serving only sandbox traffic")
 	f.StringVar(&c.DataDir, "data-dir", "/var/lib/agentbox", "state directory: database, API key, sandboxes")
@@ -215,7 +217,11 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		}
 	}
 
-	nw, err := network.New(network.Config{Bridge: c.Bridge, Subnet: subnet}, log)
+	if !store.ValidTeamName(c.Instance) || strings.ContainsAny(c.Instance, ".") {
+		return fmt.Errorf("--instance %q: use letters, digits, '-' and '_'", c.Instance)
+	}
+	runDir := filepath.Join("/run", c.Instance)
+	nw, err := network.New(network.Config{Bridge: c.Bridge, Subnet: subnet, NetNSDir: filepath.Join(runDir, "netns"), Table: c.Instance}, log)
 	if err != nil {
 		return err
 	}
@@ -223,9 +229,11 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		return fmt.Errorf("network setup: %w", err)
 	}
 	rt, err := runc.New(runc.Config{
-		StateDir:   filepath.Join(c.DataDir, "sandboxes"),
-		RuncBinary: c.Runc,
-		EnvdPath:   envd,
+		StateDir:     filepath.Join(c.DataDir, "sandboxes"),
+		RuncBinary:   c.Runc,
+		RuncRoot:     filepath.Join(runDir, "runc"),
+		CgroupParent: c.Instance,
+		EnvdPath:     envd,
 	}, log)
 	if err != nil {
 		return err
