@@ -338,12 +338,13 @@ func rate(mb float64, d time.Duration) string {
 	return fmt.Sprintf("%.0f MB/s", mb/d.Seconds())
 }
 
-// ratioRate is how many times slower the server moved the data than the floor.
+// ratioRate is the server's transfer time over the floor's (like the other
+// ratios: above 1 is slower than the floor).
 func ratioRate(mb float64, d, floor time.Duration) string {
 	if d <= 0 || floor <= 0 {
 		return ""
 	}
-	return fmt.Sprintf("%.1fx slower", d.Seconds()/floor.Seconds())
+	return fmt.Sprintf("%.1fx", d.Seconds()/floor.Seconds())
 }
 
 func firstLine(s string) string {
