@@ -132,4 +132,3 @@ func (s *Store) QueryAudit(ctx context.Context, f AuditFilter) ([]AuditRow, erro
 	}
 	return out, nil
 }
-
