@@ -82,6 +82,7 @@ func setup() (*server, error) {
 		templateDir: tdir,
 		addr:        addr,
 		logPath:     logf.Name(),
+		instance:    "agentbox-e2e",
 	}
 	if err := s.start(ctx); err != nil {
 		return s, fmt.Errorf("%w\n--- serve log ---\n%s", err, s.logTail(100))

@@ -62,6 +62,15 @@ func TestRestartKeepsSandboxes(t *testing.T) {
 		t.Fatalf("list after restart = %+v, want only %s running", list, sb.SandboxID)
 	}
 
+	// The leak checks below must be able to see a live sandbox, else they
+	// prove nothing.
+	if len(runcContainers(s.instance, sb.SandboxID)) == 0 {
+		t.Errorf("runc --root /run/%s/runc list does not show running sandbox %s", s.instance, sb.SandboxID)
+	}
+	if len(cgroupDirs(s.instance, sb.SandboxID)) == 0 {
+		t.Errorf("no cgroup dir /sys/fs/cgroup/<ctrl>/%s/%s for running sandbox", s.instance, sb.SandboxID)
+	}
+
 	if err := c.Kill(ctx, sb.SandboxID); err != nil {
 		t.Fatalf("kill: %v", err)
 	}
@@ -119,9 +128,9 @@ func assertNoLeaks(t *testing.T, s *server, id string) {
 			m, _ := mountsMatching(func(line string) bool { return strings.Contains(line, id) })
 			return m
 		}},
-		{"network namespace files", func() []string { return netnsFiles(id) }},
-		{"runc containers", func() []string { return runcContainers(id) }},
-		{"cgroup directories", func() []string { return cgroupDirs(id) }},
+		{"network namespace files", func() []string { return netnsFiles(s.instance, id) }},
+		{"runc containers", func() []string { return runcContainers(s.instance, id) }},
+		{"cgroup directories", func() []string { return cgroupDirs(s.instance, id) }},
 	}
 	for _, c := range checks {
 		var left []string
@@ -212,9 +221,9 @@ func mountsUnder(dir string) ([]string, error) {
 	})
 }
 
-func netnsFiles(id string) []string {
+func netnsFiles(instance, id string) []string {
 	var out []string
-	for _, dir := range []string{"/run/netns", "/var/run/netns", "/run/agentbox/netns"} {
+	for _, dir := range []string{"/run/netns", "/var/run/netns", "/run/" + instance + "/netns"} {
 		ents, _ := os.ReadDir(dir)
 		for _, e := range ents {
 			if strings.Contains(e.Name(), id) {
@@ -225,8 +234,8 @@ func netnsFiles(id string) []string {
 	return out
 }
 
-func runcContainers(id string) []string {
-	out, err := exec.Command("runc", "--root", "/run/agentbox/runc", "list", "-q").Output()
+func runcContainers(instance, id string) []string {
+	out, err := exec.Command("runc", "--root", "/run/"+instance+"/runc", "list", "-q").Output()
 	if err != nil {
 		return nil // no state dir at all: nothing runs
 	}
@@ -239,16 +248,10 @@ func runcContainers(id string) []string {
 	return left
 }
 
-func cgroupDirs(id string) []string {
+func cgroupDirs(instance, id string) []string {
 	var left []string
-	for _, p := range []string{
-		"/sys/fs/cgroup/memory/agentbox/" + id,
-		"/sys/fs/cgroup/pids/agentbox/" + id,
-		"/sys/fs/cgroup/cpu/agentbox/" + id,
-		"/sys/fs/cgroup/freezer/agentbox/" + id,
-		"/sys/fs/cgroup/unified/agentbox/" + id,
-		"/sys/fs/cgroup/agentbox/" + id,
-	} {
+	for _, ctrl := range []string{"memory/", "pids/", "cpu/", "freezer/", "unified/", ""} {
+		p := "/sys/fs/cgroup/" + ctrl + instance + "/" + id
 		if _, err := os.Stat(p); err == nil {
 			left = append(left, p)
 		}

@@ -27,6 +27,7 @@ type server struct {
 	templateDir string
 	addr        string // 127.0.0.1:PORT
 	logPath     string
+	instance    string // --instance: names the runc root, netns dir, nftables table, cgroup parent
 	apiKey      string
 	otherKey    string // key of a second team
 	cmd         *exec.Cmd
@@ -89,8 +90,9 @@ func (s *server) start(ctx context.Context) error {
 		"--listen", s.addr,
 		"--template-dir", s.templateDir,
 		"--envd", s.envd,
-		// Own bridge and subnet, so a developer's server on the same host
-		// keeps its addresses.
+		// Own instance, bridge and subnet, so a developer's server on the
+		// same host and this one never touch each other's sandboxes.
+		"--instance", s.instance,
 		"--bridge", "abe2e0",
 		"--subnet", "10.213.0.0/16",
 	)
