@@ -12,8 +12,9 @@ if [[ $(id -u) -ne 0 ]]; then
 fi
 
 # Debian packages: the OCI runtime, the template builder, the firewall and
-# netlink tools the server drives, and the toolchain for the tests.
-pkgs=(runc mmdebstrap nftables iproute2 jq ca-certificates curl make gcc git)
+# netlink tools the server drives (iptables: CRIU locks a sandbox network with
+# it while checkpointing), and the toolchain for the tests.
+pkgs=(runc mmdebstrap nftables iproute2 jq ca-certificates curl make gcc git iptables)
 # Node.js 20 or newer for the official e2b SDK (it refuses older engines).
 # Debian 12's own nodejs is 18; use the node already on the machine if new enough.
 node_major=0
@@ -50,6 +51,55 @@ fi
 if ! command -v go >/dev/null && [[ ! -x /usr/local/go/bin/go ]]; then
 	log "Go is missing: install Go >= 1.26 at /usr/local/go (https://go.dev/dl/)"
 	exit 1
+fi
+
+# CRIU >= 4.2 for pause/resume/fork of runc sandboxes: 4.1 cannot dump TCP
+# sockets on kernels >= 6.16 and Debian 12 ships 3.17. Built from Debian
+# sid's source package (seconds to compile) and installed at a stable path
+# the server looks for first, leaving the system criu alone.
+criu_bin=/usr/local/libexec/agentbox/criu
+criu_ok() { # criu_ok <binary>: version >= 4.2?
+	local v
+	v=$("$1" --version 2>/dev/null | sed -n 's/^Version: *//p')
+	[[ -n $v ]] && printf '4.2\n%s\n' "$v" | sort -V -C
+}
+if criu_ok "$criu_bin"; then
+	log "criu $("$criu_bin" --version | sed -n 's/^Version: *//p') present at $criu_bin"
+else
+	log "building CRIU >= 4.2 from Debian sid's source package"
+	export DEBIAN_FRONTEND=noninteractive
+	build=()
+	for p in build-essential pkg-config libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler \
+		python3-protobuf libnl-3-dev libnet1-dev libcap-dev libbsd-dev libaio-dev libgnutls28-dev libnftables-dev \
+		uuid-dev libdrm-dev xz-utils dpkg-dev; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || build+=("$p")
+	done
+	((${#build[@]} == 0)) || apt-get install -y -qq --no-install-recommends "${build[@]}"
+	work=$(mktemp -d /tmp/agentbox-criu.XXXXXX)
+	trap 'rm -rf "$work"' EXIT
+	mirror=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -n1)
+	[[ -n $mirror ]] || mirror=$(awk '$1=="deb"{print $2; exit}' /etc/apt/sources.list 2>/dev/null)
+	[[ -n $mirror ]] || mirror=http://deb.debian.org/debian
+	# A private apt configuration: the machine's own sources stay untouched.
+	mkdir -p "$work/apt/lists/partial" "$work/apt/sources.list.d"
+	echo "deb-src [trusted=yes] $mirror sid main" >"$work/apt/sources.list"
+	aptopts=(-o "Dir::Etc::SourceList=$work/apt/sources.list" -o "Dir::Etc::SourceParts=$work/apt/sources.list.d"
+		-o "Dir::State::Lists=$work/apt/lists" -o APT::Sandbox::User=root)
+	apt-get "${aptopts[@]}" update -qq
+	(cd "$work" && apt-get "${aptopts[@]}" source --download-only criu/sid >/dev/null 2>&1 || true)
+	orig=$(ls "$work"/criu_*.orig.tar.* 2>/dev/null | head -n1)
+	if [[ -z $orig ]]; then
+		log "could not download the criu source package from $mirror (sid); pause/resume/fork will be unavailable"
+	else
+		tar -C "$work" -xf "$orig"
+		src=$(find "$work" -maxdepth 1 -type d -name 'criu-*' | head -n1)
+		make -C "$src" -j"$(nproc)" criu >"$work/build.log" 2>&1 || { tail -n 30 "$work/build.log" >&2; exit 1; }
+		install -D -m 0755 "$src/criu/criu" "$criu_bin"
+		criu_ok "$criu_bin" || { log "built criu is older than 4.2"; exit 1; }
+		log "installed criu $("$criu_bin" --version | sed -n 's/^Version: *//p') at $criu_bin"
+	fi
+	rm -rf "$work"
+	trap - EXIT
 fi
 
 # The JS end-to-end suite's pinned SDKs; skipped when the lock file has not

@@ -18,6 +18,7 @@ type Resources struct {
 	MemoryMB int // hard memory limit in MiB (swap is not allowed beyond it); 0 = unlimited
 	PIDs     int // max number of tasks; 0 = unlimited
 	DiskMB   int // size of the writable layer in MiB, enforced where the driver can; 0 = unlimited
+	TmpMB    int // size of the tmpfs on /tmp in MiB (counted as memory); 0 = /tmp is on the writable layer
 }
 
 // Spec describes the sandbox to start.
@@ -69,4 +70,47 @@ type Runtime interface {
 	// List returns the ids of every sandbox this runtime has state for,
 	// including half-created ones, so the manager can reconcile after a crash.
 	List(ctx context.Context) ([]string, error)
+}
+
+// CheckpointOptions tune Checkpointer.Checkpoint.
+type CheckpointOptions struct {
+	// ImageDir receives the memory image; "" means the sandbox's own pause
+	// image, which Restore with an empty ImageDir resumes from.
+	ImageDir string
+	// LeaveRunning keeps the sandbox running (snapshots, forks); otherwise
+	// its processes are gone once Checkpoint returns and it holds no CPU or RAM.
+	LeaveRunning bool
+	// UpperCopy, if set, receives a copy of the writable layer taken while
+	// the processes are stopped, so files and memory match exactly.
+	UpperCopy string
+}
+
+// RestoreOptions tune Checkpointer.Restore.
+type RestoreOptions struct {
+	// ImageDir is the image to restore; "" means the sandbox's own pause image.
+	ImageDir string
+	// NewNetwork says the image is restored into another network namespace
+	// (a fork or a snapshot): its established TCP connections are closed.
+	NewNetwork bool
+}
+
+// Checkpointer is implemented by drivers that can stop a sandbox with its
+// memory and bring it back (pause/resume, snapshots, forks) and freeze it in
+// place. The manager type-asserts it; drivers without it cannot pause.
+type Checkpointer interface {
+	// Checkpoint dumps the sandbox's processes to an image.
+	Checkpoint(ctx context.Context, id string, opts CheckpointOptions) error
+	// Restore starts sandbox spec.ID from an image: in place when its bundle
+	// exists (resume), else in a new bundle built from spec (spec.Layers then
+	// end with the writable layer captured at checkpoint time).
+	Restore(ctx context.Context, spec Spec, opts RestoreOptions) error
+	// HasCheckpoint reports whether a complete pause image of id exists,
+	// finishing the bookkeeping of a checkpoint interrupted by a crash.
+	HasCheckpoint(ctx context.Context, id string) (bool, error)
+	// DropCheckpoint removes the pause image of id (after a resume).
+	DropCheckpoint(ctx context.Context, id string) error
+	// Freeze stops every process of the sandbox in place (cgroup freezer);
+	// memory stays resident. Thaw undoes it.
+	Freeze(ctx context.Context, id string) error
+	Thaw(ctx context.Context, id string) error
 }

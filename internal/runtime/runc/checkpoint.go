@@ -1,0 +1,455 @@
+package runc
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/runtime"
+)
+
+var _ runtime.Checkpointer = (*Runtime)(nil)
+
+// Bundle entries of the pause image. CRIU writes into checkpointTmp; the
+// rename to checkpointDir marks the image complete, so a crash mid-dump never
+// leaves something that looks resumable but is not.
+const (
+	checkpointDir = "checkpoint"
+	checkpointTmp = "checkpoint.tmp"
+	criuWorkDir   = "criu-work"
+	// forkCRIUConf is the per-restore CRIU configuration of a sandbox
+	// restored into another network namespace: its old connections cannot
+	// be re-bound to an address it no longer has, so they come back closed.
+	forkCRIUConf = "criu-restore.conf"
+	// criuStatsDump is the last file CRIU writes into a complete dump image.
+	criuStatsDump = "stats-dump"
+)
+
+// DefaultCRIUPath is where scripts/install-deps.sh installs a CRIU new
+// enough for this kernel (>= 4.2: older ones cannot dump TCP sockets on
+// kernels >= 6.16), beside the distribution's own.
+const DefaultCRIUPath = "/usr/local/libexec/agentbox/criu"
+
+// criu finds the CRIU binary once: DefaultCRIUPath, then criu from PATH.
+type criuFinder struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+var errNoCRIU = errors.New("no CRIU >= 4.2 found (install it with scripts/install-deps.sh)")
+
+func (r *Runtime) criu() (string, error) {
+	r.criuOnce.once.Do(func() {
+		for _, p := range []string{r.cfg.CRIUPath, DefaultCRIUPath, "criu"} {
+			if p == "" {
+				continue
+			}
+			bin, err := exec.LookPath(p)
+			if err != nil {
+				continue
+			}
+			out, err := exec.Command(bin, "--version").Output()
+			if err != nil {
+				continue
+			}
+			if criuVersionOK(string(out)) {
+				r.criuOnce.path = bin
+				return
+			}
+			r.log.Warn("CRIU too old for checkpoints on this kernel; need >= 4.2", "criu", bin, "version", strings.TrimSpace(string(out)))
+		}
+		r.criuOnce.err = fmt.Errorf("%w: %w", errNoCRIU, errdefs.ErrUnavailable)
+	})
+	return r.criuOnce.path, r.criuOnce.err
+}
+
+// criuVersionOK parses `criu --version` ("Version: 4.2.1") and wants >= 4.2.
+func criuVersionOK(out string) bool {
+	for line := range strings.SplitSeq(out, "\n") {
+		v, ok := strings.CutPrefix(strings.TrimSpace(line), "Version:")
+		if !ok {
+			continue
+		}
+		var major, minor int
+		if _, err := fmt.Sscanf(strings.TrimSpace(v), "%d.%d", &major, &minor); err != nil {
+			return false
+		}
+		return major > 4 || major == 4 && minor >= 2
+	}
+	return false
+}
+
+// CheckpointSupported reports whether this host can checkpoint sandboxes.
+func (r *Runtime) CheckpointSupported() error {
+	_, err := r.criu()
+	return err
+}
+
+// runcCRIU runs a runc command that drives CRIU. Its stdio is /dev/null:
+// a restored container inherits it.
+func (r *Runtime) runcCRIU(ctx context.Context, logFile string, args ...string) error {
+	criu, err := r.criu()
+	if err != nil {
+		return err
+	}
+	full := append([]string{"--root", r.cfg.RuncRoot, "--criu", criu, "--log", logFile, "--log-format", "json"}, args...)
+	cmd := exec.CommandContext(ctx, r.cfg.RuncBinary, full...)
+	var stderr bytes.Buffer
+	if args[0] != "restore" {
+		cmd.Stderr = &stderr
+	}
+	if err := cmd.Run(); err != nil {
+		msg := lastLogError(logFile)
+		if msg == "" {
+			msg = strings.TrimSpace(stderr.String())
+		}
+		return fmt.Errorf("runc %s: %w: %s%s", args[0], err, msg, criuLogHint(logFile, args))
+	}
+	return nil
+}
+
+// criuLogHint points at CRIU's own log, where the real reason is.
+func criuLogHint(runcLog string, args []string) string {
+	for i, a := range args {
+		if a == "--work-path" && i+1 < len(args) {
+			name := "dump.log"
+			if args[0] == "restore" {
+				name = "restore.log"
+			}
+			p := filepath.Join(args[i+1], name)
+			if b, err := os.ReadFile(p); err == nil {
+				var last string
+				for l := range strings.SplitSeq(string(b), "\n") {
+					if strings.Contains(l, "Error") {
+						last = strings.TrimSpace(l)
+					}
+				}
+				if last != "" {
+					return " (criu: " + last + ")"
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// Checkpoint dumps the sandbox with CRIU. Established TCP connections (the
+// gateway's, a client's) are dumped too, so they continue after a resume.
+func (r *Runtime) Checkpoint(ctx context.Context, id string, opts runtime.CheckpointOptions) (err error) {
+	if !validID.MatchString(id) {
+		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	if _, err := r.criu(); err != nil {
+		return err
+	}
+	dir := r.dir(id)
+	if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	own := opts.ImageDir == ""
+	img := opts.ImageDir
+	if own {
+		img = filepath.Join(dir, checkpointTmp)
+		if err := os.RemoveAll(img); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(img, 0o700); err != nil {
+		return fmt.Errorf("sandbox %s: image dir: %w", id, err)
+	}
+	work := filepath.Join(dir, criuWorkDir)
+	_ = os.RemoveAll(work)
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil && own {
+			_ = os.RemoveAll(img)
+		}
+	}()
+
+	// The writable layer must be copied while the processes are stopped:
+	// CRIU checks every open file against the image at restore, and a later
+	// copy would silently disagree with memory (appended logs). Freezing
+	// first makes dump + copy one consistent instant; CRIU leaves a frozen
+	// cgroup frozen.
+	frozen := false
+	if opts.UpperCopy != "" || opts.LeaveRunning {
+		if err := r.Freeze(ctx, id); err != nil {
+			return err
+		}
+		frozen = true
+		defer func() {
+			if frozen {
+				if terr := r.Thaw(context.WithoutCancel(ctx), id); terr != nil {
+					err = errors.Join(err, terr)
+				}
+			}
+		}()
+	}
+	args := []string{"checkpoint", "--tcp-established", "--file-locks", "--image-path", img, "--work-path", work}
+	if opts.LeaveRunning {
+		args = append(args, "--leave-running")
+	}
+	args = append(args, id)
+	if err := r.runcCRIU(ctx, filepath.Join(dir, "runc-checkpoint.log"), args...); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if opts.UpperCopy != "" {
+		if err := copyTree(ctx, filepath.Join(dir, "upper"), opts.UpperCopy); err != nil {
+			return fmt.Errorf("sandbox %s: capture writable layer: %w", id, err)
+		}
+		// envd's log is open in the image; a restore needs the file there.
+		if err := copyTree(ctx, filepath.Join(dir, "log"), opts.UpperCopy+".log"); err != nil {
+			return fmt.Errorf("sandbox %s: capture log dir: %w", id, err)
+		}
+	}
+	if !opts.LeaveRunning {
+		frozen = false // the processes are gone; nothing to thaw
+	}
+	if own {
+		if err := os.Rename(img, filepath.Join(dir, checkpointDir)); err != nil {
+			return fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		syncDir(dir)
+	}
+	return nil
+}
+
+// copyTree copies dir src to dst (which must not exist) with ownership,
+// modes, xattrs (overlay opaque markers) and whiteout devices intact.
+func copyTree(ctx context.Context, src, dst string) error {
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", src, dst).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("cp %s: %w: %s", src, err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+func syncDir(dir string) {
+	if f, err := os.Open(dir); err == nil {
+		_ = f.Sync()
+		f.Close()
+	}
+}
+
+// HasCheckpoint reports whether the sandbox has a complete pause image. A
+// dump interrupted after CRIU finished (the server died before the rename)
+// is recognised by CRIU's final stats file and a container that is gone.
+func (r *Runtime) HasCheckpoint(ctx context.Context, id string) (bool, error) {
+	if !validID.MatchString(id) {
+		return false, fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	dir := r.dir(id)
+	if _, err := os.Stat(filepath.Join(dir, checkpointDir, "inventory.img")); err == nil {
+		return true, nil
+	}
+	tmp := filepath.Join(dir, checkpointTmp)
+	if _, err := os.Stat(filepath.Join(tmp, criuStatsDump)); err != nil {
+		_ = os.RemoveAll(tmp)
+		return false, nil
+	}
+	st, err := r.State(ctx, id)
+	if err == nil && st == runtime.StatusStopped {
+		// CRIU completed and killed the tasks; only runc's cleanup and our
+		// rename were missed.
+		_, _ = r.runc(ctx, "", "delete", "--force", id)
+		if err := os.Rename(tmp, filepath.Join(dir, checkpointDir)); err != nil {
+			return false, err
+		}
+		return true, nil
+	}
+	_ = os.RemoveAll(tmp)
+	return false, nil
+}
+
+// DropCheckpoint removes the sandbox's pause image.
+func (r *Runtime) DropCheckpoint(ctx context.Context, id string) error {
+	if !validID.MatchString(id) {
+		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	dir := r.dir(id)
+	return errors.Join(os.RemoveAll(filepath.Join(dir, checkpointDir)), os.RemoveAll(filepath.Join(dir, checkpointTmp)),
+		os.RemoveAll(filepath.Join(dir, criuWorkDir)))
+}
+
+// Restore brings a sandbox back from an image, in place (resume) or into a
+// new bundle (fork, snapshot).
+func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, opts runtime.RestoreOptions) (err error) {
+	if !validID.MatchString(spec.ID) {
+		return fmt.Errorf("sandbox id %q: %w", spec.ID, errdefs.ErrInvalidArgument)
+	}
+	if _, err := r.criu(); err != nil {
+		return err
+	}
+	dir := r.dir(spec.ID)
+	img := opts.ImageDir
+	inPlace := false
+	if _, serr := os.Stat(filepath.Join(dir, "config.json")); serr == nil {
+		inPlace = true
+	}
+	if img == "" {
+		img = filepath.Join(dir, checkpointDir)
+	}
+	if _, err := os.Stat(filepath.Join(img, "inventory.img")); err != nil {
+		return fmt.Errorf("sandbox %s: no checkpoint image at %s: %w", spec.ID, img, errdefs.ErrNotFound)
+	}
+	var rb rollback
+	defer func() {
+		if err != nil {
+			rb.run()
+		}
+	}()
+	if !inPlace {
+		if rb, err = r.newBundle(ctx, spec, opts); err != nil {
+			return err
+		}
+	} else if err := r.ensureRootfs(dir); err != nil {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	work := filepath.Join(dir, "criu-restore-work")
+	_ = os.RemoveAll(work)
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	args := []string{"restore", "--detach", "--file-locks", "--image-path", img, "--work-path", work, "--bundle", dir}
+	if !opts.NewNetwork {
+		args = append(args, "--tcp-established")
+	}
+	args = append(args, spec.ID)
+	if err := r.runcCRIU(ctx, filepath.Join(dir, "runc-restore.log"), args...); err != nil {
+		// A failed restore may leave a container record or cgroup behind.
+		_, _ = r.runc(context.WithoutCancel(ctx), "", "delete", "--force", spec.ID)
+		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	return nil
+}
+
+// ensureRootfs checks that the bundle's overlay is still mounted (it is
+// unless the host rebooted, which also loses the network namespace).
+func (r *Runtime) ensureRootfs(dir string) error {
+	rootfs := filepath.Join(dir, "rootfs")
+	var st, parent unix.Stat_t
+	if err := unix.Stat(rootfs, &st); err != nil {
+		return err
+	}
+	if err := unix.Stat(dir, &parent); err != nil {
+		return err
+	}
+	if st.Dev == parent.Dev {
+		return fmt.Errorf("rootfs %s is not mounted: %w", rootfs, errdefs.ErrUnavailable)
+	}
+	return nil
+}
+
+// newBundle builds the bundle of a sandbox restored from another one's
+// image: the overlay over spec.Layers (whose top is the captured writable
+// layer), a fresh upper, config.json for the new id, netns and cgroup, and
+// the captured log dir (envd's log is open in the image).
+func (r *Runtime) newBundle(ctx context.Context, spec runtime.Spec, opts runtime.RestoreOptions) (rollback, error) {
+	var rb rollback
+	dir := r.dir(spec.ID)
+	if len(spec.Layers) == 0 {
+		return rb, fmt.Errorf("sandbox %s: no rootfs layers: %w", spec.ID, errdefs.ErrInvalidArgument)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return rb, fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrConflict)
+		}
+		return rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	rb.add(func() { _ = os.RemoveAll(dir) })
+	for _, sub := range []string{"upper", "work", "rootfs"} {
+		if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
+			return rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+	}
+	top := spec.Layers[len(spec.Layers)-1]
+	if err := copyTree(ctx, top+".log", filepath.Join(dir, "log")); err != nil {
+		if err := os.Mkdir(filepath.Join(dir, "log"), 0o755); err != nil {
+			return rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+	}
+	rootfs := filepath.Join(dir, "rootfs")
+	lower := slices.Clone(spec.Layers)
+	slices.Reverse(lower)
+	mopts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s",
+		strings.Join(lower, ":"), filepath.Join(dir, "upper"), filepath.Join(dir, "work"))
+	if err := unix.Mount("overlay", rootfs, "overlay", 0, mopts); err != nil {
+		return rb, fmt.Errorf("sandbox %s: mount overlay: %w", spec.ID, err)
+	}
+	rb.add(func() { _ = unmount(rootfs) })
+	if err := writeEtc(dir, spec); err != nil {
+		return rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	oci := r.ociSpec(spec, dir)
+	if opts.NewNetwork {
+		conf := filepath.Join(dir, forkCRIUConf)
+		if err := os.WriteFile(conf, []byte("tcp-close\n"), 0o600); err != nil {
+			return rb, err
+		}
+		if oci.Annotations == nil {
+			oci.Annotations = map[string]string{}
+		}
+		// runc hands this file to CRIU for this container only; runc 1.1
+		// has no --tcp-close flag.
+		oci.Annotations["org.criu.config"] = conf
+	}
+	cfgJSON, err := json.MarshalIndent(oci, "", "\t")
+	if err != nil {
+		return rb, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfgJSON, 0o600); err != nil {
+		return rb, err
+	}
+	rb.add(func() { _ = r.removeCgroups(r.cgroupPath(spec.ID)) })
+	return rb, nil
+}
+
+// Freeze stops every task of the sandbox with the cgroup freezer.
+func (r *Runtime) Freeze(ctx context.Context, id string) error {
+	if !validID.MatchString(id) {
+		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	if _, err := r.runc(ctx, "", "pause", id); err != nil {
+		if notExist(err) {
+			return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+		}
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// Thaw resumes a frozen sandbox.
+func (r *Runtime) Thaw(ctx context.Context, id string) error {
+	if !validID.MatchString(id) {
+		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	if _, err := r.runc(ctx, "", "resume", id); err != nil {
+		if notExist(err) {
+			return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+		}
+		if strings.Contains(err.Error(), "not paused") {
+			return nil
+		}
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	return nil
+}

@@ -1,0 +1,146 @@
+package runc
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentbox/agentbox/internal/network"
+	"github.com/agentbox/agentbox/internal/runtime"
+)
+
+func TestCRIUVersion(t *testing.T) {
+	for _, tc := range []struct {
+		out  string
+		want bool
+	}{
+		{"Version: 4.2.1\n", true},
+		{"Version: 4.2\nGitID: x\n", true},
+		{"Version: 5.0\n", true},
+		{"Version: 4.1.1\n", false},
+		{"Version: 3.17.1\n", false},
+		{"garbage", false},
+	} {
+		if got := criuVersionOK(tc.out); got != tc.want {
+			t.Errorf("criuVersionOK(%q) = %v, want %v", tc.out, got, tc.want)
+		}
+	}
+}
+
+// counter starts a shell loop in the sandbox that keeps a count in memory
+// and writes it to /tmp/count: a restored sandbox continues the count.
+func (e *env) counter(t *testing.T, id string) {
+	t.Helper()
+	script := `exec </dev/null >/dev/null 2>&1; sleep 3600 & echo $! > /tmp/sleep.pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done`
+	cmd := exec.Command(e.rt.cfg.RuncBinary, "--root", e.rt.cfg.RuncRoot, "exec", "-d", id, "/bin/sh", "-c", script)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("runc exec: %v: %s", err, out)
+	}
+}
+
+func count(t *testing.T, ep network.Endpoint) int {
+	t.Helper()
+	for range 100 {
+		s := strings.TrimSpace(get(t, ep, "read?p=/tmp/count"))
+		if n, err := strconv.Atoi(s); err == nil {
+			return n
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatal("no count")
+	return 0
+}
+
+func requireCRIU(t *testing.T, e *env) {
+	t.Helper()
+	if err := e.rt.CheckpointSupported(); err != nil {
+		t.Skip(err)
+	}
+}
+
+func TestCheckpointRestoreInPlace(t *testing.T) {
+	e := setup(t)
+	requireCRIU(t, e)
+	ctx := context.Background()
+	ep := e.sandbox(t, "ckpt1", runtime.Resources{MemoryMB: 256})
+	e.counter(t, "ckpt1")
+	time.Sleep(200 * time.Millisecond)
+	sleepPid := strings.TrimSpace(get(t, ep, "read?p=/tmp/sleep.pid"))
+
+	for cycle := range 2 {
+		before := count(t, ep)
+		if err := e.rt.Checkpoint(ctx, "ckpt1", runtime.CheckpointOptions{}); err != nil {
+			t.Fatalf("cycle %d: checkpoint: %v", cycle, err)
+		}
+		if ok, err := e.rt.HasCheckpoint(ctx, "ckpt1"); err != nil || !ok {
+			t.Fatalf("cycle %d: HasCheckpoint = %v, %v", cycle, ok, err)
+		}
+		if st, err := e.rt.State(ctx, "ckpt1"); err != nil || st != runtime.StatusStopped {
+			t.Fatalf("cycle %d: state after checkpoint = %v, %v; want stopped", cycle, st, err)
+		}
+		if err := e.rt.Restore(ctx, runtime.Spec{ID: "ckpt1"}, runtime.RestoreOptions{}); err != nil {
+			t.Fatalf("cycle %d: restore: %v", cycle, err)
+		}
+		if err := e.rt.DropCheckpoint(ctx, "ckpt1"); err != nil {
+			t.Fatal(err)
+		}
+		if st, _ := e.rt.State(ctx, "ckpt1"); st != runtime.StatusRunning {
+			t.Fatalf("cycle %d: state after restore = %v", cycle, st)
+		}
+		time.Sleep(150 * time.Millisecond)
+		after := count(t, ep)
+		if after <= before || after > before+200 {
+			t.Fatalf("cycle %d: count %d after restore, %d before: the loop did not continue", cycle, after, before)
+		}
+		if got := get(t, ep, "read?p=/proc/"+sleepPid+"/cmdline"); !strings.HasPrefix(got, "sleep") {
+			t.Fatalf("cycle %d: pid %s is %q, want the same sleep", cycle, sleepPid, got)
+		}
+	}
+}
+
+func TestForkFromLiveCheckpoint(t *testing.T) {
+	e := setup(t)
+	requireCRIU(t, e)
+	ctx := context.Background()
+	ep := e.sandbox(t, "fsrc", runtime.Resources{MemoryMB: 256})
+	e.counter(t, "fsrc")
+	time.Sleep(200 * time.Millisecond)
+
+	snap := t.TempDir()
+	img, upper := filepath.Join(snap, "image"), filepath.Join(snap, "upper")
+	if err := e.rt.Checkpoint(ctx, "fsrc", runtime.CheckpointOptions{ImageDir: img, LeaveRunning: true, UpperCopy: upper}); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := e.rt.State(ctx, "fsrc"); st != runtime.StatusRunning {
+		t.Fatalf("source state after live checkpoint = %v", st)
+	}
+	atSnap := count(t, ep)
+	for _, id := range []string{"fork1", "fork2"} {
+		fep, err := e.net.Attach(ctx, id, network.Policy{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = e.rt.Delete(ctx, id)
+			_ = e.net.Detach(ctx, id)
+		})
+		spec := runtime.Spec{ID: id, Layers: append(append([]string{}, e.layers...), upper), NetNSPath: fep.NetNSPath, DNS: e.net.DNS(), Resources: runtime.Resources{MemoryMB: 256}}
+		if err := e.rt.Restore(ctx, spec, runtime.RestoreOptions{ImageDir: img, NewNetwork: true}); err != nil {
+			t.Fatalf("%s: restore: %v", id, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if n := count(t, fep); n < 1 || n > atSnap+100 {
+			t.Fatalf("%s: count %d, source was at %d when snapshotted", id, n, atSnap)
+		}
+		if got := get(t, fep, "hostname"); got == "" {
+			t.Fatalf("%s: no answer", id)
+		}
+	}
+	if n := count(t, ep); n < atSnap {
+		t.Fatalf("source count went back: %d < %d", n, atSnap)
+	}
+}
