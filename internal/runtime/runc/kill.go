@@ -15,7 +15,7 @@ import (
 // gone. Doing this ourselves saves the 100 ms polling steps of
 // `runc delete --force` on a running container.
 func (r *Runtime) killInit(ctx context.Context, id string) error {
-	out, err := r.runc(ctx, "", "state", id)
+	out, err := r.oci(ctx, id, "", "state", id)
 	if err != nil {
 		return err
 	}
@@ -31,7 +31,7 @@ func (r *Runtime) killInit(ctx context.Context, id string) error {
 	}
 	if st.Status == "paused" {
 		// Frozen tasks do not die until thawed.
-		if _, err := r.runc(ctx, "", "resume", id); err != nil {
+		if _, err := r.oci(ctx, id, "", "resume", id); err != nil {
 			return err
 		}
 	}

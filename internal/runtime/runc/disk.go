@@ -1,0 +1,210 @@
+package runc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The writable layer of a sandbox with a disk limit lives on its own ext4
+// filesystem: a sparse image file on a loop device, mounted at <bundle>/disk
+// and holding the overlay's upper and work dirs. A full disk then fails
+// with ENOSPC inside that sandbox only; the host's filesystem never fills.
+//
+// Formatting a filesystem per sandbox would cost ~100 ms, so one empty image
+// per size is formatted once (diskImageDir) and each sandbox gets a sparse
+// copy of it, which takes a few milliseconds and almost no space.
+
+// diskDirName is the mount point of the sandbox's disk in its bundle.
+const diskDirName = "disk"
+
+// layerDirs returns the overlay upper and work dirs of bundle dir: on the
+// sandbox's own disk when it has one.
+func layerDirs(dir string, onDisk bool) (upper, work string) {
+	if onDisk {
+		return filepath.Join(dir, diskDirName, "upper"), filepath.Join(dir, diskDirName, "work")
+	}
+	return filepath.Join(dir, "upper"), filepath.Join(dir, "work")
+}
+
+// diskImage returns the path of the formatted empty image of mb MiB,
+// formatting it the first time.
+func (r *Runtime) diskImage(ctx context.Context, mb int) (string, error) {
+	path := filepath.Join(r.cfg.DiskImageDir, "ext4-"+strconv.Itoa(mb)+"m.img")
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
+	}
+	if err := os.MkdirAll(r.cfg.DiskImageDir, 0o700); err != nil {
+		return "", err
+	}
+	tmp, err := os.CreateTemp(r.cfg.DiskImageDir, ".format-*")
+	if err != nil {
+		return "", err
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Truncate(int64(mb) << 20); err != nil {
+		tmp.Close()
+		return "", err
+	}
+	tmp.Close()
+	// No journal: the layer is scratch space that does not outlive a host
+	// crash anyway. No reserved blocks: the sandbox's root gets all of it.
+	// Inode tables are zeroed now so no lazy-init thread writes into every
+	// sandbox's copy later.
+	out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal",
+		"-E", "lazy_itable_init=0,lazy_journal_init=0,root_owner=0:0", tmp.Name()).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("format %d MiB disk image: %w: %s", mb, err, out)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return "", err
+	}
+	return path, nil
+}
+
+// sparseCopy copies src to dst, keeping holes as holes.
+func sparseCopy(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	if err := out.Truncate(fi.Size()); err != nil {
+		return err
+	}
+	size := fi.Size()
+	var off int64
+	for off < size {
+		data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole is left
+		}
+		if err != nil {
+			return fmt.Errorf("seek data: %w", err)
+		}
+		hole, err := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("seek hole: %w", err)
+		}
+		if _, err := in.Seek(data, io.SeekStart); err != nil {
+			return err
+		}
+		if _, err := out.Seek(data, io.SeekStart); err != nil {
+			return err
+		}
+		if _, err := io.CopyN(out, in, hole-data); err != nil {
+			return fmt.Errorf("copy extent: %w", err)
+		}
+		off = hole
+	}
+	return out.Close()
+}
+
+// attachLoop binds file to a free loop device that detaches itself once
+// its last user (the mount) is gone. It returns the device path and an
+// open handle the caller must close after mounting.
+func attachLoop(file string) (string, *os.File, error) {
+	backing, err := os.OpenFile(file, os.O_RDWR, 0)
+	if err != nil {
+		return "", nil, err
+	}
+	defer backing.Close()
+	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
+	if err != nil {
+		return "", nil, fmt.Errorf("loop devices: %w", err)
+	}
+	defer ctl.Close()
+	for range 50 {
+		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return "", nil, fmt.Errorf("find free loop device: %w", err)
+		}
+		dev := "/dev/loop" + strconv.Itoa(n)
+		f, err := os.OpenFile(dev, os.O_RDWR, 0)
+		if err != nil {
+			return "", nil, fmt.Errorf("open %s: %w", dev, err)
+		}
+		cfg := unix.LoopConfig{Fd: uint32(backing.Fd())}
+		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR
+		err = unix.IoctlLoopConfigure(int(f.Fd()), &cfg)
+		if err == nil {
+			return dev, f, nil
+		}
+		f.Close()
+		if !errors.Is(err, unix.EBUSY) {
+			return "", nil, fmt.Errorf("configure %s: %w", dev, err)
+		}
+		// Another process took this device between GET_FREE and CONFIGURE.
+		time.Sleep(time.Millisecond)
+	}
+	return "", nil, errors.New("no free loop device after 50 tries")
+}
+
+// mountDisk gives bundle dir its own ext4 disk of mb MiB at <dir>/disk with
+// the overlay's upper and work dirs on it.
+func (r *Runtime) mountDisk(ctx context.Context, dir string, mb int) error {
+	img, err := r.diskImage(ctx, mb)
+	if err != nil {
+		return err
+	}
+	file := filepath.Join(dir, "disk.img")
+	if err := sparseCopy(img, file); err != nil {
+		return fmt.Errorf("copy disk image: %w", err)
+	}
+	mnt := filepath.Join(dir, diskDirName)
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		return err
+	}
+	dev, f, err := attachLoop(file)
+	if err != nil {
+		return err
+	}
+	err = unix.Mount(dev, mnt, "ext4", unix.MS_NOSUID|unix.MS_NODEV, "")
+	f.Close() // the mount holds the device now; autoclear frees it at unmount
+	if err != nil {
+		return fmt.Errorf("mount %s: %w", dev, err)
+	}
+	for _, sub := range []string{"upper", "work"} {
+		if err := os.Mkdir(filepath.Join(mnt, sub), 0o755); err != nil {
+			_ = unmount(mnt)
+			return err
+		}
+	}
+	// lost+found would show up in the sandbox's / through the overlay upper.
+	_ = os.Remove(filepath.Join(mnt, "lost+found"))
+	return nil
+}
+
+// unmountDisk unmounts the sandbox's disk if it has one.
+func unmountDisk(dir string) error {
+	return unmount(filepath.Join(dir, diskDirName))
+}
+
+// diskUsageStatfs reports used and total bytes of the sandbox's own disk;
+// ok is false when the sandbox has none.
+func diskUsageStatfs(dir string) (used, total uint64, ok bool) {
+	mnt := filepath.Join(dir, diskDirName)
+	var st, parent unix.Statfs_t
+	if unix.Statfs(mnt, &st) != nil || unix.Statfs(dir, &parent) != nil || st.Fsid == parent.Fsid {
+		return 0, 0, false
+	}
+	total = st.Blocks * uint64(st.Bsize)
+	return total - st.Bfree*uint64(st.Bsize), total, true
+}

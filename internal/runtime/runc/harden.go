@@ -1,0 +1,43 @@
+package runc
+
+import (
+	"fmt"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/agentbox/agentbox/internal/runtime"
+)
+
+// annotationTier records the sandbox's isolation tier in its bundle.
+const annotationTier = "io.agentbox.tier"
+
+// harden adds to the base spec what depends on the tier and the limits:
+// the seccomp filter (runc; gVisor's sentry filters its own host syscalls
+// and does not implement the refused ones for the sandbox), a size-limited
+// /tmp, CPU shares proportional to the CPU count, and an OOM score that
+// makes the host's OOM killer pick sandbox processes before the server.
+func (r *Runtime) harden(s *specs.Spec, spec runtime.Spec) *specs.Spec {
+	tier := spec.Runtime
+	if tier == "" {
+		tier = TierRunc
+	}
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	s.Annotations[annotationTier] = tier
+	if tier == TierRunc {
+		s.Linux.Seccomp = seccompProfile()
+	}
+	if mb := spec.Resources.TmpMB; mb > 0 {
+		s.Mounts = append(s.Mounts, specs.Mount{
+			Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
+			Options: []string{"nosuid", "nodev", "mode=1777", fmt.Sprintf("size=%dm", mb)},
+		})
+	}
+	if n := spec.Resources.CPUCount; n > 0 && s.Linux.Resources != nil && s.Linux.Resources.CPU != nil {
+		s.Linux.Resources.CPU.Shares = ptr(uint64(1024 * n))
+	}
+	s.Linux.MaskedPaths = append(s.Linux.MaskedPaths, "/proc/kallsyms", "/sys/devices/virtual/powercap", "/sys/kernel")
+	s.Process.OOMScoreAdj = ptr(500)
+	return s
+}
