@@ -18,6 +18,7 @@ type Resources struct {
 	MemoryMB int // hard memory limit in MiB (swap is not allowed beyond it); 0 = unlimited
 	PIDs     int // max number of tasks; 0 = unlimited
 	DiskMB   int // size of the writable layer in MiB, enforced where the driver can; 0 = unlimited
+	TmpMB    int // size of the tmpfs on /tmp in MiB (counted as memory); 0 = /tmp is on the writable layer
 }
 
 // Spec describes the sandbox to start.

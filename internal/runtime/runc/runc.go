@@ -45,6 +45,16 @@ type Config struct {
 	// CgroupParent is the cgroup (relative to each hierarchy's root) under
 	// which every sandbox gets <CgroupParent>/<id>. Default "agentbox".
 	CgroupParent string
+	// RunscBinary is gVisor's runsc, for the runsc tier. Default "runsc"
+	// from PATH; when it is missing that tier says how to install it.
+	RunscBinary string
+	// RunscRoot is runsc's --root. Default <RuncRoot>-runsc.
+	RunscRoot string
+	// RunscPlatform is runsc's --platform. Default systrap (needs no KVM).
+	RunscPlatform string
+	// DiskImageDir caches the formatted empty images that size-limited
+	// writable layers are copied from. Default <StateDir>/../disk-images.
+	DiskImageDir string
 	// CRIUPath is the CRIU binary for checkpoints (>= 4.2). Default:
 	// DefaultCRIUPath, then criu from PATH.
 	CRIUPath string
@@ -57,6 +67,7 @@ type Runtime struct {
 	log      *slog.Logger
 	cgroupV2 bool
 	nofile   uint64 // RLIMIT_NOFILE given to envd
+	runscBin string // "" when runsc is not installed
 	criuOnce criuFinder
 }
 
@@ -88,6 +99,19 @@ func New(cfg Config, log *slog.Logger) (*Runtime, error) {
 		return nil, fmt.Errorf("runc binary %q: %w", cfg.RuncBinary, errdefs.ErrUnavailable)
 	}
 	cfg.RuncBinary = bin
+	if cfg.RunscRoot == "" {
+		cfg.RunscRoot = cfg.RuncRoot + "-runsc"
+	}
+	if cfg.RunscPlatform == "" {
+		cfg.RunscPlatform = "systrap"
+	}
+	if cfg.DiskImageDir == "" {
+		cfg.DiskImageDir = filepath.Join(filepath.Dir(cfg.StateDir), "disk-images")
+	}
+	if cfg.RunscBinary == "" {
+		cfg.RunscBinary = "runsc"
+	}
+	runscBin, _ := exec.LookPath(cfg.RunscBinary)
 	if log == nil {
 		log = slog.Default()
 	}
@@ -98,6 +122,7 @@ func New(cfg Config, log *slog.Logger) (*Runtime, error) {
 	}
 	r := &Runtime{cfg: cfg, log: log.With("component", "runc"), cgroupV2: isCgroupV2()}
 	r.nofile = r.nofileLimit()
+	r.runscBin = runscBin
 	return r, nil
 }
 
@@ -197,8 +222,8 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 		return fmt.Errorf("sandbox id %q: %w", spec.ID, errdefs.ErrInvalidArgument)
 	case len(spec.Layers) == 0:
 		return fmt.Errorf("sandbox %s: no rootfs layers: %w", spec.ID, errdefs.ErrInvalidArgument)
-	case spec.Runtime != "" && spec.Runtime != "runc":
-		return fmt.Errorf("sandbox %s: runtime %q is not runc: %w", spec.ID, spec.Runtime, errdefs.ErrInvalidArgument)
+	case r.TierAvailable(spec.Runtime) != nil:
+		return fmt.Errorf("sandbox %s: %w", spec.ID, r.TierAvailable(spec.Runtime))
 	}
 	dir := r.dir(spec.ID)
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -220,11 +245,25 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
 	}
+	tier := spec.Runtime
+	if tier == "" {
+		tier = TierRunc
+	}
+	if err := os.WriteFile(filepath.Join(dir, tierFile), []byte(tier+"\n"), 0o600); err != nil {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	onDisk := spec.Resources.DiskMB > 0
+	if onDisk {
+		if err := r.mountDisk(ctx, dir, spec.Resources.DiskMB); err != nil {
+			return fmt.Errorf("sandbox %s: writable layer: %w", spec.ID, err)
+		}
+		rb.add(func() { _ = unmountDisk(dir) })
+	}
+	upper, work := layerDirs(dir, onDisk)
 	rootfs := filepath.Join(dir, "rootfs")
 	lower := slices.Clone(spec.Layers)
 	slices.Reverse(lower) // overlay wants the topmost layer first
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s",
-		strings.Join(lower, ":"), filepath.Join(dir, "upper"), filepath.Join(dir, "work"))
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(lower, ":"), upper, work)
 	if err := unix.Mount("overlay", rootfs, "overlay", 0, opts); err != nil {
 		return fmt.Errorf("sandbox %s: mount overlay: %w", spec.ID, err)
 	}
@@ -233,7 +272,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	if err := writeEtc(dir, spec); err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
-	cfgJSON, err := json.MarshalIndent(r.ociSpec(spec, dir), "", "\t")
+	cfgJSON, err := json.MarshalIndent(r.harden(r.ociSpec(spec, dir), spec), "", "\t")
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
@@ -243,10 +282,10 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 
 	rb.add(func() {
 		// A failed run may leave a container record or a cgroup behind.
-		_, _ = r.runc(context.WithoutCancel(ctx), "", "delete", "--force", spec.ID)
+		_, _ = r.oci(context.WithoutCancel(ctx), spec.ID, "", "delete", "--force", spec.ID)
 		_ = r.removeCgroups(r.cgroupPath(spec.ID))
 	})
-	if _, err := r.runc(ctx, filepath.Join(dir, "runc.log"), "run", "--detach", "--bundle", dir, spec.ID); err != nil {
+	if _, err := r.oci(ctx, spec.ID, filepath.Join(dir, tier+".log"), "run", "--detach", "--bundle", dir, spec.ID); err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	r.log.Debug("sandbox started", "id", spec.ID)
@@ -306,10 +345,13 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	if err := r.killInit(ctx, id); err != nil && !notExist(err) {
 		r.log.Warn("kill sandbox init; runc delete --force takes over", "id", id, "err", err)
 	}
-	if _, err := r.runc(ctx, "", "delete", "--force", id); err != nil && !notExist(err) {
+	if _, err := r.oci(ctx, id, "", "delete", "--force", id); err != nil && !notExist(err) {
 		errs = append(errs, err)
 	}
 	if err := unmount(filepath.Join(dir, "rootfs")); err != nil {
+		errs = append(errs, err)
+	}
+	if err := unmountDisk(dir); err != nil {
 		errs = append(errs, err)
 	}
 	if err := os.RemoveAll(dir); err != nil {
@@ -345,7 +387,7 @@ func (r *Runtime) State(ctx context.Context, id string) (runtime.Status, error) 
 	if !validID.MatchString(id) {
 		return "", fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
 	}
-	out, err := r.runc(ctx, "", "state", id)
+	out, err := r.oci(ctx, id, "", "state", id)
 	if err != nil {
 		if notExist(err) {
 			if _, serr := os.Stat(r.dir(id)); serr == nil {
@@ -395,6 +437,9 @@ func (r *Runtime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 		if err := unix.Statfs(r.cfg.StateDir, &sfs); err == nil {
 			st.DiskTotal = sfs.Blocks * uint64(sfs.Bsize)
 		}
+	}
+	if used, total, ok := diskUsageStatfs(dir); ok {
+		st.DiskUsed, st.DiskTotal = used, total
 	}
 	return st, nil
 }
@@ -462,6 +507,13 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 	}
 	for _, c := range cs {
 		ids[c.ID] = true
+	}
+	gvisor, err := r.runscList(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range gvisor {
+		ids[id] = true
 	}
 	list := make([]string, 0, len(ids))
 	for id := range ids {
