@@ -243,7 +243,6 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		return err
 	}
 	gw := gateway.New(mgr, log)
-	mgr.OnRemove(gw.Forget)
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fmt.Errorf("reconcile sandboxes: %w", err)
 	}

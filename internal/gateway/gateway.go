@@ -33,15 +33,10 @@ type Resolver interface {
 
 // Gateway routes data-plane requests.
 type Gateway struct {
-	res       Resolver
-	log       *slog.Logger
-	proxy     *httputil.ReverseProxy
-	transport *http.Transport
+	res   Resolver
+	log   *slog.Logger
+	proxy *httputil.ReverseProxy
 }
-
-// Forget drops pooled connections after a sandbox is removed: its address
-// will belong to another sandbox later.
-func (g *Gateway) Forget(id string) { g.transport.CloseIdleConnections() }
 
 type targetKey struct{}
 
@@ -64,7 +59,6 @@ func New(res Resolver, log *slog.Logger) *Gateway {
 		// Compression is the client's business; pass bytes through untouched.
 		DisableCompression: true,
 	}
-	g.transport = transport
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(targetKey{}).(target)
@@ -182,6 +176,11 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port 
 		writeJSON(w, http.StatusNotFound, map[string]any{"code": http.StatusNotFound, "message": "not found"})
 		return
 	}
+	// Full duplex: the sandbox often answers (and streams) before the proxy
+	// has finished forwarding the request body. Without this, net/http
+	// drains and closes the request body when the response starts, which
+	// fails the upstream write and cuts the response short.
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	t := target{id: id, port: port, addr: net.JoinHostPort(sb.IP.String(), strconv.Itoa(port))}
 	ctx := r.Context()
 	r = r.WithContext(context.WithValue(ctx, targetKey{}, t))

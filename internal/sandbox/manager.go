@@ -56,8 +56,6 @@ type Manager struct {
 	secret    []byte
 	client    *http.Client // talks to envd directly (not through the gateway)
 
-	onRemove []func(id string)
-
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
 	metrics   map[string]*series
@@ -79,10 +77,6 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 		metrics:   map[string]*series{},
 	}, nil
 }
-
-// OnRemove registers f to run after a sandbox is gone (the gateway drops
-// pooled connections to it). Call before Run.
-func (m *Manager) OnRemove(f func(id string)) { m.onRemove = append(m.onRemove, f) }
 
 // Token returns the envd access token of sandbox id.
 func (m *Manager) Token(id string) string { return AccessToken(m.secret, id) }
@@ -353,9 +347,6 @@ func (m *Manager) destroy(ctx context.Context, sb *Sandbox, why string) error {
 	delete(m.sandboxes, sb.ID)
 	delete(m.metrics, sb.ID)
 	m.mu.Unlock()
-	for _, f := range m.onRemove {
-		f(sb.ID)
-	}
 	m.log.Info("sandbox removed", "sandbox", sb.ID, "why", why)
 	return nil
 }
