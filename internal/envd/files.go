@@ -117,7 +117,9 @@ func (s *Server) handleDownload(w http.ResponseWriter, r *http.Request) {
 	// Ranges address the plain bytes, so gzip only whole-file responses.
 	if r.Header.Get("Range") == "" && acceptsGzip(r.Header.Get("Accept-Encoding")) {
 		w.Header().Set("Content-Encoding", "gzip")
-		gz := gzip.NewWriter(w)
+		// Fastest level: downloads are often large and already compressed;
+		// default-level gzip caps them near 30 MB/s.
+		gz, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
 		defer gz.Close()
 		if r.Method != http.MethodHead {
 			_, _ = io.Copy(gz, f)
