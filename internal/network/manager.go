@@ -39,6 +39,9 @@ type Config struct {
 	Table string
 	// ResolvConf is read for the host's nameservers. Default /etc/resolv.conf.
 	ResolvConf string
+	// OperatorAllow opens private ranges (say, a package mirror on the LAN)
+	// to sandboxes whose policy allows them. Link-local stays closed.
+	OperatorAllow []netip.Prefix
 }
 
 func (c *Config) setDefaults() error {
@@ -80,6 +83,33 @@ type Manager struct {
 	last      netip.Addr            // most recently allocated address (next-fit)
 	endpoints map[string]Endpoint   // by sandbox id
 	denied    map[string]bool       // ids in the no_internet set
+	ipChains  map[string]bool       // ids with their own allowOut/denyOut chain
+
+	egress      Egress
+	egressPorts EgressPorts
+}
+
+// Egress is the host-side egress proxy and resolver: it learns every
+// sandbox's address and policy.
+type Egress interface {
+	Bind(id string, ip netip.Addr, p Policy) error
+	Unbind(id string)
+}
+
+// EgressPorts are the ports the egress proxy (TCP) and DNS resolver (UDP
+// and TCP) listen on at the gateway address.
+type EgressPorts struct {
+	Proxy uint16
+	DNS   uint16
+}
+
+// SetEgress routes every sandbox's TCP and DNS through e, listening on
+// ports at Gateway(). Call it before Setup; sandboxes then get the gateway as
+// their nameserver.
+func (m *Manager) SetEgress(e Egress, ports EgressPorts) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.egress, m.egressPorts = e, ports
 }
 
 // validID keeps ids usable as file names and interface-name seeds.
@@ -102,6 +132,7 @@ func New(cfg Config, log *slog.Logger) (*Manager, error) {
 		used:      map[netip.Addr]string{},
 		endpoints: map[string]Endpoint{},
 		denied:    map[string]bool{},
+		ipChains:  map[string]bool{},
 	}
 	m.dns = m.hostDNS()
 	if err := m.relearn(); err != nil {
@@ -113,9 +144,39 @@ func New(cfg Config, log *slog.Logger) (*Manager, error) {
 // Gateway returns the bridge address, the sandboxes' default route.
 func (m *Manager) Gateway() netip.Addr { return m.gateway }
 
-// DNS returns the nameservers sandboxes should use: the host's, unless they
-// are loopback addresses a sandbox cannot reach.
-func (m *Manager) DNS() []string { return append([]string(nil), m.dns...) }
+// DNS returns the nameservers sandboxes should use: the egress resolver at
+// the gateway when there is one, else the host's that a sandbox can reach
+// (not loopback ones).
+func (m *Manager) DNS() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.egressPorts.DNS != 0 {
+		return []string{m.gateway.String()}
+	}
+	return append([]string(nil), m.dns...)
+}
+
+// HostDNS returns the host's own nameservers, loopback ones included: the
+// upstreams of the egress resolver.
+func HostDNS(resolvConf string) []string {
+	if resolvConf == "" {
+		resolvConf = "/etc/resolv.conf"
+	}
+	b, err := os.ReadFile(resolvConf)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[0] == "nameserver" {
+			if ip, err := netip.ParseAddr(f[1]); err == nil && ip.Is4() {
+				out = append(out, ip.String())
+			}
+		}
+	}
+	return out
+}
 
 func (m *Manager) hostDNS() []string {
 	b, err := os.ReadFile(m.cfg.ResolvConf)
@@ -373,10 +434,20 @@ func (m *Manager) Attach(ctx context.Context, id string, p Policy) (ep Endpoint,
 	if err := m.configureInside(ns, ip); err != nil {
 		return Endpoint{}, err
 	}
+	if err := m.addSpoofRules(id, ip); err != nil {
+		return Endpoint{}, err
+	}
+	undo = append(undo, func() { _ = m.removeSpoofRules(id) })
+	undo = append(undo, func() {
+		_ = m.setNoInternet(ip, false)
+		_ = m.setIPRules(id, ip, Policy{})
+		if e := m.egressOf(); e != nil {
+			e.Unbind(id)
+		}
+	})
 	if err := m.applyPolicy(id, ip, p); err != nil {
 		return Endpoint{}, err
 	}
-	undo = append(undo, func() { _ = m.setNoInternet(ip, false) })
 
 	ep = Endpoint{IP: ip, Gateway: m.gateway, NetNSPath: path}
 	m.log.Debug("sandbox attached", "id", id, "ip", ip, "veth", hostName, "internet", p.AllowInternet)
@@ -422,7 +493,27 @@ func (m *Manager) configureInside(ns netns.NsHandle, ip netip.Addr) error {
 	return nil
 }
 
+func (m *Manager) egressOf() Egress {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.egress
+}
+
 func (m *Manager) applyPolicy(id string, ip netip.Addr, p Policy) error {
+	e := m.egressOf()
+	if e == nil && p.NeedsProxy() {
+		return fmt.Errorf("domain rules, header rules and egress proxies need the server's egress proxy, which is off: %w", errdefs.ErrInvalidArgument)
+	}
+	// The proxy learns the policy first: it must never see a sandbox whose
+	// packets the kernel already sends it without knowing what to allow.
+	if e != nil {
+		if err := e.Bind(id, ip, p); err != nil {
+			return err
+		}
+	}
+	if err := m.setIPRules(id, ip, p); err != nil {
+		return err
+	}
 	if err := m.setNoInternet(ip, !p.AllowInternet); err != nil {
 		return err
 	}
@@ -457,6 +548,15 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 		if err := m.setNoInternet(ep.IP, false); err != nil {
 			errs = append(errs, err)
 		}
+		if err := m.setIPRules(id, ep.IP, Policy{}); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if e := m.egressOf(); e != nil {
+		e.Unbind(id)
+	}
+	if err := m.removeSpoofRules(id); err != nil {
+		errs = append(errs, err)
 	}
 	if err := deleteLink(hostVeth(id)); err != nil {
 		errs = append(errs, err)

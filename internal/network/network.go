@@ -7,16 +7,6 @@ import (
 	"net/netip"
 )
 
-// Policy is a sandbox's egress policy.
-type Policy struct {
-	// AllowInternet permits outbound traffic to public addresses. The host,
-	// other sandboxes, private (RFC 1918, CGNAT) and link-local ranges stay
-	// denied regardless; only the nameservers from Manager.DNS are reachable
-	// on port 53. Without it a sandbox reaches nothing but connections the
-	// host opens to it.
-	AllowInternet bool
-}
-
 // Endpoint is what a sandbox gets from Attach.
 type Endpoint struct {
 	IP        netip.Addr // the sandbox's address on the bridge

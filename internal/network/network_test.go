@@ -127,6 +127,9 @@ func cleanupHost(t *testing.T, cfg Config) {
 		if err == nil {
 			c.DelTable(tableOf(cfg))
 			_ = c.Flush()
+			bt, _ := bridgeTable(cfg)
+			c.DelTable(bt)
+			_ = c.Flush()
 		}
 	})
 }

@@ -121,7 +121,8 @@ func ipElement(ip netip.Addr) nftables.SetElement {
 // installRules replaces the inet table with a fresh copy of the sandbox
 // policy in one transaction, so there is no moment without rules. Addresses
 // already in the old no_internet set (sandboxes that outlived a server
-// restart) are carried over, plus keep.
+// restart) are carried over, plus keep. Per-sandbox IP rules are put back by
+// SetPolicy (the sandbox manager calls it for every sandbox it re-adopts).
 func (m *Manager) installRules(keep []netip.Addr) error {
 	c, err := nftables.New()
 	if err != nil {
@@ -132,21 +133,26 @@ func (m *Manager) installRules(keep []netip.Addr) error {
 	for _, ip := range keep {
 		elems[ip] = true
 	}
-	if tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet); err == nil {
+	if tables, err := c.ListTables(); err == nil {
 		for _, t := range tables {
 			if t.Name != m.cfg.Table {
 				continue
 			}
-			if set, err := c.GetSetByName(old, noInternetSet); err == nil {
-				if es, err := c.GetSetElements(set); err == nil {
-					for _, e := range es {
-						if ip, ok := netip.AddrFromSlice(e.Key); ok {
-							elems[ip] = true
+			switch t.Family {
+			case nftables.TableFamilyINet:
+				if set, err := c.GetSetByName(old, noInternetSet); err == nil {
+					if es, err := c.GetSetElements(set); err == nil {
+						for _, e := range es {
+							if ip, ok := netip.AddrFromSlice(e.Key); ok {
+								elems[ip] = true
+							}
 						}
 					}
 				}
+				c.DelTable(old)
+			case nftables.TableFamilyBridge:
+				c.DelTable(t)
 			}
-			c.DelTable(old)
 		}
 	}
 
@@ -159,6 +165,10 @@ func (m *Manager) installRules(keep []netip.Addr) error {
 	if err := c.AddSet(set, vals); err != nil {
 		return fmt.Errorf("nftables set: %w", err)
 	}
+	vmap := &nftables.Set{Table: t, Name: policyMap, IsMap: true, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict}
+	if err := c.AddSet(vmap, nil); err != nil {
+		return fmt.Errorf("nftables map: %w", err)
+	}
 	accepting := nftables.ChainPolicyAccept
 	input := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accepting})
@@ -166,6 +176,9 @@ func (m *Manager) installRules(keep []netip.Addr) error {
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accepting})
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accepting})
+	// policy is the sandbox's own verdict on an outbound packet the platform
+	// rules let through: its allowOut/denyOut chain, then no_internet.
+	policy := c.AddChain(&nftables.Chain{Name: "policy", Table: t})
 
 	br := m.cfg.Bridge
 	add := func(ch *nftables.Chain, e []expr.Any) {
@@ -176,46 +189,264 @@ func (m *Manager) installRules(keep []netip.Addr) error {
 			add(ch, e)
 		}
 	}
+	saddr := &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4}
+	add(policy, rule(isIPv4(), saddr, &expr.Lookup{SourceRegister: 1, SetName: vmap.Name, SetID: vmap.ID, IsDestRegSet: true, DestRegister: 0}))
+	deny(policy, isIPv4(), saddr, &expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID})
+	jumpPolicy := &expr.Verdict{Kind: expr.VerdictJump, Chain: policy.Name}
+
 	// Sandboxes reach no host listener on any host address; replies to
-	// connections the host opened (gateway → envd) still pass.
+	// connections the host opened (gateway → envd) still pass, and so do
+	// connections nftables itself redirected to the egress proxy and DNS
+	// resolver (never a direct connection to their ports).
 	add(input, rule(iifname(br), ctEstablishedRelated(), accept()))
+	if e := m.egressPorts; e.Proxy != 0 {
+		for _, pp := range []struct {
+			proto byte
+			port  uint16
+		}{{unix.IPPROTO_TCP, e.Proxy}, {unix.IPPROTO_TCP, e.DNS}, {unix.IPPROTO_UDP, e.DNS}} {
+			add(input, rule(iifname(br), ctDNAT(), ipInPrefix(16, netip.PrefixFrom(m.gateway, 32)), l4Port(pp.proto, pp.port), accept()))
+		}
+	}
 	deny(input, iifname(br))
 
 	add(forward, rule(ctEstablishedRelated(), accept()))
 	deny(forward, iifname(br), oifname(expr.CmpOpEq, br))
 	deny(forward, iifname(br), ipInPrefix(16, netip.MustParsePrefix("169.254.0.0/16")))
-	deny(forward, iifname(br), isIPv4(),
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-		&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID},
-		oifname(expr.CmpOpNeq, br))
-	// Sandboxes allowed out still reach no private network (the LAN, the
-	// cloud's internal services) except the host's nameservers they are
-	// given in resolv.conf.
+	// Ranges the operator opened, and the host's nameservers on port 53, are
+	// reachable like the internet: subject to the sandbox's policy.
+	for _, p := range m.cfg.OperatorAllow {
+		add(forward, rule(iifname(br), ipInPrefix(16, p), jumpPolicy))
+		add(forward, rule(iifname(br), ipInPrefix(16, p), accept()))
+	}
 	for _, ns := range m.dns {
 		ip, err := netip.ParseAddr(ns)
 		if err != nil || !ip.Is4() {
 			continue
 		}
 		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-			add(forward, rule(iifname(br), ipInPrefix(16, netip.PrefixFrom(ip, 32)),
-				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
-				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(53)},
-				accept()))
+			add(forward, rule(iifname(br), ipInPrefix(16, netip.PrefixFrom(ip, 32)), l4Port(proto, 53), jumpPolicy))
+			add(forward, rule(iifname(br), ipInPrefix(16, netip.PrefixFrom(ip, 32)), l4Port(proto, 53), accept()))
 		}
 	}
+	// Sandboxes allowed out still reach no private network (the LAN, the
+	// cloud's internal services).
 	for _, p := range privateRanges {
 		deny(forward, iifname(br), ipInPrefix(16, p))
 	}
+	add(forward, rule(iifname(br), jumpPolicy))
 	// Nothing outside the host opens connections into a sandbox.
 	deny(forward, oifname(expr.CmpOpEq, br))
 
 	add(post, rule(ipInPrefix(12, m.cfg.Subnet), oifname(expr.CmpOpNeq, br), &expr.Masq{}))
 
+	if e := m.egressPorts; e.Proxy != 0 {
+		// Every TCP connection and DNS query a sandbox opens goes to the host's
+		// egress proxy and resolver, which apply the policy by name and
+		// address and record each one. The proxy refuses the host, private
+		// ranges and other sandboxes as the forward chain does.
+		pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
+			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accepting})
+		add(pre, rule(iifname(br), isIPv4(), l4Port(unix.IPPROTO_UDP, 53), redirectTo(e.DNS)))
+		add(pre, rule(iifname(br), isIPv4(), l4Port(unix.IPPROTO_TCP, 53), redirectTo(e.DNS)))
+		add(pre, rule(iifname(br), isIPv4(), l4Proto(unix.IPPROTO_TCP), redirectTo(e.Proxy)))
+	}
+
+	// Anti-spoofing, on the bridge ports themselves: a sandbox sends only
+	// from its own address, so no rule keyed on a source address (here or in
+	// the egress proxy) can be fooled by another sandbox.
+	bt := c.AddTable(&nftables.Table{Name: m.cfg.Table, Family: nftables.TableFamilyBridge})
+	bpre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: bt, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityFilter, Policy: &accepting})
+	m.mu.Lock()
+	for id, ep := range m.endpoints {
+		for _, r := range spoofRules(bt, bpre, id, ep.IP) {
+			c.AddRule(r)
+		}
+	}
+	m.ipChains = map[string]bool{}
+	m.mu.Unlock()
+
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("nftables table %s: %w", m.cfg.Table, err)
 	}
+	return nil
+}
+
+// policyMap maps a sandbox address to a jump into its own chain.
+const policyMap = "policies"
+
+func l4Proto(proto byte) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+	}
+}
+
+func l4Port(proto byte, port uint16) []expr.Any {
+	return append(l4Proto(proto),
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
+	)
+}
+
+// ctDNAT matches connections whose destination nftables rewrote.
+func ctDNAT() []expr.Any {
+	const ipsDstNAT = 1 << 5
+	return []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATUS},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(ipsDstNAT), Xor: binaryutil.NativeEndian.PutUint32(0)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
+	}
+}
+
+// redirectTo sends the packet to port on the address of the interface it
+// came in on: the bridge's gateway address.
+func redirectTo(port uint16) []expr.Any {
+	return []expr.Any{
+		&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
+		&expr.Redir{RegisterProtoMin: 1, RegisterProtoMax: 1},
+	}
+}
+
+// spoofRules drop frames from the sandbox's bridge port that carry another
+// source address (IPv4 or ARP), and every other protocol.
+func spoofRules(t *nftables.Table, ch *nftables.Chain, id string, ip netip.Addr) []*nftables.Rule {
+	a := ip.As4()
+	port := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(hostVeth(id))},
+	}
+	proto := func(ethertype uint16) []expr.Any {
+		return []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(ethertype)},
+		}
+	}
+	field := func(offset uint32) []expr.Any {
+		return []expr.Any{
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: a[:]},
+		}
+	}
+	drop := &expr.Verdict{Kind: expr.VerdictDrop}
+	tag := []byte(id)
+	return []*nftables.Rule{
+		{Table: t, Chain: ch, UserData: tag, Exprs: rule(port, proto(unix.ETH_P_IP), field(12), drop)},
+		// ARP sender protocol address: after htype, ptype, hlen, plen, oper
+		// and the 6-byte sender hardware address.
+		{Table: t, Chain: ch, UserData: tag, Exprs: rule(port, proto(unix.ETH_P_ARP), field(14), drop)},
+		{Table: t, Chain: ch, UserData: tag, Exprs: rule(port,
+			&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.BigEndian.PutUint16(unix.ETH_P_IP)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.BigEndian.PutUint16(unix.ETH_P_ARP)},
+			drop)},
+	}
+}
+
+func bridgeTable(cfg Config) (*nftables.Table, *nftables.Chain) {
+	t := &nftables.Table{Name: cfg.Table, Family: nftables.TableFamilyBridge}
+	return t, &nftables.Chain{Name: "prerouting", Table: t}
+}
+
+// addSpoofRules installs the anti-spoofing rules of one sandbox.
+func (m *Manager) addSpoofRules(id string, ip netip.Addr) error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	t, ch := bridgeTable(m.cfg)
+	for _, r := range spoofRules(t, ch, id, ip) {
+		c.AddRule(r)
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nftables anti-spoofing rules (is Setup done?): %w", err)
+	}
+	return nil
+}
+
+// removeSpoofRules deletes the rules addSpoofRules made for id.
+func (m *Manager) removeSpoofRules(id string) error {
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	t, ch := bridgeTable(m.cfg)
+	rules, err := c.GetRules(t, ch)
+	if err != nil {
+		return nil // no table: nothing to remove
+	}
+	n := 0
+	for _, r := range rules {
+		if string(r.UserData) == id {
+			if err := c.DelRule(r); err != nil {
+				return fmt.Errorf("nftables: %w", err)
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nftables anti-spoofing rules: %w", err)
+	}
+	return nil
+}
+
+// ipChainName names a sandbox's allowOut/denyOut chain.
+func ipChainName(id string) string { return "sb_" + hostVeth(id)[2:] }
+
+// setIPRules replaces the sandbox's own chain: allowOut prefixes accept,
+// denyOut prefixes reject; what matches neither falls through to
+// no_internet. A sandbox without such lists has no chain at all.
+func (m *Manager) setIPRules(id string, ip netip.Addr, p Policy) error {
+	m.mu.Lock()
+	had := m.ipChains[id]
+	m.mu.Unlock()
+	if !had && !p.HasIPRules() {
+		return nil
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	t := &nftables.Table{Name: m.cfg.Table, Family: nftables.TableFamilyINet}
+	vmap := &nftables.Set{Table: t, Name: policyMap, IsMap: true, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict}
+	ch := &nftables.Chain{Name: ipChainName(id), Table: t}
+	if had {
+		if err := c.SetDeleteElements(vmap, []nftables.SetElement{ipElement(ip)}); err != nil {
+			return fmt.Errorf("nftables map: %w", err)
+		}
+		c.FlushChain(ch)
+		c.DelChain(ch)
+	}
+	if p.HasIPRules() {
+		c.AddChain(ch)
+		for _, a := range p.AllowOut {
+			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: rule(ipInPrefix(16, a), accept())})
+		}
+		for _, d := range p.DenyOut {
+			for _, e := range rejectRules(ipInPrefix(16, d)) {
+				c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: e})
+			}
+		}
+		el := ipElement(ip)
+		el.VerdictData = &expr.Verdict{Kind: expr.VerdictJump, Chain: ch.Name}
+		if err := c.SetAddElements(vmap, []nftables.SetElement{el}); err != nil {
+			return fmt.Errorf("nftables map: %w", err)
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("nftables rules of %s (is Setup done?): %w", id, err)
+	}
+	m.mu.Lock()
+	if p.HasIPRules() {
+		m.ipChains[id] = true
+	} else {
+		delete(m.ipChains, id)
+	}
+	m.mu.Unlock()
 	return nil
 }
 
