@@ -293,6 +293,16 @@ func (s *Store) removeLeftovers(ctx context.Context) {
 	if err != nil {
 		return
 	}
+	layerEntries, _ := os.ReadDir(s.layersRoot())
+	for _, e := range layerEntries {
+		if strings.HasPrefix(e.Name(), layerTmp) {
+			p := filepath.Join(s.layersRoot(), e.Name())
+			s.log.InfoContext(ctx, "removing leftover of an interrupted layer build", "dir", p)
+			if err := removeTree(p); err != nil {
+				s.log.WarnContext(ctx, "leftover removal incomplete", "dir", p, "err", err)
+			}
+		}
+	}
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), buildPrefix) || strings.HasPrefix(e.Name(), trashPrefix) {
 			p := filepath.Join(s.dir, e.Name())

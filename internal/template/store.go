@@ -59,11 +59,11 @@ func NewStore(dir string, log *slog.Logger) (*Store, error) {
 // Dir is the directory the store keeps templates in.
 func (s *Store) Dir() string { return s.dir }
 
-// Get resolves ref, a template ID, an alias, or "alias:tag" (only the tag
-// "default" exists, any tag is accepted and ignored). When several builds
-// carry the same alias the newest wins.
+// Get resolves ref: a template ID, an alias, or "alias:tag". Without a tag,
+// or with the tags "default" and "latest", the newest template carrying the
+// alias wins; any other tag must be one the template was built with.
 func (s *Store) Get(ctx context.Context, ref string) (*Template, error) {
-	name, _, _ := strings.Cut(ref, ":")
+	name, tag, _ := strings.Cut(ref, ":")
 	if name == "" {
 		return nil, fmt.Errorf("template %q: %w", ref, errdefs.ErrNotFound)
 	}
@@ -80,8 +80,9 @@ func (s *Store) Get(ctx context.Context, ref string) (*Template, error) {
 	if err != nil {
 		return nil, err
 	}
+	anyTag := tag == "" || tag == "default" || tag == "latest"
 	for _, t := range all { // newest first
-		if slices.Contains(t.Aliases, name) {
+		if slices.Contains(t.Aliases, name) && (anyTag || slices.Contains(t.Tags, tag)) {
 			return t, nil
 		}
 	}
@@ -130,8 +131,17 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 		}
 		return fmt.Errorf("template %s: %w", id, err)
 	}
+	// A template built before the layer store keeps its rootfs in its own
+	// dir; templates built on top of it reference that dir.
+	if all, err := s.List(ctx); err == nil {
+		for _, o := range all {
+			if o.ID != id && slices.Contains(o.LayerIDs, id) {
+				return fmt.Errorf("template %s is the base of template %s; delete that first: %w", id, o.ID, errdefs.ErrConflict)
+			}
+		}
+	}
 	// Rename first so a crash mid-removal never leaves a half template
-	// that still looks valid.
+	// that still looks valid. Layers in the layer store stay until GC.
 	trash := filepath.Join(s.dir, trashPrefix+id+"-"+randomSuffix())
 	if err := os.Rename(dir, trash); err != nil {
 		return fmt.Errorf("delete template %s: %w", id, err)
@@ -159,7 +169,17 @@ func (s *Store) load(id string) (*Template, error) {
 	if t.ID != id {
 		return nil, fmt.Errorf("template %s: %s names id %q", id, metaFile, t.ID)
 	}
-	t.Layers = []string{filepath.Join(dir, rootfsDir)}
+	t.Layers = nil
+	for _, ref := range t.LayerIDs {
+		p, err := s.layerRefPath(ref)
+		if err != nil {
+			return nil, fmt.Errorf("template %s: %w", id, err)
+		}
+		t.Layers = append(t.Layers, p)
+	}
+	if len(t.LayerIDs) == 0 {
+		t.Layers = []string{filepath.Join(dir, rootfsDir)}
+	}
 	return &t, nil
 }
 

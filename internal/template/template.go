@@ -1,13 +1,24 @@
 // Package template owns sandbox templates: read-only root filesystems shared
 // by every sandbox started from them, plus the defaults those sandboxes get.
+//
+// A template is a stack of layers from the content-addressed layer store
+// (<dir>/layers/<sha256>/rootfs) plus a small config (<dir>/<id>/template.json).
+// Layers are never written after they are committed, so any number of
+// templates, snapshots and sandboxes share one copy on disk and in the page
+// cache; sandboxes add their own writable overlay layer on top.
 package template
 
 import "time"
 
 // Template is a built, launchable template.
 type Template struct {
-	ID             string            `json:"templateID"`
-	Aliases        []string          `json:"aliases"`        // e.g. ["base"]; the create API accepts id or alias
+	ID      string   `json:"templateID"`
+	Aliases []string `json:"aliases"`        // e.g. ["base"]; the create API accepts id or alias
+	Tags    []string `json:"tags,omitempty"` // "alias:tag" resolves to the newest template with both
+	// LayerIDs are the layers in the store, lowest first. An entry that is a
+	// template ID instead names that template's own rootfs dir (templates
+	// built before the layer store existed).
+	LayerIDs       []string          `json:"layers,omitempty"`
 	Layers         []string          `json:"-"`              // absolute rootfs dirs, lowest first (filled on load)
 	CPUCount       int               `json:"cpuCount"`       // default CPUs for sandboxes
 	MemoryMB       int               `json:"memoryMB"`       // default memory limit
@@ -15,8 +26,20 @@ type Template struct {
 	DefaultUser    string            `json:"defaultUser"`    // user for processes when the request names none
 	DefaultWorkdir string            `json:"defaultWorkdir"` // cwd for processes when the request names none
 	Env            map[string]string `json:"env,omitempty"`  // env for every process
-	SizeBytes      int64             `json:"sizeBytes"`      // disk used by the layers
-	BuildSeconds   float64           `json:"buildSeconds"`   // how long the build took
-	CreatedAt      time.Time         `json:"createdAt"`
-	Definition     *Definition       `json:"definition,omitempty"` // what it was built from, if built here
+	// StartCmd is started (through a shell, as DefaultUser in
+	// DefaultWorkdir) when a sandbox starts and keeps running beside it.
+	StartCmd string `json:"startCmd,omitempty"`
+	// ReadyCmd is run repeatedly after the start command until it exits 0;
+	// sandbox creation waits for it and fails with its output on timeout.
+	ReadyCmd string `json:"readyCmd,omitempty"`
+	// ExposedPorts are informational (EXPOSE in a Dockerfile, image config).
+	ExposedPorts []int `json:"exposedPorts,omitempty"`
+	// Isolation is the runtime tier sandboxes of this template run under;
+	// "" means the server's default.
+	Isolation    string      `json:"isolation,omitempty"`
+	Source       string      `json:"source,omitempty"` // what it was built from, for humans
+	SizeBytes    int64       `json:"sizeBytes"`        // disk used by the layers
+	BuildSeconds float64     `json:"buildSeconds"`     // how long the build took
+	CreatedAt    time.Time   `json:"createdAt"`
+	Definition   *Definition `json:"definition,omitempty"` // what it was built from, if built here
 }

@@ -1,0 +1,557 @@
+package template
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/moby/patternmatcher"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+)
+
+// Step operations of a BuildSpec.
+const (
+	OpRun        = "RUN"
+	OpCopy       = "COPY"
+	OpEnv        = "ENV"
+	OpWorkdir    = "WORKDIR"
+	OpUser       = "USER"
+	OpExpose     = "EXPOSE"
+	OpCmd        = "CMD"
+	OpEntrypoint = "ENTRYPOINT"
+	OpReady      = "READY" // ready check (HEALTHCHECK CMD in a Dockerfile)
+)
+
+// Step is one instruction of a build. Dockerfiles and the E2B build API are
+// both translated into steps.
+type Step struct {
+	Line int    // source line, for error messages (0 if none)
+	Op   string // one of the Op constants
+	// Args: RUN/CMD/ENTRYPOINT the command (one shell string unless Exec);
+	// ENV key, value pairs; WORKDIR/USER one value; EXPOSE ports; READY
+	// one shell string.
+	Args []string
+	Exec bool   // exec form (JSON array) rather than a shell string
+	User string // RUN: run as this user; COPY: owner (user[:group])
+	// COPY: sources (relative to the context, globs allowed), destination,
+	// optional octal mode, and the context: a directory, or an uploaded
+	// archive (FilesHash) holding the sources.
+	Src        []string
+	Dest       string
+	Mode       string
+	ContextDir string
+	Ignore     *patternmatcher.PatternMatcher
+	FilesHash  string
+	Force      bool // rebuild this step even when cached
+}
+
+// BuildSpec is a build request: a base plus steps.
+type BuildSpec struct {
+	Name string   // alias, e.g. "my-app"
+	Tag  string   // e.g. "v1"; "" means "default"
+	Tags []string // extra tags
+	// ID fixes the template ID (the E2B API hands it out before the build);
+	// default: derived from Name and Tag, so a rebuild replaces the template.
+	ID string
+	// From is "scratch", a template (ID, alias, alias:tag — snapshots are
+	// templates too) or an image: a registry reference, "oci:<dir>" or
+	// "docker-archive:<file>". FromImage skips the template lookup.
+	From      string
+	FromImage bool
+	Auth      *RegistryAuth
+	Steps     []Step
+	// StartCmd/ReadyCmd override what the steps and the base set.
+	StartCmd, ReadyCmd         *string
+	CPUCount, MemoryMB, DiskMB int
+	Force                      bool   // ignore the step cache
+	Source                     string // description kept with the template
+	// Network gives RUN steps a network namespace; nil runs them in the
+	// host's (trusted local builds only).
+	Network NetworkFunc
+	// BuildMemoryMB limits RUN steps (default 4096).
+	BuildMemoryMB int
+}
+
+// NetworkFunc attaches a build's RUN steps to a network namespace and
+// returns its path, the nameservers to use and a release function.
+type NetworkFunc func(ctx context.Context, buildID string) (netns string, dns []string, release func(), err error)
+
+// buildState is the image as built so far.
+type buildState struct {
+	LayerIDs   []string
+	Env        []string // KEY=VALUE, in order
+	Workdir    string
+	User       string
+	Entrypoint []string
+	Cmd        []string
+	StartCmd   string // from a template base or the E2B API
+	ReadyCmd   string
+	Exposed    []int
+	base       *Template
+}
+
+func (b *buildState) getenv(k string) (string, bool) {
+	for _, kv := range slices.Backward(b.Env) {
+		if key, v, _ := strings.Cut(kv, "="); key == k {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+func (b *buildState) setenv(k, v string) {
+	b.Env = slices.DeleteFunc(b.Env, func(kv string) bool { key, _, _ := strings.Cut(kv, "="); return key == k })
+	b.Env = append(b.Env, k+"="+v)
+}
+
+// BuildError is a failed build step: the step's line, its output and exit
+// code. It wraps errdefs.ErrInvalidArgument.
+type BuildError struct {
+	Step     int // 1-based step index
+	Line     int
+	Op       string
+	ExitCode int    // RUN only; -1 if it did not exit
+	Output   string // last lines of its output
+	Err      error
+}
+
+func (e *BuildError) Error() string {
+	where := fmt.Sprintf("step %d", e.Step)
+	if e.Line > 0 {
+		where += fmt.Sprintf(" (line %d)", e.Line)
+	}
+	msg := fmt.Sprintf("%s %s: %v", where, e.Op, e.Err)
+	if e.Op == OpRun && e.ExitCode >= 0 {
+		msg = fmt.Sprintf("%s %s failed with exit code %d", where, e.Op, e.ExitCode)
+	}
+	if e.Output != "" {
+		msg += ": " + e.Output
+	}
+	return msg
+}
+
+func (e *BuildError) Unwrap() []error { return []error{e.Err, errdefs.ErrInvalidArgument} }
+
+// NamedID is the template ID a named build gets: stable per name:tag, so
+// rebuilding replaces the template while its layers stay cached.
+func NamedID(name, tag string) string {
+	if tag == "" {
+		tag = "default"
+	}
+	return "t" + LayerKey("named-template", name, tag)[:19]
+}
+
+// finalizeLayerID is the small layer every template from an image gets: the
+// mount points and files the runtime binds over.
+var finalizeLayerID = LayerKey("agentbox-finalize", "v1")
+
+func (s *Store) ensureFinalizeLayer(ctx context.Context) error {
+	_, err := s.CreateLayer(ctx, finalizeLayerID, "agentbox mount points", func(_ context.Context, rootfs string) error {
+		for _, d := range []string{".agentbox/bin", "proc", "sys", "dev", "run", "etc", "tmp"} {
+			if err := os.MkdirAll(filepath.Join(rootfs, d), 0o755); err != nil {
+				return err
+			}
+		}
+		if err := os.Chmod(filepath.Join(rootfs, "tmp"), 0o1777|os.ModeSticky); err != nil {
+			return err
+		}
+		for _, f := range []string{"etc/resolv.conf", "etc/hosts", "etc/hostname"} {
+			if err := os.WriteFile(filepath.Join(rootfs, f), nil, 0o644); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return err
+}
+
+// BuildFromSpec builds spec into a template: a layer per RUN, COPY and
+// WORKDIR step, each cached under the hash of its parent and its inputs, so
+// an unchanged rebuild only writes the template's config. Builds hold the
+// store lock (one at a time per store). On failure nothing of the build is
+// left but the layers of steps that succeeded (cached for the next try, and
+// collected by GC otherwise).
+func (s *Store) BuildFromSpec(ctx context.Context, spec BuildSpec, progress io.Writer) (*Template, error) {
+	if progress == nil {
+		progress = io.Discard
+	}
+	if !namePattern.MatchString(spec.Name) {
+		return nil, fmt.Errorf("template name %q: want lowercase letters, digits, '.', '_' or '-': %w", spec.Name, errdefs.ErrInvalidArgument)
+	}
+	if spec.Tag == "" {
+		spec.Tag = "default"
+	}
+	for _, t := range append([]string{spec.Tag}, spec.Tags...) {
+		if !namePattern.MatchString(strings.ToLower(t)) {
+			return nil, fmt.Errorf("tag %q: want letters, digits, '.', '_' or '-': %w", t, errdefs.ErrInvalidArgument)
+		}
+	}
+	id := spec.ID
+	if id == "" {
+		id = NamedID(spec.Name, spec.Tag)
+	}
+	if !validID(id) || validLayerID(id) {
+		return nil, fmt.Errorf("template id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	start := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	unlock, err := s.lockDir(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+
+	st, err := s.resolveBase(ctx, spec, progress)
+	if err != nil {
+		return nil, err
+	}
+	key := LayerKey(append([]string{"base"}, st.LayerIDs...)...)
+	buildID := "b" + randomSuffix() + randomSuffix()
+	var net *buildNet
+	defer func() {
+		if net != nil {
+			net.release()
+		}
+	}()
+	for i, step := range spec.Steps {
+		n := i + 1
+		fmt.Fprintf(progress, "==> [%d/%d] %s\n", n, len(spec.Steps), describeStep(step))
+		stepStart := time.Now()
+		fail := func(err error) (*Template, error) {
+			var be *BuildError
+			if errors.As(err, &be) {
+				be.Step, be.Line, be.Op = n, step.Line, step.Op
+				return nil, be
+			}
+			return nil, &BuildError{Step: n, Line: step.Line, Op: step.Op, ExitCode: -1, Err: err}
+		}
+		desc, err := s.stepKey(step, st)
+		if err != nil {
+			return fail(err)
+		}
+		key = LayerKey(key, desc)
+		if spec.Force || step.Force {
+			key = LayerKey(key, "force", randomSuffix()+randomSuffix())
+		}
+		switch step.Op {
+		case OpEnv:
+			for j := 0; j+1 < len(step.Args); j += 2 {
+				st.setenv(step.Args[j], step.Args[j+1])
+			}
+			continue
+		case OpUser:
+			st.User = step.Args[0]
+			continue
+		case OpExpose:
+			for _, p := range step.Args {
+				var port int
+				if _, err := fmt.Sscanf(strings.TrimSuffix(strings.TrimSuffix(p, "/tcp"), "/udp"), "%d", &port); err != nil || port < 1 || port > 65535 {
+					return fail(fmt.Errorf("EXPOSE %q: not a port", p))
+				}
+				st.Exposed = append(st.Exposed, port)
+			}
+			continue
+		case OpCmd:
+			st.Cmd = shellOrExec(step)
+			continue
+		case OpEntrypoint:
+			st.Entrypoint = shellOrExec(step)
+			st.Cmd = nil // as in Docker: ENTRYPOINT resets an inherited CMD
+			continue
+		case OpReady:
+			st.ReadyCmd = step.Args[0]
+			continue
+		case OpWorkdir:
+			wd := step.Args[0]
+			if !path.IsAbs(wd) {
+				wd = path.Join("/", st.Workdir, wd)
+			}
+			st.Workdir = path.Clean(wd)
+		case OpRun:
+			if net == nil {
+				if net, err = s.setupBuildNet(ctx, spec.Network, buildID); err != nil {
+					return fail(err)
+				}
+			}
+		case OpCopy:
+		default:
+			return fail(fmt.Errorf("unsupported instruction %s", step.Op))
+		}
+		// Layer steps.
+		cached, err := s.CreateLayer(ctx, key, fmt.Sprintf("%s: %s", spec.Name, describeStep(step)), func(ctx context.Context, upper string) error {
+			return s.runLayerStep(ctx, spec, step, st, upper, net, buildID, progress)
+		})
+		if err != nil {
+			return fail(err)
+		}
+		if empty, _ := dirEmpty(s.LayerPath(key)); !empty {
+			st.LayerIDs = append(st.LayerIDs, key)
+		}
+		if cached {
+			fmt.Fprintf(progress, "    cached\n")
+		} else {
+			fmt.Fprintf(progress, "    done in %.1fs\n", time.Since(stepStart).Seconds())
+		}
+	}
+	t, err := s.templateFromState(spec, id, st)
+	if err != nil {
+		return nil, err
+	}
+	t.BuildSeconds = time.Since(start).Seconds()
+	if err := s.install(t); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(progress, "built %s:%s (%s) in %.1fs: %d layers, %.1f MB\n", spec.Name, spec.Tag, id, t.BuildSeconds, len(t.LayerIDs), float64(t.SizeBytes)/1e6)
+	s.log.InfoContext(ctx, "template built", "name", spec.Name, "tag", spec.Tag, "id", id, "seconds", t.BuildSeconds, "layers", len(t.LayerIDs))
+	return s.load(id)
+}
+
+// resolveBase turns spec.From into the starting state.
+func (s *Store) resolveBase(ctx context.Context, spec BuildSpec, progress io.Writer) (*buildState, error) {
+	from := strings.TrimSpace(spec.From)
+	switch {
+	case from == "" || from == "scratch":
+		fmt.Fprintf(progress, "==> base: scratch\n")
+		if err := s.ensureFinalizeLayer(ctx); err != nil {
+			return nil, err
+		}
+		return &buildState{LayerIDs: []string{finalizeLayerID}}, nil
+	case !spec.FromImage:
+		t, err := s.Get(ctx, from)
+		if err == nil {
+			fmt.Fprintf(progress, "==> base: template %s (%s)\n", from, t.ID)
+			st := &buildState{
+				LayerIDs: slices.Clone(t.LayerIDs), Workdir: t.DefaultWorkdir, User: t.DefaultUser,
+				StartCmd: t.StartCmd, ReadyCmd: t.ReadyCmd, Exposed: slices.Clone(t.ExposedPorts), base: t,
+			}
+			if len(st.LayerIDs) == 0 {
+				st.LayerIDs = []string{t.ID} // its own rootfs dir
+			}
+			for _, k := range slices.Sorted(maps.Keys(t.Env)) {
+				st.Env = append(st.Env, k+"="+t.Env[k])
+			}
+			return st, nil
+		}
+		if !errors.Is(err, errdefs.ErrNotFound) {
+			return nil, err
+		}
+	}
+	fmt.Fprintf(progress, "==> base: image %s\n", from)
+	st, err := s.importImage(ctx, from, spec.Auth, progress)
+	if err != nil {
+		if !spec.FromImage && !strings.Contains(from, "/") && !strings.Contains(from, ":") {
+			return nil, fmt.Errorf("FROM %s: no template of that name, and as an image: %w", from, err)
+		}
+		return nil, fmt.Errorf("FROM %s: %w", from, err)
+	}
+	if err := s.ensureFinalizeLayer(ctx); err != nil {
+		return nil, err
+	}
+	st.LayerIDs = append(st.LayerIDs, finalizeLayerID)
+	return st, nil
+}
+
+// stepKey describes everything a layer step's result depends on besides
+// its parent: the instruction, the env/user/workdir it runs with, and the
+// content it copies.
+func (s *Store) stepKey(step Step, st *buildState) (string, error) {
+	d := struct {
+		Op      string
+		Args    []string
+		Exec    bool
+		User    string
+		Src     []string
+		Dest    string
+		Mode    string
+		Files   string
+		Env     []string
+		Workdir string
+		CurUser string
+	}{step.Op, step.Args, step.Exec, step.User, step.Src, step.Dest, step.Mode, step.FilesHash, st.Env, st.Workdir, st.User}
+	if step.Op == OpCopy && step.FilesHash == "" {
+		h, err := hashSources(step)
+		if err != nil {
+			return "", err
+		}
+		d.Files = h
+	}
+	b, err := json.Marshal(d)
+	return string(b), err
+}
+
+func (s *Store) templateFromState(spec BuildSpec, id string, st *buildState) (*Template, error) {
+	t := &Template{
+		ID: id, Aliases: []string{spec.Name}, LayerIDs: st.LayerIDs,
+		CPUCount: DefaultCPUCount, MemoryMB: DefaultMemoryMB, DiskMB: DefaultDiskMB,
+		DefaultUser: st.User, DefaultWorkdir: st.Workdir, StartCmd: st.StartCmd, ReadyCmd: st.ReadyCmd,
+		ExposedPorts: slices.Compact(slices.Sorted(slices.Values(st.Exposed))),
+		Source:       spec.Source, CreatedAt: time.Now().UTC(),
+	}
+	t.Tags = slices.Compact(slices.Sorted(slices.Values(append([]string{spec.Tag}, spec.Tags...))))
+	if b := st.base; b != nil {
+		t.CPUCount, t.MemoryMB, t.DiskMB, t.Isolation = b.CPUCount, b.MemoryMB, b.DiskMB, b.Isolation
+	}
+	if spec.CPUCount > 0 {
+		t.CPUCount = spec.CPUCount
+	}
+	if spec.MemoryMB > 0 {
+		t.MemoryMB = spec.MemoryMB
+	}
+	if spec.DiskMB > 0 {
+		t.DiskMB = spec.DiskMB
+	}
+	if t.DefaultUser == "" {
+		t.DefaultUser = "root"
+	}
+	if t.DefaultWorkdir == "" {
+		t.DefaultWorkdir = "/"
+		if t.DefaultUser != "root" {
+			t.DefaultWorkdir = "/home/" + t.DefaultUser
+		}
+	}
+	if len(st.Entrypoint)+len(st.Cmd) > 0 {
+		t.StartCmd = commandString(append(slices.Clone(st.Entrypoint), st.Cmd...))
+	}
+	if spec.StartCmd != nil {
+		t.StartCmd = *spec.StartCmd
+	}
+	if spec.ReadyCmd != nil {
+		t.ReadyCmd = *spec.ReadyCmd
+	}
+	if len(st.Env) > 0 {
+		t.Env = map[string]string{}
+		for _, kv := range st.Env {
+			k, v, _ := strings.Cut(kv, "=")
+			if k != "PATH" || v != defaultPath {
+				t.Env[k] = v
+			}
+		}
+	}
+	for _, ref := range t.LayerIDs {
+		if validLayerID(ref) {
+			b, err := os.ReadFile(filepath.Join(s.layersRoot(), ref, layerMetaFile))
+			if err != nil {
+				return nil, fmt.Errorf("layer %s: %w", ref[:12], err)
+			}
+			var l Layer
+			_ = json.Unmarshal(b, &l)
+			t.SizeBytes += l.SizeBytes
+		} else if b, err := s.load(ref); err == nil {
+			t.SizeBytes += b.SizeBytes
+		}
+	}
+	return t, nil
+}
+
+// install writes t's config, replacing a template with the same ID.
+// Layers live outside the template dir, so sandboxes running on the old
+// version are not disturbed.
+func (s *Store) install(t *Template) error {
+	work := filepath.Join(s.dir, buildPrefix+t.ID+"-"+randomSuffix())
+	if err := os.Mkdir(work, 0o755); err != nil {
+		return err
+	}
+	if err := writeMeta(work, t); err != nil {
+		os.RemoveAll(work)
+		return err
+	}
+	final := filepath.Join(s.dir, t.ID)
+	if _, err := os.Stat(final); err == nil {
+		if _, err := os.Stat(filepath.Join(final, rootfsDir)); err == nil {
+			os.RemoveAll(work)
+			return fmt.Errorf("template %s has its own rootfs and cannot be replaced; delete it first: %w", t.ID, errdefs.ErrConflict)
+		}
+		trash := filepath.Join(s.dir, trashPrefix+t.ID+"-"+randomSuffix())
+		if err := os.Rename(final, trash); err != nil {
+			os.RemoveAll(work)
+			return err
+		}
+		defer os.RemoveAll(trash)
+	}
+	return os.Rename(work, final)
+}
+
+// Register stores a template made of existing layers (snapshots use it).
+func (s *Store) Register(ctx context.Context, t *Template) error {
+	if !validID(t.ID) || validLayerID(t.ID) {
+		return fmt.Errorf("template id %q: %w", t.ID, errdefs.ErrInvalidArgument)
+	}
+	for _, ref := range t.LayerIDs {
+		if _, err := s.layerRefPath(ref); err != nil {
+			return fmt.Errorf("template %s: %w (%w)", t.ID, err, errdefs.ErrInvalidArgument)
+		}
+		if validLayerID(ref) && !s.HasLayer(ref) {
+			return fmt.Errorf("template %s: layer %s: %w", t.ID, ref, errdefs.ErrNotFound)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t.CreatedAt.IsZero() {
+		t.CreatedAt = time.Now().UTC()
+	}
+	return s.install(t)
+}
+
+func describeStep(st Step) string {
+	switch st.Op {
+	case OpCopy:
+		return fmt.Sprintf("COPY %s %s", strings.Join(st.Src, " "), st.Dest)
+	case OpRun:
+		s := "RUN " + strings.Join(st.Args, " ")
+		if st.User != "" {
+			s += " (as " + st.User + ")"
+		}
+		return s
+	}
+	return st.Op + " " + strings.Join(st.Args, " ")
+}
+
+func shellOrExec(step Step) []string {
+	if step.Exec {
+		return slices.Clone(step.Args)
+	}
+	return []string{"/bin/sh", "-c", strings.Join(step.Args, " ")}
+}
+
+// commandString turns an exec-form command into one shell command line.
+func commandString(args []string) string {
+	if len(args) == 3 && (args[0] == "/bin/sh" || args[0] == "sh") && args[1] == "-c" {
+		return args[2]
+	}
+	q := make([]string, len(args))
+	for i, a := range args {
+		q[i] = shellQuote(a)
+	}
+	return strings.Join(q, " ")
+}
+
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,@%+") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func dirEmpty(dir string) (bool, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	_, err = f.Readdirnames(1)
+	if errors.Is(err, io.EOF) {
+		return true, nil
+	}
+	return false, err
+}
