@@ -129,6 +129,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	}
 	// Setup must not be half-cancelled by a client that goes away.
 	sctx := context.WithoutCancel(ctx)
+	tNet := time.Now()
 	ep, err := m.net.Attach(sctx, sb.ID, network.Policy{AllowInternet: sb.AllowInternet})
 	if err != nil {
 		return fail(fmt.Errorf("sandbox %s: network: %w", sb.ID, err))
@@ -143,6 +144,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		ID: sb.ID, Layers: tpl.Layers, NetNSPath: ep.NetNSPath, DNS: m.net.DNS(),
 		Resources: runtime.Resources{CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, PIDs: 4096, DiskMB: sb.DiskMB},
 	}
+	tRT := time.Now()
 	if err := m.rt.Create(sctx, spec); err != nil {
 		return fail(fmt.Errorf("sandbox %s: start container: %w", sb.ID, err))
 	}
@@ -151,6 +153,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 			m.log.Error("delete after failed create", "sandbox", sb.ID, "err", err)
 		}
 	})
+	tEnvd := time.Now()
 	if err := m.initEnvd(sctx, sb); err != nil {
 		return fail(fmt.Errorf("sandbox %s: envd did not start: %w", sb.ID, err))
 	}
@@ -161,7 +164,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	m.mu.Lock()
 	m.sandboxes[sb.ID] = sb
 	m.mu.Unlock()
-	m.log.Info("sandbox created", "sandbox", sb.ID, "template", sb.TemplateID, "ip", sb.IP, "team", sb.TeamID, "took", time.Since(now).Round(time.Millisecond))
+	m.log.Info("sandbox created", "sandbox", sb.ID, "template", sb.TemplateID, "ip", sb.IP, "team", sb.TeamID, "took", time.Since(now).Round(time.Millisecond),
+		"network", tRT.Sub(tNet).Round(time.Millisecond), "container", tEnvd.Sub(tRT).Round(time.Millisecond), "envd", time.Since(tEnvd).Round(time.Millisecond))
 	return clone(sb), nil
 }
 
@@ -170,7 +174,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 func (m *Manager) initEnvd(ctx context.Context, sb *Sandbox) error {
 	base := "http://" + net.JoinHostPort(sb.IP.String(), strconv.Itoa(EnvdPort))
 	deadline := time.Now().Add(m.cfg.EnvdReadyWait)
-	delay := 2 * time.Millisecond
+	// envd is usually up within a few ms of the container start; poll
+	// tightly at first so create latency is not rounded up by backoff.
+	start, delay := time.Now(), 2*time.Millisecond
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/health", nil)
 		resp, err := m.client.Do(req)
@@ -186,7 +192,9 @@ func (m *Manager) initEnvd(ctx context.Context, sb *Sandbox) error {
 			return fmt.Errorf("no answer from envd at %s within %s: %w (%w)", base, m.cfg.EnvdReadyWait, err, errdefs.ErrUnavailable)
 		}
 		time.Sleep(delay)
-		delay = min(delay*2, 50*time.Millisecond)
+		if time.Since(start) > 300*time.Millisecond {
+			delay = 20 * time.Millisecond
+		}
 	}
 	body := map[string]any{
 		"envVars":        sb.EnvVars,
