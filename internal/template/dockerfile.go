@@ -178,11 +178,12 @@ func ParseDockerfile(r io.Reader, contextDir string, buildArgs map[string]string
 			}
 			spec.Steps = append(spec.Steps, Step{Line: line, Op: OpReady, Args: []string{cmd}})
 		case "ENV":
-			if err := need(2); err != nil {
+			if err := need(3); err != nil {
 				return nil, err
 			}
+			// The parser yields name, value, separator triples.
 			var kv []string
-			for i := 0; i+1 < len(words); i += 2 {
+			for i := 0; i+1 < len(words); i += 3 {
 				v, err := expand(line, words[i+1])
 				if err != nil {
 					return nil, err

@@ -265,7 +265,6 @@ func buildSpecJSON(rootfs string, args, env []string, cwd string, u userInfo, ne
 			Args: args, Env: env, Cwd: cwd,
 			User:         specs.User{UID: u.uid, GID: u.gid, AdditionalGids: u.groups},
 			Capabilities: &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps},
-			Rlimits:      []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 65536, Soft: 65536}},
 		},
 		Mounts: []specs.Mount{
 			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
