@@ -1,0 +1,269 @@
+package interpreter
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// pythonKernel is Debian's ipykernel driven over the Jupyter protocol.
+type pythonKernel struct {
+	p      *proc
+	client *jupyterClient
+	dir    string // holds the connection file
+}
+
+type pythonConfig struct {
+	Python     string // interpreter with ipykernel, e.g. /usr/bin/python3
+	IPythonDir string // profile with our config and start-up files
+	RuntimeDir string // parent of per-kernel connection-file dirs
+	Cwd        string
+	Log        io.Writer // the kernel process's own stdout/stderr (never user output)
+}
+
+// startPython launches a kernel and returns once it answered a
+// kernel_info_request, i.e. is ready to execute.
+func startPython(ctx context.Context, cfg pythonConfig) (*pythonKernel, error) {
+	dir, err := os.MkdirTemp(cfg.RuntimeDir, "py-")
+	if err != nil {
+		return nil, fmt.Errorf("python kernel: %w", err)
+	}
+	// The connection file must not exist yet: ipykernel then binds random
+	// free ports itself and writes them (with a fresh key) to the file,
+	// which is free of the race of picking ports for it.
+	connFile := filepath.Join(dir, "kernel.json")
+	cmd := exec.Command(cfg.Python, "-m", "ipykernel_launcher", "-f", connFile)
+	cmd.Dir = cfg.Cwd
+	cmd.Env = kernelEnv(map[string]string{
+		"IPYTHONDIR": cfg.IPythonDir,
+		// ipykernel's own default, made explicit so a sandbox-wide
+		// MPLBACKEND (e.g. Agg) cannot turn inline figures off.
+		"MPLBACKEND":                     "module://matplotlib_inline.backend_inline",
+		"PYDEVD_DISABLE_FILE_VALIDATION": "1",
+		"JPY_SESSION_NAME":               "",
+	})
+	cmd.Stdout, cmd.Stderr = cfg.Log, cfg.Log
+	p, err := startProc(cmd)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("python kernel: %w", err)
+	}
+	k := &pythonKernel{p: p, dir: dir}
+	if err := k.connect(ctx, connFile); err != nil {
+		k.Close()
+		return nil, fmt.Errorf("python kernel: %w", err)
+	}
+	return k, nil
+}
+
+func (k *pythonKernel) connect(ctx context.Context, connFile string) error {
+	var ci connectionInfo
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		// The file is written non-atomically: retry until it parses.
+		if b, err := os.ReadFile(connFile); err == nil && json.Unmarshal(b, &ci) == nil && ci.ShellPort != 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no connection file after start: %w", ctx.Err())
+		case <-k.p.exited:
+			return fmt.Errorf("ipykernel exited at start (%s); is python3-ipykernel installed?", k.p.reason)
+		case <-tick.C:
+		}
+	}
+	if ci.SignatureScheme != "" && ci.SignatureScheme != "hmac-sha256" {
+		return fmt.Errorf("unsupported signature scheme %q", ci.SignatureScheme)
+	}
+	c, err := dialJupyter(ctx, ci)
+	if err != nil {
+		return err
+	}
+	k.client = c
+	// Ready = kernel_info_reply plus an iopub status for it: the latter
+	// proves the iopub subscription is live, so no output of the first
+	// execution can be lost (ZeroMQ's slow-joiner problem).
+	for attempt := 0; ; attempt++ {
+		got := make(chan string, 8)
+		var reply, status bool
+		_, cancel, err := c.request("shell", "kernel_info_request", map[string]any{}, func(channel string, m *message) {
+			if (channel == "shell" && m.Header.MsgType == "kernel_info_reply") || (channel == "iopub" && m.Header.MsgType == "status") {
+				select {
+				case got <- channel:
+				default:
+				}
+			}
+		})
+		if err != nil {
+			return err
+		}
+		timeout := time.NewTimer(time.Second)
+	wait:
+		for !(reply && status) {
+			select {
+			case ch := <-got:
+				if ch == "shell" {
+					reply = true
+				} else {
+					status = true
+				}
+			case <-timeout.C:
+				break wait
+			case <-k.p.exited:
+				cancel()
+				return fmt.Errorf("ipykernel exited at start (%s)", k.p.reason)
+			case <-ctx.Done():
+				cancel()
+				return fmt.Errorf("kernel did not answer kernel_info: %w", ctx.Err())
+			}
+		}
+		timeout.Stop()
+		cancel()
+		if reply && status {
+			return nil
+		}
+	}
+}
+
+type executeContent struct {
+	ExecutionCount int                        `json:"execution_count"`
+	Name           string                     `json:"name"`
+	Text           string                     `json:"text"`
+	Data           map[string]json.RawMessage `json:"data"`
+	Ename          string                     `json:"ename"`
+	Evalue         string                     `json:"evalue"`
+	Traceback      []string                   `json:"traceback"`
+	Status         string                     `json:"status"`
+	ExecutionState string                     `json:"execution_state"`
+}
+
+func (k *pythonKernel) Execute(ctx context.Context, code string, silent bool, sink Sink) error {
+	type routed struct {
+		channel string
+		m       *message
+	}
+	msgs := make(chan routed, 64)
+	finished := make(chan struct{})
+	defer close(finished)
+	_, cancel, err := k.client.request("shell", "execute_request", map[string]any{
+		"code": code, "silent": silent, "store_history": !silent,
+		"user_expressions": map[string]any{}, "allow_stdin": false, "stop_on_error": true,
+	}, func(channel string, m *message) {
+		if channel == "control" {
+			return
+		}
+		select {
+		case msgs <- routed{channel, m}: // blocks the reader when the client is slow: backpressure
+		case <-finished:
+		}
+	})
+	if err != nil {
+		return err
+	}
+	defer cancel()
+
+	done := make(chan struct{})
+	var gotReply, gotIdle, gotError bool
+	result := make(chan error, 1)
+	go func() { result <- waitDone(ctx, k, done) }()
+	for {
+		select {
+		case err := <-result:
+			if err != nil {
+				return err
+			}
+			// waitDone saw done closed: drain what is queued.
+			for {
+				select {
+				case m := <-msgs:
+					k.handle(m.channel, m.m, silent, sink, &gotReply, &gotIdle, &gotError)
+				default:
+					return nil
+				}
+			}
+		case m := <-msgs:
+			k.handle(m.channel, m.m, silent, sink, &gotReply, &gotIdle, &gotError)
+			if gotReply && gotIdle {
+				select {
+				case <-done:
+				default:
+					close(done)
+				}
+			}
+		}
+	}
+}
+
+func (k *pythonKernel) handle(channel string, m *message, silent bool, sink Sink, gotReply, gotIdle, gotError *bool) {
+	var c executeContent
+	if err := json.Unmarshal(m.Content, &c); err != nil {
+		sink.Stderr(fmt.Sprintf("[agentbox: undecodable %s message from the kernel: %v]\n", m.Header.MsgType, err))
+		return
+	}
+	if channel == "shell" {
+		if m.Header.MsgType != "execute_reply" {
+			return
+		}
+		*gotReply = true
+		switch c.Status {
+		case "error":
+			if !*gotError {
+				*gotError = true
+				sink.Error(c.Ename, c.Evalue, strings.Join(c.Traceback, "\n"))
+			}
+		case "aborted", "abort":
+			sink.Error("ExecutionAborted", "Execution was aborted", "")
+		}
+		return
+	}
+	switch m.Header.MsgType {
+	case "execute_input":
+		if !silent {
+			sink.ExecutionCount(c.ExecutionCount)
+		}
+	case "stream":
+		if c.Name == "stderr" {
+			sink.Stderr(c.Text)
+		} else {
+			sink.Stdout(c.Text)
+		}
+	case "execute_result":
+		sink.Result(c.Data, true)
+	case "display_data", "update_display_data":
+		sink.Result(c.Data, false)
+	case "error":
+		if !*gotError {
+			*gotError = true
+			sink.Error(c.Ename, c.Evalue, strings.Join(c.Traceback, "\n"))
+		}
+	case "status":
+		if c.ExecutionState == "idle" {
+			*gotIdle = true
+		}
+	}
+}
+
+// Interrupt sends SIGINT to the kernel's process group: ipykernel turns it
+// into KeyboardInterrupt while it executes (and ignores it while idle), and
+// programs started with ! or subprocess stop too.
+func (k *pythonKernel) Interrupt() error { return k.p.signalGroup(syscall.SIGINT) }
+
+func (k *pythonKernel) Exited() <-chan struct{} { return k.p.exited }
+func (k *pythonKernel) ExitReason() string      { return k.p.reason }
+func (k *pythonKernel) PID() int                { return k.p.pid() }
+
+func (k *pythonKernel) Close() {
+	k.p.kill()
+	if k.client != nil {
+		k.client.Close()
+	}
+	_ = os.RemoveAll(k.dir) // a leftover connection file is harmless
+}

@@ -1,0 +1,397 @@
+package interpreter
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"image/png"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestProtocolErrors(t *testing.T) {
+	_, hs := newTestServer(t)
+	tests := []struct {
+		name   string
+		method string
+		path   string
+		body   any
+		status int
+		want   string
+	}{
+		{"unknown language", "POST", "/execute", map[string]any{"code": "1", "language": "cobol"}, 400, "available languages are python, javascript, typescript, bash"},
+		{"context and language", "POST", "/execute", map[string]any{"code": "1", "language": "python", "context_id": "x"}, 400, "Only one of context_id or language"},
+		{"unknown context", "POST", "/execute", map[string]any{"code": "1", "context_id": "nope"}, 404, "Context nope not found"},
+		{"no code", "POST", "/execute", map[string]any{"language": "python"}, 400, "code is required"},
+		{"bad json", "POST", "/execute", "{", 400, "invalid request body"},
+		{"bad env name", "POST", "/execute", map[string]any{"code": "1", "env_vars": map[string]string{"A=B": "x"}}, 400, "invalid variable name"},
+		{"create unknown language", "POST", "/contexts", map[string]any{"language": "r"}, 400, "available languages"},
+		{"create missing cwd", "POST", "/contexts", map[string]any{"language": "bash", "cwd": "/does/not/exist"}, 400, "not a directory"},
+		{"restart unknown", "POST", "/contexts/nope/restart", nil, 404, "Context nope not found"},
+		{"remove unknown", "DELETE", "/contexts/nope", nil, 404, "Context nope not found"},
+		{"health", "GET", "/health", nil, 200, `"OK"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, msg := call(t, hs, tt.method, tt.path, tt.body, nil)
+			if code != tt.status || !strings.Contains(msg, tt.want) {
+				t.Errorf("got %d %q, want %d containing %q", code, msg, tt.status, tt.want)
+			}
+		})
+	}
+}
+
+func TestPython(t *testing.T) {
+	requirePython(t)
+	_, hs := newTestServer(t, "python")
+	py := func(code string) *execution { return run(t, hs, map[string]any{"code": code}) }
+
+	t.Run("state and streams", func(t *testing.T) {
+		py("x = 20")
+		e := py("import sys\nprint('out'); sys.stderr.write('err\\n'); sys.stderr.flush()\nx += 1; x * 2")
+		if e.stdout() != "out\n" || e.stderr() != "err\n" || e.mainText() != "42" || !e.Ended {
+			t.Fatalf("got stdout %q stderr %q text %q ended %v", e.stdout(), e.stderr(), e.mainText(), e.Ended)
+		}
+		if e.Count < 2 || e.Lines[0]["type"] != "number_of_executions" {
+			t.Errorf("execution count %d, first line %v", e.Count, e.Lines[0])
+		}
+		if got := py("'quoted'").mainText(); got != "quoted" {
+			t.Errorf("string result %q, want quotes stripped", got)
+		}
+	})
+	t.Run("streaming order", func(t *testing.T) {
+		e := py("import sys, time\nfor i in range(3):\n    print(i, flush=True)\n    time.sleep(0.3)\nprint('e', file=sys.stderr)")
+		if got := e.stdout(); got != "0\n1\n2\n" {
+			t.Errorf("stdout %q", got)
+		}
+		if len(e.Stdout) < 3 {
+			t.Errorf("stdout arrived in %d chunks, want one per flushed line", len(e.Stdout))
+		}
+	})
+	t.Run("exception", func(t *testing.T) {
+		e := py("def f():\n    return 1/0\nf()")
+		if len(e.Errors) != 1 {
+			t.Fatalf("errors %v", e.Errors)
+		}
+		er := e.Errors[0]
+		tb, _ := er["traceback"].(string)
+		if er["name"] != "ZeroDivisionError" || er["value"] != "division by zero" || !strings.Contains(tb, "in f") || strings.Contains(tb, "\x1b[") {
+			t.Errorf("error %v", er)
+		}
+	})
+	t.Run("matplotlib png and chart", func(t *testing.T) {
+		e := py(`import matplotlib.pyplot as plt
+plt.figure()
+plt.bar(['A', 'B', 'C'], [1, 2, 3], label='Sales')
+plt.title('T'); plt.xlabel('Who'); plt.ylabel('Amount (USD)')
+plt.show()`)
+		if len(e.Results) != 1 {
+			t.Fatalf("results %d, errors %v", len(e.Results), e.Errors)
+		}
+		r := e.Results[0]
+		raw, err := base64.StdEncoding.DecodeString(r["png"].(string))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := png.Decode(bytes.NewReader(raw)); err != nil {
+			t.Fatalf("png: %v", err)
+		}
+		chart := r["chart"].(map[string]any)
+		if chart["type"] != "bar" || chart["title"] != "T" || chart["y_unit"] != "USD" || chart["x_unit"] != nil {
+			t.Errorf("chart %v", chart)
+		}
+		els := chart["elements"].([]any)
+		if len(els) != 3 || els[2].(map[string]any)["label"] != "C" || els[2].(map[string]any)["value"] != 3.0 || els[0].(map[string]any)["group"] != "Sales" {
+			t.Errorf("bars %v", els)
+		}
+	})
+	t.Run("chart kinds", func(t *testing.T) {
+		for code, want := range map[string]string{
+			"plt.figure(); plt.plot([1, 2, 3], [4, 5, 6], label='l'); plt.show()":            "line",
+			"plt.figure(); plt.scatter([1, 2], [3, 4]); plt.show()":                          "scatter",
+			"plt.figure(); plt.pie([1, 2, 3], labels=['a', 'b', 'c']); plt.show()":           "pie",
+			"fig, ax = plt.subplots(1, 2); ax[0].plot([1]); ax[1].bar([1], [2]); plt.show()": "superchart",
+		} {
+			e := py("import matplotlib.pyplot as plt\n" + code)
+			if len(e.Results) == 0 {
+				t.Errorf("%s: no result (errors %v)", want, e.Errors)
+				continue
+			}
+			chart, _ := e.Results[0]["chart"].(map[string]any)
+			if chart["type"] != want {
+				t.Errorf("%s: chart %v", want, chart)
+			}
+		}
+		e := py("import matplotlib.pyplot as plt, datetime\nplt.figure(); plt.plot([datetime.date(2023, 9, 1), datetime.date(2023, 9, 2)], [1, 2]); plt.xlabel('Time (s)'); plt.show()")
+		chart := e.Results[0]["chart"].(map[string]any)
+		pts := chart["elements"].([]any)[0].(map[string]any)["points"].([]any)
+		if chart["x_scale"] != "datetime" || chart["x_unit"] != "s" || !strings.HasPrefix(pts[0].([]any)[0].(string), "2023-09-01T00:00:00") {
+			t.Errorf("datetime line chart %v", chart)
+		}
+	})
+	t.Run("dataframe", func(t *testing.T) {
+		e := py("import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})")
+		r := e.Results[0]
+		if !strings.Contains(r["html"].(string), "<table") || r["text"] == "" {
+			t.Errorf("dataframe result %v", r)
+		}
+		data := r["data"].(map[string]any)
+		if len(data["a"].([]any)) != 2 {
+			t.Errorf("data %v", data)
+		}
+	})
+	t.Run("env vars per execution", func(t *testing.T) {
+		e := run(t, hs, map[string]any{"code": "import os; print(os.environ['AB_TEST'], end='')", "env_vars": map[string]string{"AB_TEST": "it's \"quoted\"\n"}})
+		if e.stdout() != "it's \"quoted\"\n" {
+			t.Errorf("env var inside: %q (errors %v)", e.stdout(), e.Errors)
+		}
+		if got := py("import os; os.environ.get('AB_TEST', 'unset')").mainText(); got != "unset" {
+			t.Errorf("env var after: %q", got)
+		}
+	})
+	t.Run("timeout interrupts, state kept", func(t *testing.T) {
+		py("kept = 7")
+		start := time.Now()
+		e := run(t, hs, map[string]any{"code": "import time\nwhile True: time.sleep(0.01)", "timeout": 1})
+		if e.errName() != "KeyboardInterrupt" || time.Since(start) > 10*time.Second {
+			t.Errorf("errors %v after %s", e.Errors, time.Since(start))
+		}
+		if got := py("kept").mainText(); got != "7" {
+			t.Errorf("after interrupt: %q", got)
+		}
+	})
+	t.Run("client disconnect interrupts", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(t.Context(), 1500*time.Millisecond)
+		defer cancel()
+		runCtx(ctx, t, hs, map[string]any{"code": "import time; time.sleep(300)"})
+		e := py("1 + 1")
+		if e.mainText() != "2" {
+			t.Errorf("after disconnect: %q %v", e.mainText(), e.Errors)
+		}
+	})
+	t.Run("flood is truncated", func(t *testing.T) {
+		e := py("import sys\nfor _ in range(40):\n    sys.stdout.write('x' * 100000 + '\\n')\nprint('done')")
+		total := len(e.stdout())
+		if total > 1<<20 || !strings.Contains(e.stderr(), "output truncated") || !e.Ended {
+			t.Errorf("stdout %d bytes, stderr %q", total, e.stderr())
+		}
+	})
+}
+
+func TestPythonContexts(t *testing.T) {
+	requirePython(t)
+	_, hs := newTestServer(t, "python")
+	cwd := t.TempDir()
+	id := createContext(t, hs, "python", cwd)
+	in := func(code string) *execution { return run(t, hs, map[string]any{"code": code, "context_id": id}) }
+
+	if got := in("import os; os.getcwd()").mainText(); got != cwd {
+		t.Errorf("cwd %q, want %q", got, cwd)
+	}
+	in("y = 5")
+	if got := run(t, hs, map[string]any{"code": "'y' in dir()"}).mainText(); got != "False" {
+		t.Errorf("contexts share state: %q", got)
+	}
+	var list []struct{ ID, Language, Cwd string }
+	call(t, hs, "GET", "/contexts", nil, &list)
+	if len(list) != 2 || list[len(list)-1].ID != id || list[0].Language != "python" {
+		t.Errorf("list %+v", list)
+	}
+
+	// Killed from inside: the running execution and the next one say so.
+	e := in("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+	if e.errName() != "KernelDied" || !strings.Contains(e.Errors[0]["value"].(string), "/contexts/"+id+"/restart") {
+		t.Errorf("kill: %v", e.Errors)
+	}
+	e = in("1")
+	if e.errName() != "ContextDead" || !strings.Contains(e.Errors[0]["value"].(string), id) {
+		t.Errorf("dead: %v", e.Errors)
+	}
+	if code, msg := call(t, hs, "POST", "/contexts/"+id+"/restart", nil, nil); code != 200 {
+		t.Fatalf("restart: %d %s", code, msg)
+	}
+	e = in("y")
+	if e.errName() != "NameError" {
+		t.Errorf("state after restart: %v %q", e.Errors, e.mainText())
+	}
+	if got := in("2 * 21").mainText(); got != "42" {
+		t.Errorf("after restart %q", got)
+	}
+	if code, _ := call(t, hs, "DELETE", "/contexts/"+id, nil, nil); code != 200 {
+		t.Fatal("remove failed")
+	}
+	if code, _ := call(t, hs, "POST", "/contexts/"+id+"/restart", nil, nil); code != http.StatusNotFound {
+		t.Error("removed context still restartable")
+	}
+}
+
+func TestJavaScript(t *testing.T) {
+	requireNode(t)
+	_, hs := newTestServer(t, "javascript")
+	js := func(code string) *execution { return run(t, hs, map[string]any{"code": code, "language": "js"}) }
+	ts := func(code string) *execution { return run(t, hs, map[string]any{"code": code, "language": "ts"}) }
+
+	tests := []struct {
+		name, code     string
+		text, out, err string
+		typescript     bool
+	}{
+		{name: "let persists 1", code: "let a = 40"},
+		{name: "let persists 2", code: "a + 2", text: "42"},
+		{name: "console", code: "console.log('hi'); console.error('oops')", out: "hi\n"},
+		{name: "string result", code: "'abc'", text: "abc"},
+		{name: "top-level await", code: "const v = await Promise.resolve(6); v * 7", text: "42"},
+		{name: "await binding persists", code: "v", text: "6"},
+		{name: "esm import", code: "import { readFileSync } from 'fs'\nconsole.log(typeof readFileSync)", out: "function\n"},
+		{name: "import persists", code: "typeof readFileSync", text: "function"},
+		{name: "default import", code: "import path from 'node:path'\npath.join('a', 'b')", text: "a/b"},
+		{name: "throw", code: "function boom() { throw new TypeError('bad') }\nboom()", err: "TypeError"},
+		{name: "syntax error", code: "let = ;", err: "SyntaxError"},
+		{name: "async rejection", code: "await Promise.reject(new RangeError('nope'))", err: "RangeError"},
+		{name: "ts types", code: "const n: number = 41; interface P { x: number }\nconst p: P = { x: n + 1 }; p.x", text: "42", typescript: true},
+		{name: "ts import", code: "import * as os from 'os'\nconst t: string = typeof os.cpus; t", text: "function", typescript: true},
+		{name: "ts syntax error", code: "const x: = 1", err: "SyntaxError", typescript: true},
+		{name: "display", code: "display({'text/html': '<b>x</b>'}); 1", text: "1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			run := js
+			if tt.typescript {
+				run = ts
+			}
+			e := run(tt.code)
+			if e.mainText() != tt.text || e.errName() != tt.err || (tt.out != "" && e.stdout() != tt.out) {
+				t.Errorf("text %q stdout %q stderr %q errors %v", e.mainText(), e.stdout(), e.stderr(), e.Errors)
+			}
+		})
+	}
+	t.Run("stderr", func(t *testing.T) {
+		if e := js("console.error('oops')"); e.stderr() != "oops\n" {
+			t.Errorf("stderr %q", e.stderr())
+		}
+	})
+	t.Run("interrupt busy loop", func(t *testing.T) {
+		js("let keep = 'yes'")
+		e := run(t, hs, map[string]any{"code": "while (true) {}", "language": "js", "timeout": 1})
+		if e.errName() != "Interrupted" {
+			t.Errorf("errors %v", e.Errors)
+		}
+		if got := js("keep").mainText(); got != "yes" {
+			t.Errorf("after interrupt %q", got)
+		}
+	})
+	t.Run("interrupt await", func(t *testing.T) {
+		e := run(t, hs, map[string]any{"code": "await new Promise(() => {})", "language": "js", "timeout": 1})
+		if e.errName() != "Interrupted" {
+			t.Errorf("errors %v", e.Errors)
+		}
+		if got := js("keep").mainText(); got != "yes" {
+			t.Errorf("after interrupt %q", got)
+		}
+	})
+	t.Run("env vars", func(t *testing.T) {
+		e := run(t, hs, map[string]any{"code": "process.env.AB_X", "language": "js", "env_vars": map[string]string{"AB_X": "1"}})
+		if e.mainText() != "1" {
+			t.Errorf("inside %q %v", e.mainText(), e.Errors)
+		}
+		if got := js("process.env.AB_X || 'unset'").mainText(); got != "unset" {
+			t.Errorf("after %q", got)
+		}
+	})
+	t.Run("exit", func(t *testing.T) {
+		e := js("process.exit(3)")
+		if e.errName() != "KernelDied" || !strings.Contains(e.Errors[0]["value"].(string), "exit status 3") {
+			t.Errorf("errors %v", e.Errors)
+		}
+	})
+}
+
+func TestBash(t *testing.T) {
+	_, hs := newTestServer(t)
+	sh := func(code string) *execution { return run(t, hs, map[string]any{"code": code, "language": "bash"}) }
+	sh("x=21; cd /tmp")
+	if e := sh("echo $((x * 2)); pwd; echo err >&2"); e.stdout() != "42\n/tmp\n" || e.stderr() != "err\n" {
+		t.Errorf("stdout %q stderr %q", e.stdout(), e.stderr())
+	}
+	if e := sh("echo -n 'no newline ü'"); e.stdout() != "no newline ü" {
+		t.Errorf("stdout %q", e.stdout())
+	}
+	if e := sh("false"); e.errName() != "ExitError" || e.Errors[0]["value"] != "exit status 1" {
+		t.Errorf("false: %v", e.Errors)
+	}
+	if e := sh("echo 'hi!'; cat"); e.stdout() != "hi!\n" {
+		t.Errorf("history expansion or stdin: %q", e.stdout())
+	}
+	e := run(t, hs, map[string]any{"code": "sleep 100", "language": "bash", "timeout": 1})
+	if e.errName() != "ExitError" {
+		t.Errorf("interrupt: %v", e.Errors)
+	}
+	e = run(t, hs, map[string]any{"code": "while true; do :; done", "language": "bash", "timeout": 1})
+	if e.errName() != "ExitError" || sh("echo $x").stdout() != "21\n" {
+		t.Errorf("interrupt builtin loop: %v", e.Errors)
+	}
+	e = run(t, hs, map[string]any{"code": "echo \"$AB_V\"", "language": "bash", "env_vars": map[string]string{"AB_V": "a 'b' $c"}})
+	if e.stdout() != "a 'b' $c\n" || sh("echo ${AB_V:-unset}").stdout() != "unset\n" {
+		t.Errorf("env vars: %q", e.stdout())
+	}
+	big := sh("head -c 3000000 /dev/zero | tr '\\0' y")
+	if n := len(big.stdout()); n != 1<<20 || !strings.Contains(big.stderr(), "truncated") {
+		t.Errorf("flood: %d bytes", n)
+	}
+	if e := sh("exit 3"); e.errName() != "KernelDied" {
+		t.Errorf("exit: %v", e.Errors)
+	}
+}
+
+func TestPrepareJS(t *testing.T) {
+	tests := []struct {
+		name, code string
+		ts         bool
+		want       []string // substrings of the output
+		err        string
+	}{
+		{name: "plain js untouched", code: "{a: 1}", want: []string{"{a: 1}"}},
+		{name: "named import", code: "import { a, b as c } from 'm'", want: []string{`var __abImport0 = await import("m"); var { a, b: c } = __abImport0;`}},
+		{name: "default and namespace", code: "import d, * as ns from \"m\"", want: []string{`var d = __abImport0.default, ns = __abImport0;`}},
+		{name: "bare import", code: "import 'side'", want: []string{`await import("side");`}},
+		{name: "export const", code: "export const x = 1", want: []string{"const x = 1"}},
+		{name: "ts strips types", code: "let n: number = 1\nn", ts: true, want: []string{"let n = 1;"}},
+		{name: "ts keeps unused import", code: "import fs from 'fs'", ts: true, want: []string{`var fs = __abImport0.default;`}},
+		{name: "ts error", code: "let x: = 1", ts: true, err: "Unexpected"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := prepareJS(tt.code, tt.ts)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("err %v, want %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(got, w) {
+					t.Errorf("output %q lacks %q", got, w)
+				}
+			}
+		})
+	}
+}
+
+func TestEnvCode(t *testing.T) {
+	env := map[string]string{"A": "x'y\"z\\", "B": "2"}
+	base := map[string]string{"B": "orig"}
+	for _, lang := range []string{"python", "javascript", "bash"} {
+		set, reset := envSetCode(lang, env), envResetCode(lang, env, base)
+		if set == "" || reset == "" || strings.Contains(set, "x'y\"z\\\"") {
+			t.Errorf("%s: set %q reset %q", lang, set, reset)
+		}
+	}
+	if got := envResetCode("bash", env, base); got != "export B='orig'\nunset A\n" {
+		t.Errorf("bash reset %q", got)
+	}
+}
