@@ -157,6 +157,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	if err := m.initEnvd(sctx, sb); err != nil {
 		return fail(fmt.Errorf("sandbox %s: envd did not start: %w", sb.ID, err))
 	}
+	if err := m.waitReady(sctx, sb, tpl.ReadyCmd); err != nil {
+		return fail(fmt.Errorf("sandbox %s: template %s not ready: %w", sb.ID, tpl.ID, err))
+	}
 	sb.State = StateRunning
 	if err := m.save(sctx, sb); err != nil {
 		return fail(err)

@@ -383,3 +383,95 @@ func issue(t testing.TB, ca *x509.Certificate, caKey *ecdsa.PrivateKey, names []
 	}
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
+
+// SOCKS5 runs a minimal SOCKS5 proxy (RFC 1928, CONNECT only, optional
+// RFC 1929 user/password) at addr inside the fake net. The returned func
+// reports how many connections it carried.
+func (f *FakeNet) SOCKS5(t testing.TB, addr, user, pass string) func() int {
+	ln := f.Listen(t, "tcp4", addr).(net.Listener)
+	t.Cleanup(func() { ln.Close() })
+	var mu sync.Mutex
+	n := 0
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				up, err := socksHandshake(c, user, pass)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				mu.Lock()
+				n++
+				mu.Unlock()
+				go func() { _, _ = io.Copy(up, c); up.(*net.TCPConn).CloseWrite() }()
+				_, _ = io.Copy(c, up)
+			}()
+		}
+	}()
+	return func() int { mu.Lock(); defer mu.Unlock(); return n }
+}
+
+func socksHandshake(c net.Conn, user, pass string) (net.Conn, error) {
+	buf := make([]byte, 262)
+	if _, err := io.ReadFull(c, buf[:2]); err != nil || buf[0] != 5 {
+		return nil, fmt.Errorf("not socks5")
+	}
+	methods := buf[2 : 2+int(buf[1])]
+	if _, err := io.ReadFull(c, methods); err != nil {
+		return nil, err
+	}
+	want := byte(0)
+	if user != "" {
+		want = 2
+	}
+	if !strings.ContainsRune(string(methods), rune(want)) {
+		c.Write([]byte{5, 0xff})
+		return nil, fmt.Errorf("no acceptable method")
+	}
+	c.Write([]byte{5, want})
+	if want == 2 {
+		if _, err := io.ReadFull(c, buf[:2]); err != nil {
+			return nil, err
+		}
+		u := make([]byte, buf[1])
+		io.ReadFull(c, u)
+		io.ReadFull(c, buf[:1])
+		p := make([]byte, buf[0])
+		io.ReadFull(c, p)
+		if string(u) != user || string(p) != pass {
+			c.Write([]byte{1, 1})
+			return nil, fmt.Errorf("bad credentials")
+		}
+		c.Write([]byte{1, 0})
+	}
+	if _, err := io.ReadFull(c, buf[:4]); err != nil || buf[1] != 1 {
+		return nil, fmt.Errorf("only CONNECT")
+	}
+	var host string
+	switch buf[3] {
+	case 1:
+		io.ReadFull(c, buf[:4])
+		host = net.IP(buf[:4]).String()
+	case 3:
+		io.ReadFull(c, buf[:1])
+		h := make([]byte, buf[0])
+		io.ReadFull(c, h)
+		host = string(h)
+	default:
+		return nil, fmt.Errorf("address type %d", buf[3])
+	}
+	io.ReadFull(c, buf[:2])
+	port := int(buf[0])<<8 | int(buf[1])
+	up, err := net.DialTimeout("tcp4", net.JoinHostPort(host, fmt.Sprint(port)), 5*time.Second)
+	if err != nil {
+		c.Write([]byte{5, 5, 0, 1, 0, 0, 0, 0, 0, 0})
+		return nil, err
+	}
+	c.Write([]byte{5, 0, 0, 1, 0, 0, 0, 0, 0, 0})
+	return up, nil
+}
