@@ -110,7 +110,7 @@ func (s *Store) runLayerStep(ctx context.Context, spec BuildSpec, step Step, st 
 		fmt.Fprintf(progress, "    copied %d files\n", n)
 		return nil
 	case OpRun:
-		return runInRootfs(ctx, spec, step, st, merged, root, work, net, buildID, progress)
+		return runStepInRootfs(ctx, spec, step, st, merged, root, work, net, buildID, progress)
 	}
 	return fmt.Errorf("not a layer step: %s", step.Op)
 }
@@ -146,9 +146,9 @@ func mountOverlay(work string, lowers []string, upper string) (string, func(), e
 	}, nil
 }
 
-// runInRootfs runs a RUN step with runc in its own namespaces (the build
+// runStepInRootfs runs a RUN step with runc in its own namespaces (the build
 // network's, or the host's for trusted local builds) and cgroup.
-func runInRootfs(ctx context.Context, spec BuildSpec, step Step, st *buildState, merged string, root *os.Root, work string, net *buildNet, buildID string, progress io.Writer) error {
+func runStepInRootfs(ctx context.Context, spec BuildSpec, step Step, st *buildState, merged string, root *os.Root, work string, net *buildNet, buildID string, progress io.Writer) error {
 	runc, err := exec.LookPath("runc")
 	if err != nil {
 		return fmt.Errorf("runc is not installed: %w", errdefs.ErrUnavailable)
