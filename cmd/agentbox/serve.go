@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/agentbox/agentbox/internal/api"
+	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/gateway"
 	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/runtime/runc"
@@ -43,6 +44,8 @@ type serveConfig struct {
 	Bridge          string
 	Subnet          string
 	MaxTimeout      time.Duration
+	HealthInterval  time.Duration
+	Runsc           string
 	BuildBase       bool
 	LogLevel        string
 	ConfigFile      string
@@ -92,6 +95,8 @@ which wins over the file.`,
 	f.StringVar(&c.Bridge, "bridge", "agentbox0", "host bridge the sandboxes attach to")
 	f.StringVar(&c.Subnet, "subnet", "10.11.0.0/16", "IPv4 subnet for sandbox addresses")
 	f.DurationVar(&c.MaxTimeout, "max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
+	f.DurationVar(&c.HealthInterval, "health-interval", 30*time.Second, "how often every sandbox's envd is health-checked")
+	f.StringVar(&c.Runsc, "runsc", "runsc", "gVisor runsc binary for the gvisor isolation tier (the tier is unavailable when it is missing)")
 	f.BoolVar(&c.BuildBase, "build-base", true, "build the base template at start if it is missing")
 	f.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&c.ConfigFile, "config", "", "JSON config file with flag names as keys")
@@ -233,16 +238,19 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		RuncBinary:   c.Runc,
 		RuncRoot:     filepath.Join(runDir, "runc"),
 		CgroupParent: c.Instance,
+		RunscBinary:  c.Runsc,
 		EnvdPath:     envd,
 	}, log)
 	if err != nil {
 		return err
 	}
-	mgr, err := sandbox.New(ctx, sandbox.Config{MaxTimeout: c.MaxTimeout}, log, st, rt, nw, templates)
+	mgr, err := sandbox.New(ctx, sandbox.Config{MaxTimeout: c.MaxTimeout, HealthInterval: c.HealthInterval}, log, st, rt, nw, templates)
 	if err != nil {
 		return err
 	}
+	mgr.SetAudit(audit.New(st))
 	gw := gateway.New(mgr, log)
+	gw.SetAudit(mgr.Audit())
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fmt.Errorf("reconcile sandboxes: %w", err)
 	}

@@ -71,6 +71,7 @@ func (s *Server) Handler() http.Handler {
 	auth("POST /sandboxes/{id}/resume", s.resume)
 	auth("POST /sandboxes/{id}/pause", s.pause)
 	auth("GET /sandboxes/{id}/metrics", s.metrics)
+	s.logsRoutes(auth)
 	auth("GET /templates", s.listTemplates)
 	auth("GET /templates/{id}", s.getTemplate)
 	auth("GET /templates/aliases/{alias}", s.templateAlias)
@@ -126,6 +127,14 @@ type newSandbox struct {
 	} `json:"network"`
 	MCP          map[string]any `json:"mcp"`
 	VolumeMounts []any          `json:"volumeMounts"`
+	// agentbox extensions (E2B has no such fields): isolation tier and
+	// limits; zero or absent means the template's default.
+	Isolation  *string `json:"isolation"`
+	CPUCount   *int    `json:"cpuCount"`
+	MemoryMB   *int    `json:"memoryMB"`
+	DiskSizeMB *int    `json:"diskSizeMB"`
+	PIDs       *int    `json:"pids"`
+	TmpSizeMB  *int    `json:"tmpSizeMB"`
 }
 
 type sandboxResponse struct {
@@ -152,6 +161,12 @@ type listedSandbox struct {
 	DiskSizeMB  int               `json:"diskSizeMB"`
 	EnvdVersion string            `json:"envdVersion"`
 	Metadata    map[string]string `json:"metadata"`
+	// agentbox extensions
+	Isolation    string `json:"isolation,omitempty"`
+	PIDs         int    `json:"pids,omitempty"`
+	TmpSizeMB    int    `json:"tmpSizeMB,omitempty"`
+	Health       string `json:"health,omitempty"`
+	HealthReason string `json:"healthReason,omitempty"`
 }
 
 type sandboxDetail struct {
@@ -182,6 +197,7 @@ func listed(sb *sandbox.Sandbox) listedSandbox {
 		SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: sandbox.ClientID,
 		StartedAt: sb.StartedAt.UTC(), EndAt: sb.EndAt.UTC(), State: "running",
 		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB, EnvdVersion: sandbox.EnvdVersion, Metadata: md,
+		Isolation: sb.Isolation, PIDs: sb.PIDs, TmpSizeMB: sb.TmpMB, Health: sb.Health, HealthReason: sb.HealthReason,
 	}
 }
 
@@ -330,6 +346,9 @@ func (s *Server) createRequest(ctx context.Context, b newSandbox, v2 bool) (sand
 	}
 	if len(b.VolumeMounts) > 0 {
 		return req, invalid("volumeMounts: volumes are not supported by this server yet; omit volumeMounts")
+	}
+	if err := applyIsolation(&req, b); err != nil {
+		return req, err
 	}
 	return req, nil
 }

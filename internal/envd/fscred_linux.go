@@ -31,6 +31,12 @@ func asUser(u *User, fn func() error) error {
 }
 
 func setThreadCreds(uid, gid uint32, groups []uint32) error {
+	if euid, _, _ := syscall.RawSyscall(syscall.SYS_GETEUID, 0, 0, 0); uid == 0 && euid != 0 {
+		// Undo the effective-id fallback below first: while it is in
+		// force the thread has no capabilities to change anything else.
+		syscall.RawSyscall(syscall.SYS_SETRESUID, ^uintptr(0), 0, ^uintptr(0))
+		syscall.RawSyscall(syscall.SYS_SETRESGID, ^uintptr(0), 0, ^uintptr(0))
+	}
 	var p unsafe.Pointer
 	if len(groups) > 0 {
 		p = unsafe.Pointer(&groups[0])
@@ -42,11 +48,22 @@ func setThreadCreds(uid, gid uint32, groups []uint32) error {
 	// reading back with an invalid id.
 	syscall.RawSyscall(syscall.SYS_SETFSGID, uintptr(gid), 0, 0)
 	syscall.RawSyscall(syscall.SYS_SETFSUID, uintptr(uid), 0, 0)
-	if cur, _, _ := syscall.RawSyscall(syscall.SYS_SETFSUID, ^uintptr(0), 0, 0); uint32(cur) != uid {
-		return fmt.Errorf("setfsuid %d did not take effect", uid)
+	fsuid, _, _ := syscall.RawSyscall(syscall.SYS_SETFSUID, ^uintptr(0), 0, 0)
+	fsgid, _, _ := syscall.RawSyscall(syscall.SYS_SETFSGID, ^uintptr(0), 0, 0)
+	if uint32(fsuid) == uid && uint32(fsgid) == gid {
+		return nil
 	}
-	if cur, _, _ := syscall.RawSyscall(syscall.SYS_SETFSGID, ^uintptr(0), 0, 0); uint32(cur) != gid {
-		return fmt.Errorf("setfsgid %d did not take effect", gid)
+	// gVisor does not implement filesystem ids. Switch this thread's
+	// effective ids instead (raw syscalls: this thread only), keeping real
+	// and saved ids 0 so the switch back above is allowed.
+	if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESGID, ^uintptr(0), uintptr(gid), ^uintptr(0)); e != 0 {
+		return fmt.Errorf("setfsgid %d did not take effect, and setresgid: %w", gid, e)
+	}
+	if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESUID, ^uintptr(0), uintptr(uid), ^uintptr(0)); e != 0 {
+		return fmt.Errorf("setfsuid %d did not take effect, and setresuid: %w", uid, e)
+	}
+	if cur, _, _ := syscall.RawSyscall(syscall.SYS_GETEUID, 0, 0, 0); uint32(cur) != uid {
+		return fmt.Errorf("neither setfsuid nor setresuid %d took effect", uid)
 	}
 	return nil
 }

@@ -36,6 +36,7 @@ type Gateway struct {
 	res   Resolver
 	log   *slog.Logger
 	proxy *httputil.ReverseProxy
+	tap   *auditTap // nil: no audit log
 }
 
 type targetKey struct{}
@@ -184,7 +185,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port 
 	t := target{id: id, port: port, addr: net.JoinHostPort(sb.IP.String(), strconv.Itoa(port))}
 	ctx := r.Context()
 	r = r.WithContext(context.WithValue(ctx, targetKey{}, t))
-	g.proxy.ServeHTTP(w, r)
+	g.proxyAudited(w, r, sb, port)
 }
 
 // serveSigned routes a header-less /files URL (sandbox.downloadUrl/uploadUrl)

@@ -703,3 +703,13 @@ func removeNetNS(path string) error {
 	}
 	return nil
 }
+
+// EgressCA returns the PEM certificate of the CA the egress proxy uses for
+// sandbox id's header rules.
+func (m *Manager) EgressCA(id string) ([]byte, error) {
+	ca, ok := m.egressOf().(interface{ CACertPEM(string) ([]byte, error) })
+	if !ok {
+		return nil, fmt.Errorf("no egress proxy: %w", errdefs.ErrUnavailable)
+	}
+	return ca.CACertPEM(id)
+}

@@ -47,6 +47,7 @@ type Sandbox struct {
 	IP             netip.Addr        `json:"ip"`
 	Secure         bool              `json:"secure"`
 	AllowInternet  bool              `json:"allowInternet"`
+	Network        *NetworkSpec      `json:"network,omitempty"`
 	Metadata       map[string]string `json:"metadata,omitempty"`
 	EnvVars        map[string]string `json:"envVars,omitempty"`
 	CPUCount       int               `json:"cpuCount"`
@@ -83,6 +84,7 @@ type CreateRequest struct {
 	EnvVars       map[string]string
 	Secure        bool
 	AllowInternet bool
+	Network       *NetworkSpec
 }
 
 // newID returns "i" + 20 chars of [a-z0-9], the E2B id shape (no '-': host

@@ -17,6 +17,9 @@ import os from 'node:os'
 
 const TEMPLATE = process.env.E2E_TEMPLATE || 'base'
 const EGRESS_PROBE = process.env.E2E_EGRESS_PROBE || '203.0.113.80:80'
+// E2E_ISOLATION runs every sandbox on that agentbox tier (container, gvisor)
+// through the metadata key the server reads, since the SDK has no field for it.
+const ISOLATION = process.env.E2E_ISOLATION || ''
 const MIN = 60_000
 
 export function requiredEnv() {
@@ -91,7 +94,7 @@ export function suite(label, sdk) {
     const sbx = await Sandbox.create(TEMPLATE, {
       timeoutMs: 10 * MIN,
       ...opts,
-      metadata: { e2e: runId, ...(opts.metadata ?? {}) },
+      metadata: { e2e: runId, ...(ISOLATION ? { 'agentbox.isolation': ISOLATION } : {}), ...(opts.metadata ?? {}) },
     })
     created.add(sbx.sandboxId)
     return sbx

@@ -1,0 +1,144 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/template"
+)
+
+// Isolation tiers as clients name them.
+const (
+	IsolationContainer = "container" // hardened runc: namespaces, seccomp, minimal caps
+	IsolationGVisor    = "gvisor"    // gVisor runsc: a user-space kernel between the sandbox and the host
+)
+
+// MetadataIsolation is the metadata key clients that cannot send extension
+// fields (the E2B SDKs) use to pick a tier.
+const MetadataIsolation = "agentbox.isolation"
+
+// Isolations lists the tiers clients may ask for.
+func Isolations() []string { return []string{IsolationContainer, IsolationGVisor} }
+
+// runtimeTier maps a client-facing tier to the runtime driver's name.
+func runtimeTier(isolation string) string {
+	if isolation == IsolationGVisor {
+		return "runsc"
+	}
+	return "runc"
+}
+
+// tierChecker is implemented by runtimes that run more than one tier.
+type tierChecker interface {
+	TierAvailable(tier string) error
+}
+
+// Limits are per-sandbox resource limits; a zero field takes the template's
+// (or the server's) default.
+type Limits struct {
+	CPUCount int `json:"cpuCount"`
+	MemoryMB int `json:"memoryMB"`
+	DiskMB   int `json:"diskSizeMB"`
+	PIDs     int `json:"pids"`
+	TmpMB    int `json:"tmpSizeMB"`
+}
+
+// Quota caps what a create may ask for. The same caps apply to every team
+// of this server (per-team quotas would be stored with the team).
+type Quota = Limits
+
+// DefaultQuota is the quota when Config.Quota is zero.
+func DefaultQuota() Quota {
+	return Quota{CPUCount: 8, MemoryMB: 16384, DiskMB: 51200, PIDs: 32768, TmpMB: 8192}
+}
+
+// Server defaults for limits templates do not set.
+const (
+	DefaultPIDs  = 4096
+	DefaultTmpMB = 0 // /tmp on the writable layer, bounded by the disk limit
+)
+
+// resolveIsolation picks the tier: request, then template, then container.
+func (m *Manager) resolveIsolation(req CreateRequest, tpl *template.Template) (string, error) {
+	iso := req.Isolation
+	if iso == "" {
+		iso = req.Metadata[MetadataIsolation]
+	}
+	if iso == "" {
+		iso = tpl.Isolation
+	}
+	if iso == "" {
+		iso = IsolationContainer
+	}
+	if iso != IsolationContainer && iso != IsolationGVisor {
+		return "", fmt.Errorf("isolation: %q is not a tier; use one of %s: %w", truncateID(iso), strings.Join(Isolations(), ", "), errdefs.ErrInvalidArgument)
+	}
+	if tc, ok := m.rt.(tierChecker); ok {
+		if err := tc.TierAvailable(runtimeTier(iso)); err != nil {
+			if errors.Is(err, errdefs.ErrUnavailable) {
+				// The client can act on it (pick another tier), so it is a 400.
+				return "", fmt.Errorf("isolation %q: %s: %w", iso, strings.TrimSuffix(err.Error(), ": "+errdefs.ErrUnavailable.Error()), errdefs.ErrInvalidArgument)
+			}
+			return "", err
+		}
+	} else if iso != IsolationContainer {
+		return "", fmt.Errorf("isolation %q: this server's runtime only runs %q: %w", iso, IsolationContainer, errdefs.ErrInvalidArgument)
+	}
+	return iso, nil
+}
+
+func truncateID(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
+
+// resolveLimits merges request, template and server defaults and checks
+// the result against the quota.
+func (m *Manager) resolveLimits(req Limits, tpl *template.Template) (Limits, error) {
+	l := Limits{CPUCount: tpl.CPUCount, MemoryMB: tpl.MemoryMB, DiskMB: tpl.DiskMB, PIDs: DefaultPIDs, TmpMB: DefaultTmpMB}
+	q := m.cfg.Quota
+	type field struct {
+		name    string
+		asked   int
+		dst     *int
+		quota   int
+		min     int
+		unit    string
+		whatFor string
+	}
+	for _, f := range []field{
+		{"cpuCount", req.CPUCount, &l.CPUCount, q.CPUCount, 1, "CPUs", "CPU time"},
+		{"memoryMB", req.MemoryMB, &l.MemoryMB, q.MemoryMB, 64, "MiB", "memory"},
+		{"diskSizeMB", req.DiskMB, &l.DiskMB, q.DiskMB, 64, "MiB", "the writable disk"},
+		{"pids", req.PIDs, &l.PIDs, q.PIDs, 16, "processes", "processes and threads"},
+		{"tmpSizeMB", req.TmpMB, &l.TmpMB, q.TmpMB, 1, "MiB", "/tmp"},
+	} {
+		if f.asked < 0 {
+			return l, fmt.Errorf("%s: must not be negative, got %d: %w", f.name, f.asked, errdefs.ErrInvalidArgument)
+		}
+		if f.asked > 0 {
+			if f.asked < f.min {
+				return l, fmt.Errorf("%s: %d %s is below the minimum of %d: %w", f.name, f.asked, f.unit, f.min, errdefs.ErrInvalidArgument)
+			}
+			*f.dst = f.asked
+		}
+		if f.quota > 0 && *f.dst > f.quota {
+			return l, fmt.Errorf("%s: %d %s is over the team quota of %d %s for %s; ask for at most %d: %w",
+				f.name, *f.dst, f.unit, f.quota, f.unit, f.whatFor, f.quota, errdefs.ErrInvalidArgument)
+		}
+	}
+	if l.TmpMB > 0 && l.MemoryMB > 0 && l.TmpMB > l.MemoryMB {
+		return l, fmt.Errorf("tmpSizeMB: %d MiB is over the sandbox's memory limit of %d MiB, and /tmp is kept in memory; lower tmpSizeMB or raise memoryMB: %w", l.TmpMB, l.MemoryMB, errdefs.ErrInvalidArgument)
+	}
+	return l, nil
+}
+
+// resources converts limits to the runtime's form.
+func (l Limits) resources() runtime.Resources {
+	return runtime.Resources{CPUCount: l.CPUCount, MemoryMB: l.MemoryMB, DiskMB: l.DiskMB, PIDs: l.PIDs, TmpMB: l.TmpMB}
+}
