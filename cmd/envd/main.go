@@ -25,6 +25,9 @@ func main() {
 }
 
 func run(args []string) error {
+	if len(args) > 0 && args[0] == "interpreter" {
+		return runInterpreter(args[1:])
+	}
 	serveMode := len(args) > 0 && args[0] == "serve"
 	if serveMode {
 		args = args[1:]

@@ -40,6 +40,9 @@ type Options struct {
 	Logger *slog.Logger
 	// PasswdFile and GroupFile are the account databases; empty means /etc/passwd and /etc/group.
 	PasswdFile, GroupFile string
+	// StartLogDir receives start.log, the template start command's output;
+	// empty means /.agentbox/log.
+	StartLogDir string
 }
 
 // Server holds envd's state: the /init configuration and the running
@@ -58,6 +61,9 @@ type Server struct {
 	procs    *processTable
 	watchers *watcherTable
 	metrics  *metricsSampler
+
+	startOnce   sync.Once // the template start command runs once per sandbox
+	startLogDir string
 }
 
 // NewServer returns a Server with no /init configuration: no token, user root.
@@ -79,6 +85,10 @@ func NewServer(opts Options) *Server {
 	}
 	if opts.GroupFile != "" {
 		s.users.group = opts.GroupFile
+	}
+	s.startLogDir = opts.StartLogDir
+	if s.startLogDir == "" {
+		s.startLogDir = StartLogDir
 	}
 	return s
 }
@@ -107,6 +117,8 @@ type initRequest struct {
 	AccessToken    *string           `json:"accessToken"`
 	DefaultUser    string            `json:"defaultUser"`
 	DefaultWorkdir string            `json:"defaultWorkdir"`
+	// StartCmd is the template's start command (agentbox extension).
+	StartCmd string `json:"startCmd"`
 }
 
 func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
@@ -136,6 +148,11 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 		s.defaultWorkdir = req.DefaultWorkdir
 	}
 	s.log.Info("init", "envVars", len(s.envVars), "secure", s.token != "", "defaultUser", s.defaultUser, "defaultWorkdir", s.defaultWorkdir)
+	if req.StartCmd != "" {
+		// After the env vars are set (the command gets them); it starts
+		// in the background, so creation does not wait for it.
+		go s.startTemplateCommand(req.StartCmd, s.defaultWorkdir)
+	}
 	w.Header().Set("X-Envd-Version", Version)
 	w.WriteHeader(http.StatusNoContent)
 }

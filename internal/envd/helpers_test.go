@@ -55,7 +55,7 @@ func newTestEnv(t *testing.T, token string) *testEnv {
 	group := filepath.Join(root, "group")
 	writeFile(t, passwd, fmt.Sprintf("root:x:0:0:root:/root:/bin/bash\ntester:x:%d:%d::%s:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n", testUID, testUID, home))
 	writeFile(t, group, fmt.Sprintf("root:x:0:\ntester:x:%d:\nextra:x:23456:tester\nnogroup:x:65534:\n", testUID))
-	srv := NewServer(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), PasswdFile: passwd, GroupFile: group})
+	srv := NewServer(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), PasswdFile: passwd, GroupFile: group, StartLogDir: filepath.Join(root, "log")})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(func() { ts.Close(); srv.Close() })
 	e := &testEnv{t: t, srv: srv, url: ts.URL, home: home, root: root}

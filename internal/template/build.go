@@ -83,6 +83,13 @@ func (s *Store) Build(ctx context.Context, def Definition, progress io.Writer) (
 			func() error { return addUser(ctx, def, rootfs, progress) }},
 		{"finalize rootfs", func() error { return finalize(def, rootfs) }},
 	}
+	if len(def.Run) > 0 {
+		// Before finalize, which drops the caches the commands may fill.
+		steps = slices.Insert(steps, len(steps)-1, struct {
+			name string
+			run  func() error
+		}{fmt.Sprintf("run %d build command(s)", len(def.Run)), func() error { return runBuildCommands(ctx, def.Run, rootfs, progress) }})
+	}
 	for i, st := range steps {
 		stepStart := time.Now()
 		fmt.Fprintf(progress, "==> [%d/%d] %s\n", i+1, len(steps), st.name)
@@ -105,6 +112,7 @@ func (s *Store) Build(ctx context.Context, def Definition, progress io.Writer) (
 		DefaultUser:    def.DefaultUser,
 		DefaultWorkdir: def.DefaultWorkdir,
 		Env:            def.Env,
+		StartCmd:       def.StartCmd,
 		SizeBytes:      size,
 		BuildSeconds:   time.Since(start).Seconds(),
 		CreatedAt:      time.Now().UTC(),

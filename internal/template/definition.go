@@ -46,6 +46,11 @@ type Definition struct {
 	DefaultWorkdir string `json:"defaultWorkdir"`
 	// Env is set for every process in sandboxes of this template.
 	Env map[string]string `json:"env,omitempty"`
+	// Run are shell commands run as root inside the rootfs (chroot) after
+	// the packages are installed, in order, e.g. to warm caches.
+	Run []string `json:"run,omitempty"`
+	// StartCmd becomes the template's start command (see Template.StartCmd).
+	StartCmd string `json:"startCmd,omitempty"`
 }
 
 var (
@@ -117,15 +122,17 @@ func (d Definition) ID() (string, error) {
 // BuiltinDefinitions are the templates agentbox knows how to build without
 // any input, keyed by name.
 func BuiltinDefinitions() map[string]Definition {
-	return map[string]Definition{
-		"base": {
-			Name:  "base",
-			Suite: DefaultSuite,
-			Packages: []string{
-				"bash", "coreutils", "procps", "python3", "python-is-python3",
-				"nodejs", "npm", "curl", "git", "ca-certificates", "sudo",
-				"iproute2", "iputils-ping", "less", "nano",
-			},
+	base := Definition{
+		Name:  "base",
+		Suite: DefaultSuite,
+		Packages: []string{
+			"bash", "coreutils", "procps", "python3", "python-is-python3",
+			"nodejs", "npm", "curl", "git", "ca-certificates", "sudo",
+			"iproute2", "iputils-ping", "less", "nano",
 		},
+	}
+	return map[string]Definition{
+		"base":                base,
+		"code-interpreter-v1": codeInterpreterDefinition(base),
 	}
 }

@@ -26,8 +26,10 @@ type Template struct {
 	DefaultUser    string            `json:"defaultUser"`    // user for processes when the request names none
 	DefaultWorkdir string            `json:"defaultWorkdir"` // cwd for processes when the request names none
 	Env            map[string]string `json:"env,omitempty"`  // env for every process
-	// StartCmd is started (through a shell, as DefaultUser in
-	// DefaultWorkdir) when a sandbox starts and keeps running beside it.
+	// StartCmd is started by envd at /init (through /bin/sh, as root, in
+	// DefaultWorkdir, with the sandbox's env vars; output in
+	// /.agentbox/log/start.log) and keeps running beside the sandbox.
+	// Creation does not wait for it; ReadyCmd, if set, does.
 	StartCmd string `json:"startCmd,omitempty"`
 	// ReadyCmd is run repeatedly after the start command until it exits 0;
 	// sandbox creation waits for it and fails with its output on timeout.

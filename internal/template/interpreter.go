@@ -1,0 +1,52 @@
+package template
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os/exec"
+	"slices"
+
+	"github.com/agentbox/agentbox/internal/runtime"
+)
+
+// codeInterpreterDefinition is the builtin template "code-interpreter-v1",
+// the name E2B's code-interpreter SDKs ask for by default: Debian's Python
+// data stack with ipykernel, Node.js, and the code interpreter (part of envd)
+// on port 49999 as its start command. Sandbox creation does not wait for
+// the kernels; the first execution does.
+func codeInterpreterDefinition(base Definition) Definition {
+	return Definition{
+		Name:  "code-interpreter-v1",
+		Suite: DefaultSuite,
+		Packages: append(slices.Clone(base.Packages),
+			"python3-ipykernel", "python3-numpy", "python3-pandas", "python3-matplotlib",
+			// scipy drags in pythran and with it g++ and boost (~600 MB):
+			// kept because analyses use it (and a compiler helps pip).
+			"python3-scipy",
+			// Satisfies fonttools' "scipy | munkres" should scipy be dropped.
+			"python3-munkres",
+		),
+		// Python cells (pandas on large files) need more than the default.
+		MemoryMB: 2048,
+		Run: []string{
+			// matplotlib builds its font cache on first import (seconds);
+			// do it once here, for root, who runs the kernels.
+			`HOME=/root MPLBACKEND=Agg /usr/bin/python3 -c 'import matplotlib.pyplot'`,
+		},
+		StartCmd: runtime.EnvdPathInSandbox + " interpreter --port 49999",
+	}
+}
+
+// runBuildCommands runs each command with /bin/sh as root chrooted into rootfs.
+func runBuildCommands(ctx context.Context, cmds []string, rootfs string, progress io.Writer) error {
+	for _, c := range cmds {
+		fmt.Fprintf(progress, "    $ %s\n", c)
+		cmd := exec.CommandContext(ctx, "chroot", rootfs, "/bin/sh", "-c", c)
+		cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"}
+		if err := runStreaming(cmd, progress); err != nil {
+			return fmt.Errorf("%q: %w", c, err)
+		}
+	}
+	return nil
+}
