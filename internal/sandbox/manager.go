@@ -16,8 +16,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/errdefs"
-	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/runtime"
 	"github.com/agentbox/agentbox/internal/store"
 )
@@ -28,6 +28,8 @@ type Config struct {
 	EnvdReadyWait  time.Duration // how long to wait for envd after the container starts
 	ReapInterval   time.Duration // how often expired sandboxes are looked for
 	SampleInterval time.Duration // how often metrics are sampled
+	HealthInterval time.Duration // how often every sandbox's envd is checked
+	Quota          Quota         // the most a create may ask for
 }
 
 func (c *Config) defaults() {
@@ -43,6 +45,12 @@ func (c *Config) defaults() {
 	if c.SampleInterval == 0 {
 		c.SampleInterval = 5 * time.Second
 	}
+	if c.HealthInterval == 0 {
+		c.HealthInterval = 30 * time.Second
+	}
+	if c.Quota == (Quota{}) {
+		c.Quota = DefaultQuota()
+	}
 }
 
 // Manager runs the lifecycle of every sandbox of this server.
@@ -55,6 +63,8 @@ type Manager struct {
 	templates Templates
 	secret    []byte
 	client    *http.Client // talks to envd directly (not through the gateway)
+	audit     *audit.Log   // nil: no audit log
+	limits    limitWatch   // last seen OOM/pids/disk counters per sandbox
 
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
@@ -101,16 +111,30 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	if err := m.checkTimeout(req.Timeout); err != nil {
 		return nil, err
 	}
+	isolation, err := m.resolveIsolation(req, tpl)
+	if err != nil {
+		return nil, err
+	}
+	limits, err := m.resolveLimits(req.Limits, tpl)
+	if err != nil {
+		return nil, err
+	}
 	now := time.Now().UTC()
 	sb := &Sandbox{
 		ID: newID(), TeamID: req.TeamID, APIKeyID: req.APIKeyID, TemplateID: tpl.ID, State: StateCreating,
 		Secure: req.Secure, AllowInternet: req.AllowInternet, Metadata: req.Metadata, EnvVars: req.EnvVars,
-		CPUCount: tpl.CPUCount, MemoryMB: tpl.MemoryMB, DiskMB: tpl.DiskMB,
+		CPUCount: limits.CPUCount, MemoryMB: limits.MemoryMB, DiskMB: limits.DiskMB, PIDs: limits.PIDs, TmpMB: limits.TmpMB,
+		Isolation:   isolation,
 		DefaultUser: tpl.DefaultUser, DefaultWorkdir: tpl.DefaultWorkdir,
 		StartedAt: now, EndAt: now.Add(req.Timeout),
 	}
 	if len(tpl.Aliases) > 0 {
 		sb.Alias = tpl.Aliases[0]
+	}
+	sb.Network = req.Network
+	pol, err := m.policyOf(ctx, sb)
+	if err != nil {
+		return nil, err
 	}
 	// Persist "creating" before touching the host: a crash from here on is
 	// cleaned up by Reconcile, never leaked.
@@ -125,12 +149,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		if derr := m.store.DeleteSandbox(context.WithoutCancel(ctx), sb.ID); derr != nil {
 			m.log.Error("forget failed sandbox", "sandbox", sb.ID, "err", derr)
 		}
+		m.auditLifecycle(ctx, sb, "create", "denied", err.Error(), nil)
 		return nil, err
 	}
 	// Setup must not be half-cancelled by a client that goes away.
 	sctx := context.WithoutCancel(ctx)
 	tNet := time.Now()
-	ep, err := m.net.Attach(sctx, sb.ID, network.Policy{AllowInternet: sb.AllowInternet})
+	ep, err := m.net.Attach(sctx, sb.ID, pol)
 	if err != nil {
 		return fail(fmt.Errorf("sandbox %s: network: %w", sb.ID, err))
 	}
@@ -142,7 +167,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	sb.IP = ep.IP
 	spec := runtime.Spec{
 		ID: sb.ID, Layers: tpl.Layers, NetNSPath: ep.NetNSPath, DNS: m.net.DNS(),
-		Resources: runtime.Resources{CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, PIDs: 4096, DiskMB: sb.DiskMB},
+		Resources: limits.resources(), Runtime: runtimeTier(isolation),
 	}
 	tRT := time.Now()
 	if err := m.rt.Create(sctx, spec); err != nil {
@@ -157,6 +182,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	if err := m.initEnvd(sctx, sb, tpl.StartCmd); err != nil {
 		return fail(fmt.Errorf("sandbox %s: envd did not start: %w", sb.ID, err))
 	}
+	if err := m.installEgressCA(sctx, sb, pol); err != nil {
+		return fail(fmt.Errorf("sandbox %s: %w", sb.ID, err))
+	}
 	if err := m.waitReady(sctx, sb, tpl.ReadyCmd); err != nil {
 		return fail(fmt.Errorf("sandbox %s: template %s not ready: %w", sb.ID, tpl.ID, err))
 	}
@@ -167,6 +195,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	m.mu.Lock()
 	m.sandboxes[sb.ID] = sb
 	m.mu.Unlock()
+	m.auditLifecycle(ctx, sb, "create", "allowed", "", map[string]any{"took_ms": time.Since(now).Milliseconds()})
 	m.log.Info("sandbox created", "sandbox", sb.ID, "template", sb.TemplateID, "ip", sb.IP, "team", sb.TeamID, "took", time.Since(now).Round(time.Millisecond),
 		"network", tRT.Sub(tNet).Round(time.Millisecond), "container", tEnvd.Sub(tRT).Round(time.Millisecond), "envd", time.Since(tEnvd).Round(time.Millisecond))
 	return clone(sb), nil
@@ -362,6 +391,7 @@ func (m *Manager) destroy(ctx context.Context, sb *Sandbox, why string) error {
 	delete(m.sandboxes, sb.ID)
 	delete(m.metrics, sb.ID)
 	m.mu.Unlock()
+	m.auditLifecycle(ctx, sb, "remove", "info", why, nil)
 	m.log.Info("sandbox removed", "sandbox", sb.ID, "why", why)
 	return nil
 }
@@ -439,7 +469,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		}
 		// The nftables table is rebuilt at every start; put the sandbox's
 		// egress policy back before it is reachable again.
-		if err := m.net.SetPolicy(ctx, sb.ID, network.Policy{AllowInternet: sb.AllowInternet}); err != nil {
+		if err := m.restorePolicy(ctx, &sb); err != nil {
 			m.log.Error("restore egress policy; removing sandbox", "sandbox", sb.ID, "err", err)
 			sb.State = StateKilling
 			_ = m.destroy(ctx, &sb, "could not restore its egress policy")
@@ -487,6 +517,7 @@ func (m *Manager) Run(ctx context.Context) {
 	defer reap.Stop()
 	defer sample.Stop()
 	m.sample(ctx)
+	go m.watch(ctx)
 	for {
 		select {
 		case <-ctx.Done():
