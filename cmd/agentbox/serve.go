@@ -259,6 +259,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	go mgr.Run(runCtx)
 
 	apiSrv := api.New(log, st, mgr, templates)
+	apiSrv.SetBuildNetwork(buildNetwork(nw))
 	handler := gw.Handler(apiSrv.Handler())
 
 	ln, err := listen(ctx, c.Listen)

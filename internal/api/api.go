@@ -34,6 +34,7 @@ type Server struct {
 	store     *store.Store
 	mgr       *sandbox.Manager
 	templates Templates
+	builds    buildRegistry // template builds of the E2B build API
 	// MaxBody caps JSON request bodies.
 	MaxBody int64
 }
@@ -75,6 +76,7 @@ func (s *Server) Handler() http.Handler {
 	auth("GET /templates", s.listTemplates)
 	auth("GET /templates/{id}", s.getTemplate)
 	auth("GET /templates/aliases/{alias}", s.templateAlias)
+	s.templateBuildRoutes(mux, auth)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
 	})

@@ -27,6 +27,18 @@ type templateJSON struct {
 	SpawnCount    int       `json:"spawnCount"`
 	BuildCount    int       `json:"buildCount"`
 	SizeBytes     int64     `json:"sizeBytes"`
+	// agentbox extensions
+	Tags           []string          `json:"tags"`
+	DefaultUser    string            `json:"defaultUser,omitempty"`
+	DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
+	Env            map[string]string `json:"env,omitempty"`
+	StartCmd       string            `json:"startCmd,omitempty"`
+	ReadyCmd       string            `json:"readyCmd,omitempty"`
+	ExposedPorts   []int             `json:"exposedPorts,omitempty"`
+	Isolation      string            `json:"isolation,omitempty"`
+	Layers         []string          `json:"layers,omitempty"`
+	Source         string            `json:"source,omitempty"`
+	BuildSeconds   float64           `json:"buildSeconds,omitempty"`
 }
 
 func templateOut(t *template.Template) templateJSON {
@@ -34,11 +46,18 @@ func templateOut(t *template.Template) templateJSON {
 	if aliases == nil {
 		aliases = []string{}
 	}
-	return templateJSON{
+	out := templateJSON{
 		TemplateID: t.ID, BuildID: t.ID, BuildStatus: "ready", CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskMB,
 		EnvdVersion: sandbox.EnvdVersion, Public: true, Aliases: aliases, Names: aliases, CreatedAt: t.CreatedAt.UTC(), UpdatedAt: t.CreatedAt.UTC(),
 		BuildCount: 1, SizeBytes: t.SizeBytes,
+		Tags: t.Tags, DefaultUser: t.DefaultUser, DefaultWorkdir: t.DefaultWorkdir, Env: t.Env, StartCmd: t.StartCmd,
+		ReadyCmd: t.ReadyCmd, ExposedPorts: t.ExposedPorts, Isolation: t.Isolation, Layers: t.LayerIDs, Source: t.Source,
+		BuildSeconds: t.BuildSeconds,
 	}
+	if out.Tags == nil {
+		out.Tags = []string{}
+	}
+	return out
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
