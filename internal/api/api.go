@@ -72,6 +72,7 @@ func (s *Server) Handler() http.Handler {
 	auth("POST /sandboxes/{id}/resume", s.resume)
 	auth("POST /sandboxes/{id}/pause", s.pause)
 	auth("GET /sandboxes/{id}/metrics", s.metrics)
+	s.networkRoutes(auth)
 	s.logsRoutes(auth)
 	auth("GET /templates", s.listTemplates)
 	auth("GET /templates/{id}", s.getTemplate)
@@ -122,13 +123,9 @@ type newSandbox struct {
 	AutoResume          *struct {
 		Enabled bool `json:"enabled"`
 	} `json:"autoResume"`
-	Network *struct {
-		AllowOut           []string `json:"allowOut"`
-		DenyOut            []string `json:"denyOut"`
-		AllowPublicTraffic *bool    `json:"allowPublicTraffic"`
-	} `json:"network"`
-	MCP          map[string]any `json:"mcp"`
-	VolumeMounts []any          `json:"volumeMounts"`
+	Network      *sandbox.NetworkSpec `json:"network"`
+	MCP          map[string]any       `json:"mcp"`
+	VolumeMounts []any                `json:"volumeMounts"`
 	// agentbox extensions (E2B has no such fields): isolation tier and
 	// limits; zero or absent means the template's default.
 	Isolation  *string `json:"isolation"`
@@ -180,12 +177,17 @@ type sandboxDetail struct {
 		OnTimeout  string `json:"onTimeout"`
 		AutoResume bool   `json:"autoResume"`
 	} `json:"lifecycle"`
+	Network *sandbox.NetworkSpec `json:"network,omitempty"`
 }
 
 func (s *Server) sandboxResponse(sb *sandbox.Sandbox) sandboxResponse {
 	out := sandboxResponse{SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: sandbox.ClientID, EnvdVersion: sandbox.EnvdVersion}
 	if sb.Secure {
 		out.EnvdAccessToken = s.mgr.Token(sb.ID)
+	}
+	if !sb.Network.PublicTraffic() {
+		tok := s.mgr.TrafficToken(sb.ID)
+		out.TrafficAccessToken = &tok
 	}
 	return out
 }
@@ -329,19 +331,8 @@ func (s *Server) createRequest(ctx context.Context, b newSandbox, v2 bool) (sand
 	if b.AutoPauseMemory != nil && (b.AutoPause == nil || !*b.AutoPause) && !*b.AutoPauseMemory {
 		return req, invalid("autoPauseMemory: only meaningful with autoPause: true")
 	}
-	if n := b.Network; n != nil {
-		if len(n.AllowOut) > 0 {
-			return req, invalid("network.allowOut: fine-grained egress rules are not supported by this server yet; use allow_internet_access")
-		}
-		for _, d := range n.DenyOut {
-			if d != "0.0.0.0/0" && d != "ALL_TRAFFIC" {
-				return req, invalid("network.denyOut: only \"0.0.0.0/0\" (deny all egress) is supported by this server yet, got %q", truncate(d))
-			}
-			req.AllowInternet = false
-		}
-		if n.AllowPublicTraffic != nil && !*n.AllowPublicTraffic {
-			return req, invalid("network.allowPublicTraffic: traffic access tokens are not supported by this server yet; omit it")
-		}
+	if err := s.applyNetwork(ctx, &req, b.Network); err != nil {
+		return req, err
 	}
 	if len(b.MCP) > 0 {
 		return req, invalid("mcp: the MCP gateway is not supported by this server yet; omit mcp")
@@ -366,6 +357,7 @@ func (s *Server) info(w http.ResponseWriter, r *http.Request) {
 		d.EnvdAccessToken = s.mgr.Token(sb.ID)
 	}
 	d.Lifecycle.OnTimeout = "kill"
+	d.Network = networkInfo(sb.Network)
 	writeJSON(w, http.StatusOK, d)
 }
 

@@ -53,6 +53,11 @@ type Sandbox struct {
 	CPUCount       int               `json:"cpuCount"`
 	MemoryMB       int               `json:"memoryMB"`
 	DiskMB         int               `json:"diskMB"`
+	PIDs           int               `json:"pids,omitempty"`
+	TmpMB          int               `json:"tmpMB,omitempty"`
+	Isolation      string            `json:"isolation,omitempty"`    // container or gvisor
+	Health         string            `json:"health,omitempty"`       // "" (healthy) or "error"
+	HealthReason   string            `json:"healthReason,omitempty"` // why, when Health is "error"
 	DefaultUser    string            `json:"defaultUser"`
 	DefaultWorkdir string            `json:"defaultWorkdir"`
 	StartedAt      time.Time         `json:"startedAt"`
@@ -85,6 +90,8 @@ type CreateRequest struct {
 	Secure        bool
 	AllowInternet bool
 	Network       *NetworkSpec
+	Isolation     string // "" = template's, then container
+	Limits        Limits // zero fields = template's defaults
 }
 
 // newID returns "i" + 20 chars of [a-z0-9], the E2B id shape (no '-': host

@@ -1,0 +1,225 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/net/http/httpguts"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/sandbox"
+)
+
+// networkRoutes serves the network settings of running sandboxes, team
+// secrets for header rules, and TCP tunnels for `agentbox port-forward`.
+func (s *Server) networkRoutes(auth func(pattern string, h http.HandlerFunc)) {
+	auth("PUT /sandboxes/{id}/network", s.updateNetwork)
+	auth("GET /sandboxes/{id}/tunnel/{port}", s.tunnel)
+	auth("POST /secrets", s.putSecret)
+	auth("GET /secrets", s.listSecrets)
+	auth("DELETE /secrets/{name}", s.deleteSecret)
+}
+
+// applyNetwork validates the create request's network fields and copies
+// them into req. Errors name the offending entry.
+func (s *Server) applyNetwork(ctx context.Context, req *sandbox.CreateRequest, n *sandbox.NetworkSpec) error {
+	if n == nil {
+		return nil
+	}
+	for _, d := range n.DenyOut {
+		if d == "0.0.0.0/0" || d == "ALL_TRAFFIC" {
+			req.AllowInternet = false
+		}
+	}
+	if !n.PublicTraffic() && !req.Secure {
+		return invalid("network.allowPublicTraffic: You cannot create a sandbox without public access unless you enable secure envd access via 'secure' flag.")
+	}
+	if err := s.mgr.CheckNetwork(ctx, req.TeamID, req.AllowInternet, n); err != nil {
+		return err
+	}
+	req.Network = n
+	return nil
+}
+
+// networkInfo is the network field of GET /sandboxes/{id}: the settings
+// without the egress proxy's password and with header values masked (they
+// may hold resolved credentials written by the client).
+func networkInfo(n *sandbox.NetworkSpec) *sandbox.NetworkSpec {
+	if n == nil {
+		return nil
+	}
+	c := *n
+	if n.EgressProxy != nil {
+		ep := *n.EgressProxy
+		ep.Password = ""
+		c.EgressProxy = &ep
+	}
+	if n.Rules != nil {
+		c.Rules = map[string][]sandbox.NetworkRule{}
+		for d, rules := range n.Rules {
+			for _, r := range rules {
+				out := sandbox.NetworkRule{}
+				if r.Transform != nil {
+					out.Transform = &struct {
+						Headers map[string]string `json:"headers,omitempty"`
+					}{Headers: map[string]string{}}
+					for k, v := range r.Transform.Headers {
+						out.Transform.Headers[k] = maskHeader(v)
+					}
+				}
+				c.Rules[d] = append(c.Rules[d], out)
+			}
+		}
+	}
+	return &c
+}
+
+// maskHeader keeps secret references readable and hides literal values.
+func maskHeader(v string) string {
+	if strings.Contains(v, "${secrets.") {
+		return v
+	}
+	if len(v) <= 4 {
+		return "****"
+	}
+	return v[:4] + "****"
+}
+
+func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		AllowInternetAccess *bool                            `json:"allow_internet_access"`
+		AllowOut            []string                         `json:"allowOut"`
+		DenyOut             []string                         `json:"denyOut"`
+		EgressProxy         *sandbox.EgressProxy             `json:"egressProxy"`
+		Rules               map[string][]sandbox.NetworkRule `json:"rules"`
+	}
+	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
+		writeError(w, err)
+		return
+	}
+	// Omitted fields are cleared (E2B): the body is the whole new policy.
+	allow := body.AllowInternetAccess == nil || *body.AllowInternetAccess
+	for _, d := range body.DenyOut {
+		if d == "0.0.0.0/0" || d == "ALL_TRAFFIC" {
+			allow = false
+		}
+	}
+	n := &sandbox.NetworkSpec{AllowOut: body.AllowOut, DenyOut: body.DenyOut, EgressProxy: body.EgressProxy, Rules: body.Rules}
+	if err := s.mgr.UpdateNetwork(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), allow, n); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// tunnel upgrades the request to a raw TCP stream to a port inside the
+// sandbox, for `agentbox port-forward`. The API key authorises it, like
+// every other call on the team's sandboxes.
+func (s *Server) tunnel(w http.ResponseWriter, r *http.Request) {
+	port, err := strconv.Atoi(r.PathValue("port"))
+	if err != nil || port < 1 || port > 65535 {
+		writeError(w, invalid("port: %q is not 1-65535", truncate(r.PathValue("port"))))
+		return
+	}
+	if !httpguts.HeaderValuesContainsToken(r.Header["Upgrade"], "agentbox-tcp") {
+		writeError(w, invalid("send Connection: Upgrade and Upgrade: agentbox-tcp to open a tunnel"))
+		return
+	}
+	sb, err := s.mgr.Get(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	d := net.Dialer{Timeout: 5 * time.Second}
+	up, err := d.DialContext(r.Context(), "tcp4", net.JoinHostPort(sb.IP.String(), strconv.Itoa(port)))
+	if err != nil {
+		writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": sb.ID, "message": "The sandbox is running but port is not open", "port": port, "code": http.StatusBadGateway})
+		return
+	}
+	c, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		up.Close()
+		writeError(w, fmt.Errorf("tunnel: %v: %w", err, errdefs.ErrUnavailable))
+		return
+	}
+	defer c.Close()
+	defer up.Close()
+	_ = c.SetDeadline(time.Time{})
+	if _, err := io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: agentbox-tcp\r\nConnection: Upgrade\r\n\r\n"); err != nil {
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		// Bytes the client sent after the request are in brw's buffer.
+		_, _ = io.Copy(up, brw.Reader)
+		if cw, ok := up.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		}
+		close(done)
+	}()
+	_, _ = io.Copy(c, up)
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	<-done
+}
+
+const maxSecretValue = 32 << 10
+
+func (s *Server) putSecret(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Name        *string `json:"name"`
+		Value       *string `json:"value"`
+		Description string  `json:"description"`
+	}
+	if err := decodeBody(w, r, s.MaxBody, false, &body); err != nil {
+		writeError(w, err)
+		return
+	}
+	switch {
+	case body.Name == nil || !sandbox.ValidSecretName(*body.Name):
+		writeError(w, invalid("name: required; letters, digits and _, not starting with a digit, at most 128 bytes (reference it as ${secrets.NAME})"))
+		return
+	case body.Value == nil || *body.Value == "":
+		writeError(w, invalid("value: required and not empty"))
+		return
+	case len(*body.Value) > maxSecretValue:
+		writeError(w, invalid("value: %d bytes is over the limit of %d", len(*body.Value), maxSecretValue))
+		return
+	case !httpguts.ValidHeaderFieldValue(*body.Value):
+		writeError(w, invalid("value: must be usable in an HTTP header (no CR, LF or NUL)"))
+		return
+	case len(body.Description) > 1024 || !printable(body.Description):
+		writeError(w, invalid("description: at most 1024 printable characters"))
+		return
+	}
+	info, err := s.store.PutTeamSecret(r.Context(), keyOf(r.Context()).TeamID, *body.Name, body.Description, *body.Value)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, info)
+}
+
+func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) {
+	list, err := s.store.ListTeamSecrets(r.Context(), keyOf(r.Context()).TeamID)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) {
+	if err := s.store.DeleteTeamSecret(r.Context(), keyOf(r.Context()).TeamID, r.PathValue("name")); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
