@@ -122,7 +122,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	now := time.Now().UTC()
 	sb := &Sandbox{
 		ID: newID(), TeamID: req.TeamID, APIKeyID: req.APIKeyID, TemplateID: tpl.ID, State: StateCreating,
-		Secure: req.Secure, AllowInternet: req.AllowInternet, Metadata: req.Metadata, EnvVars: req.EnvVars,
+		Secure: req.Secure, AllowInternet: req.AllowInternet, Metadata: req.Metadata, EnvVars: mergeEnv(tpl.Env, req.EnvVars),
 		CPUCount: limits.CPUCount, MemoryMB: limits.MemoryMB, DiskMB: limits.DiskMB, PIDs: limits.PIDs, TmpMB: limits.TmpMB,
 		Isolation:   isolation,
 		DefaultUser: tpl.DefaultUser, DefaultWorkdir: tpl.DefaultWorkdir,

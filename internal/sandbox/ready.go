@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"strconv"
@@ -91,4 +92,15 @@ func (m *Manager) runOnce(ctx context.Context, client processconnect.ProcessClie
 		return -1, out.String(), err
 	}
 	return -1, out.String(), fmt.Errorf("process stream ended without an exit")
+}
+
+// mergeEnv is the template's env overlaid with the request's: a sandbox
+// sees its template's ENV, and a create call can override any of it.
+func mergeEnv(tpl, req map[string]string) map[string]string {
+	if len(tpl) == 0 {
+		return req
+	}
+	out := maps.Clone(tpl)
+	maps.Copy(out, req)
+	return out
 }
