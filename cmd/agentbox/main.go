@@ -60,7 +60,9 @@ $AGENTBOX_API_KEY, $E2B_API_KEY, or the file apikey in $AGENTBOX_DATA_DIR
 		newCpCmd(),
 		newKillCmd(),
 		newTimeoutCmd(),
+		newLogsCmd(),
 		newTemplateCmd(),
+		newRunCodeCmd(),
 	)
 	return root
 }
