@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -29,6 +30,7 @@ type Resolver interface {
 	Lookup(id string) (*sandbox.Sandbox, bool)
 	Running() []*sandbox.Sandbox
 	Token(id string) string
+	TrafficToken(id string) string
 }
 
 // Gateway routes data-plane requests.
@@ -37,6 +39,7 @@ type Gateway struct {
 	log   *slog.Logger
 	proxy *httputil.ReverseProxy
 	tap   *auditTap // nil: no audit log
+	opts  Options
 }
 
 type targetKey struct{}
@@ -45,6 +48,8 @@ type target struct {
 	id   string
 	port int
 	addr string
+	tls  bool   // the port serves HTTPS (network.httpsPorts)
+	host string // Host sent to the sandbox (network.maskRequestHost); "" keeps the client's
 }
 
 // New returns a gateway resolving sandboxes through res.
@@ -59,12 +64,21 @@ func New(res Resolver, log *slog.Logger) *Gateway {
 		IdleConnTimeout:     90 * time.Second,
 		// Compression is the client's business; pass bytes through untouched.
 		DisableCompression: true,
+		// httpsPorts: servers inside sandboxes use self-signed certificates.
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
 	}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(targetKey{}).(target)
-			pr.SetURL(&url.URL{Scheme: "http", Host: t.addr})
+			scheme := "http"
+			if t.tls {
+				scheme = "https"
+			}
+			pr.SetURL(&url.URL{Scheme: scheme, Host: t.addr})
 			pr.Out.Host = pr.In.Host
+			if t.host != "" {
+				pr.Out.Host = t.host
+			}
 		},
 		Transport:     transport,
 		FlushInterval: -1, // stream every write: process output, SSE, NDJSON
@@ -109,10 +123,16 @@ var hostRoute = regexp.MustCompile(`^([0-9]{1,5})-([a-z0-9]{1,64})$`)
 // Handler dispatches between the data plane and api.
 func (g *Gateway) Handler(api http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if g.routeByPath(w, r) {
+			return
+		}
 		id, port, routed, errMsg := route(r)
 		if errMsg != "" {
 			badRequest(w, errMsg)
 			return
+		}
+		if routed && g.hostRoutedOutside(r) {
+			routed = false
 		}
 		if !routed {
 			if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
@@ -183,6 +203,9 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port 
 	// fails the upstream write and cuts the response short.
 	_ = http.NewResponseController(w).EnableFullDuplex()
 	t := target{id: id, port: port, addr: net.JoinHostPort(sb.IP.String(), strconv.Itoa(port))}
+	if !g.admit(w, r, sb, port, &t) {
+		return
+	}
 	ctx := r.Context()
 	r = r.WithContext(context.WithValue(ctx, targetKey{}, t))
 	g.proxyAudited(w, r, sb, port)

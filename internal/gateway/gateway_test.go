@@ -60,6 +60,7 @@ type fakeResolver struct{ sbs map[string]*sandbox.Sandbox }
 
 func (f fakeResolver) Lookup(id string) (*sandbox.Sandbox, bool) { sb, ok := f.sbs[id]; return sb, ok }
 func (f fakeResolver) Token(id string) string                    { return "tok-" + id }
+func (f fakeResolver) TrafficToken(id string) string             { return "traffic-" + id }
 func (f fakeResolver) Running() []*sandbox.Sandbox {
 	var out []*sandbox.Sandbox
 	for _, sb := range f.sbs {
