@@ -49,6 +49,7 @@ type serveConfig struct {
 	BuildBase       bool
 	LogLevel        string
 	ConfigFile      string
+	Net             netFlags
 }
 
 func newServeCmd() *cobra.Command {
@@ -100,6 +101,7 @@ which wins over the file.`,
 	f.BoolVar(&c.BuildBase, "build-base", true, "build the base template at start if it is missing")
 	f.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&c.ConfigFile, "config", "", "JSON config file with flag names as keys")
+	addNetFlags(f, &c.Net)
 	return cmd
 }
 
@@ -226,10 +228,19 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		return fmt.Errorf("--instance %q: use letters, digits, '-' and '_'", c.Instance)
 	}
 	runDir := filepath.Join("/run", c.Instance)
-	nw, err := network.New(network.Config{Bridge: c.Bridge, Subnet: subnet, NetNSDir: filepath.Join(runDir, "netns"), Table: c.Instance}, log)
+	opAllow, err := c.Net.operatorAllow()
 	if err != nil {
 		return err
 	}
+	nw, err := network.New(network.Config{Bridge: c.Bridge, Subnet: subnet, NetNSDir: filepath.Join(runDir, "netns"), Table: c.Instance, OperatorAllow: opAllow}, log)
+	if err != nil {
+		return err
+	}
+	eg, err := startEgress(ctx, c.Net, nw, st, subnet, opAllow, log)
+	if err != nil {
+		return err
+	}
+	defer eg.Close()
 	if err := nw.Setup(ctx); err != nil {
 		return fmt.Errorf("network setup: %w", err)
 	}
@@ -251,6 +262,8 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	mgr.SetAudit(audit.New(st))
 	gw := gateway.New(mgr, log)
 	gw.SetAudit(mgr.Audit())
+	eg.SetAudit(mgr.Audit())
+	gw.SetOptions(gateway.Options{Domain: c.Net.Domain})
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fmt.Errorf("reconcile sandboxes: %w", err)
 	}
@@ -278,6 +291,11 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		})
 		servers = append(servers, &http.Server{Handler: gw.Handler(onlySandboxes), ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 640 * time.Second})
 		listeners = append(listeners, dln)
+	}
+	if srv, tln, err := c.Net.tlsServer(ctx, handler); err != nil {
+		return err
+	} else if srv != nil {
+		servers, listeners = append(servers, srv), append(listeners, tln)
 	}
 	errc := make(chan error, len(servers))
 	for i, srv := range servers {

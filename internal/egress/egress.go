@@ -165,6 +165,9 @@ func (s *Server) Start(ctx context.Context) (network.EgressPorts, error) {
 
 // Close stops the listeners. Connections in flight finish on their own.
 func (s *Server) Close() error {
+	if s == nil {
+		return nil
+	}
 	var errs []error
 	for _, c := range []interface{ Close() error }{s.proxyLn, s.dnsTCP, s.dnsUDP} {
 		if c != nil {
@@ -333,4 +336,15 @@ func (l *localAddrs) has(a netip.Addr) bool {
 		l.at = time.Now()
 	}
 	return l.addrs[a]
+}
+
+// SetAudit sets where decisions are recorded. Call it before sandboxes are
+// bound (before the sandbox manager re-adopts or creates any).
+func (s *Server) SetAudit(r Recorder) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cfg.Audit = r
 }

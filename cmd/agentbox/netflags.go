@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/agentbox/agentbox/internal/egress"
+	"github.com/agentbox/agentbox/internal/network"
+	"github.com/agentbox/agentbox/internal/store"
+)
+
+// netFlags are the serve settings for sandbox egress and ingress.
+type netFlags struct {
+	Egress        bool
+	EgressCA      string
+	EgressDNS     []string
+	OperatorAllow []string
+	Domain        string
+	TLSCert       string
+	TLSKey        string
+	TLSListen     string
+}
+
+func addNetFlags(f *pflag.FlagSet, n *netFlags) {
+	f.BoolVar(&n.Egress, "egress", true, "send every sandbox's TCP and DNS through the host-side egress proxy and resolver (domain rules, header injection, upstream proxies, egress audit); without it only IP rules apply")
+	f.StringVar(&n.EgressCA, "egress-ca-file", "", "PEM file of extra CAs the egress proxy trusts when it terminates TLS for header rules (the host's roots are always trusted)")
+	f.StringSliceVar(&n.EgressDNS, "egress-dns", nil, "upstream nameservers of the sandboxes' resolver (default: the host's /etc/resolv.conf)")
+	f.StringSliceVar(&n.OperatorAllow, "operator-allow", nil, "private CIDR ranges sandboxes may reach when their policy allows (e.g. a LAN package mirror); link-local stays closed")
+	f.StringVar(&n.Domain, "domain", "", "domain of sandbox hosts <port>-<sandboxID>.<domain>; when set, only hosts under it are routed to sandboxes by Host")
+	f.StringVar(&n.TLSCert, "tls-cert", "", "PEM certificate (e.g. a wildcard *.<domain>) for the TLS listener")
+	f.StringVar(&n.TLSKey, "tls-key", "", "PEM key of --tls-cert")
+	f.StringVar(&n.TLSListen, "tls-listen", ":443", "address of the TLS listener, used when --tls-cert is given")
+}
+
+func (n netFlags) operatorAllow() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for i, s := range n.OperatorAllow {
+		p, err := network.ParsePrefix(fmt.Sprintf("--operator-allow[%d]", i), s)
+		if err != nil {
+			return nil, err
+		}
+		if p.Bits() == 0 {
+			return nil, fmt.Errorf("--operator-allow: %s would open everything; list the private ranges to open", s)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// startEgress starts the egress proxy and resolver and routes sandbox
+// traffic to them. It returns nil with --egress=false.
+func startEgress(ctx context.Context, n netFlags, nw *network.Manager, st *store.Store, subnet netip.Prefix, opAllow []netip.Prefix, log *slog.Logger) (*egress.Server, error) {
+	if !n.Egress {
+		return nil, nil
+	}
+	roots, err := x509.SystemCertPool()
+	if err != nil || roots == nil {
+		roots = x509.NewCertPool()
+	}
+	if n.EgressCA != "" {
+		pem, err := os.ReadFile(n.EgressCA)
+		if err != nil {
+			return nil, fmt.Errorf("--egress-ca-file: %w", err)
+		}
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--egress-ca-file %s: no PEM certificate in it", n.EgressCA)
+		}
+	}
+	dns := n.EgressDNS
+	if len(dns) == 0 {
+		dns = network.HostDNS("/etc/resolv.conf")
+	}
+	for _, d := range dns {
+		if _, err := netip.ParseAddr(d); err != nil {
+			return nil, fmt.Errorf("--egress-dns: %q is not an IP address", d)
+		}
+	}
+	secret, err := st.Secret(ctx, "egress-ca")
+	if err != nil {
+		return nil, err
+	}
+	eg := egress.New(egress.Config{Gateway: nw.Gateway(), Subnet: subnet, OperatorAllow: opAllow, Nameservers: dns, RootCAs: roots, CASecret: secret}, log)
+	ports, err := eg.Start(ctx)
+	if err != nil {
+		return nil, err
+	}
+	nw.SetEgress(eg, ports)
+	return eg, nil
+}
+
+// tlsServer serves handler over TLS when --tls-cert is set.
+func (n netFlags) tlsServer(ctx context.Context, handler http.Handler) (*http.Server, net.Listener, error) {
+	if n.TLSCert == "" && n.TLSKey == "" {
+		return nil, nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(n.TLSCert, n.TLSKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
+	}
+	ln, err := listen(ctx, n.TLSListen)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--tls-listen: %w", err)
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 640 * time.Second}
+	return srv, tls.NewListener(ln, cfg), nil
+}
