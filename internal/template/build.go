@@ -113,6 +113,7 @@ func (s *Store) Build(ctx context.Context, def Definition, progress io.Writer) (
 		DefaultWorkdir: def.DefaultWorkdir,
 		Env:            def.Env,
 		StartCmd:       def.StartCmd,
+		ReadyCmd:       def.ReadyCmd,
 		SizeBytes:      size,
 		BuildSeconds:   time.Since(start).Seconds(),
 		CreatedAt:      time.Now().UTC(),

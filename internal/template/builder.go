@@ -75,6 +75,10 @@ type BuildSpec struct {
 	CPUCount, MemoryMB, DiskMB int
 	Force                      bool   // ignore the step cache
 	Source                     string // description kept with the template
+	// StepUser is the user RUN and COPY steps start as on a template base
+	// ("root" for Dockerfiles); "" keeps the base's default user. The
+	// template's default user stays the base's unless a USER step sets it.
+	StepUser string
 	// Network gives RUN steps a network namespace; nil runs them in the
 	// host's (trusted local builds only).
 	Network NetworkFunc
@@ -98,6 +102,7 @@ type buildState struct {
 	ReadyCmd   string
 	Exposed    []int
 	base       *Template
+	userSet    bool // a USER step ran
 }
 
 func (b *buildState) getenv(k string) (string, bool) {
@@ -251,7 +256,7 @@ func (s *Store) BuildFromSpec(ctx context.Context, spec BuildSpec, progress io.W
 			}
 			continue
 		case OpUser:
-			st.User = step.Args[0]
+			st.User, st.userSet = step.Args[0], true
 			continue
 		case OpExpose:
 			for _, p := range step.Args {
@@ -338,6 +343,9 @@ func (s *Store) resolveBase(ctx context.Context, spec BuildSpec, progress io.Wri
 			if len(st.LayerIDs) == 0 {
 				st.LayerIDs = []string{t.ID} // its own rootfs dir
 			}
+			if spec.StepUser != "" {
+				st.User = spec.StepUser
+			}
 			for _, k := range slices.Sorted(maps.Keys(t.Env)) {
 				st.Env = append(st.Env, k+"="+t.Env[k])
 			}
@@ -401,6 +409,9 @@ func (s *Store) templateFromState(spec BuildSpec, id string, st *buildState) (*T
 	t.Tags = slices.Compact(slices.Sorted(slices.Values(append([]string{spec.Tag}, spec.Tags...))))
 	if b := st.base; b != nil {
 		t.CPUCount, t.MemoryMB, t.DiskMB, t.Isolation = b.CPUCount, b.MemoryMB, b.DiskMB, b.Isolation
+		if !st.userSet {
+			t.DefaultUser = b.DefaultUser
+		}
 	}
 	if spec.CPUCount > 0 {
 		t.CPUCount = spec.CPUCount

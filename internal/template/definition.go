@@ -51,6 +51,8 @@ type Definition struct {
 	Run []string `json:"run,omitempty"`
 	// StartCmd becomes the template's start command (see Template.StartCmd).
 	StartCmd string `json:"startCmd,omitempty"`
+	// ReadyCmd becomes the template's ready check (see Template.ReadyCmd).
+	ReadyCmd string `json:"readyCmd,omitempty"`
 }
 
 var (
@@ -134,5 +136,7 @@ func BuiltinDefinitions() map[string]Definition {
 	return map[string]Definition{
 		"base":                base,
 		"code-interpreter-v1": codeInterpreterDefinition(base),
+		"browser":             browserDefinition(base),
+		"desktop":             desktopDefinition(base),
 	}
 }

@@ -55,7 +55,9 @@ func ParseDockerfile(r io.Reader, contextDir string, buildArgs map[string]string
 			}
 		}
 	}
-	spec := &BuildSpec{}
+	// As in Docker, steps run as root until a USER instruction, also on a
+	// template whose sandboxes default to another user.
+	spec := &BuildSpec{StepUser: "root"}
 	lex := shell.NewLex(res.EscapeToken)
 	args := map[string]string{} // declared ARGs in scope
 	env := []string{}           // ENV so far, for expansion

@@ -57,8 +57,24 @@ func TestBuiltinBase(t *testing.T) {
 	if !ok {
 		t.Fatal("no builtin base")
 	}
-	if _, err := base.ID(); err != nil {
+	id, err := base.ID()
+	if err != nil {
 		t.Fatal(err)
+	}
+	// New Definition fields must stay out of the hash when unset, or every
+	// existing base build would be rebuilt.
+	if id != "t6f39aec68067cc73dae" {
+		t.Errorf("base template id changed to %s", id)
+	}
+	for _, name := range []string{"browser", "desktop"} {
+		d, ok := BuiltinDefinitions()[name]
+		if !ok || d.StartCmd == "" || d.ReadyCmd == "" {
+			t.Errorf("builtin %s: %+v", name, d)
+			continue
+		}
+		if _, err := d.ID(); err != nil {
+			t.Errorf("builtin %s: %v", name, err)
+		}
 	}
 }
 

@@ -1,0 +1,336 @@
+// Package templates tests template builds end to end: a real `agentbox
+// serve`, Template.build() from the official e2b npm SDK, the CLI's
+// Dockerfile build, and sandboxes started from the results.
+package templates
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentbox/agentbox/internal/testutil"
+)
+
+type env struct {
+	root, bin, dataDir, tplDir, addr, key string
+}
+
+func (e *env) api(t *testing.T, method, path string, body any, out any) int {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, "http://"+e.addr+path, rd)
+	req.Header.Set("X-API-Key", e.key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if out != nil && resp.StatusCode/100 == 2 {
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Fatalf("%s %s: %v: %s", method, path, err, b)
+		}
+	}
+	if resp.StatusCode/100 != 2 {
+		t.Logf("%s %s: %s %s", method, path, resp.Status, b)
+	}
+	return resp.StatusCode
+}
+
+// setup builds the binaries, links the base template into a fresh template
+// dir (hard links: no copy) and starts a server on its own instance.
+func setup(t *testing.T) *env {
+	testutil.RequireRoot(t)
+	if testing.Short() {
+		t.Skip("e2e")
+	}
+	wd, _ := os.Getwd()
+	e := &env{root: filepath.Dir(filepath.Dir(wd)), dataDir: t.TempDir(), tplDir: t.TempDir()}
+	bin := t.TempDir()
+	e.bin = filepath.Join(bin, "agentbox")
+	for _, b := range []struct{ out, pkg string }{{e.bin, "./cmd/agentbox"}, {filepath.Join(bin, "envd"), "./cmd/envd"}} {
+		cmd := exec.Command("go", "build", "-o", b.out, b.pkg)
+		cmd.Dir = e.root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", b.pkg, err, out)
+		}
+	}
+	src := os.Getenv("AGENTBOX_TEMPLATE_DIR")
+	if src == "" {
+		src = "/var/cache/agentbox/templates"
+	}
+	entries, _ := os.ReadDir(src)
+	linked := false
+	for _, ent := range entries {
+		b, err := os.ReadFile(filepath.Join(src, ent.Name(), "template.json"))
+		if err != nil || !bytes.Contains(b, []byte(`"base"`)) {
+			continue
+		}
+		if out, err := exec.Command("cp", "-al", filepath.Join(src, ent.Name()), e.tplDir).CombinedOutput(); err != nil {
+			t.Fatalf("link base: %v %s", err, out)
+		}
+		linked = true
+		break
+	}
+	if !linked {
+		t.Skipf("no base template in %s (build it with `agentbox template build`)", src)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.addr = l.Addr().String()
+	l.Close()
+	logf, _ := os.Create(filepath.Join(e.dataDir, "serve.log"))
+	cmd := exec.Command(e.bin, "serve", "--data-dir", e.dataDir, "--template-dir", e.tplDir, "--listen", e.addr,
+		"--instance", "abtpl-e2e", "--bridge", "abtple0", "--subnet", "10.214.0.0/16", "--build-base=false")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		var list []struct{ SandboxID string }
+		e.api(t, "GET", "/sandboxes", nil, &list)
+		for _, s := range list {
+			e.api(t, "DELETE", "/sandboxes/"+s.SandboxID, nil, nil)
+		}
+		_ = cmd.Process.Signal(os.Interrupt)
+		_, _ = cmd.Process.Wait()
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("serve log:\n%s", b[max(0, len(b)-8000):])
+		}
+	})
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		if b, err := os.ReadFile(filepath.Join(e.dataDir, "apikey")); err == nil {
+			e.key = strings.TrimSpace(string(b))
+			if resp, err := http.Get("http://" + e.addr + "/health"); err == nil {
+				resp.Body.Close()
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("server did not start")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return e
+}
+
+type sdkResult struct {
+	ColdMs, CachedMs, CreateMs int
+	SameID                     bool
+	Info                       struct{ TemplateID string }
+	Logs                       []string
+	Exists                     bool
+	Hello, Ignored, BuiltAs    string
+	Pwd, Env, Whoami, Cwd      string
+	Served                     string
+	BrokenError                string
+	BrokenExists               bool
+}
+
+func TestE2BTemplateBuild(t *testing.T) {
+	e := setup(t)
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("needs node")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "build.mjs")
+	cmd.Env = append(os.Environ(), "E2B_API_URL=http://"+e.addr, "E2B_SANDBOX_URL=http://"+e.addr, "E2B_API_KEY="+e.key,
+		"E2B_MODULE="+filepath.Join(e.root, "e2e/js/node_modules/e2b/dist/index.mjs"), "TEMPLATE_NAME=sdk-built")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node: %v\n%s\n%s", err, out, stderr.String())
+	}
+	var r sdkResult
+	if err := json.Unmarshal(bytes.TrimSpace(out[bytes.LastIndexByte(bytes.TrimSpace(out), '\n')+1:]), &r); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"rebuild keeps the template ID", r.SameID, true},
+		{"Template.exists", r.Exists, true},
+		{"COPY", r.Hello, "hello from the context"},
+		{".dockerignore", r.Ignored, "0"},
+		{"RUN as root with ENV", r.BuiltAs, "hi root"},
+		{"WORKDIR for RUN", r.Pwd, "/opt/app"},
+		{"template ENV in sandboxes", r.Env, "hi-test"},
+		{"USER becomes the default user", r.Whoami, "user"},
+		{"WORKDIR becomes the default cwd", r.Cwd, "/opt/app"},
+		{"start command ran and create waited for its ready check", r.Served, "hello from the context"},
+		{"failed build leaves no template", r.BrokenExists, false},
+	}
+	for _, c := range checks {
+		if fmt.Sprint(c.got) != fmt.Sprint(c.want) {
+			t.Errorf("%s: got %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	if !strings.Contains(r.BrokenError, "exit code 7") || !strings.Contains(r.BrokenError, "broken-step-output") {
+		t.Errorf("failed RUN error %q lacks the exit code and output", r.BrokenError)
+	}
+	cachedLines := 0
+	for _, l := range r.Logs {
+		if strings.TrimSpace(l) == "cached" {
+			cachedLines++
+		}
+	}
+	if cachedLines < 4 {
+		t.Errorf("the rebuild reused %d cached layers, want 4", cachedLines)
+	}
+	t.Logf("Template.build cold %d ms, cached %d ms; create with start+ready %d ms", r.ColdMs, r.CachedMs, r.CreateMs)
+
+	// Two sandboxes of the template share its layers; each has its own
+	// writable layer.
+	var a, b struct{ SandboxID string }
+	for _, sb := range []*struct{ SandboxID string }{&a, &b} {
+		if code := e.api(t, "POST", "/sandboxes", map[string]any{"templateID": "sdk-built:v1"}, sb); code != 201 {
+			t.Fatalf("create: %d", code)
+		}
+	}
+	la, ua := overlayOf(t, a.SandboxID)
+	lb, ub := overlayOf(t, b.SandboxID)
+	if la != lb || ua == ub || !strings.Contains(la, "/layers/") {
+		t.Errorf("sandboxes do not share their lower layers or share an upper:\n%s %s\n%s %s", la, ua, lb, ub)
+	}
+	// The same file in both sandboxes is one inode of one layer.
+	if ia, ib := statInLayers(t, la, "opt/data/pwd.txt"), statInLayers(t, lb, "opt/data/pwd.txt"); ia != ib || ia == "" {
+		t.Errorf("template file is inode %q in one sandbox and %q in the other", ia, ib)
+	}
+	if err := os.WriteFile(filepath.Join(ua, "only-in-a"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(ub, "only-in-a")); err == nil {
+		t.Error("a write of one sandbox shows up in the other's layer")
+	}
+
+	// Deleting the template keeps the running sandboxes' layers (GC skips
+	// mounted layers); once they are gone GC frees them.
+	if code := e.api(t, "DELETE", "/templates/sdk-built", nil, nil); code != 204 {
+		t.Fatalf("delete template: %d", code)
+	}
+	var gc struct{ RemovedLayers []string }
+	e.api(t, "POST", "/templates/gc", nil, &gc)
+	for _, l := range gc.RemovedLayers {
+		if strings.Contains(la, l) {
+			t.Errorf("gc removed layer %s, which running sandboxes use", l)
+		}
+	}
+	for _, id := range []string{a.SandboxID, b.SandboxID} {
+		e.api(t, "DELETE", "/sandboxes/"+id, nil, nil)
+	}
+	e.api(t, "POST", "/templates/gc", nil, &gc)
+	if len(gc.RemovedLayers) < 3 {
+		t.Errorf("gc after the sandboxes are gone removed %d layers, want the template's 3", len(gc.RemovedLayers))
+	}
+}
+
+// overlayOf returns the lowerdir and upperdir options of sandbox id's
+// overlay mount.
+func overlayOf(t *testing.T, id string) (lower, upper string) {
+	t.Helper()
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) < 10 || !strings.Contains(f[4], id) {
+			continue
+		}
+		for i, x := range f {
+			if x == "-" && i+3 < len(f) && f[i+1] == "overlay" {
+				for _, o := range strings.Split(f[i+3], ",") {
+					if v, ok := strings.CutPrefix(o, "lowerdir="); ok {
+						lower = v
+					}
+					if v, ok := strings.CutPrefix(o, "upperdir="); ok {
+						upper = v
+					}
+				}
+			}
+		}
+	}
+	if lower == "" {
+		t.Fatalf("no overlay mount for sandbox %s", id)
+	}
+	return lower, upper
+}
+
+// statInLayers finds rel in the topmost lower layer that has it and
+// returns "dev:inode".
+func statInLayers(t *testing.T, lowers, rel string) string {
+	for _, l := range strings.Split(lowers, ":") {
+		if out, err := exec.Command("stat", "-c", "%d:%i", filepath.Join(l, rel)).Output(); err == nil {
+			return strings.TrimSpace(string(out))
+		}
+	}
+	return ""
+}
+
+func TestCLIDockerfileBuild(t *testing.T) {
+	e := setup(t)
+	ctxDir := t.TempDir()
+	df := "FROM base\nENV FROM_CLI=yes\nWORKDIR /srv\nCOPY hello.txt .\nRUN cat hello.txt > copy.txt\nUSER user\nEXPOSE 8080\nCMD [\"sleep\", \"infinity\"]\n"
+	os.WriteFile(filepath.Join(ctxDir, "Dockerfile"), []byte(df), 0o644)
+	os.WriteFile(filepath.Join(ctxDir, "hello.txt"), []byte("from the cli\n"), 0o644)
+	run := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(e.bin, args...)
+		cmd.Env = append(os.Environ(), "AGENTBOX_API_URL=http://"+e.addr, "E2B_API_URL=http://"+e.addr, "AGENTBOX_API_KEY="+e.key)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("agentbox %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	out := run("template", "build", "--template-dir", e.tplDir, "-t", "cli-app:v1", ctxDir)
+	if !strings.Contains(out, "built cli-app:v1") {
+		t.Errorf("build output: %s", out)
+	}
+	out = run("template", "build", "--template-dir", e.tplDir, "-t", "cli-app:v1", ctxDir)
+	if strings.Contains(out, "done in") {
+		t.Errorf("unchanged rebuild was not cached:\n%s", out)
+	}
+	if ls := run("template", "ls", "--api-url", "http://"+e.addr); !strings.Contains(ls, "cli-app") {
+		t.Errorf("template ls: %s", ls)
+	}
+	insp := run("template", "inspect", "--api-url", "http://"+e.addr, "cli-app:v1")
+	for _, want := range []string{`"startCmd": "sleep infinity"`, `"defaultWorkdir": "/srv"`, `"FROM_CLI": "yes"`, `8080`} {
+		if !strings.Contains(insp, want) {
+			t.Errorf("inspect lacks %s:\n%s", want, insp)
+		}
+	}
+	var sb struct{ SandboxID string }
+	if code := e.api(t, "POST", "/sandboxes", map[string]any{"templateID": "cli-app:v1"}, &sb); code != 201 {
+		t.Fatalf("create from the CLI-built template: %d", code)
+	}
+	e.api(t, "DELETE", "/sandboxes/"+sb.SandboxID, nil, nil)
+	run("template", "rm", "--api-url", "http://"+e.addr, "cli-app:v1")
+	if code := e.api(t, "GET", "/templates/cli-app", nil, nil); code != 404 {
+		t.Errorf("template still there after rm: %d", code)
+	}
+	if gc := run("template", "gc", "--api-url", "http://"+e.addr); !strings.Contains(gc, "removed") {
+		t.Errorf("gc output: %s", gc)
+	}
+}
