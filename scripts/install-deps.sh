@@ -14,7 +14,8 @@ fi
 # Debian packages: the OCI runtime, the template builder, the firewall and
 # netlink tools the server drives (iptables: CRIU locks a sandbox network with
 # it while checkpointing), and the toolchain for the tests.
-pkgs=(runc mmdebstrap nftables iproute2 jq ca-certificates curl make gcc git iptables)
+# busybox-static: a self-contained rootfs for template build tests.
+pkgs=(runc mmdebstrap nftables iproute2 jq ca-certificates curl make gcc git iptables busybox-static)
 # Node.js 20 or newer for the official e2b SDK (it refuses older engines).
 # Debian 12's own nodejs is 18; use the node already on the machine if new enough.
 node_major=0
