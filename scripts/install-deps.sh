@@ -58,13 +58,18 @@ fi
 # sockets on kernels >= 6.16 and Debian 12 ships 3.17. Built from Debian
 # sid's source package (seconds to compile) and installed at a stable path
 # the server looks for first, leaving the system criu alone.
+# Our patch (scripts/criu-rlimit-eperm.patch) lets CRIU read the rlimits of
+# sandbox processes of other users where the host withholds CAP_SYS_RESOURCE;
+# a stamp next to the binary records which patch it was built with.
 criu_bin=/usr/local/libexec/agentbox/criu
+criu_patch="$root/scripts/criu-rlimit-eperm.patch"
+criu_stamp=$(sha256sum "$criu_patch" | cut -c1-16)
 criu_ok() { # criu_ok <binary>: version >= 4.2?
 	local v
 	v=$("$1" --version 2>/dev/null | sed -n 's/^Version: *//p')
 	[[ -n $v ]] && printf '4.2\n%s\n' "$v" | sort -V -C
 }
-if criu_ok "$criu_bin"; then
+if criu_ok "$criu_bin" && [[ $(cat "$criu_bin.patch" 2>/dev/null) == "$criu_stamp" ]]; then
 	log "criu $("$criu_bin" --version | sed -n 's/^Version: *//p') present at $criu_bin"
 else
 	log "building CRIU >= 4.2 from Debian sid's source package"
@@ -72,7 +77,7 @@ else
 	build=()
 	for p in build-essential pkg-config libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler \
 		python3-protobuf libnl-3-dev libnet1-dev libcap-dev libbsd-dev libaio-dev libgnutls28-dev libnftables-dev \
-		uuid-dev libdrm-dev xz-utils dpkg-dev; do
+		uuid-dev libdrm-dev xz-utils dpkg-dev patch; do
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || build+=("$p")
 	done
 	((${#build[@]} == 0)) || apt-get install -y -qq --no-install-recommends "${build[@]}"
@@ -94,8 +99,10 @@ else
 	else
 		tar -C "$work" -xf "$orig"
 		src=$(find "$work" -maxdepth 1 -type d -name 'criu-*' | head -n1)
+		patch -d "$src" -p1 <"$criu_patch" >/dev/null
 		make -C "$src" -j"$(nproc)" criu >"$work/build.log" 2>&1 || { tail -n 30 "$work/build.log" >&2; exit 1; }
 		install -D -m 0755 "$src/criu/criu" "$criu_bin"
+		echo "$criu_stamp" >"$criu_bin.patch"
 		criu_ok "$criu_bin" || { log "built criu is older than 4.2"; exit 1; }
 		log "installed criu $("$criu_bin" --version | sed -n 's/^Version: *//p') at $criu_bin"
 	fi

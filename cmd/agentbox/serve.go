@@ -50,6 +50,7 @@ type serveConfig struct {
 	LogLevel        string
 	ConfigFile      string
 	Net             netFlags
+	Lifecycle       lifecycleFlags // serve_lifecycle.go
 }
 
 func newServeCmd() *cobra.Command {
@@ -98,6 +99,7 @@ which wins over the file.`,
 	f.DurationVar(&c.MaxTimeout, "max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
 	f.DurationVar(&c.HealthInterval, "health-interval", 30*time.Second, "how often every sandbox's envd is health-checked")
 	f.StringVar(&c.Runsc, "runsc", "runsc", "gVisor runsc binary for the gvisor isolation tier (the tier is unavailable when it is missing)")
+	addLifecycleFlags(f, &c.Lifecycle)
 	f.BoolVar(&c.BuildBase, "build-base", true, "build the base template at start if it is missing")
 	f.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&c.ConfigFile, "config", "", "JSON config file with flag names as keys")
@@ -260,6 +262,9 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		return err
 	}
 	mgr.SetAudit(audit.New(st))
+	if err := enableLifecycle(mgr, c); err != nil {
+		return err
+	}
 	gw := gateway.New(mgr, log)
 	gw.SetAudit(mgr.Audit())
 	eg.SetAudit(mgr.Audit())

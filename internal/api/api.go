@@ -74,6 +74,7 @@ func (s *Server) Handler() http.Handler {
 	auth("GET /sandboxes/{id}/metrics", s.metrics)
 	s.networkRoutes(auth)
 	s.logsRoutes(auth)
+	s.lifecycleRoutes(auth)
 	auth("GET /templates", s.listTemplates)
 	auth("GET /templates/{id}", s.getTemplate)
 	auth("GET /templates/aliases/{alias}", s.templateAlias)
@@ -134,6 +135,9 @@ type newSandbox struct {
 	DiskSizeMB *int    `json:"diskSizeMB"`
 	PIDs       *int    `json:"pids"`
 	TmpSizeMB  *int    `json:"tmpSizeMB"`
+	// Seconds without data-plane traffic after which the sandbox is paused
+	// (autoPause) or killed; 0 or absent = never.
+	IdleTimeout *int64 `json:"idleTimeout"`
 }
 
 type sandboxResponse struct {
@@ -199,7 +203,7 @@ func listed(sb *sandbox.Sandbox) listedSandbox {
 	}
 	return listedSandbox{
 		SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: sandbox.ClientID,
-		StartedAt: sb.StartedAt.UTC(), EndAt: sb.EndAt.UTC(), State: "running",
+		StartedAt: sb.StartedAt.UTC(), EndAt: endAt(sb), State: stateOf(sb),
 		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB, EnvdVersion: sandbox.EnvdVersion, Metadata: md,
 		Isolation: sb.Isolation, PIDs: sb.PIDs, TmpSizeMB: sb.TmpMB, Health: sb.Health, HealthReason: sb.HealthReason,
 	}
@@ -322,14 +326,8 @@ func (s *Server) createRequest(ctx context.Context, b newSandbox, v2 bool) (sand
 	if b.AllowInternetAccess != nil {
 		req.AllowInternet = *b.AllowInternetAccess
 	}
-	if b.AutoPause != nil && *b.AutoPause {
-		return req, invalid("autoPause: pausing is not supported by this server yet; omit autoPause (the sandbox is killed at its timeout)")
-	}
-	if b.AutoResume != nil && b.AutoResume.Enabled {
-		return req, invalid("autoResume: resuming paused sandboxes is not supported by this server yet; omit autoResume")
-	}
-	if b.AutoPauseMemory != nil && (b.AutoPause == nil || !*b.AutoPause) && !*b.AutoPauseMemory {
-		return req, invalid("autoPauseMemory: only meaningful with autoPause: true")
+	if err := applyLifecycle(&req, b); err != nil {
+		return req, err
 	}
 	if err := s.applyNetwork(ctx, &req, b.Network); err != nil {
 		return req, err
@@ -356,7 +354,10 @@ func (s *Server) info(w http.ResponseWriter, r *http.Request) {
 	if sb.Secure {
 		d.EnvdAccessToken = s.mgr.Token(sb.ID)
 	}
-	d.Lifecycle.OnTimeout = "kill"
+	d.Lifecycle.OnTimeout, d.Lifecycle.AutoResume = "kill", sb.AutoResume
+	if sb.AutoPause {
+		d.Lifecycle.OnTimeout = "pause"
+	}
 	d.Network = networkInfo(sb.Network)
 	writeJSON(w, http.StatusOK, d)
 }
@@ -439,31 +440,23 @@ func (s *Server) connect(v2 bool) http.HandlerFunc {
 			writeError(w, err)
 			return
 		}
-		sb, err := s.mgr.Extend(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), d)
+		// A paused sandbox is resumed (201); a running one gets its
+		// lifetime extended (200).
+		team := keyOf(r.Context()).TeamID
+		sb, resumed, err := s.mgr.Resume(r.Context(), team, sandboxID(r), d, false)
+		if err == nil && !resumed {
+			sb, err = s.mgr.Extend(r.Context(), team, sandboxID(r), d)
+		}
 		if err != nil {
 			writeError(w, err)
 			return
 		}
-		// Running sandbox: 200 (201 is for a resumed one).
-		writeJSON(w, http.StatusOK, s.sandboxResponse(sb))
+		status := http.StatusOK
+		if resumed {
+			status = http.StatusCreated
+		}
+		writeJSON(w, status, s.sandboxResponse(sb))
 	}
-}
-
-func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
-	if _, err := s.mgr.Get(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r)); err != nil {
-		writeError(w, err)
-		return
-	}
-	writeError(w, fmt.Errorf("sandbox %q is already running: %w", sandboxID(r), errdefs.ErrConflict))
-}
-
-func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
-	if _, err := s.mgr.Get(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r)); err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusNotImplemented, errorBody{Code: http.StatusNotImplemented,
-		Message: "pausing sandboxes is not supported by this server yet; the sandbox keeps running (kill it or set its timeout instead)"})
 }
 
 type metricJSON struct {
@@ -592,7 +585,7 @@ func (lq listQuery) match(sb *sandbox.Sandbox) bool {
 			return false
 		}
 	}
-	return len(lq.states) == 0 || slices.Contains(lq.states, "running")
+	return len(lq.states) == 0 || slices.Contains(lq.states, stateOf(sb))
 }
 
 func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {

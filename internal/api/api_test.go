@@ -47,7 +47,6 @@ func TestCreateValidation(t *testing.T) {
 		{name: "env NUL", body: `{"templateID":"base","envVars":{"A":"x\u0000y"}}`, wantErr: "envVars.A"},
 		{name: "metadata key too long", body: `{"templateID":"base","metadata":{"` + long + `":"v"}}`, wantErr: "metadata"},
 		{name: "metadata wrong type", body: `{"templateID":"base","metadata":{"a":1}}`, wantErr: "metadata"},
-		{name: "autoPause unsupported", body: `{"templateID":"base","autoPause":true}`, wantErr: "autoPause"},
 		{name: "allowOut address", body: `{"templateID":"base","network":{"allowOut":["1.1.1.1"],"denyOut":["ALL_TRAFFIC"]}}`},
 		{name: "allowOut domains", body: `{"templateID":"base","network":{"allowOut":["example.com","*.example.org","10.0.0.0/8"],"denyOut":["0.0.0.0/0"]}}`},
 		{name: "allowOut bad CIDR", body: `{"templateID":"base","network":{"allowOut":["1.1.1.1","300.1.1.0/24"]}}`, wantErr: `network.allowOut[1]: "300.1.1.0/24"`},
@@ -62,6 +61,10 @@ func TestCreateValidation(t *testing.T) {
 		{name: "private traffic needs secure", body: `{"templateID":"base","network":{"allowPublicTraffic":false}}`, wantErr: "network.allowPublicTraffic"},
 		{name: "private traffic v2", body: `{"templateID":"base","network":{"allowPublicTraffic":false}}`, v2: true},
 		{name: "https port envd", body: `{"templateID":"base","network":{"httpsPorts":[49983]}}`, wantErr: "network.httpsPorts"},
+		{name: "autoPause", body: `{"templateID":"base","autoPause":true,"autoResume":{"enabled":true}}`},
+		{name: "autoResume without memory", body: `{"templateID":"base","autoPause":true,"autoPauseMemory":false,"autoResume":{"enabled":true}}`, wantErr: "autoResume"},
+		{name: "autoPauseMemory alone", body: `{"templateID":"base","autoPauseMemory":false}`, wantErr: "autoPauseMemory"},
+		{name: "negative idleTimeout", body: `{"templateID":"base","idleTimeout":-1}`, wantErr: "idleTimeout"},
 		{name: "deny all", body: `{"templateID":"base","network":{"denyOut":["0.0.0.0/0"]}}`},
 		{name: "not json", body: `{"templateID":`, wantErr: "not valid JSON"},
 	}

@@ -497,6 +497,9 @@ func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
+	if s.deleteSnapshot(w, r) { // snapshots are templates to the SDK (lifecycle.go)
+		return
+	}
 	b, err := s.builder()
 	if err != nil {
 		writeError(w, err)

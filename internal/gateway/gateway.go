@@ -187,8 +187,24 @@ func route(r *http.Request) (id string, port int, routed bool, errMsg string) {
 // internalEnvdPaths are envd routes only the server itself may call.
 var internalEnvdPaths = map[string]bool{"/init": true}
 
+// Waker is implemented by resolvers that wake sandboxes on traffic: thaw a
+// frozen one, resume a paused one with autoResume. done ends the request's
+// activity (the idle timeout only counts time without requests in flight).
+type Waker interface {
+	Wake(ctx context.Context, id string) (sb *sandbox.Sandbox, done func(), ok bool)
+}
+
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port int) {
-	sb, ok := g.res.Lookup(id)
+	var sb *sandbox.Sandbox
+	var ok bool
+	if wk, isWaker := g.res.(Waker); isWaker {
+		var done func()
+		if sb, done, ok = wk.Wake(r.Context(), id); ok {
+			defer done()
+		}
+	} else {
+		sb, ok = g.res.Lookup(id)
+	}
 	if !ok {
 		notFound(w, id)
 		return

@@ -69,6 +69,7 @@ type Manager struct {
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
 	metrics   map[string]*series
+	life      lifecycle // pause/resume, snapshots, forks, pools (lifecycle.go)
 }
 
 // New makes a manager. Call Reconcile before serving, then Run.
@@ -101,6 +102,10 @@ func (m *Manager) save(ctx context.Context, sb *Sandbox) error {
 
 // Create starts a sandbox and returns once its envd answers and is initialised.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
+	// Snapshots and warm pools answer without a cold start (lifecycle.go).
+	if sb, handled, err := m.createFast(ctx, req); handled {
+		return sb, err
+	}
 	tpl, err := m.templates.Get(ctx, req.Template)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
@@ -127,6 +132,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		Isolation:   isolation,
 		DefaultUser: tpl.DefaultUser, DefaultWorkdir: tpl.DefaultWorkdir,
 		StartedAt: now, EndAt: now.Add(req.Timeout),
+		Lifecycle: req.Lifecycle.apply(req.Timeout),
 	}
 	if len(tpl.Aliases) > 0 {
 		sb.Alias = tpl.Aliases[0]
@@ -328,7 +334,7 @@ func (m *Manager) List(ctx context.Context, teamID string) []*Sandbox {
 	m.mu.Lock()
 	out := make([]*Sandbox, 0, len(m.sandboxes))
 	for _, sb := range m.sandboxes {
-		if sb.TeamID == teamID && sb.State == StateRunning {
+		if sb.TeamID == teamID && listable(sb.State) {
 			out = append(out, clone(sb))
 		}
 	}
@@ -356,9 +362,14 @@ func cmpString(a, b string) int {
 func (m *Manager) Kill(ctx context.Context, teamID, id string) error {
 	m.mu.Lock()
 	sb, ok := m.sandboxes[id]
-	if !ok || (teamID != "" && sb.TeamID != teamID) || sb.State != StateRunning {
+	if !ok || (teamID != "" && sb.TeamID != teamID) {
 		m.mu.Unlock()
 		return notFound(id)
+	}
+	// Paused sandboxes can be killed too; transitions finish first.
+	if err := killable(sb); err != nil {
+		m.mu.Unlock()
+		return err
 	}
 	sb.State = StateKilling
 	snapshot := clone(sb)
@@ -447,6 +458,10 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			m.log.Error("unreadable sandbox record; removing", "sandbox", r.ID, "err", err)
 			sb = Sandbox{ID: r.ID, TeamID: r.TeamID}
 		}
+		// Paused sandboxes and interrupted transitions (lifecycle.go).
+		if m.reconcileLifecycle(ctx, &sb, adopted) {
+			continue
+		}
 		reason := ""
 		switch {
 		case sb.State != StateRunning:
@@ -532,6 +547,9 @@ func (m *Manager) Run(ctx context.Context) {
 
 func (m *Manager) reap(ctx context.Context) {
 	now := time.Now()
+	// Auto-pause and idle timeouts first: they take their sandboxes out of
+	// the running state before the kill loop below looks (lifecycle.go).
+	m.reapLifecycle(ctx, now)
 	var expired []*Sandbox
 	m.mu.Lock()
 	for _, sb := range m.sandboxes {

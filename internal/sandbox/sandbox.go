@@ -62,6 +62,7 @@ type Sandbox struct {
 	DefaultWorkdir string            `json:"defaultWorkdir"`
 	StartedAt      time.Time         `json:"startedAt"`
 	EndAt          time.Time         `json:"endAt"`
+	Lifecycle
 }
 
 // Network is what the manager needs from the network package.
@@ -92,6 +93,7 @@ type CreateRequest struct {
 	Network       *NetworkSpec
 	Isolation     string // "" = template's, then container
 	Limits        Limits // zero fields = template's defaults
+	Lifecycle     LifecycleRequest
 }
 
 // newID returns "i" + 20 chars of [a-z0-9], the E2B id shape (no '-': host

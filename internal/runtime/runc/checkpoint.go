@@ -209,7 +209,8 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, opts runtime.Checkp
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	if opts.UpperCopy != "" {
-		if err := copyTree(ctx, filepath.Join(dir, "upper"), opts.UpperCopy); err != nil {
+		upper, _ := layerDirs(dir, r.diskMB(id) > 0)
+		if err := copyTree(ctx, upper, opts.UpperCopy); err != nil {
 			return fmt.Errorf("sandbox %s: capture writable layer: %w", id, err)
 		}
 		// envd's log is open in the image; a restore needs the file there.
@@ -376,9 +377,23 @@ func (r *Runtime) newBundle(ctx context.Context, spec runtime.Spec, opts runtime
 		return rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	rb.add(func() { _ = os.RemoveAll(dir) })
-	for _, sub := range []string{"upper", "work", "rootfs"} {
-		if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
+	if err := os.Mkdir(filepath.Join(dir, "rootfs"), 0o755); err != nil {
+		return rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	// The new writable layer gets the same kind of disk as a fresh sandbox.
+	onDisk := spec.Resources.DiskMB > 0
+	if onDisk {
+		if err := r.mountDisk(ctx, dir, spec.Resources.DiskMB); err != nil {
 			return rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+		rb.add(func() { _ = unmountDisk(dir) })
+	}
+	upper, work := layerDirs(dir, onDisk)
+	if !onDisk {
+		for _, d := range []string{upper, work} {
+			if err := os.Mkdir(d, 0o755); err != nil {
+				return rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+			}
 		}
 	}
 	top := spec.Layers[len(spec.Layers)-1]
@@ -390,8 +405,7 @@ func (r *Runtime) newBundle(ctx context.Context, spec runtime.Spec, opts runtime
 	rootfs := filepath.Join(dir, "rootfs")
 	lower := slices.Clone(spec.Layers)
 	slices.Reverse(lower)
-	mopts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s",
-		strings.Join(lower, ":"), filepath.Join(dir, "upper"), filepath.Join(dir, "work"))
+	mopts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(lower, ":"), upper, work)
 	if err := unix.Mount("overlay", rootfs, "overlay", 0, mopts); err != nil {
 		return rb, fmt.Errorf("sandbox %s: mount overlay: %w", spec.ID, err)
 	}

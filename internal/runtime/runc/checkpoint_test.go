@@ -2,6 +2,7 @@ package runc
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -31,14 +32,60 @@ func TestCRIUVersion(t *testing.T) {
 	}
 }
 
-// counter starts a shell loop in the sandbox that keeps a count in memory
-// and writes it to /tmp/count: a restored sandbox continues the count.
-func (e *env) counter(t *testing.T, id string) {
+// counterInit is the test init plus a child shell that keeps a count in
+// memory and writes it to /tmp/count, and a background sleep: a restored
+// sandbox continues the count with the same pids. The children must descend
+// from init (as envd's do) for CRIU to dump them.
+const counterInit = `package main
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+)
+
+func main() {
+	script := "sleep 3600 & echo $! > /tmp/sleep.pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done"
+	if err := exec.Command("/bin/sh", "-c", script).Start(); err != nil {
+		panic(err)
+	}
+	http.HandleFunc("/read", func(w http.ResponseWriter, r *http.Request) {
+		b, err := os.ReadFile(r.URL.Query().Get("p"))
+		if err != nil {
+			http.Error(w, err.Error(), 404)
+			return
+		}
+		w.Write(b)
+	})
+	http.HandleFunc("/hostname", func(w http.ResponseWriter, r *http.Request) {
+		h, _ := os.Hostname()
+		w.Write([]byte(h))
+	})
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	l, err := lc.Listen(context.Background(), "tcp", ":49983")
+	if err != nil {
+		panic(err)
+	}
+	http.Serve(l, nil)
+}
+`
+
+// useCounterInit replaces the test init binary with counterInit.
+func (e *env) useCounterInit(t *testing.T) {
 	t.Helper()
-	script := `exec </dev/null >/dev/null 2>&1; sleep 3600 & echo $! > /tmp/sleep.pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done`
-	cmd := exec.Command(e.rt.cfg.RuncBinary, "--root", e.rt.cfg.RuncRoot, "exec", "-d", id, "/bin/sh", "-c", script)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("runc exec: %v: %s", err, out)
+	dir := t.TempDir()
+	src := filepath.Join(dir, "init.go")
+	if err := os.WriteFile(src, []byte(counterInit), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	build := exec.Command("go", "build", "-o", e.rt.cfg.EnvdPath, src)
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
+	build.Dir = dir
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build counter init: %v\n%s", err, out)
 	}
 }
 
@@ -51,7 +98,7 @@ func count(t *testing.T, ep network.Endpoint) int {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatal("no count")
+	t.Fatalf("no count: %q", get(t, ep, "read?p=/tmp/count"))
 	return 0
 }
 
@@ -66,10 +113,14 @@ func TestCheckpointRestoreInPlace(t *testing.T) {
 	e := setup(t)
 	requireCRIU(t, e)
 	ctx := context.Background()
+	e.useCounterInit(t)
 	ep := e.sandbox(t, "ckpt1", runtime.Resources{MemoryMB: 256})
-	e.counter(t, "ckpt1")
+
 	time.Sleep(200 * time.Millisecond)
 	sleepPid := strings.TrimSpace(get(t, ep, "read?p=/tmp/sleep.pid"))
+	if got := get(t, ep, "read?p=/proc/"+sleepPid+"/cmdline"); !strings.HasPrefix(got, "sleep") {
+		t.Fatalf("before: pid %s is %q", sleepPid, got)
+	}
 
 	for cycle := range 2 {
 		before := count(t, ep)
@@ -106,8 +157,9 @@ func TestForkFromLiveCheckpoint(t *testing.T) {
 	e := setup(t)
 	requireCRIU(t, e)
 	ctx := context.Background()
+	e.useCounterInit(t)
 	ep := e.sandbox(t, "fsrc", runtime.Resources{MemoryMB: 256})
-	e.counter(t, "fsrc")
+
 	time.Sleep(200 * time.Millisecond)
 
 	snap := t.TempDir()

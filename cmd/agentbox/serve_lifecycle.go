@@ -1,0 +1,60 @@
+package main
+
+import (
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/agentbox/agentbox/internal/sandbox"
+)
+
+// lifecycleFlags are the serve settings of pause/resume, snapshots and
+// warm pools.
+type lifecycleFlags struct {
+	SnapshotDir string
+	Pools       []string
+	PoolMax     int
+	IdleFreeze  time.Duration
+	FaultStep   string
+}
+
+func addLifecycleFlags(f *pflag.FlagSet, l *lifecycleFlags) {
+	f.StringVar(&l.SnapshotDir, "snapshot-dir", "", "where snapshots (captured writable layer + memory image) are kept (default <data-dir>/snapshots)")
+	f.StringSliceVar(&l.Pools, "pool", nil, "warm pool as <template>=<min size>, e.g. base=2 (repeatable); creates of that template claim a ready sandbox, and the pool grows with the create rate")
+	f.IntVar(&l.PoolMax, "pool-max", 16, "largest size a warm pool grows to under load")
+	f.DurationVar(&l.IdleFreeze, "idle-freeze", 0, "freeze (cgroup freezer, memory kept) sandboxes with no data-plane traffic for this long; traffic thaws them in milliseconds (0 = never)")
+	f.StringVar(&l.FaultStep, "fault-step", "", "exit at this named lifecycle step (crash-safety tests)")
+	_ = f.MarkHidden("fault-step")
+}
+
+// parsePools reads --pool values.
+func parsePools(vals []string) (map[string]int, error) {
+	out := map[string]int{}
+	for _, v := range vals {
+		name, size, ok := strings.Cut(v, "=")
+		n, err := strconv.Atoi(size)
+		if !ok || name == "" || err != nil || n < 0 || n > 1000 {
+			return nil, fmt.Errorf("--pool %q: want <template>=<size from 0 to 1000>, e.g. base=2", v)
+		}
+		out[name] = n
+	}
+	return out, nil
+}
+
+func enableLifecycle(mgr *sandbox.Manager, c serveConfig) error {
+	l := c.Lifecycle
+	pools, err := parsePools(l.Pools)
+	if err != nil {
+		return err
+	}
+	if l.SnapshotDir == "" {
+		l.SnapshotDir = filepath.Join(c.DataDir, "snapshots")
+	}
+	return mgr.EnableLifecycle(sandbox.LifecycleConfig{
+		SnapshotDir: l.SnapshotDir, IdleFreeze: l.IdleFreeze, Pools: pools, PoolMax: l.PoolMax, FaultStep: l.FaultStep,
+	})
+}

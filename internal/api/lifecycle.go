@@ -1,0 +1,258 @@
+package api
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/sandbox"
+)
+
+// lifecycleRoutes serves pause/resume, snapshots, forks and warm pools.
+// (POST /sandboxes/{id}/pause and /resume are registered in Handler.)
+func (s *Server) lifecycleRoutes(auth func(string, http.HandlerFunc)) {
+	auth("POST /sandboxes/{id}/snapshots", s.createSnapshot)
+	auth("GET /snapshots", s.listSnapshots)
+	auth("POST /sandboxes/{id}/fork", s.fork)
+	auth("GET /pools", s.pools)
+}
+
+// applyLifecycle maps E2B's autoPause/autoPauseMemory/autoResume (and our
+// idleTimeout) onto the create request.
+func applyLifecycle(req *sandbox.CreateRequest, b newSandbox) error {
+	lr := &req.Lifecycle
+	lr.AutoPause = b.AutoPause != nil && *b.AutoPause
+	lr.AutoResume = b.AutoResume != nil && b.AutoResume.Enabled
+	if b.AutoPauseMemory != nil {
+		if !lr.AutoPause && !*b.AutoPauseMemory {
+			return invalid("autoPauseMemory: only meaningful with autoPause: true")
+		}
+		// Pauses here always keep memory: a filesystem-only pause would only
+		// lose state. The combination E2B forbids is still refused.
+		if !*b.AutoPauseMemory && lr.AutoResume {
+			return invalid("autoResume: cannot be enabled with autoPauseMemory: false (a filesystem-only pause must be resumed explicitly)")
+		}
+	}
+	if b.IdleTimeout != nil {
+		if *b.IdleTimeout < 0 || *b.IdleTimeout > 1<<31-1 {
+			return invalid("idleTimeout: must be from 0 to 2147483647 seconds, got %d", *b.IdleTimeout)
+		}
+		lr.IdleTimeout = time.Duration(*b.IdleTimeout) * time.Second
+	}
+	return nil
+}
+
+// stateOf is the E2B state of a sandbox: running or paused. Transitions
+// show the state they leave until they are complete.
+func stateOf(sb *sandbox.Sandbox) string {
+	if sb.State.Paused() {
+		return "paused"
+	}
+	return "running"
+}
+
+// endAt is when the sandbox ends; a paused one has its remaining lifetime
+// on hold, shown as if it resumed now.
+func endAt(sb *sandbox.Sandbox) time.Time {
+	if sb.State == sandbox.StatePaused {
+		return time.Now().UTC().Add(sb.TimeLeft).Truncate(time.Second)
+	}
+	return sb.EndAt.UTC()
+}
+
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Memory *bool `json:"memory"`
+	}
+	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
+		writeError(w, err)
+		return
+	}
+	// memory: false (filesystem only) is served as a memory pause: it keeps
+	// strictly more and resumes the same way.
+	if err := s.mgr.Pause(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r)); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// resume is the deprecated POST /sandboxes/{id}/resume: 201 with the
+// sandbox when it was paused, 409 when it is running.
+func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Timeout   *int64 `json:"timeout"`
+		AutoPause *bool  `json:"autoPause"`
+		Memory    *bool  `json:"memory"`
+	}
+	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
+		writeError(w, err)
+		return
+	}
+	d, err := timeoutOf(body.Timeout, 15*time.Second)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	sb, resumed, err := s.mgr.Resume(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), d, false)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if !resumed {
+		writeError(w, fmt.Errorf("sandbox %q is already running: %w", sb.ID, errdefs.ErrConflict))
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.sandboxResponse(sb))
+}
+
+type snapshotJSON struct {
+	SnapshotID string   `json:"snapshotID"`
+	Names      []string `json:"names"`
+}
+
+func snapshotOut(sn *sandbox.Snapshot) snapshotJSON {
+	return snapshotJSON{SnapshotID: sn.SnapshotRef(), Names: []string{sn.SnapshotRef()}}
+}
+
+func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Name *string `json:"name"`
+	}
+	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
+		writeError(w, err)
+		return
+	}
+	name := ""
+	if body.Name != nil {
+		name = *body.Name
+		if name == "" || len(name) > 128 || !snapshotName(name) {
+			writeError(w, invalid("name: use 1-128 lowercase letters, digits, '-' and '_'"))
+			return
+		}
+		team := keyOf(r.Context()).TeamID
+		if s.mgr.IsSnapshot(team, name) {
+			// E2B assigns a new build to the existing name; ours are
+			// immutable, so the old one is replaced.
+			if err := s.mgr.DeleteSnapshot(r.Context(), team, name); err != nil {
+				writeError(w, err)
+				return
+			}
+		}
+	}
+	sn, err := s.mgr.CreateSnapshot(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), name)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, snapshotOut(sn))
+}
+
+func snapshotName(s string) bool {
+	for _, c := range s {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' && c != '_' {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	limit := 100
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 100 {
+			writeError(w, invalid("limit: must be an integer from 1 to 100, got %q", truncate(v)))
+			return
+		}
+		limit = n
+	}
+	all := s.mgr.ListSnapshots(r.Context(), keyOf(r.Context()).TeamID, q.Get("sandboxID"), q.Get("name"))
+	start := 0
+	if tok := q.Get("nextToken"); tok != "" {
+		start = len(all)
+		for i, sn := range all {
+			if sn.ID == tok {
+				start = i + 1
+			}
+		}
+	}
+	out := []snapshotJSON{}
+	for i := start; i < len(all); i++ {
+		if len(out) == limit {
+			w.Header().Set("X-Next-Token", all[i-1].ID)
+			break
+		}
+		out = append(out, snapshotOut(all[i]))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// deleteSnapshot serves DELETE /templates/{id} (the SDK's deleteSnapshot)
+// when id names one of the team's snapshots; it reports whether it did.
+func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) bool {
+	ref := r.PathValue("id")
+	team := keyOf(r.Context()).TeamID
+	if !s.mgr.IsSnapshot(team, ref) {
+		return false
+	}
+	if err := s.mgr.DeleteSnapshot(r.Context(), team, ref); err != nil {
+		writeError(w, err)
+		return true
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return true
+}
+
+type forkResultJSON struct {
+	Sandbox *sandboxResponse `json:"sandbox,omitempty"`
+	Error   *errorBody       `json:"error,omitempty"`
+}
+
+func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Count   *int64 `json:"count"`
+		Timeout *int64 `json:"timeout"`
+	}
+	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
+		writeError(w, err)
+		return
+	}
+	count := int64(1)
+	if body.Count != nil {
+		count = *body.Count
+	}
+	if count < 1 || count > sandbox.MaxForks {
+		writeError(w, invalid("count: must be from 1 to %d, got %d", sandbox.MaxForks, count))
+		return
+	}
+	d, err := timeoutOf(body.Timeout, 15*time.Second)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	res, err := s.mgr.Fork(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), int(count), d)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := make([]forkResultJSON, len(res))
+	for i, fr := range res {
+		if fr.Err != nil {
+			st := statusOf(fr.Err)
+			out[i].Error = &errorBody{Code: st, Message: message(fr.Err)}
+			continue
+		}
+		sr := s.sandboxResponse(fr.Sandbox)
+		out[i].Sandbox = &sr
+	}
+	writeJSON(w, http.StatusCreated, out)
+}
+
+// pools reports the warm pools (agentbox extension).
+func (s *Server) pools(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, s.mgr.Pools())
+}

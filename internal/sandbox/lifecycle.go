@@ -1,0 +1,648 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/network"
+	"github.com/agentbox/agentbox/internal/runtime"
+)
+
+// Lifecycle states beyond creating/running/killing. Every one is persisted
+// before the host is touched, so a crash at any point leaves the old state
+// or the new one and Reconcile knows which (see reconcileLifecycle).
+const (
+	StatePausing      State = "pausing"      // checkpoint in progress; still running until it completes
+	StatePaused       State = "paused"       // processes are in a memory image on disk; no CPU, no RAM
+	StateResuming     State = "resuming"     // restore in progress; still paused until it completes
+	StateSnapshotting State = "snapshotting" // frozen for a live checkpoint; running again afterwards
+)
+
+// Lifecycle is a sandbox's timeout policy and pause bookkeeping. It is
+// embedded in Sandbox, so its fields are persisted with the record.
+type Lifecycle struct {
+	AutoPause   bool          `json:"autoPause,omitempty"`   // pause instead of kill at the end of the lifetime
+	AutoResume  bool          `json:"autoResume,omitempty"`  // data-plane traffic resumes a paused sandbox
+	IdleTimeout time.Duration `json:"idleTimeout,omitempty"` // no traffic this long: pause (autoPause) or kill
+	LifeTimeout time.Duration `json:"lifeTimeout,omitempty"` // the lifetime asked for at create
+	PausedAt    time.Time     `json:"pausedAt,omitzero"`
+	// TimeLeft is the lifetime left when the sandbox was paused: paused
+	// time does not count against the lifetime.
+	TimeLeft time.Duration `json:"timeLeft,omitempty"`
+	// BaseSnapshot is the snapshot whose layers the sandbox runs on (forks
+	// and sandboxes created from a snapshot); it is kept while they live.
+	BaseSnapshot string `json:"baseSnapshot,omitempty"`
+}
+
+// LifecycleRequest is the lifecycle part of a create call.
+type LifecycleRequest struct {
+	AutoPause   bool
+	AutoResume  bool
+	IdleTimeout time.Duration
+}
+
+func (r LifecycleRequest) apply(timeout time.Duration) Lifecycle {
+	return Lifecycle{AutoPause: r.AutoPause, AutoResume: r.AutoResume, IdleTimeout: r.IdleTimeout, LifeTimeout: timeout}
+}
+
+// LifecycleConfig enables pause/resume, snapshots, forks and warm pools.
+type LifecycleConfig struct {
+	// SnapshotDir holds snapshots (<dir>/<id>/{snapshot.json,upper,image}).
+	SnapshotDir string
+	// IdleFreeze freezes (cgroup freezer, memory kept) a running sandbox
+	// that had no data-plane traffic for this long; traffic thaws it in
+	// milliseconds. 0 disables.
+	IdleFreeze time.Duration
+	// Pools maps template references to the minimum number of warm
+	// sandboxes kept ready; PoolMax caps the adaptive size of each.
+	Pools   map[string]int
+	PoolMax int
+	// FaultStep makes the process exit at the named step of a transition
+	// (fault-injection tests of crash safety); "" never.
+	FaultStep string
+}
+
+// lifecycle is the manager's lifecycle state; guarded by Manager.mu.
+type lifecycle struct {
+	cfg      LifecycleConfig
+	activity map[string]*activity
+	pools    map[string]*pool // by template id
+	snaps    *snapshotStore
+	lastGC   time.Time
+}
+
+// activity is what the idle policy knows of a sandbox's data plane.
+type activity struct {
+	last     time.Time
+	inflight int
+	frozen   bool
+}
+
+// EnableLifecycle configures lifecycle features. Call before Reconcile.
+func (m *Manager) EnableLifecycle(cfg LifecycleConfig) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.life.cfg = cfg
+	if cfg.PoolMax == 0 {
+		m.life.cfg.PoolMax = 32
+	}
+	if cfg.SnapshotDir != "" {
+		st, err := openSnapshotStore(cfg.SnapshotDir, m.log)
+		if err != nil {
+			return err
+		}
+		m.life.snaps = st
+	}
+	return nil
+}
+
+// fault exits the process at the configured step: a crash at exactly that
+// point, for the fault-injection tests.
+func (m *Manager) fault(step string) {
+	if m.life.cfg.FaultStep != "" && m.life.cfg.FaultStep == step {
+		m.log.Warn("fault injection: exiting", "step", step)
+		os.Exit(97)
+	}
+}
+
+// checkpointable refuses tiers the checkpointer cannot handle yet.
+func checkpointable(sb *Sandbox) error {
+	if sb.Isolation == IsolationGVisor {
+		return fmt.Errorf("sandbox %q runs under gvisor, which cannot be paused, snapshotted or forked by this server yet: %w", sb.ID, errdefs.ErrUnavailable)
+	}
+	return nil
+}
+
+func (m *Manager) checkpointer() (runtime.Checkpointer, error) {
+	ck, ok := m.rt.(runtime.Checkpointer)
+	if !ok {
+		return nil, fmt.Errorf("this runtime cannot pause sandboxes: %w", errdefs.ErrUnavailable)
+	}
+	if s, ok := m.rt.(interface{ CheckpointSupported() error }); ok {
+		if err := s.CheckpointSupported(); err != nil {
+			return nil, fmt.Errorf("pausing sandboxes: %w", err)
+		}
+	}
+	return ck, nil
+}
+
+// listable says which states the list endpoints show.
+func listable(s State) bool {
+	switch s {
+	case StateRunning, StatePausing, StatePaused, StateResuming, StateSnapshotting:
+		return true
+	}
+	return false
+}
+
+// Paused reports whether the state is shown as "paused" to clients.
+func (s State) Paused() bool { return s == StatePaused || s == StateResuming }
+
+// killable checks that sb may be killed now (m.mu held).
+func killable(sb *Sandbox) error {
+	switch sb.State {
+	case StateRunning, StatePaused:
+		return nil
+	case StateKilling, StateCreating:
+		return notFound(sb.ID)
+	}
+	return fmt.Errorf("sandbox %q is %s; retry in a moment: %w", sb.ID, sb.State, errdefs.ErrConflict)
+}
+
+func conflict(id string, st State) error {
+	return fmt.Errorf("sandbox %q is %s: %w", id, st, errdefs.ErrConflict)
+}
+
+// begin moves the team's sandbox from one of from to state to under the
+// lock and persists it. It returns the record to restore if the transition
+// fails.
+func (m *Manager) begin(ctx context.Context, teamID, id string, to State, from ...State) (sb *Sandbox, prev *Sandbox, err error) {
+	m.mu.Lock()
+	sb, ok := m.sandboxes[id]
+	if !ok || (teamID != "" && sb.TeamID != teamID) || sb.TeamID == poolTeam || sb.State == StateKilling || sb.State == StateCreating {
+		m.mu.Unlock()
+		return nil, nil, notFound(id)
+	}
+	if err := checkpointable(sb); err != nil {
+		m.mu.Unlock()
+		return nil, nil, err
+	}
+	okFrom := false
+	for _, f := range from {
+		okFrom = okFrom || sb.State == f
+	}
+	if !okFrom {
+		st := sb.State
+		m.mu.Unlock()
+		return nil, nil, conflict(id, st)
+	}
+	prev = clone(sb)
+	sb.State = to
+	rec := clone(sb)
+	m.mu.Unlock()
+	if err := m.save(ctx, rec); err != nil {
+		m.rollback(ctx, prev)
+		return nil, nil, err
+	}
+	return rec, prev, nil
+}
+
+// commit applies f to the live sandbox under the lock and persists it.
+func (m *Manager) commit(ctx context.Context, id string, f func(*Sandbox)) (*Sandbox, error) {
+	m.mu.Lock()
+	sb, ok := m.sandboxes[id]
+	if !ok {
+		m.mu.Unlock()
+		return nil, notFound(id)
+	}
+	f(sb)
+	rec := clone(sb)
+	m.mu.Unlock()
+	return rec, m.save(ctx, rec)
+}
+
+// rollback puts a sandbox back to its record before a failed transition.
+func (m *Manager) rollback(ctx context.Context, prev *Sandbox) {
+	m.mu.Lock()
+	if sb, ok := m.sandboxes[prev.ID]; ok {
+		*sb = *clone(prev)
+	}
+	m.mu.Unlock()
+	if err := m.save(ctx, prev); err != nil {
+		m.log.Error("persist rollback", "sandbox", prev.ID, "err", err)
+	}
+}
+
+// thaw unfreezes a sandbox frozen by the idle policy.
+func (m *Manager) thaw(ctx context.Context, id string) error {
+	m.mu.Lock()
+	a := m.life.activity[id]
+	frozen := a != nil && a.frozen
+	m.mu.Unlock()
+	if !frozen {
+		return nil
+	}
+	ck, err := m.checkpointer()
+	if err != nil {
+		return err
+	}
+	if err := ck.Thaw(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return err
+	}
+	m.mu.Lock()
+	if a := m.life.activity[id]; a != nil {
+		a.frozen = false
+	}
+	m.mu.Unlock()
+	return nil
+}
+
+// Pause checkpoints the team's running sandbox to disk with its memory: its
+// processes stop, it holds no CPU or RAM, and Resume brings it back with the
+// same id, token, files, env and processes (pids included).
+func (m *Manager) Pause(ctx context.Context, teamID, id string) error {
+	return m.pause(ctx, teamID, id, false)
+}
+
+// pause is Pause; expired marks an auto-pause at the end of the lifetime,
+// which leaves no lifetime to keep (a resume gets the original one again).
+func (m *Manager) pause(ctx context.Context, teamID, id string, expired bool) error {
+	ck, err := m.checkpointer()
+	if err != nil {
+		return err
+	}
+	ctx = context.WithoutCancel(ctx)
+	start := time.Now()
+	m.mu.Lock()
+	if sb, ok := m.sandboxes[id]; ok && (sb.State == StatePaused || sb.State == StatePausing) && (teamID == "" || sb.TeamID == teamID) {
+		m.mu.Unlock()
+		return fmt.Errorf("sandbox %q is already paused: %w", id, errdefs.ErrConflict)
+	}
+	m.mu.Unlock()
+	_, prev, err := m.begin(ctx, teamID, id, StatePausing, StateRunning)
+	if err != nil {
+		return err
+	}
+	m.fault("pause:persisted")
+	if err := m.thaw(ctx, id); err != nil {
+		m.rollback(ctx, prev)
+		return err
+	}
+	if err := ck.Checkpoint(ctx, id, runtime.CheckpointOptions{}); err != nil {
+		m.rollback(ctx, prev)
+		m.log.Error("pause failed; sandbox keeps running", "sandbox", id, "err", err)
+		return fmt.Errorf("sandbox %s: pause: %w", id, err)
+	}
+	m.fault("pause:checkpointed")
+	now := time.Now().UTC()
+	if _, err := m.commit(ctx, id, func(sb *Sandbox) {
+		sb.State = StatePaused
+		sb.PausedAt = now
+		sb.TimeLeft = max(prev.EndAt.Sub(now), 0)
+		if expired {
+			sb.TimeLeft = 0
+		}
+	}); err != nil {
+		// The record still says pausing; Reconcile finds the complete image.
+		return err
+	}
+	m.mu.Lock()
+	delete(m.metrics, id)
+	delete(m.life.activity, id)
+	m.mu.Unlock()
+	m.log.Info("sandbox paused", "sandbox", id, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// Resume restores the team's paused sandbox and gives it at least timeout
+// to live (or the lifetime it had left, or its original one). It reports
+// whether the sandbox was paused; a running one is returned as is. auto
+// marks a resume caused by traffic, which needs the sandbox's autoResume.
+func (m *Manager) Resume(ctx context.Context, teamID, id string, timeout time.Duration, auto bool) (*Sandbox, bool, error) {
+	ctx = context.WithoutCancel(ctx)
+	// A pause or resume in flight finishes first.
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		m.mu.Lock()
+		sb, ok := m.sandboxes[id]
+		if !ok || (teamID != "" && sb.TeamID != teamID) || sb.TeamID == poolTeam || sb.State == StateKilling || sb.State == StateCreating {
+			m.mu.Unlock()
+			return nil, false, notFound(id)
+		}
+		st, autoOK := sb.State, sb.AutoResume
+		var out *Sandbox
+		if st == StateRunning {
+			out = clone(sb)
+		}
+		m.mu.Unlock()
+		switch {
+		case st == StateRunning:
+			return out, false, nil
+		case st == StatePaused && auto && !autoOK:
+			return nil, false, fmt.Errorf("sandbox %q is paused and has no autoResume: %w", id, errdefs.ErrNotFound)
+		case st == StatePaused:
+		case time.Now().After(deadline):
+			return nil, false, conflict(id, st)
+		default:
+			continue
+		}
+		break
+	}
+	ck, err := m.checkpointer()
+	if err != nil {
+		return nil, false, err
+	}
+	start := time.Now()
+	_, prev, err := m.begin(ctx, teamID, id, StateResuming, StatePaused)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrConflict) { // someone else resumed it meanwhile
+			return m.Resume(ctx, teamID, id, timeout, auto)
+		}
+		return nil, false, err
+	}
+	m.fault("resume:persisted")
+	if err := ck.Restore(ctx, runtime.Spec{ID: id}, runtime.RestoreOptions{}); err != nil {
+		m.rollback(ctx, prev)
+		m.log.Error("resume failed; sandbox stays paused", "sandbox", id, "err", err)
+		return nil, false, fmt.Errorf("sandbox %s: resume: %v: %w", id, err, errdefs.ErrUnavailable)
+	}
+	m.fault("resume:restored")
+	now := time.Now().UTC()
+	sb, err := m.commit(ctx, id, func(sb *Sandbox) {
+		life := max(timeout, sb.TimeLeft)
+		if life <= 0 {
+			life = max(sb.LifeTimeout, time.Minute)
+		}
+		sb.State = StateRunning
+		sb.EndAt = now.Add(life)
+		sb.PausedAt, sb.TimeLeft = time.Time{}, 0
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	if err := ck.DropCheckpoint(ctx, id); err != nil {
+		m.log.Warn("remove pause image", "sandbox", id, "err", err)
+	}
+	m.touch(id)
+	m.log.Info("sandbox resumed", "sandbox", id, "auto", auto, "took", time.Since(start).Round(time.Millisecond))
+	return sb, true, nil
+}
+
+// touch records data-plane activity (idle policy).
+func (m *Manager) touch(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.life.activity == nil {
+		m.life.activity = map[string]*activity{}
+	}
+	a := m.life.activity[id]
+	if a == nil {
+		a = &activity{}
+		m.life.activity[id] = a
+	}
+	a.last = time.Now()
+}
+
+// Wake is the gateway's lookup: it returns the running sandbox, thawing a
+// frozen one and resuming a paused one whose autoResume is on. done ends
+// the request's activity (a sandbox with requests in flight is not idle).
+func (m *Manager) Wake(ctx context.Context, id string) (*Sandbox, func(), bool) {
+	m.mu.Lock()
+	sb, ok := m.sandboxes[id]
+	if !ok || sb.TeamID == poolTeam {
+		m.mu.Unlock()
+		return nil, nil, false
+	}
+	st := sb.State
+	m.mu.Unlock()
+	switch st {
+	case StateRunning:
+		if err := m.thaw(ctx, id); err != nil {
+			m.log.Warn("thaw on traffic", "sandbox", id, "err", err)
+			return nil, nil, false
+		}
+	case StatePaused, StatePausing, StateResuming:
+		if _, _, err := m.Resume(ctx, "", id, 0, true); err != nil {
+			return nil, nil, false
+		}
+	default:
+		return nil, nil, false
+	}
+	m.touch(id)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, ok = m.sandboxes[id]
+	if !ok || sb.State != StateRunning {
+		return nil, nil, false
+	}
+	a := m.life.activity[id]
+	a.inflight++
+	done := func() {
+		m.mu.Lock()
+		a.inflight--
+		a.last = time.Now()
+		m.mu.Unlock()
+	}
+	return clone(sb), done, true
+}
+
+// reapLifecycle runs every reap tick: auto-pause at the end of the
+// lifetime, idle timeouts, idle freezing, and the warm pools.
+func (m *Manager) reapLifecycle(ctx context.Context, now time.Time) {
+	type action struct {
+		id   string
+		what string
+	}
+	var todo []action
+	m.mu.Lock()
+	if m.life.activity == nil {
+		m.life.activity = map[string]*activity{}
+	}
+	for id, sb := range m.sandboxes {
+		if sb.State != StateRunning || sb.TeamID == poolTeam {
+			continue
+		}
+		a := m.life.activity[id]
+		if a == nil {
+			a = &activity{last: now}
+			m.life.activity[id] = a
+		}
+		idle := now.Sub(a.last)
+		switch {
+		case sb.AutoPause && now.After(sb.EndAt):
+			// Out of the kill loop's reach while the pause runs; a failed
+			// pause kills it at the next tick.
+			sb.EndAt = now.Add(time.Minute)
+			todo = append(todo, action{id, "expire"})
+		case sb.IdleTimeout > 0 && a.inflight == 0 && idle > sb.IdleTimeout:
+			if sb.AutoPause {
+				todo = append(todo, action{id, "pause"})
+			} else {
+				sb.State = StateKilling
+				todo = append(todo, action{id, "kill"})
+			}
+		case m.life.cfg.IdleFreeze > 0 && !a.frozen && a.inflight == 0 && idle > m.life.cfg.IdleFreeze:
+			a.frozen = true
+			todo = append(todo, action{id, "freeze"})
+		}
+	}
+	m.mu.Unlock()
+	for _, a := range todo {
+		go func() {
+			var err error
+			switch a.what {
+			case "expire":
+				if err = m.pause(ctx, "", a.id, true); err != nil && !errors.Is(err, errdefs.ErrConflict) {
+					m.mu.Lock()
+					if sb := m.sandboxes[a.id]; sb != nil && sb.State == StateRunning {
+						sb.AutoPause = false // kill it at the next tick
+						sb.EndAt = time.Now()
+					}
+					m.mu.Unlock()
+				}
+			case "pause":
+				err = m.Pause(ctx, "", a.id)
+			case "kill":
+				m.mu.Lock()
+				sb := clone(m.sandboxes[a.id])
+				m.mu.Unlock()
+				err = m.destroy(context.WithoutCancel(ctx), sb, "idle timeout")
+			case "freeze":
+				if ck, cerr := m.checkpointer(); cerr != nil {
+					err = cerr
+				} else if err = ck.Freeze(ctx, a.id); err != nil {
+					m.mu.Lock()
+					if act := m.life.activity[a.id]; act != nil {
+						act.frozen = false
+					}
+					m.mu.Unlock()
+				}
+			}
+			if err != nil && !errors.Is(err, errdefs.ErrConflict) {
+				m.log.Warn("lifecycle timeout action", "sandbox", a.id, "action", a.what, "err", err)
+			}
+		}()
+	}
+	m.poolTick(ctx, now)
+	m.snapshotGC(ctx)
+}
+
+// reconcileLifecycle settles a record found at start. It returns true when
+// it adopted or removed the sandbox itself; otherwise the record (possibly
+// rewritten to running) goes through the normal adoption.
+func (m *Manager) reconcileLifecycle(ctx context.Context, sb *Sandbox, adopted map[string]bool) bool {
+	ck, ckErr := m.checkpointer()
+	st, stErr := m.rt.State(ctx, sb.ID)
+	hasImage := false
+	if ckErr == nil {
+		hasImage, _ = ck.HasCheckpoint(ctx, sb.ID)
+	}
+	// A freeze (idle, snapshot) interrupted by the crash: thaw.
+	if stErr == nil && st == runtime.StatusPaused && ckErr == nil {
+		if err := ck.Thaw(ctx, sb.ID); err == nil {
+			st = runtime.StatusRunning
+		}
+	}
+	running := stErr == nil && st == runtime.StatusRunning
+	switch sb.State {
+	case StateRunning:
+		if hasImage && running { // resumed, image not yet removed
+			_ = ck.DropCheckpoint(ctx, sb.ID)
+		}
+		return false
+	case StatePausing, StateResuming, StateSnapshotting:
+		// Old state or new state, never half: a live container means the
+		// checkpoint did not happen (or the restore did); a complete image
+		// without a container means the sandbox is paused.
+		switch {
+		case running:
+			m.log.Warn("interrupted transition: sandbox is running", "sandbox", sb.ID, "was", sb.State)
+			if hasImage {
+				_ = ck.DropCheckpoint(ctx, sb.ID)
+			}
+			if sb.State == StateResuming {
+				sb.EndAt = time.Now().UTC().Add(max(sb.TimeLeft, sb.LifeTimeout, time.Minute))
+				sb.PausedAt, sb.TimeLeft = time.Time{}, 0
+			}
+			sb.State = StateRunning
+		case hasImage:
+			m.log.Warn("interrupted transition: sandbox is paused", "sandbox", sb.ID, "was", sb.State)
+			if sb.State == StatePausing {
+				sb.PausedAt = time.Now().UTC()
+				sb.TimeLeft = max(time.Until(sb.EndAt), 0)
+			}
+			sb.State = StatePaused
+		default:
+			return false // neither: the normal path removes it
+		}
+		if err := m.save(ctx, sb); err != nil {
+			m.log.Error("persist reconciled state", "sandbox", sb.ID, "err", err)
+		}
+		if sb.State == StateRunning {
+			return false
+		}
+		fallthrough
+	case StatePaused:
+		reason := ""
+		if !hasImage {
+			reason = "its pause image is missing"
+		} else if _, ok := m.net.Lookup(sb.ID); !ok {
+			reason = "its network namespace is gone"
+		} else if err := m.net.SetPolicy(ctx, sb.ID, network.Policy{AllowInternet: sb.AllowInternet}); err != nil {
+			reason = "could not restore its egress policy: " + err.Error()
+		}
+		if reason != "" {
+			m.log.Warn("removing paused sandbox after restart", "sandbox", sb.ID, "why", reason)
+			sb.State = StateKilling
+			_ = m.destroy(ctx, sb, reason)
+			return true
+		}
+		m.mu.Lock()
+		m.sandboxes[sb.ID] = sb
+		m.mu.Unlock()
+		adopted[sb.ID] = true
+		m.log.Info("paused sandbox re-adopted", "sandbox", sb.ID)
+		return true
+	}
+	return false
+}
+
+// reinitEnvd hands a restored envd its new identity: env vars, and the
+// access token of the new sandbox (its memory holds the token of the one it
+// was checkpointed from, oldToken, which authorises this call).
+func (m *Manager) reinitEnvd(ctx context.Context, sb *Sandbox, oldToken string) error {
+	base := "http://" + net.JoinHostPort(sb.IP.String(), strconv.Itoa(EnvdPort))
+	deadline := time.Now().Add(m.cfg.EnvdReadyWait)
+	for delay := 2 * time.Millisecond; ; delay = min(delay*2, 50*time.Millisecond) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/health", nil)
+		resp, err := m.client.Do(req)
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode/100 == 2 {
+				break
+			}
+			err = fmt.Errorf("health answered %s", resp.Status)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no answer from restored envd at %s: %w (%w)", base, err, errdefs.ErrUnavailable)
+		}
+		time.Sleep(delay)
+	}
+	token := ""
+	if sb.Secure {
+		token = m.Token(sb.ID)
+	}
+	body := map[string]any{
+		"envVars":        sb.EnvVars,
+		"defaultUser":    sb.DefaultUser,
+		"defaultWorkdir": sb.DefaultWorkdir,
+		"timestamp":      time.Now().UTC().Format(time.RFC3339Nano),
+		"accessToken":    token,
+	}
+	buf, _ := json.Marshal(body)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/init", bytes.NewReader(buf))
+	req.Header.Set("Content-Type", "application/json")
+	if oldToken != "" {
+		req.Header.Set("X-Access-Token", oldToken)
+	}
+	resp, err := m.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("envd /init: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("envd /init answered %s: %s", resp.Status, msg)
+	}
+	return nil
+}

@@ -1,0 +1,216 @@
+package sandbox
+
+import (
+	"context"
+	"maps"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/agentbox/agentbox/internal/network"
+)
+
+// poolTeam owns warm sandboxes until a create claims one; no API key maps
+// to it, so they are invisible to every team.
+const poolTeam = "agentbox-warm-pool"
+
+// pool is the warm pool of one template.
+type pool struct {
+	ref        string // as configured ("base")
+	templateID string
+	min        int
+	target     int
+	filling    int
+	hits       uint64
+	misses     uint64
+	creates    []time.Time // recent creates of the template, for the adaptive size
+}
+
+// PoolStats describes one warm pool.
+type PoolStats struct {
+	Template   string `json:"template"`
+	TemplateID string `json:"templateID"`
+	Ready      int    `json:"ready"`
+	Filling    int    `json:"filling"`
+	Min        int    `json:"min"`
+	Target     int    `json:"target"`
+	Hits       uint64 `json:"hits"`
+	Misses     uint64 `json:"misses"`
+}
+
+// poolWindow is how far back creates count for the pool size, and
+// refillTime how long one warm sandbox takes to make: the pool holds what
+// the recent create rate consumes while it refills, twice over.
+const (
+	poolWindow = time.Minute
+	refillTime = 2 * time.Second
+)
+
+// poolTick resolves configured pools, resizes them to the create rate and
+// starts refills. Called from the reaper (m.mu not held).
+func (m *Manager) poolTick(ctx context.Context, now time.Time) {
+	if len(m.life.cfg.Pools) == 0 {
+		return
+	}
+	m.mu.Lock()
+	if m.life.pools == nil {
+		m.life.pools = map[string]*pool{}
+	}
+	known := map[string]bool{}
+	for _, p := range m.life.pools {
+		known[p.ref] = true
+	}
+	m.mu.Unlock()
+	for ref, size := range m.life.cfg.Pools {
+		if known[ref] {
+			continue
+		}
+		tpl, err := m.templates.Get(ctx, ref)
+		if err != nil {
+			continue // not built yet; try at the next tick
+		}
+		m.mu.Lock()
+		m.life.pools[tpl.ID] = &pool{ref: ref, templateID: tpl.ID, min: size, target: size}
+		m.mu.Unlock()
+	}
+
+	type fill struct {
+		templateID string
+		n          int
+	}
+	var fills []fill
+	m.mu.Lock()
+	ready := map[string]int{}
+	for _, sb := range m.sandboxes {
+		if sb.TeamID == poolTeam && sb.State == StateRunning {
+			ready[sb.TemplateID]++
+		}
+	}
+	for id, p := range m.life.pools {
+		p.creates = slices.DeleteFunc(p.creates, func(t time.Time) bool { return now.Sub(t) > poolWindow })
+		rate := float64(len(p.creates)) / poolWindow.Seconds()
+		p.target = min(max(p.min, p.min+int(math.Ceil(2*rate*refillTime.Seconds()))), max(m.life.cfg.PoolMax, p.min))
+		// At most two cold starts at a time: refills must not starve the
+		// creates they are meant to speed up.
+		if n := min(p.target-ready[id]-p.filling, 2-p.filling); n > 0 {
+			p.filling += n
+			fills = append(fills, fill{id, n})
+		}
+	}
+	m.mu.Unlock()
+	for _, f := range fills {
+		for range f.n {
+			go func() {
+				_, err := m.Create(context.WithoutCancel(ctx), CreateRequest{
+					TeamID: poolTeam, Template: f.templateID, Timeout: m.cfg.MaxTimeout, Secure: true, AllowInternet: true,
+				})
+				m.mu.Lock()
+				m.life.pools[f.templateID].filling--
+				m.mu.Unlock()
+				if err != nil {
+					m.log.Warn("warm pool refill", "template", f.templateID, "err", err)
+				}
+			}()
+		}
+	}
+}
+
+// claimPooled hands a warm sandbox of the requested template to the
+// request: it takes the request's team, env, metadata, network policy,
+// token and lifetime. ok is false on a miss.
+func (m *Manager) claimPooled(ctx context.Context, req CreateRequest) (*Sandbox, bool) {
+	if len(m.life.cfg.Pools) == 0 {
+		return nil, false
+	}
+	// Warm sandboxes have the template's defaults: requests for other
+	// limits, another tier or egress rules start cold.
+	if req.Limits != (Limits{}) || (req.Isolation != "" && req.Isolation != IsolationContainer) ||
+		req.Metadata[MetadataIsolation] != "" || req.Network != nil {
+		return nil, false
+	}
+	tpl, err := m.templates.Get(ctx, req.Template)
+	if err != nil {
+		return nil, false
+	}
+	m.mu.Lock()
+	p := m.life.pools[tpl.ID]
+	if p == nil {
+		m.mu.Unlock()
+		return nil, false
+	}
+	p.creates = append(p.creates, time.Now())
+	var sb *Sandbox
+	for _, c := range m.sandboxes {
+		if c.TeamID == poolTeam && c.State == StateRunning && c.TemplateID == tpl.ID {
+			sb = c
+			break
+		}
+	}
+	if sb == nil || m.checkTimeout(req.Timeout) != nil {
+		p.misses++
+		m.mu.Unlock()
+		return nil, false
+	}
+	p.hits++
+	// Hidden from the pool and from other claims while it is configured.
+	sb.State = StateCreating
+	sb.TeamID = req.TeamID
+	prev := clone(sb)
+	m.mu.Unlock()
+
+	start := time.Now()
+	sctx := context.WithoutCancel(ctx)
+	now := time.Now().UTC()
+	c := clone(prev)
+	c.APIKeyID, c.Metadata, c.EnvVars = req.APIKeyID, maps.Clone(req.Metadata), maps.Clone(req.EnvVars)
+	c.Secure, c.AllowInternet = req.Secure, req.AllowInternet
+	c.StartedAt, c.EndAt, c.Lifecycle = now, now.Add(req.Timeout), req.Lifecycle.apply(req.Timeout)
+	err = nil
+	if !c.AllowInternet {
+		err = m.net.SetPolicy(sctx, c.ID, network.Policy{AllowInternet: false})
+	}
+	if err == nil {
+		// Pooled sandboxes are made secure; their token is derived from the
+		// id, which the claimed sandbox keeps.
+		err = m.reinitEnvd(sctx, c, m.Token(c.ID))
+	}
+	if err == nil {
+		c.State = StateRunning
+		err = m.save(sctx, c)
+	}
+	if err != nil {
+		m.log.Warn("warm sandbox claim failed; cold start instead", "sandbox", c.ID, "err", err)
+		c.State = StateKilling
+		m.mu.Lock()
+		if live := m.sandboxes[c.ID]; live != nil {
+			live.State = StateKilling
+		}
+		m.mu.Unlock()
+		go func() { _ = m.destroy(context.WithoutCancel(ctx), c, "warm claim failed") }()
+		return nil, false
+	}
+	m.mu.Lock()
+	*m.sandboxes[c.ID] = *clone(c)
+	m.mu.Unlock()
+	m.touch(c.ID)
+	m.log.Info("sandbox created from warm pool", "sandbox", c.ID, "template", c.TemplateID, "team", c.TeamID, "took", time.Since(start).Round(time.Millisecond))
+	return clone(c), true
+}
+
+// Pools reports the warm pools.
+func (m *Manager) Pools() []PoolStats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ready := map[string]int{}
+	for _, sb := range m.sandboxes {
+		if sb.TeamID == poolTeam && sb.State == StateRunning {
+			ready[sb.TemplateID]++
+		}
+	}
+	out := make([]PoolStats, 0, len(m.life.pools))
+	for id, p := range m.life.pools {
+		out = append(out, PoolStats{Template: p.ref, TemplateID: id, Ready: ready[id], Filling: p.filling, Min: p.min, Target: p.target, Hits: p.hits, Misses: p.misses})
+	}
+	slices.SortFunc(out, func(a, b PoolStats) int { return cmpString(a.Template, b.Template) })
+	return out
+}

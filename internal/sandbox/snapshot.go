@@ -1,0 +1,512 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/network"
+	"github.com/agentbox/agentbox/internal/runtime"
+)
+
+// Snapshot is a persistent image of a sandbox: its template's layers plus
+// the writable layer captured at checkpoint time, and its memory. New
+// sandboxes start from it with templateID = its id (or name).
+type Snapshot struct {
+	ID             string            `json:"id"`
+	Name           string            `json:"name,omitempty"`
+	TeamID         string            `json:"teamID"`
+	SandboxID      string            `json:"sandboxID"`
+	TemplateID     string            `json:"templateID"`
+	Alias          string            `json:"alias,omitempty"`
+	Layers         []string          `json:"layers"` // lowest first; the last is this snapshot's upper
+	CPUCount       int               `json:"cpuCount"`
+	MemoryMB       int               `json:"memoryMB"`
+	DiskMB         int               `json:"diskMB"`
+	PIDs           int               `json:"pids,omitempty"`
+	TmpMB          int               `json:"tmpMB,omitempty"` // the /tmp mount must match the image's
+	Isolation      string            `json:"isolation,omitempty"`
+	DefaultUser    string            `json:"defaultUser"`
+	DefaultWorkdir string            `json:"defaultWorkdir"`
+	EnvVars        map[string]string `json:"envVars,omitempty"`
+	Secure         bool              `json:"secure"` // the memory holds the source's envd token
+	AllowInternet  bool              `json:"allowInternet"`
+	Hidden         bool              `json:"hidden,omitempty"` // made for a fork; removed with its last sandbox
+	CreatedAt      time.Time         `json:"createdAt"`
+	SizeBytes      int64             `json:"sizeBytes"`
+}
+
+// SnapshotRef is the E2B name of a snapshot: "<name or id>:default".
+func (s *Snapshot) SnapshotRef() string {
+	if s.Name != "" {
+		return s.Name + ":default"
+	}
+	return s.ID + ":default"
+}
+
+const (
+	snapshotMeta   = "snapshot.json"
+	snapshotTmp    = ".tmp-"
+	snapshotGone   = "deleted" // marker: deleted by the user, removed once unused
+	snapshotMinAge = 5 * time.Minute
+)
+
+// snapshotStore keeps snapshots on disk, one directory each. A snapshot
+// appears by renaming a complete temporary directory, so a crash never
+// leaves a half one that looks usable.
+type snapshotStore struct {
+	dir string
+	log *slog.Logger
+	mu  sync.Mutex
+}
+
+func openSnapshotStore(dir string, log *slog.Logger) (*snapshotStore, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("snapshot dir: %w", err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot dir: %w", err)
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), snapshotTmp) {
+			log.Warn("removing incomplete snapshot", "dir", e.Name())
+			_ = os.RemoveAll(filepath.Join(dir, e.Name()))
+		}
+	}
+	return &snapshotStore{dir: dir, log: log}, nil
+}
+
+func (s *snapshotStore) path(id string) string { return filepath.Join(s.dir, id) }
+func (s *snapshotStore) image(id string) string {
+	return filepath.Join(s.dir, id, "image")
+}
+
+func (s *snapshotStore) load(id string) (*Snapshot, error) {
+	if !ValidID(id) {
+		return nil, fmt.Errorf("snapshot %q: %w", id, errdefs.ErrNotFound)
+	}
+	b, err := os.ReadFile(filepath.Join(s.path(id), snapshotMeta))
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("snapshot %q: %w", id, errdefs.ErrNotFound)
+		}
+		return nil, err
+	}
+	var snap Snapshot
+	if err := json.Unmarshal(b, &snap); err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", id, err)
+	}
+	return &snap, nil
+}
+
+func (s *snapshotStore) deleted(id string) bool {
+	_, err := os.Stat(filepath.Join(s.path(id), snapshotGone))
+	return err == nil
+}
+
+// list returns every complete snapshot (deleted ones too when all), newest first.
+func (s *snapshotStore) list(all bool) []*Snapshot {
+	entries, _ := os.ReadDir(s.dir)
+	var out []*Snapshot
+	for _, e := range entries {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		snap, err := s.load(e.Name())
+		if err != nil || (!all && s.deleted(snap.ID)) {
+			continue
+		}
+		out = append(out, snap)
+	}
+	slices.SortFunc(out, func(a, b *Snapshot) int { return b.CreatedAt.Compare(a.CreatedAt) })
+	return out
+}
+
+// resolve finds the team's snapshot by id or name, with an optional
+// ":tag" and "namespace/" (E2B shapes).
+func (s *snapshotStore) resolve(teamID, ref string) (*Snapshot, bool) {
+	ref, _, _ = strings.Cut(ref, ":")
+	if i := strings.LastIndexByte(ref, '/'); i >= 0 {
+		ref = ref[i+1:]
+	}
+	if ref == "" {
+		return nil, false
+	}
+	if snap, err := s.load(ref); err == nil && snap.TeamID == teamID && !s.deleted(ref) {
+		return snap, true
+	}
+	for _, snap := range s.list(false) {
+		if snap.TeamID == teamID && snap.Name == ref {
+			return snap, true
+		}
+	}
+	return nil, false
+}
+
+func newSnapshotID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return "snap" + string(b)
+}
+
+// baseLayers are the read-only layers sb runs on.
+func (m *Manager) baseLayers(ctx context.Context, sb *Sandbox) ([]string, error) {
+	if sb.BaseSnapshot != "" {
+		snap, err := m.life.snaps.load(sb.BaseSnapshot)
+		if err != nil {
+			return nil, err
+		}
+		return snap.Layers, nil
+	}
+	tpl, err := m.templates.Get(ctx, sb.TemplateID)
+	if err != nil {
+		return nil, fmt.Errorf("template %s of sandbox %s: %w", sb.TemplateID, sb.ID, err)
+	}
+	return tpl.Layers, nil
+}
+
+// CreateSnapshot captures the team's running sandbox (memory and writable
+// layer, one consistent instant while it is frozen) as a persistent
+// snapshot. The sandbox keeps running, with the same id and lifetime.
+func (m *Manager) CreateSnapshot(ctx context.Context, teamID, id, name string) (*Snapshot, error) {
+	return m.snapshot(ctx, teamID, id, name, false)
+}
+
+func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden bool) (*Snapshot, error) {
+	snaps := m.life.snaps
+	if snaps == nil {
+		return nil, fmt.Errorf("snapshots are not enabled on this server: %w", errdefs.ErrUnavailable)
+	}
+	ck, err := m.checkpointer()
+	if err != nil {
+		return nil, err
+	}
+	ctx = context.WithoutCancel(ctx)
+	m.mu.Lock()
+	if sb, ok := m.sandboxes[id]; ok && (teamID == "" || sb.TeamID == teamID) && sb.State == StateKilling {
+		m.mu.Unlock()
+		return nil, conflict(id, StateKilling)
+	}
+	m.mu.Unlock()
+	src, prev, err := m.begin(ctx, teamID, id, StateSnapshotting, StateRunning)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrConflict) {
+			return nil, fmt.Errorf("%w; snapshots and forks are taken of running sandboxes (resume a paused one first)", err)
+		}
+		return nil, err
+	}
+	defer func() {
+		if _, err := m.commit(ctx, id, func(sb *Sandbox) { sb.State = prev.State }); err != nil {
+			m.log.Error("persist state after snapshot", "sandbox", id, "err", err)
+		}
+	}()
+	m.fault("snapshot:persisted")
+	layers, err := m.baseLayers(ctx, src)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.thaw(ctx, id); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	snap := &Snapshot{
+		ID: newSnapshotID(), Name: name, TeamID: src.TeamID, SandboxID: src.ID, TemplateID: src.TemplateID, Alias: src.Alias,
+		CPUCount: src.CPUCount, MemoryMB: src.MemoryMB, DiskMB: src.DiskMB, PIDs: src.PIDs, TmpMB: src.TmpMB,
+		Isolation: src.Isolation, DefaultUser: src.DefaultUser,
+		DefaultWorkdir: src.DefaultWorkdir, EnvVars: maps.Clone(src.EnvVars), Secure: src.Secure,
+		AllowInternet: src.AllowInternet, Hidden: hidden, CreatedAt: time.Now().UTC(),
+	}
+	if src.BaseSnapshot != "" {
+		if base, err := snaps.load(src.BaseSnapshot); err == nil {
+			snap.TemplateID = base.TemplateID
+		}
+	}
+	snap.Layers = append(slices.Clone(layers), filepath.Join(snaps.path(snap.ID), "upper"))
+	tmp := filepath.Join(snaps.dir, snapshotTmp+snap.ID)
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = os.RemoveAll(tmp)
+		}
+	}()
+	if err := ck.Checkpoint(ctx, id, runtime.CheckpointOptions{
+		ImageDir: filepath.Join(tmp, "image"), LeaveRunning: true, UpperCopy: filepath.Join(tmp, "upper"),
+	}); err != nil {
+		return nil, fmt.Errorf("sandbox %s: snapshot: %w", id, err)
+	}
+	m.fault("snapshot:captured")
+	snap.SizeBytes = dirSize(tmp)
+	b, _ := json.MarshalIndent(snap, "", "  ")
+	if err := os.WriteFile(filepath.Join(tmp, snapshotMeta), b, 0o600); err != nil {
+		return nil, err
+	}
+	if err := os.Rename(tmp, snaps.path(snap.ID)); err != nil {
+		return nil, err
+	}
+	ok = true
+	m.log.Info("snapshot created", "sandbox", id, "snapshot", snap.ID, "name", name, "bytes", snap.SizeBytes, "took", time.Since(start).Round(time.Millisecond))
+	return snap, nil
+}
+
+func dirSize(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if info, err := d.Info(); err == nil {
+				n += info.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+// ListSnapshots returns the team's snapshots, newest first, optionally of
+// one sandbox or matching a name or id.
+func (m *Manager) ListSnapshots(ctx context.Context, teamID, sandboxID, name string) []*Snapshot {
+	if m.life.snaps == nil {
+		return nil
+	}
+	want := ""
+	if name != "" {
+		want, _, _ = strings.Cut(name, ":")
+		if i := strings.LastIndexByte(want, '/'); i >= 0 {
+			want = want[i+1:]
+		}
+	}
+	var out []*Snapshot
+	for _, s := range m.life.snaps.list(false) {
+		if s.TeamID != teamID || s.Hidden || (sandboxID != "" && s.SandboxID != sandboxID) || (want != "" && s.Name != want && s.ID != want) {
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// DeleteSnapshot deletes the team's snapshot. Sandboxes running on it keep
+// its layer until they are gone; new ones cannot start from it.
+func (m *Manager) DeleteSnapshot(ctx context.Context, teamID, ref string) error {
+	if m.life.snaps == nil {
+		return fmt.Errorf("snapshot %q: %w", ref, errdefs.ErrNotFound)
+	}
+	snap, ok := m.life.snaps.resolve(teamID, ref)
+	if !ok || snap.Hidden {
+		return fmt.Errorf("snapshot %q: %w", ref, errdefs.ErrNotFound)
+	}
+	if err := os.WriteFile(filepath.Join(m.life.snaps.path(snap.ID), snapshotGone), nil, 0o600); err != nil {
+		return err
+	}
+	m.life.lastGC = time.Time{}
+	m.snapshotGC(ctx)
+	return nil
+}
+
+// IsSnapshot reports whether ref names one of the team's snapshots.
+func (m *Manager) IsSnapshot(teamID, ref string) bool {
+	if m.life.snaps == nil {
+		return false
+	}
+	_, ok := m.life.snaps.resolve(teamID, ref)
+	return ok
+}
+
+// snapshotGC removes deleted and fork snapshots nothing uses any more: no
+// sandbox runs on them and no other snapshot is layered on them.
+func (m *Manager) snapshotGC(ctx context.Context) {
+	snaps := m.life.snaps
+	if snaps == nil || time.Since(m.life.lastGC) < 30*time.Second {
+		return
+	}
+	m.life.lastGC = time.Now()
+	used := map[string]bool{}
+	m.mu.Lock()
+	for _, sb := range m.sandboxes {
+		if sb.BaseSnapshot != "" {
+			used[sb.BaseSnapshot] = true
+		}
+	}
+	m.mu.Unlock()
+	all := snaps.list(true)
+	for _, s := range all {
+		if snaps.deleted(s.ID) {
+			continue
+		}
+		for _, l := range s.Layers[:len(s.Layers)-1] {
+			if rel, err := filepath.Rel(snaps.dir, l); err == nil && !strings.HasPrefix(rel, "..") {
+				used[strings.Split(rel, string(filepath.Separator))[0]] = true
+			}
+		}
+	}
+	if recs, err := m.store.ListSandboxes(ctx); err == nil {
+		for _, r := range recs {
+			var sb Sandbox
+			if json.Unmarshal(r.Doc, &sb) == nil && sb.BaseSnapshot != "" {
+				used[sb.BaseSnapshot] = true
+			}
+		}
+	}
+	for _, s := range all {
+		if used[s.ID] || (!s.Hidden && !snaps.deleted(s.ID)) || time.Since(s.CreatedAt) < snapshotMinAge && !snaps.deleted(s.ID) {
+			continue
+		}
+		if err := os.RemoveAll(snaps.path(s.ID)); err != nil {
+			m.log.Warn("remove snapshot", "snapshot", s.ID, "err", err)
+			continue
+		}
+		m.log.Info("snapshot removed", "snapshot", s.ID, "hidden", s.Hidden)
+	}
+}
+
+// createFast serves a create from a snapshot (restore, memory included) or
+// from a warm pool; handled is false when a cold start is needed.
+func (m *Manager) createFast(ctx context.Context, req CreateRequest) (*Sandbox, bool, error) {
+	if req.TeamID == poolTeam {
+		return nil, false, nil
+	}
+	if m.life.snaps != nil {
+		if snap, ok := m.life.snaps.resolve(req.TeamID, req.Template); ok {
+			if err := m.checkTimeout(req.Timeout); err != nil {
+				return nil, true, err
+			}
+			req.EnvVars = mergeEnv(snap.EnvVars, req.EnvVars)
+			sb, err := m.restoreNew(ctx, req, snap, snap.ID)
+			return sb, true, err
+		}
+	}
+	if sb, ok := m.claimPooled(ctx, req); ok {
+		return sb, true, nil
+	}
+	return nil, false, nil
+}
+
+// restoreNew starts a new sandbox from a snapshot's memory image: its own
+// id, writable layer, network namespace, address and token.
+func (m *Manager) restoreNew(ctx context.Context, req CreateRequest, snap *Snapshot, templateID string) (*Sandbox, error) {
+	ck, err := m.checkpointer()
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now().UTC()
+	sb := &Sandbox{
+		ID: newID(), TeamID: req.TeamID, APIKeyID: req.APIKeyID, TemplateID: templateID, Alias: snap.Alias, State: StateCreating,
+		Secure: req.Secure, AllowInternet: req.AllowInternet, Metadata: req.Metadata, EnvVars: req.EnvVars,
+		CPUCount: snap.CPUCount, MemoryMB: snap.MemoryMB, DiskMB: snap.DiskMB, PIDs: snap.PIDs, TmpMB: snap.TmpMB,
+		Isolation: snap.Isolation, DefaultUser: snap.DefaultUser, DefaultWorkdir: snap.DefaultWorkdir,
+		StartedAt: now, EndAt: now.Add(req.Timeout), Lifecycle: req.Lifecycle.apply(req.Timeout),
+	}
+	sb.BaseSnapshot = snap.ID
+	if err := m.save(ctx, sb); err != nil {
+		return nil, err
+	}
+	sctx := context.WithoutCancel(ctx)
+	var undo []func()
+	fail := func(err error) (*Sandbox, error) {
+		for _, f := range slices.Backward(undo) {
+			f()
+		}
+		if derr := m.store.DeleteSandbox(sctx, sb.ID); derr != nil {
+			m.log.Error("forget failed sandbox", "sandbox", sb.ID, "err", derr)
+		}
+		return nil, err
+	}
+	ep, err := m.net.Attach(sctx, sb.ID, network.Policy{AllowInternet: sb.AllowInternet})
+	if err != nil {
+		return fail(fmt.Errorf("sandbox %s: network: %w", sb.ID, err))
+	}
+	undo = append(undo, func() { _ = m.net.Detach(context.Background(), sb.ID) })
+	sb.IP = ep.IP
+	spec := runtime.Spec{
+		ID: sb.ID, Layers: snap.Layers, NetNSPath: ep.NetNSPath, DNS: m.net.DNS(),
+		Resources: Limits{CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskMB: sb.DiskMB, PIDs: sb.PIDs, TmpMB: sb.TmpMB}.resources(),
+		Runtime:   runtimeTier(sb.Isolation),
+	}
+	if err := ck.Restore(sctx, spec, runtime.RestoreOptions{ImageDir: m.life.snaps.image(snap.ID), NewNetwork: true}); err != nil {
+		return fail(fmt.Errorf("sandbox %s: restore snapshot %s: %w", sb.ID, snap.ID, err))
+	}
+	undo = append(undo, func() { _ = m.rt.Delete(context.Background(), sb.ID) })
+	oldToken := ""
+	if snap.Secure {
+		oldToken = AccessToken(m.secret, snap.SandboxID)
+	}
+	if err := m.reinitEnvd(sctx, sb, oldToken); err != nil {
+		return fail(fmt.Errorf("sandbox %s: %w", sb.ID, err))
+	}
+	sb.State = StateRunning
+	if err := m.save(sctx, sb); err != nil {
+		return fail(err)
+	}
+	m.mu.Lock()
+	m.sandboxes[sb.ID] = sb
+	m.mu.Unlock()
+	m.touch(sb.ID)
+	m.log.Info("sandbox restored from snapshot", "sandbox", sb.ID, "snapshot", snap.ID, "ip", sb.IP, "took", time.Since(now).Round(time.Millisecond))
+	return clone(sb), nil
+}
+
+// ForkResult is one fork's outcome: a sandbox or the error that stopped it.
+type ForkResult struct {
+	Sandbox *Sandbox
+	Err     error
+}
+
+// MaxForks is the most copies one fork call makes.
+const MaxForks = 100
+
+// Fork checkpoints the team's running sandbox once (it keeps running, same
+// id and lifetime) and starts count copies of it, memory included, each
+// with its own writable layer, network namespace, address and token.
+func (m *Manager) Fork(ctx context.Context, teamID, id string, count int, timeout time.Duration) ([]ForkResult, error) {
+	if count < 1 || count > MaxForks {
+		return nil, fmt.Errorf("count: must be from 1 to %d, got %d: %w", MaxForks, count, errdefs.ErrInvalidArgument)
+	}
+	if err := m.checkTimeout(timeout); err != nil {
+		return nil, err
+	}
+	src, err := m.Get(ctx, teamID, id)
+	if err != nil {
+		return nil, err
+	}
+	snap, err := m.snapshot(ctx, teamID, id, "", true)
+	if err != nil {
+		return nil, err
+	}
+	req := CreateRequest{
+		TeamID: src.TeamID, APIKeyID: src.APIKeyID, Template: src.TemplateID, Timeout: timeout,
+		Metadata: maps.Clone(src.Metadata), EnvVars: maps.Clone(src.EnvVars), Secure: src.Secure, AllowInternet: src.AllowInternet,
+		Lifecycle: LifecycleRequest{AutoPause: src.AutoPause, AutoResume: src.AutoResume, IdleTimeout: src.IdleTimeout},
+	}
+	out := make([]ForkResult, count)
+	sem := make(chan struct{}, 4)
+	var wg sync.WaitGroup
+	for i := range out {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			sb, err := m.restoreNew(ctx, req, snap, src.TemplateID)
+			out[i] = ForkResult{Sandbox: sb, Err: err}
+		})
+	}
+	wg.Wait()
+	return out, nil
+}
