@@ -59,6 +59,7 @@ $AGENTBOX_API_KEY, $E2B_API_KEY, or the file apikey in $AGENTBOX_DATA_DIR
 		newShellCmd(),
 		newCpCmd(),
 		newKillCmd(),
+		newPortForwardCmd(),
 		newTimeoutCmd(),
 		newLogsCmd(),
 		newTemplateCmd(),

@@ -381,7 +381,7 @@ func TestEgressPolicy(t *testing.T) {
 		c := e.client(roots)
 		r, echo, err := e.get(t, c, "https://api.allowed.test/v1", "Authorization", "Bearer placeholder")
 		wantOK(t, "https with rules", r, err)
-		if got := strings.Join(echo.Headers["Authorization"], ","); got != "Bearer "+secret {
+		if got := strings.Join(echo.Headers["Authorization"], ","); got != testutil.HashSecret("Bearer "+secret) {
 			t.Errorf("upstream saw Authorization %q", got)
 		}
 		if err == nil && !strings.HasPrefix(r.TLS.PeerCertificates[0].Issuer.CommonName, "agentbox egress CA") {
@@ -389,7 +389,7 @@ func TestEgressPolicy(t *testing.T) {
 		}
 		r, echo, err = e.get(t, c, "http://api.allowed.test/v1")
 		wantOK(t, "http with rules", r, err)
-		if got := strings.Join(echo.Headers["Authorization"], ","); got != "Bearer "+secret {
+		if got := strings.Join(echo.Headers["Authorization"], ","); got != testutil.HashSecret("Bearer "+secret) {
 			t.Errorf("upstream saw Authorization %q over HTTP", got)
 		}
 		r, echo, err = e.get(t, c, "https://allowed.test/")

@@ -4,9 +4,11 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -220,8 +222,14 @@ func (f *FakeNet) serve(t testing.TB, a netip.Addr, leaf tls.Certificate) {
 			if la, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
 				local = la.String()
 			}
+			// Credentials come back hashed: a test can check them without
+			// the echo carrying a secret into the sandbox.
+			hdr := r.Header.Clone()
+			if v := hdr.Get("Authorization"); v != "" {
+				hdr.Set("Authorization", HashSecret(v))
+			}
 			w.Header().Set("Content-Type", "application/json")
-			_ = json.NewEncoder(w).Encode(Echo{Scheme: scheme, Method: r.Method, Host: r.Host, Path: r.URL.Path, Headers: r.Header, Remote: r.RemoteAddr, Local: local})
+			_ = json.NewEncoder(w).Encode(Echo{Scheme: scheme, Method: r.Method, Host: r.Host, Path: r.URL.Path, Headers: hdr, Remote: r.RemoteAddr, Local: local})
 		})
 	}
 	httpLn := f.Listen(t, "tcp4", netip.AddrPortFrom(a, 80).String()).(net.Listener)
@@ -297,6 +305,12 @@ func (f *FakeNet) answer(q []byte) []byte {
 	}
 	out, _ := b.Finish()
 	return out
+}
+
+// HashSecret is how the fake servers echo an Authorization header.
+func HashSecret(v string) string {
+	sum := sha256.Sum256([]byte(v))
+	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
 type zeroReader struct{}

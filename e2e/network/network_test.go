@@ -1,0 +1,173 @@
+// Package network tests sandbox egress and ingress end to end: the real
+// server, real sandboxes, the official e2b SDK (network.test.mjs), and a
+// fake internet in its own network namespace.
+package network
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentbox/agentbox/internal/testutil"
+)
+
+type server struct {
+	addr, dataDir, apiKey, bin string
+	cmd                        *exec.Cmd
+	log                        string
+}
+
+func root(t *testing.T) string {
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Dir(filepath.Dir(wd)) // e2e/network → repo root
+}
+
+func startServer(t *testing.T, repo string, fake *testutil.FakeNet) *server {
+	t.Helper()
+	// Own binaries: the other end-to-end packages build bin/ at the same time.
+	bin := t.TempDir()
+	for _, b := range []struct{ out, pkg string }{{"agentbox", "./cmd/agentbox"}, {"envd", "./cmd/envd"}} {
+		cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(bin, b.out), b.pkg)
+		cmd.Dir = repo
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", b.pkg, err, out)
+		}
+	}
+	dir := t.TempDir()
+	caFile := filepath.Join(dir, "fake-ca.pem")
+	if err := os.WriteFile(caFile, fake.CAPEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	tpl := os.Getenv("AGENTBOX_TEMPLATE_DIR")
+	if tpl == "" {
+		tpl = "/var/cache/agentbox/templates"
+	}
+	s := &server{addr: addr, dataDir: filepath.Join(dir, "data"), log: filepath.Join(dir, "serve.log")}
+	logf, err := os.Create(s.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.bin = filepath.Join(bin, "agentbox")
+	s.cmd = exec.Command(s.bin, "serve",
+		"--data-dir", s.dataDir, "--listen", addr, "--template-dir", tpl,
+		"--envd", filepath.Join(bin, "envd"),
+		// Own instance, bridge and subnet: never touches other servers.
+		"--instance", "e2enet", "--bridge", "abe2enet", "--subnet", "10.122.0.0/16",
+		"--egress-dns", fake.DNS.String(), "--egress-ca-file", caFile,
+		"--domain", "sbx.test", "--log-level", "debug")
+	s.cmd.Stdout, s.cmd.Stderr = logf, logf
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = s.cmd.Process.Signal(os.Interrupt)
+		_ = s.cmd.Wait()
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(s.log)
+			lines := strings.Split(string(b), "\n")
+			t.Logf("server log (tail):\n%s", strings.Join(lines[max(0, len(lines)-60):], "\n"))
+		}
+	})
+	deadline := time.Now().Add(15 * time.Minute)
+	for time.Now().Before(deadline) {
+		time.Sleep(300 * time.Millisecond)
+		k, err := os.ReadFile(filepath.Join(s.dataDir, "apikey"))
+		if err != nil {
+			continue
+		}
+		if resp, err := http.Get("http://" + addr + "/health"); err == nil {
+			resp.Body.Close()
+			s.apiKey = strings.TrimSpace(string(k))
+			return s
+		}
+	}
+	t.Fatal("server did not become healthy")
+	return nil
+}
+
+// sink counts UDP datagrams by payload on the fake internet.
+type sink struct {
+	mu  sync.Mutex
+	got map[string]string // payload → source address
+}
+
+func TestNetworkE2E(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end tests skipped in -short mode")
+	}
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Skip("node is not installed")
+	}
+	repo := root(t)
+	fake := testutil.NewFakeNet(t, "e2n", netip.MustParsePrefix("198.18.3.0/24"), 3, map[string]netip.Addr{
+		"allowed.test":     netip.MustParseAddr("198.18.3.10"),
+		"api.allowed.test": netip.MustParseAddr("198.18.3.11"),
+		"sub.wild.test":    netip.MustParseAddr("198.18.3.11"),
+		"other.test":       netip.MustParseAddr("198.18.3.12"),
+	})
+	pc := fake.Listen(t, "udp4", "198.18.3.10:9").(net.PacketConn)
+	defer pc.Close()
+	sk := &sink{got: map[string]string{}}
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			sk.mu.Lock()
+			sk.got[string(buf[:n])] = from.String()
+			sk.mu.Unlock()
+		}
+	}()
+	s := startServer(t, repo, fake)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", filepath.Join(repo, "e2e/network/network.test.mjs"))
+	cmd.Dir = filepath.Join(repo, "e2e/network")
+	cmd.Env = append(os.Environ(),
+		"E2B_API_URL=http://"+s.addr, "E2B_SANDBOX_URL=http://"+s.addr, "E2B_API_KEY="+s.apiKey,
+		"E2E_FAKE_A=198.18.3.10", "E2E_FAKE_B=198.18.3.11", "E2E_FAKE_C=198.18.3.12",
+		"E2E_SINK=198.18.3.10:9", "E2E_DOMAIN=sbx.test", "E2E_AGENTBOX="+s.bin,
+	)
+	out, err := cmd.CombinedOutput()
+	t.Logf("network.test.mjs:\n%s", out)
+	if err != nil {
+		t.Fatalf("node: %v", err)
+	}
+
+	// The sandbox sent one datagram from its own address and one with a
+	// forged source: only the first may reach the internet.
+	time.Sleep(200 * time.Millisecond)
+	sk.mu.Lock()
+	defer sk.mu.Unlock()
+	if _, ok := sk.got["legit"]; !ok {
+		t.Errorf("the control datagram from the sandbox's own address never arrived (got %v)", sk.got)
+	}
+	if from, ok := sk.got["spoofed"]; ok {
+		t.Errorf("a datagram with a spoofed source address reached the internet (from %s)", from)
+	}
+	fmt.Fprintln(os.Stderr, "sink:", sk.got)
+}
