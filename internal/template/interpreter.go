@@ -13,8 +13,8 @@ import (
 // codeInterpreterDefinition is the builtin template "code-interpreter-v1",
 // the name E2B's code-interpreter SDKs ask for by default: Debian's Python
 // data stack with ipykernel, Node.js, and the code interpreter (part of envd)
-// on port 49999 as its start command. Sandbox creation does not wait for
-// the kernels; the first execution does.
+// on port 49999 as its start command. Sandbox creation waits for the
+// interpreter to listen, not for its kernels; the first execution does.
 func codeInterpreterDefinition(base Definition) Definition {
 	return Definition{
 		Name:  "code-interpreter-v1",
@@ -35,6 +35,11 @@ func codeInterpreterDefinition(base Definition) Definition {
 			`HOME=/root MPLBACKEND=Agg /usr/bin/python3 -c 'import matplotlib.pyplot'`,
 		},
 		StartCmd: runtime.EnvdPathInSandbox + " interpreter --port 49999",
+		// Creation waits for the interpreter's port (a few ms after /init),
+		// not for its kernels: an SDK's first request must not find the
+		// port closed. One attempt polls every 10 ms, instead of the
+		// manager's 250 ms between attempts.
+		ReadyCmd: `timeout 30 bash -c 'until (: >/dev/tcp/127.0.0.1/49999) 2>/dev/null; do sleep 0.01; done'`,
 	}
 }
 
