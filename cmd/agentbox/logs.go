@@ -19,6 +19,7 @@ func newLogsCmd() *cobra.Command {
 		since  time.Duration
 		limit  int
 		kinds  []string
+		egress bool
 	)
 	cmd := &cobra.Command{
 		Use:   "logs <id>",
@@ -31,6 +32,9 @@ process limit, full disk) with the reason. The log outlives the sandbox.`,
   agentbox logs i1a2b3c --follow --kind process,limit`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if egress {
+				kinds = append(kinds, "egress")
+			}
 			opts := agentbox.LogsOptions{Limit: limit, Kinds: kinds}
 			if since > 0 {
 				opts.Since = time.Now().Add(-since)
@@ -59,6 +63,7 @@ process limit, full disk) with the reason. The log outlives the sandbox.`,
 	f.DurationVar(&since, "since", 0, "only events of the last duration, e.g. 10m")
 	f.IntVar(&limit, "limit", 0, "only the newest N events (server default 1000)")
 	f.StringSliceVar(&kinds, "kind", nil, "only these kinds: lifecycle, process, file, egress, limit")
+	f.BoolVar(&egress, "egress", false, "only egress events (same as --kind egress): every outbound connection, request and lookup with its verdict")
 	return cmd
 }
 

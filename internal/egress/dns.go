@@ -230,7 +230,7 @@ func (s *Server) recordDNS(ctx context.Context, b *binding, name string, t dnsme
 	if allow {
 		decision = audit.Allowed
 	}
-	s.cfg.Audit.Record(ctx, audit.Event{
+	s.enqueue(audit.Event{
 		Time: time.Now(), SandboxID: b.id, TeamID: b.policy.TeamID, APIKeyID: b.policy.APIKeyID,
 		Kind: audit.KindEgress, Action: "dns", Decision: decision, Reason: rule,
 		Fields: map[string]any{"host": name, "type": fmt.Sprint(t), "dst": "dns"},

@@ -75,6 +75,9 @@ type Server struct {
 	resolver *net.Resolver
 	nsNext   atomic.Uint32
 
+	auditQ       chan audit.Event
+	auditDropped atomic.Uint64
+
 	mu    sync.RWMutex
 	byIP  map[netip.Addr]*binding
 	byID  map[string]*binding
@@ -108,8 +111,10 @@ func New(cfg Config, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{cfg: cfg, log: log.With("component", "egress"), byIP: map[netip.Addr]*binding{}, byID: map[string]*binding{}}
+	s := &Server{cfg: cfg, log: log.With("component", "egress"), byIP: map[netip.Addr]*binding{}, byID: map[string]*binding{},
+		auditQ: make(chan audit.Event, 8192)}
 	s.resolver = &net.Resolver{PreferGo: true, Dial: s.dialNameserver}
+	go s.auditWriter()
 	return s
 }
 

@@ -37,7 +37,7 @@ type env struct {
 	ep    network.Endpoint
 }
 
-func newEnv(t *testing.T, p network.Policy) *env {
+func newEnv(t testing.TB, p network.Policy) *env {
 	testutil.RequireRoot(t)
 	ctx := context.Background()
 	fake := testutil.NewFakeNet(t, "egr", netip.MustParsePrefix("198.18.2.0/24"), 3, map[string]netip.Addr{
@@ -181,7 +181,7 @@ func wantBlocked(t *testing.T, what string, resp *http.Response, err error, took
 func (e *env) events(t *testing.T) []audit.Event {
 	t.Helper()
 	// Records are written when a connection ends; give the last one a moment.
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond)
 	evs, err := e.audit.Query(context.Background(), audit.Query{SandboxID: "egs", Kinds: []string{audit.KindEgress}})
 	if err != nil {
 		t.Fatal(err)

@@ -59,10 +59,35 @@ func (s *Server) record(ctx context.Context, e *connEvent, action string, extra 
 	if e.allow {
 		decision = audit.Allowed
 	}
-	s.cfg.Audit.Record(context.WithoutCancel(ctx), audit.Event{
+	s.enqueue(audit.Event{
 		Time: e.start, SandboxID: e.b.id, TeamID: e.b.policy.TeamID, APIKeyID: e.b.policy.APIKeyID,
 		Kind: audit.KindEgress, Action: action, Decision: decision, Reason: e.rule, Fields: fields,
 	})
+}
+
+// enqueue hands an event to the audit writer without waiting for the
+// database: the record of a request must not delay its response. When the
+// writer falls behind by more than the queue, events are counted and
+// dropped rather than stalling sandbox traffic.
+func (s *Server) enqueue(ev audit.Event) {
+	select {
+	case s.auditQ <- ev:
+	default:
+		if n := s.auditDropped.Add(1); n&(n-1) == 0 {
+			s.log.Warn("egress audit queue full; events dropped", "dropped", n)
+		}
+	}
+}
+
+func (s *Server) auditWriter() {
+	for ev := range s.auditQ {
+		s.mu.RLock()
+		rec := s.cfg.Audit
+		s.mu.RUnlock()
+		if rec != nil {
+			rec.Record(context.Background(), ev)
+		}
+	}
 }
 
 // originalDst reads where the sandbox meant to connect before nftables
