@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"syscall"
 
+	"github.com/agentbox/agentbox/internal/envd"
 	"github.com/agentbox/agentbox/internal/interpreter"
 )
 
@@ -22,11 +23,13 @@ func runInterpreter(args []string) error {
 	stateDir := fs.String("state-dir", "/.agentbox/interpreter", "directory for the kernels' support and connection files")
 	cwd := fs.String("cwd", "", "working directory of contexts that name none (default: the current directory)")
 	maxOutput := fs.Int64("max-output", 16<<20, "bytes of stdout+stderr one execution may stream before the rest is dropped")
+	envdPort := fs.Int("envd-port", envd.DefaultPort, "port of this sandbox's envd, which checks /execute's access token")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "interpreter")
-	srv, err := interpreter.New(interpreter.Options{Logger: log, StateDir: *stateDir, Cwd: *cwd, MaxOutputBytes: *maxOutput})
+	srv, err := interpreter.New(interpreter.Options{Logger: log, StateDir: *stateDir, Cwd: *cwd, MaxOutputBytes: *maxOutput,
+		EnvdURL: "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(*envdPort))})
 	if err != nil {
 		return err
 	}

@@ -94,7 +94,9 @@ type proc struct {
 }
 
 func startProc(cmd *exec.Cmd) (*proc, error) {
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// No Pdeathsig: it fires when the OS thread that forked exits, which
+	// Go does not promise never to happen; Server.Close kills kernels.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", cmd.Path, err)
 	}

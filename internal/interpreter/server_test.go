@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"image/png"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -393,5 +394,46 @@ func TestEnvCode(t *testing.T) {
 	}
 	if got := envResetCode("bash", env, base); got != "export B='orig'\nunset A\n" {
 		t.Errorf("bash reset %q", got)
+	}
+}
+
+func TestExecuteNeedsTheTokenEnvdAccepts(t *testing.T) {
+	calls := 0
+	envd := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls++
+		if r.URL.Path != "/envs" || r.Header.Get("X-Access-Token") != "good" {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		w.Write([]byte("{}"))
+	}))
+	defer envd.Close()
+	s, hs := newTestServer(t)
+	s.opts.EnvdURL = envd.URL
+	exec := func(token string) int {
+		req, _ := http.NewRequestWithContext(t.Context(), "POST", hs.URL+"/execute", strings.NewReader(`{"code":"true","language":"bash"}`))
+		if token != "" {
+			req.Header.Set("X-Access-Token", token)
+		}
+		resp, err := hs.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			readExecution(t, resp.Body)
+		}
+		return resp.StatusCode
+	}
+	for _, tt := range []struct {
+		token string
+		want  int
+	}{{"", 401}, {"bad", 401}, {"good", 200}, {"good", 200}} {
+		if got := exec(tt.token); got != tt.want {
+			t.Errorf("token %q: %d, want %d", tt.token, got, tt.want)
+		}
+	}
+	if calls != 3 {
+		t.Errorf("envd asked %d times, want 3 (an accepted token is remembered)", calls)
 	}
 }

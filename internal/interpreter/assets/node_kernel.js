@@ -79,6 +79,9 @@ function toBundle(v) {
     if (!('text/plain' in out)) out['text/plain'] = '';
     return out;
   }
+  // A string's text is the string itself (the server strips the quotes
+  // of a repr; util.inspect would pick backticks for some strings).
+  if (typeof v === 'string') return { 'text/plain': "'" + v + "'" };
   return { 'text/plain': util.inspect(v, { depth: 6, maxArrayLength: 200, maxStringLength: 100000, breakLength: 100 }) };
 }
 
