@@ -110,11 +110,16 @@ s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.sendto(b'legit', (dst, p
 payload = b'spoofed'
 udp = struct.pack('!HHHH', 40000, port, 8 + len(payload), 0) + payload
 ip = struct.pack('!BBHHHBBH4s4s', 0x45, 0, 20 + len(udp), 1, 0, 64, 17, 0, socket.inet_aton('10.122.0.250'), socket.inet_aton(dst))
-r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW); r.sendto(ip + udp, (dst, 0))
-print('sent')`
+try:
+    r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW); r.sendto(ip + udp, (dst, 0))
+    print('sent')
+except PermissionError:
+    print('raw sockets denied')`
     await sb.files.write('/tmp/spoof.py', py)
-    const sp = await sh(sb, 'sudo python3 /tmp/spoof.py || python3 /tmp/spoof.py')
-    ok(sp.stdout.includes('sent'), 'spoof: datagrams sent', sp.stderr)
+    const sp = await sh(sb, 'python3 /tmp/spoof.py')
+    // Either the sandbox cannot forge packets at all (no raw sockets), or
+    // the forged one is dropped on the bridge port (checked by the Go side).
+    ok(/sent|raw sockets denied/.test(sp.stdout), 'spoof: forged datagram attempted', sp.stdout.trim() + sp.stderr)
   }
 
   // ---- credential injection with a stored secret ----

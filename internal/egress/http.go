@@ -2,6 +2,7 @@ package egress
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -178,7 +179,9 @@ func (s *Server) serveHTTP(rw http.ResponseWriter, r *http.Request) {
 	fields := map[string]any{"method": r.Method, "path": r.URL.Path}
 	defer func() {
 		e.sent, e.received = body.n, w.n
-		fields["status"] = w.status
+		if _, reset := fields["status"]; !reset {
+			fields["status"] = w.status
+		}
 		s.record(ctx, e, "request", fields)
 	}()
 	if info.tls && host != info.sni {
@@ -189,6 +192,13 @@ func (s *Server) serveHTTP(rw http.ResponseWriter, r *http.Request) {
 	v, byName := b.policy.DecideName(host, info.dst.Addr())
 	e.allow, e.rule = v.Allow, v.Rule
 	if !v.Allow {
+		// Refuse like every other denied connection (a reset, not an HTTP
+		// answer a client could take for the server's).
+		fields["status"] = "reset"
+		if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			hardClose(c)
+			return
+		}
 		deny(w, http.StatusForbidden, fmt.Sprintf("agentbox egress: %s is not allowed for this sandbox (%s)", host, v.Rule))
 		return
 	}
@@ -261,4 +271,25 @@ func (s *Server) requestTarget(ctx context.Context, info *connInfo, e *connEvent
 	info.lastHost, info.lastAddr = e.name, a
 	info.mu.Unlock()
 	return a, nil
+}
+
+// hardClose resets the sandbox's TCP connection under c.
+func hardClose(c net.Conn) {
+	for {
+		switch v := c.(type) {
+		case *infoConn:
+			c = v.Conn
+		case *tls.Conn:
+			c = v.NetConn()
+		case *replayConn:
+			reset(v.TCPConn)
+			return
+		case *net.TCPConn:
+			reset(v)
+			return
+		default:
+			c.Close()
+			return
+		}
+	}
 }
