@@ -252,9 +252,13 @@ func TestFaultInjection(t *testing.T) {
 		{step: "pause:persisted", trigger: func(c created) { s.do("POST", "/sandboxes/"+c.SandboxID+"/pause", nil, nil) }, allowed: []string{"running", "paused"}},
 		{step: "pause:checkpointed", trigger: func(c created) { s.do("POST", "/sandboxes/"+c.SandboxID+"/pause", nil, nil) }, allowed: []string{"running", "paused"}},
 		{step: "resume:persisted", prepare: func(c created) { s.do("POST", "/sandboxes/"+c.SandboxID+"/pause", nil, nil) },
-			trigger: func(c created) { s.do("POST", "/v2/sandboxes/"+c.SandboxID+"/connect", map[string]any{"timeout": 60}, nil) }, allowed: []string{"paused", "running"}},
+			trigger: func(c created) {
+				s.do("POST", "/v2/sandboxes/"+c.SandboxID+"/connect", map[string]any{"timeout": 60}, nil)
+			}, allowed: []string{"paused", "running"}},
 		{step: "resume:restored", prepare: func(c created) { s.do("POST", "/sandboxes/"+c.SandboxID+"/pause", nil, nil) },
-			trigger: func(c created) { s.do("POST", "/v2/sandboxes/"+c.SandboxID+"/connect", map[string]any{"timeout": 60}, nil) }, allowed: []string{"paused", "running"}},
+			trigger: func(c created) {
+				s.do("POST", "/v2/sandboxes/"+c.SandboxID+"/connect", map[string]any{"timeout": 60}, nil)
+			}, allowed: []string{"paused", "running"}},
 		{step: "snapshot:persisted", trigger: func(c created) { s.do("POST", "/sandboxes/"+c.SandboxID+"/snapshots", map[string]any{}, nil) }, allowed: []string{"running"}},
 		{step: "snapshot:captured", trigger: func(c created) { s.do("POST", "/sandboxes/"+c.SandboxID+"/snapshots", map[string]any{}, nil) }, allowed: []string{"running"}},
 	} {
