@@ -82,6 +82,13 @@ func startServer(t *testing.T, repo string, fake *testutil.FakeNet) *server {
 		_ = s.cmd.Process.Signal(os.Interrupt)
 		_ = s.cmd.Wait()
 		logf.Close()
+		// The server leaves its host setup for sandboxes that outlive it;
+		// this one's are all gone.
+		for _, fam := range []string{"inet", "bridge"} {
+			_ = exec.Command("nft", "delete", "table", fam, "e2enet").Run()
+		}
+		_ = exec.Command("ip", "link", "del", "abe2enet").Run()
+		_ = os.RemoveAll("/run/e2enet")
 		if t.Failed() {
 			b, _ := os.ReadFile(s.log)
 			lines := strings.Split(string(b), "\n")
