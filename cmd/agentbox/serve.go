@@ -203,6 +203,9 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
 		return fmt.Errorf("--data-dir: %w", err)
 	}
+	if envd, err = pinEnvd(envd, c.DataDir); err != nil { // serve_lifecycle.go
+		return err
+	}
 	st, err := store.Open(ctx, filepath.Join(c.DataDir, "agentbox.db"))
 	if err != nil {
 		return err

@@ -1,7 +1,11 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"io"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -57,4 +61,51 @@ func enableLifecycle(mgr *sandbox.Manager, c serveConfig) error {
 	return mgr.EnableLifecycle(sandbox.LifecycleConfig{
 		SnapshotDir: l.SnapshotDir, IdleFreeze: l.IdleFreeze, Pools: pools, PoolMax: l.PoolMax, FaultStep: l.FaultStep,
 	})
+}
+
+// pinEnvd copies the envd binary to <data-dir>/envd/<sha256> and returns
+// that path. Sandboxes bind-mount it, so rebuilding or upgrading envd never
+// unlinks the file running sandboxes map: CRIU cannot checkpoint a process
+// whose executable was deleted (pause, snapshot and fork would fail).
+func pinEnvd(src, dataDir string) (string, error) {
+	f, err := os.Open(src)
+	if err != nil {
+		return "", fmt.Errorf("envd: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("envd: %w", err)
+	}
+	dir := filepath.Join(dataDir, "envd")
+	dst := filepath.Join(dir, hex.EncodeToString(h.Sum(nil))[:16])
+	if _, err := os.Stat(dst); err == nil {
+		return dst, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("envd: %w", err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return "", err
+	}
+	tmp, err := os.CreateTemp(dir, ".envd-*")
+	if err != nil {
+		return "", fmt.Errorf("envd: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := io.Copy(tmp, f); err != nil {
+		tmp.Close()
+		return "", fmt.Errorf("envd: %w", err)
+	}
+	if err := tmp.Chmod(0o755); err != nil {
+		tmp.Close()
+		return "", err
+	}
+	if err := tmp.Close(); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		return "", fmt.Errorf("envd: %w", err)
+	}
+	return dst, nil
 }

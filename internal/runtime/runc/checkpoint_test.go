@@ -196,3 +196,19 @@ func TestForkFromLiveCheckpoint(t *testing.T) {
 		t.Fatalf("source count went back: %d < %d", n, atSnap)
 	}
 }
+
+// BenchmarkFreezeThaw measures the freezer pause of a sandbox, the fast
+// mode for short idles (memory stays resident).
+func BenchmarkFreezeThaw(b *testing.B) {
+	e := setup(b)
+	ctx := context.Background()
+	e.sandbox(b, "frz", runtime.Resources{MemoryMB: 256})
+	for b.Loop() {
+		if err := e.rt.Freeze(ctx, "frz"); err != nil {
+			b.Fatal(err)
+		}
+		if err := e.rt.Thaw(ctx, "frz"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
