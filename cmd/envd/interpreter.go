@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
 	"syscall"
 
@@ -27,6 +28,10 @@ func runInterpreter(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	// Output floods pass through in ~1 MiB messages; a soft limit makes
+	// the GC hand that garbage back instead of keeping a high-water mark
+	// in the sandbox's memory.
+	debug.SetMemoryLimit(64 << 20)
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "interpreter")
 	srv, err := interpreter.New(interpreter.Options{Logger: log, StateDir: *stateDir, Cwd: *cwd, MaxOutputBytes: *maxOutput,
 		EnvdURL: "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(*envdPort))})

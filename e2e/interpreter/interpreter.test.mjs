@@ -249,8 +249,10 @@ plt.show()`)
     assert.ok(out <= 16 << 20, `stdout ${out} bytes`)
     assert.match(e.logs.stderr.join(''), /output truncated/)
     assert.equal((await sbx.runCode('6 * 7')).text, '42')
-    const rss = await sbx.commands.run("ps -o rss= -C envd | sort -n | tail -1", { user: 'root' })
-    console.log(`flood: ${out} bytes streamed in ${Date.now() - t0} ms; largest envd process RSS ${rss.stdout.trim()} KiB`)
+    const rss = await sbx.commands.run("ps -o rss= -p $(pgrep -f '^/.agentbox/bin/envd interpreter')", { user: 'root' })
+    const mb = Number(rss.stdout.trim()) / 1024
+    console.log(`flood: ${out} bytes streamed in ${Date.now() - t0} ms; interpreter RSS afterwards ${mb.toFixed(0)} MB`)
+    assert.ok(mb < 200, `interpreter RSS ${mb} MB after a flood`)
   })
 
   it(`analyses a ${CSV_MB} MB CSV generated in the sandbox with pandas and charts it`, async () => {

@@ -129,6 +129,10 @@ func (s *Server) Close() {
 
 func (s *Server) starter(language, cwd string) func(context.Context) (kernel, error) {
 	return func(ctx context.Context) (kernel, error) {
+		// A kernel that is not up by then never will be (a cold Python
+		// start is about a second).
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
 		t0 := time.Now()
 		var k kernel
 		var err error

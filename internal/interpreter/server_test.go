@@ -437,3 +437,20 @@ func TestExecuteNeedsTheTokenEnvdAccepts(t *testing.T) {
 		t.Errorf("envd asked %d times, want 3 (an accepted token is remembered)", calls)
 	}
 }
+
+// TestPythonFloodIsChunked checks that a print flood reaches the server in
+// bounded messages (the start-up script's output bounding), so the server
+// never holds one huge message.
+func TestPythonFloodIsChunked(t *testing.T) {
+	requirePython(t)
+	s, hs := newTestServer(t, "python")
+	s.opts.MaxOutputBytes = 64 << 20
+	e := run(t, hs, map[string]any{"code": "import sys\nfor _ in range(20):\n    sys.stdout.write('x' * (1 << 20))"})
+	biggest := 0
+	for _, c := range e.Stdout {
+		biggest = max(biggest, len(c))
+	}
+	if got := len(e.stdout()); got != 20<<20 || biggest > 2<<20 {
+		t.Errorf("stdout %d bytes in %d chunks, biggest %d", got, len(e.Stdout), biggest)
+	}
+}

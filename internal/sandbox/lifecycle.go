@@ -533,6 +533,12 @@ func (m *Manager) reconcileLifecycle(ctx context.Context, sb *Sandbox, adopted m
 		}
 	}
 	running := stErr == nil && st == runtime.StatusRunning
+	if sb.TeamID == poolTeam && !m.pooled(ctx, sb.TemplateID) {
+		// Its pool is no longer configured: drain it.
+		sb.State = StateKilling
+		_ = m.destroy(ctx, sb, "warm pool no longer configured")
+		return true
+	}
 	switch sb.State {
 	case StateRunning:
 		if hasImage && running { // resumed, image not yet removed

@@ -197,6 +197,16 @@ func (m *Manager) claimPooled(ctx context.Context, req CreateRequest) (*Sandbox,
 	return clone(c), true
 }
 
+// pooled reports whether a warm pool is configured for template id.
+func (m *Manager) pooled(ctx context.Context, id string) bool {
+	for ref := range m.life.cfg.Pools {
+		if tpl, err := m.templates.Get(ctx, ref); err == nil && tpl.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
 // Pools reports the warm pools.
 func (m *Manager) Pools() []PoolStats {
 	m.mu.Lock()

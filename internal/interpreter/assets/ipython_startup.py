@@ -227,8 +227,41 @@ def _ab_axes_chart(ax):
     return chart
 
 
+def _ab_bound_output():
+    """Make print floods leave the kernel in pieces of at most ~1 MiB.
+
+    ipykernel sends stdout/stderr every 0.2 s, as one message however much
+    was written meanwhile: a loop printing 100 MB becomes one 100 MB message
+    the server has to hold in memory. Flushing once the buffer holds 1 MiB
+    bounds the messages, and since flush waits for the send, a slow reader
+    slows the printing code down instead of filling memory.
+    """
+    from ipykernel.iostream import OutStream
+
+    if getattr(OutStream.write, "_ab_bounded", False):
+        return
+    write = OutStream.write
+
+    def bounded_write(self, string):
+        n = write(self, string)
+        try:
+            if self._buffer.tell() >= 1 << 20 and self._is_master_process():
+                self.flush()
+        except Exception:
+            pass
+        return n
+
+    bounded_write._ab_bounded = True
+    OutStream.write = bounded_write
+
+
+try:
+    _ab_bound_output()
+except Exception as _ab_err:
+    print("agentbox: output bounding unavailable:", _ab_err, file=_ab_sys.stderr)
+
 try:
     _ab_setup()
 except Exception as _ab_err:  # never break the kernel over output formats
     print("agentbox: chart/data formatters unavailable:", _ab_err, file=_ab_sys.stderr)
-del _ab_setup
+del _ab_setup, _ab_bound_output

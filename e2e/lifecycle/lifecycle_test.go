@@ -1,0 +1,299 @@
+// Package lifecycle holds the end-to-end tests of pause/resume, snapshots,
+// forks, warm pools and crash-safe transitions against the real server.
+package lifecycle
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agentbox/agentbox/internal/testutil"
+)
+
+// server is one `agentbox serve` on its own instance, bridge and subnet.
+type server struct {
+	t       *testing.T
+	root    string
+	dataDir string
+	addr    string
+	logPath string
+	key     string
+	cmd     *exec.Cmd
+	exited  chan struct{}
+}
+
+func templateDir() string {
+	if d := os.Getenv("AGENTBOX_TEMPLATE_DIR"); d != "" {
+		return d
+	}
+	return "/var/cache/agentbox/templates"
+}
+
+func newServer(t *testing.T) *server {
+	t.Helper()
+	testutil.RequireRoot(t)
+	if testing.Short() {
+		t.Skip("end-to-end tests skipped in -short mode")
+	}
+	wd, _ := os.Getwd()
+	root := filepath.Dir(filepath.Dir(wd)) // tests run in e2e/lifecycle
+	build := exec.Command("make", "build")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("make build: %v\n%s", err, out)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	s := &server{t: t, root: root, dataDir: t.TempDir(), addr: addr}
+	s.logPath = filepath.Join(s.dataDir, "serve.log")
+	t.Cleanup(func() {
+		if s.cmd != nil && s.cmd.ProcessState == nil {
+			// A start without --pool drains the warm pool.
+			s.stop(syscall.SIGTERM)
+			s.start()
+			s.killAll()
+			s.stop(syscall.SIGTERM)
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(s.logPath)
+			lines := strings.Split(string(b), "\n")
+			t.Logf("serve log (last 80 lines):\n%s", strings.Join(lines[max(0, len(lines)-80):], "\n"))
+		}
+	})
+	return s
+}
+
+func (s *server) url() string { return "http://" + s.addr }
+
+// start runs the server; extra flags (e.g. --fault-step) apply to this run.
+func (s *server) start(extra ...string) {
+	s.t.Helper()
+	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	args := append([]string{"serve", "--data-dir", s.dataDir, "--listen", s.addr, "--template-dir", templateDir(),
+		"--instance", "able2e", "--bridge", "able2e0", "--subnet", "10.225.0.0/16"}, extra...)
+	s.cmd = exec.Command(filepath.Join(s.root, "bin", "agentbox"), args...)
+	s.cmd.Stdout, s.cmd.Stderr = logf, logf
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	s.exited = make(chan struct{})
+	go func() { _ = s.cmd.Wait(); logf.Close(); close(s.exited) }()
+	for deadline := time.Now().Add(15 * time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		select {
+		case <-s.exited:
+			s.t.Fatalf("serve exited before it was ready: %v", s.cmd.ProcessState)
+		default:
+		}
+		key, err := os.ReadFile(filepath.Join(s.dataDir, "apikey"))
+		if err != nil {
+			continue
+		}
+		s.key = strings.TrimSpace(string(key))
+		if resp, err := http.Get(s.url() + "/health"); err == nil {
+			resp.Body.Close()
+			return
+		}
+	}
+	s.t.Fatal("serve not healthy")
+}
+
+func (s *server) stop(sig syscall.Signal) {
+	_ = s.cmd.Process.Signal(sig)
+	select {
+	case <-s.exited:
+	case <-time.After(time.Minute):
+		_ = s.cmd.Process.Kill()
+		<-s.exited
+	}
+}
+
+// waitExit waits for a fault-injected exit.
+func (s *server) waitExit(d time.Duration) bool {
+	select {
+	case <-s.exited:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+func (s *server) do(method, path string, body any, hdr map[string]string) (int, []byte) {
+	s.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, s.url()+path, rd)
+	req.Header.Set("X-API-Key", s.key)
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	c := &http.Client{Timeout: 2 * time.Minute}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, []byte(err.Error())
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+type created struct {
+	SandboxID       string `json:"sandboxID"`
+	EnvdAccessToken string `json:"envdAccessToken"`
+}
+
+func (s *server) create(env map[string]string) created {
+	s.t.Helper()
+	st, b := s.do("POST", "/v2/sandboxes", map[string]any{"templateID": "base", "timeout": 600, "envVars": env}, nil)
+	if st != http.StatusCreated {
+		s.t.Fatalf("create: %d %s", st, b)
+	}
+	var c created
+	_ = json.Unmarshal(b, &c)
+	return c
+}
+
+func (s *server) state(id string) string {
+	st, b := s.do("GET", "/sandboxes/"+id, nil, nil)
+	if st != http.StatusOK {
+		return fmt.Sprint(st)
+	}
+	var info struct {
+		State string `json:"state"`
+	}
+	_ = json.Unmarshal(b, &info)
+	return info.State
+}
+
+// envs reads envd's in-memory /init environment through the data plane.
+func (s *server) envs(c created) (map[string]string, int) {
+	st, b := s.do("GET", "/envs", nil, map[string]string{"E2b-Sandbox-Id": c.SandboxID, "E2b-Sandbox-Port": "49983", "X-Access-Token": c.EnvdAccessToken})
+	var m map[string]string
+	_ = json.Unmarshal(b, &m)
+	return m, st
+}
+
+func (s *server) killAll() {
+	_, b := s.do("GET", "/v2/sandboxes", nil, nil)
+	var list []created
+	_ = json.Unmarshal(b, &list)
+	for _, c := range list {
+		s.do("DELETE", "/sandboxes/"+c.SandboxID, nil, nil)
+	}
+}
+
+// TestSDK runs the official e2b SDK against a server with a warm pool.
+func TestSDK(t *testing.T) {
+	s := newServer(t)
+	s.start("--pool", "base=1")
+	time.Sleep(3 * time.Second) // let the pool fill
+	cmd := exec.Command("node", "--test", "--test-reporter=spec", "sdk.test.mjs")
+	cmd.Env = append(os.Environ(), "E2B_API_URL="+s.url(), "E2B_SANDBOX_URL="+s.url(), "E2B_API_KEY="+s.key)
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil {
+		t.Fatalf("node --test: %v", err)
+	}
+}
+
+// TestPausedSurvivesRestart pauses a sandbox, kills the server with
+// SIGKILL, and resumes the sandbox on the next server with its memory.
+func TestPausedSurvivesRestart(t *testing.T) {
+	s := newServer(t)
+	s.start()
+	c := s.create(map[string]string{"MARK": "before-restart"})
+	if st, b := s.do("POST", "/sandboxes/"+c.SandboxID+"/pause", nil, nil); st != http.StatusNoContent {
+		t.Fatalf("pause: %d %s", st, b)
+	}
+	s.stop(syscall.SIGKILL)
+	s.start()
+	if got := s.state(c.SandboxID); got != "paused" {
+		t.Fatalf("state after restart = %q, want paused", got)
+	}
+	if st, b := s.do("POST", "/v2/sandboxes/"+c.SandboxID+"/connect", map[string]any{"timeout": 60}, nil); st != http.StatusCreated {
+		t.Fatalf("connect: %d %s", st, b)
+	}
+	if env, st := s.envs(c); env["MARK"] != "before-restart" {
+		t.Fatalf("envd env after resume = %v (%d)", env, st)
+	}
+}
+
+// TestFaultInjection crashes the server at every step of every transition
+// and checks that the next server finds the old state or the new one, never
+// a half, and that the sandbox is usable afterwards.
+func TestFaultInjection(t *testing.T) {
+	s := newServer(t)
+	for _, tc := range []struct {
+		step    string
+		prepare func(c created) // brings the sandbox to the transition's start
+		trigger func(c created)
+		allowed []string // states acceptable after the crash
+	}{
+		{step: "pause:persisted", trigger: func(c created) { s.do("POST", "/sandboxes/"+c.SandboxID+"/pause", nil, nil) }, allowed: []string{"running", "paused"}},
+		{step: "pause:checkpointed", trigger: func(c created) { s.do("POST", "/sandboxes/"+c.SandboxID+"/pause", nil, nil) }, allowed: []string{"running", "paused"}},
+		{step: "resume:persisted", prepare: func(c created) { s.do("POST", "/sandboxes/"+c.SandboxID+"/pause", nil, nil) },
+			trigger: func(c created) {
+				s.do("POST", "/v2/sandboxes/"+c.SandboxID+"/connect", map[string]any{"timeout": 60}, nil)
+			}, allowed: []string{"paused", "running"}},
+		{step: "resume:restored", prepare: func(c created) { s.do("POST", "/sandboxes/"+c.SandboxID+"/pause", nil, nil) },
+			trigger: func(c created) {
+				s.do("POST", "/v2/sandboxes/"+c.SandboxID+"/connect", map[string]any{"timeout": 60}, nil)
+			}, allowed: []string{"paused", "running"}},
+		{step: "snapshot:persisted", trigger: func(c created) { s.do("POST", "/sandboxes/"+c.SandboxID+"/snapshots", map[string]any{}, nil) }, allowed: []string{"running"}},
+		{step: "snapshot:captured", trigger: func(c created) { s.do("POST", "/sandboxes/"+c.SandboxID+"/snapshots", map[string]any{}, nil) }, allowed: []string{"running"}},
+	} {
+		t.Run(tc.step, func(t *testing.T) {
+			s.t = t
+			s.start("--fault-step", tc.step)
+			c := s.create(map[string]string{"MARK": tc.step})
+			if tc.prepare != nil {
+				tc.prepare(c)
+			}
+			go tc.trigger(c)
+			if !s.waitExit(2 * time.Minute) {
+				t.Fatalf("server did not exit at %s", tc.step)
+			}
+			s.start()
+			got := s.state(c.SandboxID)
+			ok := false
+			for _, a := range tc.allowed {
+				ok = ok || got == a
+			}
+			if !ok {
+				t.Fatalf("after a crash at %s the sandbox is %q, want one of %v", tc.step, got, tc.allowed)
+			}
+			if got == "paused" {
+				if st, b := s.do("POST", "/v2/sandboxes/"+c.SandboxID+"/connect", map[string]any{"timeout": 60}, nil); st != http.StatusCreated {
+					t.Fatalf("connect after crash: %d %s", st, b)
+				}
+			}
+			if env, st := s.envs(c); env["MARK"] != tc.step {
+				t.Fatalf("envd after the crash at %s: env %v (%d); memory lost", tc.step, env, st)
+			}
+			if st, b := s.do("DELETE", "/sandboxes/"+c.SandboxID, nil, nil); st != http.StatusNoContent {
+				t.Fatalf("kill: %d %s", st, b)
+			}
+			s.stop(syscall.SIGTERM)
+		})
+	}
+}

@@ -1,0 +1,147 @@
+// Lifecycle end-to-end tests with the official e2b SDK: pause/resume with
+// memory, autoPause/autoResume, snapshots, fork, warm pools and bad input.
+// Run by lifecycle_test.go against a real server (E2B_API_URL, E2B_API_KEY).
+import { describe, it } from 'node:test'
+import assert from 'node:assert/strict'
+import { Sandbox } from '../js/node_modules/e2b/dist/index.mjs'
+
+const api = process.env.E2B_API_URL
+const key = process.env.E2B_API_KEY
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
+const run = async (s, c) => (await s.commands.run(c)).stdout.trim()
+const post = async (p, body) =>
+  (await fetch(api + p, { method: 'POST', headers: { 'X-API-Key': key, 'Content-Type': 'application/json' }, body: JSON.stringify(body) })).status
+const counter = "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' >/dev/null 2>&1 &"
+
+describe('lifecycle', { concurrency: false, timeout: 600_000 }, () => {
+  it('pause keeps files, env, pids, a counter and a PTY across two cycles', async () => {
+    const sbx = await Sandbox.create('base', { envs: { FOO: 'bar' }, timeoutMs: 300_000 })
+    try {
+      await sbx.files.write('/home/user/hello.txt', 'world')
+      const bg = await sbx.commands.run('sleep 3600', { background: true })
+      await sbx.commands.run(counter)
+      let out = ''
+      const pty = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { out += new TextDecoder().decode(d) } })
+      await sbx.pty.sendInput(pty.pid, new TextEncoder().encode('X=42\n'))
+      await sleep(500)
+      for (let cycle = 1; cycle <= 2; cycle++) {
+        const before = Number(await run(sbx, 'cat /tmp/count'))
+        assert.equal(await sbx.pause(), true)
+        assert.equal(await sbx.isRunning(), false)
+        assert.equal(await Sandbox.pause(sbx.sandboxId), false, 'second pause answers 409')
+        assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'paused')
+        const s2 = await Sandbox.connect(sbx.sandboxId)
+        assert.equal(s2.sandboxId, sbx.sandboxId)
+        assert.equal(await s2.isRunning(), true)
+        assert.equal(await s2.files.read('/home/user/hello.txt'), 'world')
+        assert.equal(await run(s2, 'echo $FOO'), 'bar')
+        assert.match(await run(s2, `tr '\\0' ' ' < /proc/${bg.pid}/cmdline`), /^sleep 3600/)
+        const after = Number(await run(s2, 'cat /tmp/count'))
+        assert.ok(after >= before && after < before + 50, `counter continued: ${before} -> ${after}`)
+        await sleep(300)
+        assert.ok(Number(await run(s2, 'cat /tmp/count')) > after, 'counter keeps counting')
+        out = ''
+        await sbx.pty.sendInput(pty.pid, new TextEncoder().encode(`echo pty-$X-${cycle}\n`))
+        await sleep(500)
+        assert.match(out, new RegExp(`pty-42-${cycle}`), 'the PTY shell kept its variable')
+      }
+    } finally {
+      await sbx.kill()
+    }
+  })
+
+  it('autoPause on timeout, then autoResume on traffic', async () => {
+    const c = await Sandbox.create('base', { timeoutMs: 3000, lifecycle: { onTimeout: 'pause', autoResume: true } })
+    try {
+      await c.files.write('/tmp/keep', 'kept')
+      assert.deepEqual((await Sandbox.getInfo(c.sandboxId)).lifecycle, { onTimeout: 'pause', autoResume: true })
+      await sleep(5500)
+      assert.equal((await Sandbox.getInfo(c.sandboxId)).state, 'paused')
+      assert.equal(await c.files.read('/tmp/keep'), 'kept') // traffic resumes it
+      assert.equal((await Sandbox.getInfo(c.sandboxId)).state, 'running')
+    } finally {
+      await c.kill()
+    }
+  })
+
+  it('snapshot, create from it, list and delete', async () => {
+    const a = await Sandbox.create('base', { timeoutMs: 120_000, envs: { SNAP: 'yes' } })
+    try {
+      await a.files.write('/home/user/state.txt', 'from-a')
+      await a.commands.run(counter)
+      await sleep(400)
+      const snap = await a.createSnapshot({ name: 'e2e-snap' })
+      assert.equal(await a.isRunning(), true, 'the source keeps running')
+      const list = []
+      const p = Sandbox.listSnapshots()
+      while (p.hasNext) list.push(...(await p.nextItems()))
+      assert.ok(list.some((s) => s.snapshotId === snap.snapshotId))
+      const b = await Sandbox.create(snap.snapshotId, { timeoutMs: 60_000 })
+      try {
+        assert.equal(await b.files.read('/home/user/state.txt'), 'from-a')
+        assert.equal(await run(b, 'echo $SNAP'), 'yes')
+        const n = Number(await run(b, 'cat /tmp/count'))
+        assert.ok(n > 0, 'the counter process came with the memory snapshot')
+        await sleep(300)
+        assert.ok(Number(await run(b, 'cat /tmp/count')) > n)
+        await b.files.write('/home/user/state.txt', 'from-b')
+        assert.equal(await a.files.read('/home/user/state.txt'), 'from-a')
+      } finally {
+        await b.kill()
+      }
+      assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+      assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false)
+    } finally {
+      await a.kill()
+    }
+  })
+
+  it('fork x5: each independent, own address', async () => {
+    const a = await Sandbox.create('base', { timeoutMs: 120_000 })
+    try {
+      await a.files.write('/home/user/state.txt', 'parent')
+      await a.commands.run(counter)
+      const forks = await a.fork({ count: 5, timeoutMs: 60_000 })
+      assert.equal(forks.length, 5)
+      for (const f of forks) assert.ok(!(f instanceof Error), String(f))
+      await Promise.all(forks.map((f, i) => f.files.write('/home/user/state.txt', 'fork-' + i)))
+      assert.deepEqual(await Promise.all(forks.map((f) => f.files.read('/home/user/state.txt'))), forks.map((_, i) => 'fork-' + i))
+      assert.equal(await a.files.read('/home/user/state.txt'), 'parent')
+      const ips = await Promise.all(forks.map((f) => run(f, 'hostname -I')))
+      assert.equal(new Set(ips).size, 5)
+      for (const n of await Promise.all(forks.map((f) => run(f, 'cat /tmp/count')))) assert.ok(Number(n) > 0)
+      await Promise.all(forks.map((f) => f.kill()))
+    } finally {
+      await a.kill()
+    }
+  })
+
+  it('warm pool hit is configured as requested', async () => {
+    const before = JSON.parse(await (await fetch(api + '/pools', { headers: { 'X-API-Key': key } })).text())
+    const s = await Sandbox.create('base', { envs: { POOLED: 'env-ok' }, metadata: { who: 'pool-test' }, timeoutMs: 60_000 })
+    try {
+      const after = JSON.parse(await (await fetch(api + '/pools', { headers: { 'X-API-Key': key } })).text())
+      assert.equal(after[0].hits, before[0].hits + 1, 'served from the pool')
+      assert.equal(await run(s, 'echo $POOLED'), 'env-ok')
+      const info = await Sandbox.getInfo(s.sandboxId)
+      assert.deepEqual(info.metadata, { who: 'pool-test' })
+      assert.ok(info.endAt.getTime() - Date.now() < 61_000)
+    } finally {
+      await s.kill()
+    }
+  })
+
+  it('bad input', async () => {
+    const a = await Sandbox.create('base', { timeoutMs: 60_000 })
+    assert.equal(await post(`/sandboxes/${a.sandboxId}/fork`, { count: 0 }), 400)
+    assert.equal(await post(`/sandboxes/${a.sandboxId}/fork`, { count: 101 }), 400)
+    const killing = a.kill()
+    await sleep(15)
+    const st = await post(`/sandboxes/${a.sandboxId}/snapshots`, {})
+    assert.ok(st === 409 || st === 404, `snapshot of a sandbox being killed: ${st}`)
+    await killing
+    assert.equal(await post(`/sandboxes/${a.sandboxId}/resume`, {}), 404)
+    assert.equal(await post(`/v2/sandboxes/${a.sandboxId}/connect`, { timeout: 10 }), 404)
+    assert.equal(await post(`/sandboxes/${a.sandboxId}/pause`, {}), 404)
+  })
+})
