@@ -27,6 +27,11 @@ func (r *Runtime) harden(s *specs.Spec, spec runtime.Spec) *specs.Spec {
 	s.Annotations[annotationTier] = tier
 	if tier == TierRunc {
 		s.Linux.Seccomp = seccompProfile()
+		// Raw and packet sockets would let the sandbox forge frames on the
+		// bridge (ARP spoofing a neighbour); device nodes are refused by the
+		// device cgroup anyway. gVisor has neither (no --net-raw).
+		c := s.Process.Capabilities
+		c.Bounding, c.Effective, c.Permitted = dropCaps(c.Bounding), dropCaps(c.Effective), dropCaps(c.Permitted)
 	}
 	if mb := spec.Resources.TmpMB; mb > 0 {
 		s.Mounts = append(s.Mounts, specs.Mount{
@@ -40,4 +45,15 @@ func (r *Runtime) harden(s *specs.Spec, spec runtime.Spec) *specs.Spec {
 	s.Linux.MaskedPaths = append(s.Linux.MaskedPaths, "/proc/kallsyms", "/sys/devices/virtual/powercap", "/sys/kernel")
 	s.Process.OOMScoreAdj = ptr(500)
 	return s
+}
+
+// dropCaps removes what from the base capability set on the runc tier.
+func dropCaps(caps []string) []string {
+	out := make([]string, 0, len(caps))
+	for _, c := range caps {
+		if c != "CAP_NET_RAW" && c != "CAP_MKNOD" {
+			out = append(out, c)
+		}
+	}
+	return out
 }
