@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/base64"
 	"encoding/binary"
@@ -125,13 +126,32 @@ func isJSON(r *http.Request) bool {
 
 // unmarshal decodes a Connect message in the request's codec.
 func unmarshal(r *http.Request, data []byte, m proto.Message) error {
+	if r.Header.Get("Content-Encoding") == "gzip" {
+		plain, err := inflate(data)
+		if err != nil {
+			return err
+		}
+		data = plain
+	}
 	if isJSON(r) {
 		return protojson.UnmarshalOptions{DiscardUnknown: true}.Unmarshal(data, m)
 	}
 	return proto.Unmarshal(data, m)
 }
 
-// envelope splits the first Connect streaming frame off data.
+// inflate undoes the gzip Connect clients and servers may apply to a
+// message (frame flag 0x01, or Content-Encoding on unary calls).
+func inflate(msg []byte) ([]byte, error) {
+	zr, err := gzip.NewReader(bytes.NewReader(msg))
+	if err != nil {
+		return nil, err
+	}
+	defer zr.Close()
+	return io.ReadAll(io.LimitReader(zr, maxAuditedBody))
+}
+
+// envelope splits the first Connect streaming frame off data; a
+// compressed frame comes back inflated.
 func envelope(data []byte) (flags byte, msg, rest []byte, ok bool) {
 	if len(data) < 5 {
 		return 0, nil, data, false
@@ -140,7 +160,13 @@ func envelope(data []byte) (flags byte, msg, rest []byte, ok bool) {
 	if uint64(len(data)-5) < uint64(n) {
 		return 0, nil, data, false
 	}
-	return data[0], data[5 : 5+n], data[5+n:], true
+	flags, msg, rest = data[0], data[5:5+n], data[5+n:]
+	if flags&0x01 != 0 {
+		if plain, err := inflate(msg); err == nil {
+			msg = plain
+		}
+	}
+	return flags, msg, rest, true
 }
 
 func (g *Gateway) proxyStart(w http.ResponseWriter, r *http.Request, base audit.Event, body []byte, complete bool) {
