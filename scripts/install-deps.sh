@@ -57,6 +57,22 @@ if ! command -v go >/dev/null && [[ ! -x /usr/local/go/bin/go ]]; then
 	exit 1
 fi
 
+# gVisor's runsc for the "gvisor" isolation tier, pinned. It must be a static
+# build: runsc re-executes itself inside an empty chroot, where a dynamic
+# binary finds no ld.so ("cannot read client sync file ... EOF"). The Go
+# proxy refuses branch queries for gvisor.dev, hence the pseudo-version.
+runsc_version=v0.0.0-20260905035102-160fafc42237
+if [[ -x /usr/local/bin/runsc ]] && /usr/local/bin/runsc --version >/dev/null 2>&1; then
+	log "runsc present at /usr/local/bin/runsc"
+else
+	log "building runsc $runsc_version (static; about 2 minutes)"
+	gobin=$(mktemp -d /tmp/agentbox-runsc.XXXXXX)
+	PATH="$PATH:/usr/local/go/bin" CGO_ENABLED=0 GOFLAGS=-mod=mod GOBIN="$gobin" \
+		go install -ldflags="-s -w" "gvisor.dev/gvisor/runsc@$runsc_version"
+	install -m 0755 "$gobin/runsc" /usr/local/bin/runsc
+	rm -rf "$gobin"
+fi
+
 # CRIU >= 4.2 for pause/resume/fork of runc sandboxes: 4.1 cannot dump TCP
 # sockets on kernels >= 6.16 and Debian 12 ships 3.17. Built from Debian
 # sid's source package (seconds to compile) and installed at a stable path
