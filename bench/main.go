@@ -29,6 +29,7 @@ func main() {
 	flag.IntVar(&cfg.Concurrent, "concurrent", 50, "simultaneous creates")
 	flag.IntVar(&cfg.SizeMB, "size-mb", 100, "upload/download size in MB")
 	flag.IntVar(&cfg.ServerPID, "server-pid", 0, "server pid for RSS (default: the process listening on the API port)")
+	scenario := flag.String("scenario", "server", "server: the server against the raw floor; isolation: start latency, memory per idle sandbox and neighbour latency per isolation tier")
 	flag.Parse()
 	if cfg.APIURL == "" || cfg.APIKey == "" {
 		fmt.Fprintln(os.Stderr, "bench: --api-url and --api-key (or E2B_API_URL, E2B_API_KEY) are required")
@@ -37,6 +38,14 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if *scenario == "isolation" {
+		icfg := benchmark.IsolationConfig{APIURL: cfg.APIURL, APIKey: cfg.APIKey, Template: cfg.Template, TemplateDir: cfg.TemplateDir, Creates: cfg.Creates}
+		if err := benchmark.RunIsolation(ctx, icfg, os.Stdout, log); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := benchmark.Run(ctx, cfg, os.Stdout, log); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)

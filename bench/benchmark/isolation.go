@@ -1,0 +1,279 @@
+package benchmark
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentbox/agentbox/e2e/wire"
+)
+
+// IsolationConfig says what the isolation scenario measures.
+type IsolationConfig struct {
+	APIURL      string
+	APIKey      string
+	Template    string   // default "base"
+	TemplateDir string   // for the raw runc/runsc floor; empty skips it
+	Tiers       []string // default container, gvisor
+	Creates     int      // sequential creates per tier; default 10
+	Idle        int      // idle sandboxes per tier for the memory figure; default 10
+	Echoes      int      // neighbour echo samples per phase; default 20
+	HostMemGiB  float64  // memory to extrapolate "how many fit" to; default this host's
+}
+
+func (c *IsolationConfig) defaults() {
+	if c.Template == "" {
+		c.Template = "base"
+	}
+	if len(c.Tiers) == 0 {
+		c.Tiers = []string{"container", "gvisor"}
+	}
+	if c.Creates <= 0 {
+		c.Creates = 10
+	}
+	if c.Idle <= 0 {
+		c.Idle = 10
+	}
+	if c.Echoes <= 0 {
+		c.Echoes = 20
+	}
+	if c.HostMemGiB <= 0 {
+		c.HostMemGiB = float64(memInfo("MemTotal")) / (1 << 30)
+	}
+}
+
+// memInfo returns a /proc/meminfo field in bytes.
+func memInfo(field string) uint64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
+			kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// RunIsolation measures, per isolation tier: create → first command
+// latency next to raw `runc run` / `runsc run` of /bin/true; host memory
+// per idle sandbox and how many idle sandboxes fit; and a neighbour's
+// `echo` round trip idle, under a CPU spin and under a fork bomb in
+// another sandbox. It reports, never asserts.
+func RunIsolation(ctx context.Context, cfg IsolationConfig, w io.Writer, log *slog.Logger) error {
+	cfg.defaults()
+	c := wire.New(cfg.APIURL, cfg.APIKey)
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TIER\tMETRIC\tVALUE\tNOTE")
+	var layers []string
+	if cfg.TemplateDir != "" {
+		var err error
+		if layers, err = templateLayers(ctx, cfg.TemplateDir, cfg.Template); err != nil {
+			log.Warn("no raw floor", "err", err)
+		}
+	}
+	for _, tier := range cfg.Tiers {
+		log.Info("isolation bench", "tier", tier)
+		create := func() (*wire.Sandbox, error) {
+			return c.Create(ctx, wire.CreateRequest{TemplateID: cfg.Template, Timeout: 1800, Metadata: map[string]string{"agentbox.isolation": tier, "bench": "isolation"}})
+		}
+		// Start latency.
+		var lat []time.Duration
+		for range cfg.Creates {
+			start := time.Now()
+			sb, err := create()
+			if err != nil {
+				return fmt.Errorf("%s: create: %w", tier, err)
+			}
+			if _, err := c.Run(ctx, sb, "", "true"); err != nil {
+				return fmt.Errorf("%s: first command: %w", tier, err)
+			}
+			lat = append(lat, time.Since(start))
+			_ = c.Kill(ctx, sb.SandboxID)
+		}
+		fmt.Fprintf(tw, "%s\tcreate → first command p50/p95\t%s\t%d samples\n", tier, pair(pct(lat, 50), pct(lat, 95)), len(lat))
+		if len(layers) > 0 {
+			runtime := map[string]string{"container": "runc", "gvisor": "runsc"}[tier]
+			if floor, err := rawFloor(ctx, runtime, layers, cfg.Creates); err != nil {
+				fmt.Fprintf(tw, "%s\traw `%s run` /bin/true p50\t-\t%v\n", tier, runtime, firstLine(err.Error()))
+			} else {
+				fmt.Fprintf(tw, "%s\traw `%s run` /bin/true p50\t%s\toverlay mount + run + unmount, default spec\n", tier, runtime, round(pct(floor, 50)))
+			}
+		}
+
+		// Memory per idle sandbox: MemAvailable before and after.
+		dropCaches()
+		before := memInfo("MemAvailable")
+		var idle []*wire.Sandbox
+		for range cfg.Idle {
+			sb, err := create()
+			if err != nil {
+				return fmt.Errorf("%s: idle create: %w", tier, err)
+			}
+			idle = append(idle, sb)
+		}
+		time.Sleep(3 * time.Second) // let envd settle
+		dropCaches()
+		after := memInfo("MemAvailable")
+		per := float64(0)
+		if before > after {
+			per = float64(before-after) / float64(cfg.Idle)
+		}
+		var cg uint64
+		for _, sb := range idle {
+			cg += cgroupRSS(sb.SandboxID)
+		}
+		cgPer := float64(cg) / float64(len(idle))
+		fmt.Fprintf(tw, "%s\tcgroup memory per idle sandbox\t%.1f MiB\trss + kernel memory charged to the sandbox's cgroup (v1), mean of %d\n", tier, cgPer/(1<<20), len(idle))
+		fmt.Fprintf(tw, "%s\thost memory per idle sandbox\t%.1f MiB\tMemAvailable drop over %d idle sandboxes, page cache dropped (noisy on a shared host)\n", tier, per/(1<<20), cfg.Idle)
+		per = max(per, cgPer)
+		if per > 0 {
+			fit := cfg.HostMemGiB * (1 << 30) * 0.9 / per
+			fmt.Fprintf(tw, "%s\tidle sandboxes that fit in %.0f GiB\t%.0f\textrapolated, 10%% kept for the host\n", tier, cfg.HostMemGiB, fit)
+		}
+
+		// Neighbour latency under abuse: idle[0] is the neighbour,
+		// idle[1] the abuser.
+		if len(idle) >= 2 {
+			nb, bad := idle[0], idle[1]
+			echo := func() time.Duration {
+				var ds []time.Duration
+				for range cfg.Echoes {
+					s := time.Now()
+					if _, err := c.Run(ctx, nb, "", "echo hi"); err != nil {
+						log.Warn("neighbour echo", "err", err)
+					}
+					ds = append(ds, time.Since(s))
+				}
+				return pct(ds, 50)
+			}
+			base := echo()
+			fmt.Fprintf(tw, "%s\tneighbour echo p50, idle\t%s\t\n", tier, round(base))
+			bg := func(script string) {
+				go func() { _, _ = c.Run(ctx, bad, "root", script) }()
+				time.Sleep(time.Second)
+			}
+			bg(`for i in $(seq $(nproc)); do timeout 20 sh -c 'while :; do :; done' & done; wait`)
+			spin := echo()
+			fmt.Fprintf(tw, "%s\tneighbour echo p50, CPU spin next door\t%s\t%s the idle figure\n", tier, round(spin), ratio(spin, base))
+			_, _ = c.Run(ctx, bad, "root", "pkill -9 -f 'while :' ; true")
+			bg(`python3 -c "
+import os, time
+while True:
+    try:
+        if os.fork() == 0:
+            time.sleep(15); os._exit(0)
+    except OSError:
+        time.sleep(0.01)
+"`)
+			fmt.Fprintf(tw, "%s\tneighbour echo p50, fork bomb next door\t%s\tbomb held at the pids limit\n", tier, round(echo()))
+		}
+		for _, sb := range idle {
+			_ = c.Kill(ctx, sb.SandboxID)
+		}
+	}
+	return tw.Flush()
+}
+
+// cgroupRSS is the anonymous memory plus kernel memory charged to a
+// sandbox's memory cgroup (cgroup v1), found under any instance's parent.
+func cgroupRSS(id string) uint64 {
+	m, _ := filepath.Glob("/sys/fs/cgroup/memory/*/" + id + "/memory.stat")
+	if len(m) == 0 {
+		return 0
+	}
+	b, err := os.ReadFile(m[0])
+	if err != nil {
+		return 0
+	}
+	var rss uint64
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && (f[0] == "total_rss" || f[0] == "total_mapped_file" || f[0] == "total_shmem") {
+			v, _ := strconv.ParseUint(f[1], 10, 64)
+			rss += v
+		}
+	}
+	if k, err := os.ReadFile(filepath.Join(filepath.Dir(m[0]), "memory.kmem.usage_in_bytes")); err == nil {
+		v, _ := strconv.ParseUint(strings.TrimSpace(string(k)), 10, 64)
+		rss += v
+	}
+	return rss
+}
+
+// dropCaches frees clean page cache so memory figures count what sandboxes
+// hold, not what they read once. Best effort (needs root).
+func dropCaches() {
+	unix.Sync()
+	_ = os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0o200)
+}
+
+// rawFloor times `<runtime> run` of /bin/true on an overlay of the
+// template (runsc: systrap, no network), per run.
+func rawFloor(ctx context.Context, runtime string, layers []string, n int) ([]time.Duration, error) {
+	if runtime == "runc" {
+		return runcFloor(ctx, layers, n)
+	}
+	bin, err := exec.LookPath(runtime)
+	if err != nil {
+		return nil, err
+	}
+	work, err := os.MkdirTemp("", "agentbox-bench-runsc-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(work)
+	bundle := filepath.Join(work, "bundle")
+	if err := os.MkdirAll(bundle, 0o755); err != nil {
+		return nil, err
+	}
+	if err := writeSpec(ctx, bundle); err != nil {
+		return nil, err
+	}
+	lower := slices.Clone(layers)
+	slices.Reverse(lower)
+	var out []time.Duration
+	for i := range n {
+		upper, wk, rootfs := filepath.Join(work, "upper"), filepath.Join(work, "work"), filepath.Join(bundle, "rootfs")
+		for _, d := range []string{upper, wk, rootfs} {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				return nil, err
+			}
+		}
+		start := time.Now()
+		if err := unix.Mount("overlay", rootfs, "overlay", 0, fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(lower, ":"), upper, wk)); err != nil {
+			return nil, err
+		}
+		cmd := exec.CommandContext(ctx, bin, "--root", filepath.Join(work, "state"), "--platform=systrap", "--network=none",
+			"run", "--bundle", bundle, fmt.Sprintf("bench-runsc-%d-%d", os.Getpid(), i))
+		runOut, runErr := cmd.CombinedOutput()
+		umErr := unix.Unmount(rootfs, unix.MNT_DETACH)
+		elapsed := time.Since(start)
+		if runErr != nil {
+			return nil, fmt.Errorf("runsc run: %w: %s", runErr, runOut)
+		}
+		if umErr != nil {
+			return nil, umErr
+		}
+		out = append(out, elapsed)
+		_ = os.RemoveAll(upper)
+		_ = os.RemoveAll(wk)
+	}
+	return out, nil
+}
