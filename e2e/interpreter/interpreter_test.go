@@ -104,7 +104,7 @@ func setup() (*server, error) {
 	s.cmd = exec.Command(s.bin, "serve", "--data-dir", s.dataDir, "--listen", s.addr, "--template-dir", tdir,
 		"--envd", filepath.Join(root, "bin", "envd"),
 		// Own instance, bridge and subnet: never touches other servers' sandboxes.
-		"--instance", "agentbox-e2e-interp", "--bridge", "abe2ei0", "--subnet", "10.214.0.0/16")
+		"--instance", "agentbox-e2e-interp", "--bridge", "abe2ei0", "--subnet", "10.215.0.0/16")
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	if err := s.cmd.Start(); err != nil {
 		return nil, err

@@ -155,7 +155,11 @@ func (k *pythonKernel) Execute(ctx context.Context, code string, silent bool, si
 	defer close(finished)
 	_, cancel, err := k.client.request("shell", "execute_request", map[string]any{
 		"code": code, "silent": silent, "store_history": !silent,
-		"user_expressions": map[string]any{}, "allow_stdin": false, "stop_on_error": true,
+		"user_expressions": map[string]any{}, "allow_stdin": false,
+		// stop_on_error makes ipykernel abort requests that arrive in the
+		// moment after an error, e.g. the next cell right after an
+		// interrupted one. Executions here never queue, so it buys nothing.
+		"stop_on_error": false,
 	}, func(channel string, m *message) {
 		if channel == "control" {
 			return

@@ -82,6 +82,14 @@ func TestPython(t *testing.T) {
 			t.Errorf("error %v", er)
 		}
 	})
+	t.Run("no aborts after errors", func(t *testing.T) {
+		for i := range 20 {
+			py("1/0")
+			if e := py("40 + 2"); e.mainText() != "42" {
+				t.Fatalf("run %d after an error: %q %v", i, e.mainText(), e.Errors)
+			}
+		}
+	})
 	t.Run("matplotlib png and chart", func(t *testing.T) {
 		e := py(`import matplotlib.pyplot as plt
 plt.figure()
@@ -159,8 +167,9 @@ plt.show()`)
 		if e.errName() != "KeyboardInterrupt" || time.Since(start) > 10*time.Second {
 			t.Errorf("errors %v after %s", e.Errors, time.Since(start))
 		}
-		if got := py("kept").mainText(); got != "7" {
-			t.Errorf("after interrupt: %q", got)
+		// At once: ipykernel must not abort the cell after an error.
+		if e := py("kept"); e.mainText() != "7" {
+			t.Errorf("after interrupt: %q %v", e.mainText(), e.Errors)
 		}
 	})
 	t.Run("client disconnect interrupts", func(t *testing.T) {
