@@ -22,14 +22,14 @@ const isPNG = (b64) => Buffer.from(b64, 'base64').subarray(0, 8).equals(PNG_MAGI
 
 // raw calls the interpreter without the SDK, to see status codes and bodies
 // the SDK hides.
-async function raw(sbx, path, body) {
+async function raw(sbx, path, body, token = sbx.envdAccessToken) {
   const res = await fetch(process.env.E2B_SANDBOX_URL + path, {
     method: body === undefined ? 'GET' : 'POST',
     headers: {
       'Content-Type': 'application/json',
       'E2b-Sandbox-Id': sbx.sandboxId,
       'E2b-Sandbox-Port': '49999',
-      ...(sbx.envdAccessToken ? { 'X-Access-Token': sbx.envdAccessToken } : {}),
+      ...(token ? { 'X-Access-Token': token } : {}),
     },
     body: body === undefined ? undefined : JSON.stringify(body),
   })
@@ -240,6 +240,11 @@ plt.show()`)
     const both = await raw(sbx, '/execute', { code: '1', context_id: 'x', language: 'python' })
     assert.equal(both.status, 400)
     assert.equal((await raw(sbx, '/health')).text.trim(), '"OK"')
+    // A secure sandbox runs code only for holders of its access token.
+    assert.ok(sbx.envdAccessToken, 'sandbox is secure')
+    assert.equal((await raw(sbx, '/execute', { code: '1' }, '')).status, 401)
+    assert.equal((await raw(sbx, '/execute', { code: '1' }, 'wrong')).status, 401)
+    assert.equal((await raw(sbx, '/execute', { code: '1' })).status, 200)
   })
 
   it('truncates a 100 MB output flood with a marker and keeps serving', async () => {
