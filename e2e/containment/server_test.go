@@ -41,10 +41,21 @@ func startServer(t *testing.T) *server {
 		t.Fatal(err)
 	}
 	root := filepath.Dir(filepath.Dir(wd)) // tests run in e2e/containment
-	build := exec.Command("make", "build")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("make build: %v\n%s", err, out)
+	// Own binaries: other test packages build and run bin/ concurrently.
+	bin := t.TempDir()
+	for _, b := range []struct {
+		out, pkg string
+		env      []string
+	}{
+		{"agentbox", "./cmd/agentbox", nil},
+		{"envd", "./cmd/envd", []string{"CGO_ENABLED=0"}},
+	} {
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(bin, b.out), b.pkg)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), b.env...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", b.pkg, err, out)
+		}
 	}
 	tdir := os.Getenv("AGENTBOX_TEMPLATE_DIR")
 	if tdir == "" {
@@ -63,9 +74,9 @@ func startServer(t *testing.T) *server {
 		t.Fatal(err)
 	}
 	const instance = "agentbox-ct"
-	cmd := exec.Command(filepath.Join(root, "bin", "agentbox"), "serve", "--data-dir", data, "--listen", addr,
-		"--template-dir", tdir, "--envd", filepath.Join(root, "bin", "envd"), "--instance", instance,
-		"--bridge", "abct0", "--subnet", "10.214.0.0/16", "--health-interval", "5s")
+	cmd := exec.Command(filepath.Join(bin, "agentbox"), "serve", "--data-dir", data, "--listen", addr,
+		"--template-dir", tdir, "--envd", filepath.Join(bin, "envd"), "--instance", instance,
+		"--bridge", "abct0", "--subnet", "10.231.0.0/16", "--health-interval", "5s")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -98,15 +98,22 @@ func lastRunscError(path string) string {
 	if err != nil {
 		return ""
 	}
-	var msg string
+	var msg, last string
 	for line := range bytes.SplitSeq(b, []byte("\n")) {
 		var e struct {
 			Level string `json:"level"`
 			Msg   string `json:"msg"`
 		}
-		if json.Unmarshal(line, &e) == nil && (e.Level == "error" || e.Level == "warning") && e.Msg != "" {
-			msg = e.Msg
+		if json.Unmarshal(line, &e) == nil && e.Msg != "" {
+			last = e.Msg
+			if e.Level == "error" || e.Level == "warning" {
+				msg = e.Msg
+			}
 		}
+	}
+	if msg == "" {
+		// runsc often fails without an error line; its last words help.
+		msg = last
 	}
 	return msg
 }
