@@ -7,10 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"strconv"
 	"time"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
@@ -606,23 +604,9 @@ func (m *Manager) reconcileLifecycle(ctx context.Context, sb *Sandbox, adopted m
 // access token of the new sandbox (its memory holds the token of the one it
 // was checkpointed from, oldToken, which authorises this call).
 func (m *Manager) reinitEnvd(ctx context.Context, sb *Sandbox, oldToken string) error {
-	base := "http://" + net.JoinHostPort(sb.IP.String(), strconv.Itoa(EnvdPort))
-	deadline := time.Now().Add(m.cfg.EnvdReadyWait)
-	for delay := 2 * time.Millisecond; ; delay = min(delay*2, 50*time.Millisecond) {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/health", nil)
-		resp, err := m.client.Do(req)
-		if err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode/100 == 2 {
-				break
-			}
-			err = fmt.Errorf("health answered %s", resp.Status)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("no answer from restored envd at %s: %w (%w)", base, err, errdefs.ErrUnavailable)
-		}
-		time.Sleep(delay)
+	base, err := m.waitEnvd(ctx, sb)
+	if err != nil {
+		return fmt.Errorf("restored envd: %w", err)
 	}
 	token := ""
 	if sb.Secure {

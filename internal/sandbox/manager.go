@@ -207,14 +207,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	return clone(sb), nil
 }
 
-// initEnvd waits for envd's /health, then hands it the sandbox's env vars,
-// default user/workdir, the template's start command (which envd starts in
-// the background) and (for secure sandboxes) its access token.
-func (m *Manager) initEnvd(ctx context.Context, sb *Sandbox, startCmd string) error {
+// waitEnvd polls the sandbox's envd /health until it answers and returns
+// envd's base URL. envd is usually up within a few ms of the container (or
+// restore) start; poll tightly at first so latency is not rounded up.
+func (m *Manager) waitEnvd(ctx context.Context, sb *Sandbox) (string, error) {
 	base := "http://" + net.JoinHostPort(sb.IP.String(), strconv.Itoa(EnvdPort))
-	deadline := time.Now().Add(m.cfg.EnvdReadyWait)
-	// envd is usually up within a few ms of the container start; poll
-	// tightly at first so create latency is not rounded up by backoff.
 	start, delay := time.Now(), 2*time.Millisecond
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/health", nil)
@@ -223,17 +220,27 @@ func (m *Manager) initEnvd(ctx context.Context, sb *Sandbox, startCmd string) er
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode/100 == 2 {
-				break
+				return base, nil
 			}
 			err = fmt.Errorf("health answered %s", resp.Status)
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("no answer from envd at %s within %s: %w (%w)", base, m.cfg.EnvdReadyWait, err, errdefs.ErrUnavailable)
+		if time.Since(start) > m.cfg.EnvdReadyWait {
+			return "", fmt.Errorf("no answer from envd at %s within %s: %w (%w)", base, m.cfg.EnvdReadyWait, err, errdefs.ErrUnavailable)
 		}
 		time.Sleep(delay)
 		if time.Since(start) > 300*time.Millisecond {
 			delay = 20 * time.Millisecond
 		}
+	}
+}
+
+// initEnvd waits for envd's /health, then hands it the sandbox's env vars,
+// default user/workdir, the template's start command (which envd starts in
+// the background) and (for secure sandboxes) its access token.
+func (m *Manager) initEnvd(ctx context.Context, sb *Sandbox, startCmd string) error {
+	base, err := m.waitEnvd(ctx, sb)
+	if err != nil {
+		return err
 	}
 	body := map[string]any{
 		"envVars":        sb.EnvVars,
