@@ -5,6 +5,9 @@
 import { Sandbox } from '../js/node_modules/e2b/dist/index.mjs'
 import net from 'node:net'
 import http from 'node:http'
+import https from 'node:https'
+import tls from 'node:tls'
+import fs from 'node:fs'
 import crypto from 'node:crypto'
 import { spawn } from 'node:child_process'
 import path from 'node:path'
@@ -142,6 +145,24 @@ except PermissionError:
     const hj = (() => { try { return JSON.parse(https.body) } catch { return {} } })()
     ok(reached(https) && hj.headers?.Authorization?.[0] === hashed, 'inject: HTTPS request carries the secret (sandbox trusts its CA)', `code=${https.code} rc=${https.rc}`)
     ok(hj.headers?.['X-Injected']?.[0] === 'yes', 'inject: extra header added')
+    // Node ships its own roots and Python's requests its own copy: the
+    // sandbox's env points them at the bundle that holds its CA.
+    const caEnv = await sh(sb, 'echo "$NODE_EXTRA_CA_CERTS|$SSL_CERT_FILE|$REQUESTS_CA_BUNDLE"')
+    ok(caEnv.stdout.trim() === '/usr/local/share/ca-certificates/agentbox-egress.crt|/etc/ssl/certs/ca-certificates.crt|/etc/ssl/certs/ca-certificates.crt', 'inject: CA env vars set for Node and Python', caEnv.stdout.trim())
+    const authOf = (out) => { try { return JSON.parse(out.trim().split('\n').pop()).headers?.Authorization?.[0] } catch { return undefined } }
+    const nodeFetch = await sh(sb, `node -e "fetch('https://api.allowed.test/v1/models').then(r => r.text()).then(t => console.log(t), e => { console.log('ERR', e.cause?.code ?? e); process.exit(1) })"`)
+    ok(authOf(nodeFetch.stdout) === hashed, 'inject: HTTPS from node fetch carries the secret (Node trusts the CA)', (nodeFetch.stdout + nodeFetch.stderr).slice(0, 300))
+    const pyUrllib = await sh(sb, `python3 -c "import urllib.request; print(urllib.request.urlopen('https://api.allowed.test/v1/models', timeout=8).read().decode())"`)
+    ok(authOf(pyUrllib.stdout) === hashed, 'inject: HTTPS from python3 urllib carries the secret (Python trusts the CA)', (pyUrllib.stdout + pyUrllib.stderr).slice(-300))
+    // Debian's Node also reads the system store; hide it to show that
+    // NODE_EXTRA_CA_CERTS alone is enough (as for a Node with only its own
+    // roots), and that without either the proxy's certificate is rejected.
+    const probe = `node -e "fetch('https://api.allowed.test/').then(() => console.log('trusted'), e => console.log('rejected', e.cause?.code))"`
+    const hidden = 'SSL_CERT_FILE=/nonexistent SSL_CERT_DIR=/nonexistent'
+    const extraOnly = await sh(sb, `env ${hidden} ${probe}`)
+    ok(extraOnly.stdout.trim() === 'trusted', 'inject: NODE_EXTRA_CA_CERTS alone makes Node trust the CA', extraOnly.stdout.trim() + extraOnly.stderr.slice(0, 200))
+    const neither = await sh(sb, `env -u NODE_EXTRA_CA_CERTS ${hidden} ${probe}`)
+    ok(neither.stdout.trim().startsWith('rejected'), 'inject: without the CA Node rejects the proxy certificate (control)', neither.stdout.trim())
     const plain = await curl(sb, 'http://api.allowed.test/v1/models')
     const pj = (() => { try { return JSON.parse(plain.body) } catch { return {} } })()
     ok(pj.headers?.Authorization?.[0] === hashed, 'inject: HTTP request carries the secret')
@@ -246,29 +267,33 @@ while True:
 
     // WebSocket echo through the gateway (path route), by hand: Node 20 has
     // no WebSocket client.
-    const ws = await new Promise((resolve) => {
-      const u = new URL(API)
-      const c = net.connect(Number(u.port), u.hostname)
-      const key = crypto.randomBytes(16).toString('base64')
-      let buf = Buffer.alloc(0), upgraded = false
-      c.on('data', (d) => {
-        buf = Buffer.concat([buf, d])
-        if (!upgraded) {
-          const i = buf.indexOf('\r\n\r\n')
-          if (i < 0) return
-          if (!buf.slice(0, 12).toString().includes('101')) { c.destroy(); return resolve('no upgrade: ' + buf.slice(0, 60)) }
-          upgraded = true; buf = buf.slice(i + 4)
-          const msg = Buffer.from('ping-ws'), mask = crypto.randomBytes(4)
-          const frame = Buffer.concat([Buffer.from([0x81, 0x80 | msg.length]), mask, Buffer.from(msg.map((b, j) => b ^ mask[j % 4]))])
-          c.write(frame)
-        }
-        if (upgraded && buf.length >= 2 && buf.length >= 2 + buf[1]) { c.destroy(); resolve(buf.slice(2, 2 + buf[1]).toString()) }
-      })
-      c.on('error', (e) => resolve(String(e)))
-      c.write(`GET /sandboxes/${id}/ports/8765/ HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: ${key}\r\nSec-WebSocket-Version: 13\r\ne2b-traffic-access-token: ${sb.trafficAccessToken}\r\n\r\n`)
-      setTimeout(() => { c.destroy(); resolve('timeout') }, 5000)
-    })
+    const u = new URL(API)
+    const ws = await wsEcho(net.connect(Number(u.port), u.hostname), `/sandboxes/${id}/ports/8765/`, 'x', sb.trafficAccessToken)
     ok(ws === 'ping-ws', 'WebSocket echo through the gateway', ws)
+
+    // The TLS listener with the operator's wildcard certificate for
+    // *.<domain>: the client resolves every name to it (as a wildcard DNS
+    // record would) and verifies the certificate against its CA.
+    const [tlsHost, tlsPort] = process.env.E2E_TLS.split(':')
+    const ca = fs.readFileSync(process.env.E2E_TLS_CA)
+    const lookup = (h, o, cb) => (o && o.all ? cb(null, [{ address: tlsHost, family: 4 }]) : cb(null, tlsHost, 4))
+    const tlsGet = (host, p, headers = tok) => new Promise((resolve) => {
+      https.get({ hostname: host, port: Number(tlsPort), path: p, headers, ca, lookup }, (res) => {
+        let b = ''; res.on('data', (d) => (b += d)); res.on('end', () => resolve({ status: res.statusCode, body: b }))
+      }).on('error', (e) => resolve({ status: 0, body: String(e) }))
+    })
+    const web = `8000-${id}.${DOMAIN}`
+    r = await tlsGet(web, '/index.html')
+    ok(r.status === 200 && r.body.includes('hello from the sandbox'), `TLS: https://${web} reaches the web app, certificate verified`, `status=${r.status} ${r.body.slice(0, 120)}`)
+    r = await tlsGet(web, '/index.html', {})
+    ok(r.status === 403, 'TLS: traffic token still required', String(r.status))
+    const wrong = await new Promise((resolve) => {
+      https.get({ hostname: '127.0.0.1', port: Number(tlsPort), path: '/', ca, servername: 'other.example' }, () => resolve('accepted'))
+        .on('error', (e) => resolve(e.code ?? String(e)))
+    })
+    ok(wrong === 'ERR_TLS_CERT_ALTNAME_INVALID', 'TLS: the wildcard certificate does not cover other names', wrong)
+    const wss = await wsEcho(tls.connect({ host: tlsHost, port: Number(tlsPort), servername: `8765-${id}.${DOMAIN}`, ca }), '/', `8765-${id}.${DOMAIN}`, sb.trafficAccessToken)
+    ok(wss === 'ping-ws', 'TLS: WebSocket echo by Host route over wss://', wss)
 
     // agentbox port-forward (raw TCP through the server, API key auth).
     const pf = spawn(process.env.E2E_AGENTBOX ?? path.join(repo, 'bin/agentbox'), ['port-forward', id, ':8000', '--api-url', API, '--api-key', KEY])
@@ -290,3 +315,28 @@ while True:
 }
 console.log(failures ? `${failures} failure(s)` : 'all network checks passed')
 process.exit(failures ? 1 : 0)
+
+// wsEcho upgrades c (plain or TLS) to a WebSocket at path, sends one masked
+// text frame and resolves with the echoed text, or what went wrong.
+function wsEcho(c, p, host, token) {
+  return new Promise((resolve) => {
+    const key = crypto.randomBytes(16).toString('base64')
+    let buf = Buffer.alloc(0), upgraded = false
+    c.on('data', (d) => {
+      buf = Buffer.concat([buf, d])
+      if (!upgraded) {
+        const i = buf.indexOf('\r\n\r\n')
+        if (i < 0) return
+        if (!buf.slice(0, 12).toString().includes('101')) { c.destroy(); return resolve('no upgrade: ' + buf.slice(0, 60)) }
+        upgraded = true; buf = buf.slice(i + 4)
+        const msg = Buffer.from('ping-ws'), mask = crypto.randomBytes(4)
+        const frame = Buffer.concat([Buffer.from([0x81, 0x80 | msg.length]), mask, Buffer.from(msg.map((b, j) => b ^ mask[j % 4]))])
+        c.write(frame)
+      }
+      if (upgraded && buf.length >= 2 && buf.length >= 2 + buf[1]) { c.destroy(); resolve(buf.slice(2, 2 + buf[1]).toString()) }
+    })
+    c.on('error', (e) => resolve(String(e)))
+    c.write(`GET ${p} HTTP/1.1\r\nHost: ${host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: ${key}\r\nSec-WebSocket-Version: 13\r\ne2b-traffic-access-token: ${token}\r\n\r\n`)
+    setTimeout(() => { c.destroy(); resolve('timeout') }, 5000)
+  })
+}

@@ -5,7 +5,14 @@ package network
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
+	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
@@ -22,6 +29,7 @@ import (
 
 type server struct {
 	addr, dataDir, apiKey, bin string
+	tlsAddr, tlsCA             string // the Host-routing TLS listener and the CA of its certificate
 	cmd                        *exec.Cmd
 	log                        string
 }
@@ -47,6 +55,13 @@ func startServer(t *testing.T, repo string, fake *testutil.FakeNet) *server {
 		}
 	}
 	dir := t.TempDir()
+	tlsCert, tlsKey, tlsCA := wildcardCert(t, dir, "sbx.test")
+	tl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsAddr := tl.Addr().String()
+	tl.Close()
 	caFile := filepath.Join(dir, "fake-ca.pem")
 	if err := os.WriteFile(caFile, fake.CAPEM, 0o644); err != nil {
 		t.Fatal(err)
@@ -61,7 +76,7 @@ func startServer(t *testing.T, repo string, fake *testutil.FakeNet) *server {
 	if tpl == "" {
 		tpl = "/var/cache/agentbox/templates"
 	}
-	s := &server{addr: addr, dataDir: filepath.Join(dir, "data"), log: filepath.Join(dir, "serve.log")}
+	s := &server{addr: addr, tlsAddr: tlsAddr, tlsCA: tlsCA, dataDir: filepath.Join(dir, "data"), log: filepath.Join(dir, "serve.log")}
 	logf, err := os.Create(s.log)
 	if err != nil {
 		t.Fatal(err)
@@ -73,7 +88,8 @@ func startServer(t *testing.T, repo string, fake *testutil.FakeNet) *server {
 		// Own instance, bridge and subnet: never touches other servers.
 		"--instance", "e2enet", "--bridge", "abe2enet", "--subnet", "10.122.0.0/16",
 		"--egress-dns", fake.DNS.String(), "--egress-ca-file", caFile,
-		"--domain", "sbx.test", "--log-level", "debug")
+		"--domain", "sbx.test", "--log-level", "debug",
+		"--tls-cert", tlsCert, "--tls-key", tlsKey, "--tls-listen", tlsAddr)
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -158,6 +174,7 @@ func TestNetworkE2E(t *testing.T) {
 		"E2B_API_URL=http://"+s.addr, "E2B_SANDBOX_URL=http://"+s.addr, "E2B_API_KEY="+s.apiKey,
 		"E2E_FAKE_A=198.18.3.10", "E2E_FAKE_B=198.18.3.11", "E2E_FAKE_C=198.18.3.12",
 		"E2E_SINK=198.18.3.10:9", "E2E_DOMAIN=sbx.test", "E2E_AGENTBOX="+s.bin,
+		"E2E_TLS="+s.tlsAddr, "E2E_TLS_CA="+s.tlsCA,
 	)
 	out, err := cmd.CombinedOutput()
 	t.Logf("network.test.mjs:\n%s", out)
@@ -177,4 +194,58 @@ func TestNetworkE2E(t *testing.T) {
 		t.Errorf("a datagram with a spoofed source address reached the internet (from %s)", from)
 	}
 	fmt.Fprintln(os.Stderr, "sink:", sk.got)
+}
+
+// wildcardCert writes a certificate for *.<domain>, the kind an operator
+// gives --tls-cert, issued by a CA of its own, and returns the paths of the
+// certificate, its key and the CA (which the client trusts, like a real
+// one would a public CA).
+func wildcardCert(t *testing.T, dir, domain string) (certFile, keyFile, caFile string) {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "agentbox e2e ingress CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "*." + domain},
+		DNSNames:  []string{"*." + domain},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile, caFile = filepath.Join(dir, "wildcard.pem"), filepath.Join(dir, "wildcard-key.pem"), filepath.Join(dir, "ingress-ca.pem")
+	for _, f := range []struct {
+		path, typ string
+		der       []byte
+	}{{certFile, "CERTIFICATE", der}, {keyFile, "PRIVATE KEY", keyDER}, {caFile, "CERTIFICATE", caDER}} {
+		if err := os.WriteFile(f.path, pem.EncodeToMemory(&pem.Block{Type: f.typ, Bytes: f.der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return certFile, keyFile, caFile
 }

@@ -613,7 +613,7 @@ func (m *Manager) reinitEnvd(ctx context.Context, sb *Sandbox, oldToken string) 
 		token = m.Token(sb.ID)
 	}
 	body := map[string]any{
-		"envVars":        sb.EnvVars,
+		"envVars":        m.envdEnv(sb),
 		"defaultUser":    sb.DefaultUser,
 		"defaultWorkdir": sb.DefaultWorkdir,
 		"timestamp":      time.Now().UTC().Format(time.RFC3339Nano),

@@ -18,6 +18,7 @@ import (
 
 	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/runtime"
 	"github.com/agentbox/agentbox/internal/store"
 )
@@ -185,11 +186,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		}
 	})
 	tEnvd := time.Now()
-	if err := m.initEnvd(sctx, sb, tpl.StartCmd); err != nil {
+	if err := m.initEnvd(sctx, sb, tpl.StartCmd, pol); err != nil {
 		return fail(fmt.Errorf("sandbox %s: envd did not start: %w", sb.ID, err))
-	}
-	if err := m.installEgressCA(sctx, sb, pol); err != nil {
-		return fail(fmt.Errorf("sandbox %s: %w", sb.ID, err))
 	}
 	if err := m.waitReady(sctx, sb, tpl.ReadyCmd); err != nil {
 		return fail(fmt.Errorf("sandbox %s: template %s not ready: %w", sb.ID, tpl.ID, err))
@@ -237,13 +235,18 @@ func (m *Manager) waitEnvd(ctx context.Context, sb *Sandbox) (string, error) {
 // initEnvd waits for envd's /health, then hands it the sandbox's env vars,
 // default user/workdir, the template's start command (which envd starts in
 // the background) and (for secure sandboxes) its access token.
-func (m *Manager) initEnvd(ctx context.Context, sb *Sandbox, startCmd string) error {
+func (m *Manager) initEnvd(ctx context.Context, sb *Sandbox, startCmd string, pol network.Policy) error {
 	base, err := m.waitEnvd(ctx, sb)
 	if err != nil {
 		return err
 	}
+	// Before /init: the start command (the code interpreter's kernels)
+	// reads the CA files that envdEnv names when it starts.
+	if err := m.installEgressCA(ctx, sb, pol); err != nil {
+		return err
+	}
 	body := map[string]any{
-		"envVars":        sb.EnvVars,
+		"envVars":        m.envdEnv(sb),
 		"defaultUser":    sb.DefaultUser,
 		"defaultWorkdir": sb.DefaultWorkdir,
 		"timestamp":      time.Now().UTC().Format(time.RFC3339Nano),

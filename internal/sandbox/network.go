@@ -257,6 +257,9 @@ func (m *Manager) UpdateNetwork(ctx context.Context, teamID, id string, allowInt
 	if err := m.installEgressCA(ctx, cur, pol); err != nil {
 		return err
 	}
+	if err := m.pushEnvdEnv(ctx, cur); err != nil {
+		return err
+	}
 	return m.update(ctx, teamID, id, func(sb *Sandbox) { sb.AllowInternet, sb.Network = allowInternet, next })
 }
 
