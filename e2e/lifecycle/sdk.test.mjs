@@ -50,6 +50,52 @@ describe('lifecycle', { concurrency: false, timeout: 600_000 }, () => {
     }
   })
 
+  it('gvisor: pause keeps files, env, pids and a counter; snapshot and fork', async () => {
+    const sbx = await Sandbox.create('base', { envs: { FOO: 'gv' }, metadata: { 'agentbox.isolation': 'gvisor' }, timeoutMs: 300_000 })
+    try {
+      assert.equal((await Sandbox.getInfo(sbx.sandboxId)).isolation ?? 'gvisor', 'gvisor')
+      await sbx.files.write('/home/user/hello.txt', 'gvisor-world')
+      const bg = await sbx.commands.run('sleep 3600', { background: true })
+      await sbx.commands.run(counter)
+      await sleep(500)
+      for (let cycle = 1; cycle <= 2; cycle++) {
+        const before = Number(await run(sbx, 'cat /tmp/count'))
+        assert.equal(await sbx.pause(), true)
+        assert.equal(await sbx.isRunning(), false)
+        assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'paused')
+        const s2 = await Sandbox.connect(sbx.sandboxId)
+        assert.equal(await s2.isRunning(), true)
+        assert.equal(await s2.files.read('/home/user/hello.txt'), 'gvisor-world')
+        assert.equal(await run(s2, 'echo $FOO'), 'gv')
+        assert.match(await run(s2, `tr '\\0' ' ' < /proc/${bg.pid}/cmdline`), /^sleep 3600/)
+        const after = Number(await run(s2, 'cat /tmp/count'))
+        assert.ok(after >= before && after < before + 50, `counter continued: ${before} -> ${after}`)
+        await sleep(500)
+        assert.ok(Number(await run(s2, 'cat /tmp/count')) > after, 'counter keeps counting')
+      }
+      const snap = await sbx.createSnapshot({ name: 'e2e-gvisor-snap' })
+      const b = await Sandbox.create(snap.snapshotId, { timeoutMs: 60_000 })
+      try {
+        assert.equal(await b.files.read('/home/user/hello.txt'), 'gvisor-world')
+        const n = Number(await run(b, 'cat /tmp/count'))
+        assert.ok(n > 0, 'the counter came with the memory snapshot')
+        await b.files.write('/home/user/hello.txt', 'from-b')
+        assert.equal(await sbx.files.read('/home/user/hello.txt'), 'gvisor-world')
+      } finally {
+        await b.kill()
+      }
+      assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+      const forks = await sbx.fork({ count: 2, timeoutMs: 60_000 })
+      for (const f of forks) assert.ok(!(f instanceof Error), String(f))
+      await Promise.all(forks.map((f, i) => f.files.write('/home/user/hello.txt', 'fork-' + i)))
+      assert.deepEqual(await Promise.all(forks.map((f) => f.files.read('/home/user/hello.txt'))), ['fork-0', 'fork-1'])
+      assert.equal(await sbx.files.read('/home/user/hello.txt'), 'gvisor-world')
+      await Promise.all(forks.map((f) => f.kill()))
+    } finally {
+      await sbx.kill()
+    }
+  })
+
   it('autoPause on timeout, then autoResume on traffic', async () => {
     const c = await Sandbox.create('base', { timeoutMs: 3000, lifecycle: { onTimeout: 'pause', autoResume: true } })
     try {

@@ -113,14 +113,6 @@ func (m *Manager) fault(step string) {
 	}
 }
 
-// checkpointable refuses tiers the checkpointer cannot handle yet.
-func checkpointable(sb *Sandbox) error {
-	if sb.Isolation == IsolationGVisor {
-		return fmt.Errorf("sandbox %q runs under gvisor, which cannot be paused, snapshotted or forked by this server yet: %w", sb.ID, errdefs.ErrUnavailable)
-	}
-	return nil
-}
-
 func (m *Manager) checkpointer() (runtime.Checkpointer, error) {
 	ck, ok := m.rt.(runtime.Checkpointer)
 	if !ok {
@@ -170,10 +162,6 @@ func (m *Manager) begin(ctx context.Context, teamID, id string, to State, from .
 	if !ok || (teamID != "" && sb.TeamID != teamID) || sb.TeamID == poolTeam || sb.State == StateKilling || sb.State == StateCreating {
 		m.mu.Unlock()
 		return nil, nil, notFound(id)
-	}
-	if err := checkpointable(sb); err != nil {
-		m.mu.Unlock()
-		return nil, nil, err
 	}
 	okFrom := false
 	for _, f := range from {

@@ -152,12 +152,15 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, opts runtime.Checkp
 	if !validID.MatchString(id) {
 		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
 	}
-	if _, err := r.criu(); err != nil {
-		return err
-	}
 	dir := r.dir(id)
 	if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	if r.tierOf(id) == TierRunsc {
+		return r.runscCheckpoint(ctx, id, opts)
+	}
+	if _, err := r.criu(); err != nil {
+		return err
 	}
 	own := opts.ImageDir == ""
 	img := opts.ImageDir
@@ -258,19 +261,19 @@ func (r *Runtime) HasCheckpoint(ctx context.Context, id string) (bool, error) {
 		return false, fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
 	}
 	dir := r.dir(id)
-	if _, err := os.Stat(filepath.Join(dir, checkpointDir, "inventory.img")); err == nil {
+	if _, err := os.Stat(filepath.Join(dir, checkpointDir, "inventory.img")); err == nil || runscHasImage(filepath.Join(dir, checkpointDir)) {
 		return true, nil
 	}
 	tmp := filepath.Join(dir, checkpointTmp)
-	if _, err := os.Stat(filepath.Join(tmp, criuStatsDump)); err != nil {
+	if _, err := os.Stat(filepath.Join(tmp, criuStatsDump)); err != nil && !runscHasImage(tmp) {
 		_ = os.RemoveAll(tmp)
 		return false, nil
 	}
 	st, err := r.State(ctx, id)
 	if err == nil && st == runtime.StatusStopped {
-		// CRIU completed and killed the tasks; only runc's cleanup and our
-		// rename were missed.
-		_, _ = r.runc(ctx, "", "delete", "--force", id)
+		// CRIU (or runsc) completed and stopped the tasks; only the
+		// runtime's cleanup and our rename were missed.
+		_, _ = r.oci(ctx, id, "", "delete", "--force", id)
 		if err := os.Rename(tmp, filepath.Join(dir, checkpointDir)); err != nil {
 			return false, err
 		}
@@ -296,9 +299,6 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, opts runtime.R
 	if !validID.MatchString(spec.ID) {
 		return fmt.Errorf("sandbox id %q: %w", spec.ID, errdefs.ErrInvalidArgument)
 	}
-	if _, err := r.criu(); err != nil {
-		return err
-	}
 	dir := r.dir(spec.ID)
 	img := opts.ImageDir
 	inPlace := false
@@ -307,6 +307,12 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, opts runtime.R
 	}
 	if img == "" {
 		img = filepath.Join(dir, checkpointDir)
+	}
+	if (inPlace && r.tierOf(spec.ID) == TierRunsc) || (!inPlace && spec.Runtime == TierRunsc) {
+		return r.runscRestore(ctx, spec, opts, inPlace, img)
+	}
+	if _, err := r.criu(); err != nil {
+		return err
 	}
 	if _, err := os.Stat(filepath.Join(img, "inventory.img")); err != nil {
 		return fmt.Errorf("sandbox %s: no checkpoint image at %s: %w", spec.ID, img, errdefs.ErrNotFound)
@@ -442,7 +448,7 @@ func (r *Runtime) Freeze(ctx context.Context, id string) error {
 	if !validID.MatchString(id) {
 		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
 	}
-	if _, err := r.runc(ctx, "", "pause", id); err != nil {
+	if _, err := r.oci(ctx, id, "", "pause", id); err != nil {
 		if notExist(err) {
 			return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 		}
@@ -456,7 +462,7 @@ func (r *Runtime) Thaw(ctx context.Context, id string) error {
 	if !validID.MatchString(id) {
 		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
 	}
-	if _, err := r.runc(ctx, "", "resume", id); err != nil {
+	if _, err := r.oci(ctx, id, "", "resume", id); err != nil {
 		if notExist(err) {
 			return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 		}

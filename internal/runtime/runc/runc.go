@@ -285,6 +285,12 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 		_, _ = r.oci(context.WithoutCancel(ctx), spec.ID, "", "delete", "--force", spec.ID)
 		_ = r.removeCgroups(r.cgroupPath(spec.ID))
 	})
+	if tier == TierRunsc {
+		// runsc moves the netns's address into gVisor; a resume needs it back.
+		if err := saveNetConf(dir); err != nil {
+			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+	}
 	if _, err := r.oci(ctx, spec.ID, filepath.Join(dir, tier+".log"), "run", "--detach", "--bundle", dir, spec.ID); err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}

@@ -79,7 +79,8 @@ func (r *Runtime) runsc(ctx context.Context, logFile string, args ...string) ([]
 	}
 	cmd := exec.CommandContext(ctx, r.runscBin, append(r.runscArgs(logFile), args...)...)
 	var stdout, stderr bytes.Buffer
-	if args[0] != "run" {
+	// A restored sandbox inherits stdio like a run one.
+	if args[0] != "run" && args[0] != "restore" {
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	}
 	if err := cmd.Run(); err != nil {
