@@ -29,7 +29,8 @@ func main() {
 	flag.IntVar(&cfg.Concurrent, "concurrent", 50, "simultaneous creates")
 	flag.IntVar(&cfg.SizeMB, "size-mb", 100, "upload/download size in MB")
 	flag.IntVar(&cfg.ServerPID, "server-pid", 0, "server pid for RSS (default: the process listening on the API port)")
-	scenario := flag.String("scenario", "server", "server: the server against the raw floor; isolation: start latency, memory per idle sandbox and neighbour latency per isolation tier")
+	runs := flag.Int("runs", 100, "interpreter: warm runCode samples per language")
+	scenario := flag.String("scenario", "server", "server: the server against the raw floor; isolation: start latency, memory per idle sandbox and neighbour latency per isolation tier; interpreter: runCode latency, first context after create and idle kernel memory (--template defaults to code-interpreter-v1, --creates to 5)")
 	flag.Parse()
 	if cfg.APIURL == "" || cfg.APIKey == "" {
 		fmt.Fprintln(os.Stderr, "bench: --api-url and --api-key (or E2B_API_URL, E2B_API_KEY) are required")
@@ -38,6 +39,23 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if *scenario == "interpreter" {
+		icfg := benchmark.InterpreterConfig{APIURL: cfg.APIURL, APIKey: cfg.APIKey, Runs: *runs}
+		// Flags left at their defaults mean the scenario's own defaults.
+		flag.Visit(func(f *flag.Flag) {
+			switch f.Name {
+			case "template":
+				icfg.Template = cfg.Template
+			case "creates":
+				icfg.Creates = cfg.Creates
+			}
+		})
+		if err := benchmark.RunInterpreter(ctx, icfg, os.Stdout, log); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *scenario == "isolation" {
 		icfg := benchmark.IsolationConfig{APIURL: cfg.APIURL, APIKey: cfg.APIKey, Template: cfg.Template, TemplateDir: cfg.TemplateDir, Creates: cfg.Creates}
 		if err := benchmark.RunIsolation(ctx, icfg, os.Stdout, log); err != nil {
