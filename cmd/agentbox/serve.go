@@ -44,8 +44,10 @@ type serveConfig struct {
 	Bridge          string
 	Subnet          string
 	MaxTimeout      time.Duration
+	MaxCommandLife  time.Duration
 	HealthInterval  time.Duration
 	Runsc           string
+	UserNS          bool
 	BuildBase       bool
 	LogLevel        string
 	ConfigFile      string
@@ -97,8 +99,10 @@ which wins over the file.`,
 	f.StringVar(&c.Bridge, "bridge", "agentbox0", "host bridge the sandboxes attach to")
 	f.StringVar(&c.Subnet, "subnet", "10.11.0.0/16", "IPv4 subnet for sandbox addresses")
 	f.DurationVar(&c.MaxTimeout, "max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
+	f.DurationVar(&c.MaxCommandLife, "max-command-lifetime", sandbox.DefaultMaxCommandLifetime, "longest any one command in a sandbox may run; envd kills it then (a create may ask for less with maxCommandSeconds)")
 	f.DurationVar(&c.HealthInterval, "health-interval", 30*time.Second, "how often every sandbox's envd is health-checked")
 	f.StringVar(&c.Runsc, "runsc", "runsc", "gVisor runsc binary for the gvisor isolation tier (the tier is unavailable when it is missing)")
+	f.BoolVar(&c.UserNS, "userns", false, "run container-tier sandboxes in a user namespace: sandbox root is host uid 100000 (each template layer gets a uid-shifted copy on first use)")
 	addLifecycleFlags(f, &c.Lifecycle)
 	f.BoolVar(&c.BuildBase, "build-base", true, "build the base template at start if it is missing")
 	f.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
@@ -256,11 +260,12 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		CgroupParent: c.Instance,
 		RunscBinary:  c.Runsc,
 		EnvdPath:     envd,
+		UserNS:       c.UserNS,
 	}, log)
 	if err != nil {
 		return err
 	}
-	mgr, err := sandbox.New(ctx, sandbox.Config{MaxTimeout: c.MaxTimeout, HealthInterval: c.HealthInterval}, log, st, rt, nw, templates)
+	mgr, err := sandbox.New(ctx, sandbox.Config{MaxTimeout: c.MaxTimeout, HealthInterval: c.HealthInterval, MaxCommandLifetime: c.MaxCommandLife}, log, st, rt, nw, templates)
 	if err != nil {
 		return err
 	}

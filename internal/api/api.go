@@ -135,6 +135,9 @@ type newSandbox struct {
 	DiskSizeMB *int    `json:"diskSizeMB"`
 	PIDs       *int    `json:"pids"`
 	TmpSizeMB  *int    `json:"tmpSizeMB"`
+	// Longest a single command may run, in seconds; at most the server's
+	// --max-command-lifetime, which applies when absent.
+	MaxCommandSeconds *int64 `json:"maxCommandSeconds"`
 	// Seconds without data-plane traffic after which the sandbox is paused
 	// (autoPause) or killed; 0 or absent = never.
 	IdleTimeout *int64 `json:"idleTimeout"`

@@ -34,6 +34,12 @@ func applyIsolation(req *sandbox.CreateRequest, b newSandbox) error {
 			*f.dst = *f.v
 		}
 	}
+	if b.MaxCommandSeconds != nil {
+		if *b.MaxCommandSeconds <= 0 {
+			return invalid("maxCommandSeconds: %d; give a positive number of seconds or omit it for the server's cap", *b.MaxCommandSeconds)
+		}
+		req.MaxCommand = time.Duration(*b.MaxCommandSeconds) * time.Second
+	}
 	return nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -57,6 +58,7 @@ type Server struct {
 	envVars        map[string]string
 	defaultUser    string
 	defaultWorkdir string
+	maxCommand     time.Duration // cap on every process's lifetime; 0 = none
 
 	procs    *processTable
 	watchers *watcherTable
@@ -119,6 +121,9 @@ type initRequest struct {
 	DefaultWorkdir string            `json:"defaultWorkdir"`
 	// StartCmd is the template's start command (agentbox extension).
 	StartCmd string `json:"startCmd"`
+	// MaxCommandSeconds caps the lifetime of every process started
+	// afterwards (agentbox extension); 0 keeps the current cap.
+	MaxCommandSeconds int64 `json:"maxCommandSeconds"`
 }
 
 func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
@@ -146,6 +151,9 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.DefaultWorkdir != "" {
 		s.defaultWorkdir = req.DefaultWorkdir
+	}
+	if req.MaxCommandSeconds > 0 {
+		s.maxCommand = time.Duration(req.MaxCommandSeconds) * time.Second
 	}
 	s.log.Info("init", "envVars", len(s.envVars), "secure", s.token != "", "defaultUser", s.defaultUser, "defaultWorkdir", s.defaultWorkdir)
 	if req.StartCmd != "" {

@@ -91,6 +91,10 @@ func streamEvents(ctx context.Context, h interface{ Get(string) string }, p *pro
 			_ = send(&process.ProcessEvent{Event: &process.ProcessEvent_End{End: end}})
 			return connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("process %d killed: its timeout expired", p.pid))
 		}
+		if p.lifetimeCap > 0 && end.GetError() == capExceededError(p.lifetimeCap) {
+			_ = send(&process.ProcessEvent{Event: &process.ProcessEvent_End{End: end}})
+			return connect.NewError(connect.CodeDeadlineExceeded, fmt.Errorf("process %d %s", p.pid, end.GetError()))
+		}
 		return send(&process.ProcessEvent{Event: &process.ProcessEvent_End{End: end}})
 	}
 	if sub == nil {
@@ -173,11 +177,9 @@ func (s *Server) startProcess(ctx context.Context, u *User, req *process.StartRe
 		return nil, nil, fmt.Errorf("cwd '%s' does not exist: %w", cwd, errdefs.ErrInvalidArgument)
 	}
 
-	// Lifetime: Connect-Timeout-Ms of this request, not the request itself.
-	life, cancel := context.Background(), context.CancelFunc(func() {})
-	if dl, ok := ctx.Deadline(); ok {
-		life, cancel = context.WithDeadline(context.Background(), dl)
-	}
+	// Lifetime: Connect-Timeout-Ms of this request (not the request
+	// itself), bounded by the command lifetime cap (lifetime.go).
+	life, cancel, capped := s.processLifetime(ctx)
 
 	cmd := exec.Command(cfg.GetCmd(), cfg.GetArgs()...)
 	cmd.Dir = cwd
@@ -186,7 +188,7 @@ func (s *Server) startProcess(ctx context.Context, u *User, req *process.StartRe
 	if u.UID != 0 || u.GID != 0 {
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
 	}
-	p := &proc{config: cfg, tag: req.Tag, cmd: cmd, subs: map[*subscriber]struct{}{}, done: make(chan struct{})}
+	p := &proc{config: cfg, tag: req.Tag, cmd: cmd, subs: map[*subscriber]struct{}{}, done: make(chan struct{}), lifetimeCap: capped}
 
 	var readers []io.ReadCloser
 	var kinds []string
@@ -337,6 +339,9 @@ func (s *Server) superviseProcess(life context.Context, cancel context.CancelFun
 	}
 	if killed {
 		msg := context.DeadlineExceeded.Error()
+		if p.lifetimeCap > 0 {
+			msg = capExceededError(p.lifetimeCap)
+		}
 		end.Error = &msg
 	} else if waitErr != nil {
 		var ee *exec.ExitError
@@ -346,7 +351,7 @@ func (s *Server) superviseProcess(life context.Context, cancel context.CancelFun
 		}
 	}
 	p.finish(end)
-	s.log.Info("process ended", "pid", p.pid, "status", end.Status, "timeout", killed)
+	s.log.Info("process ended", "pid", p.pid, "status", end.Status, "timeout", killed, "lifetimeCap", p.lifetimeCap)
 	time.AfterFunc(retainExited, func() { s.procs.remove(p) })
 }
 

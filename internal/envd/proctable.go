@@ -95,6 +95,8 @@ type proc struct {
 	stdin   *os.File // nil when closed or not requested
 	tty     *os.File // pty master, nil without a PTY
 
+	lifetimeCap time.Duration // set when the command lifetime cap ends it
+
 	mu   sync.Mutex
 	subs map[*subscriber]struct{}
 	end  *process.ProcessEvent_EndEvent

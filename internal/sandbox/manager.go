@@ -31,6 +31,8 @@ type Config struct {
 	SampleInterval time.Duration // how often metrics are sampled
 	HealthInterval time.Duration // how often every sandbox's envd is checked
 	Quota          Quota         // the most a create may ask for
+	// MaxCommandLifetime caps every command's run time (cmdlife.go).
+	MaxCommandLifetime time.Duration
 }
 
 func (c *Config) defaults() {
@@ -51,6 +53,9 @@ func (c *Config) defaults() {
 	}
 	if c.Quota == (Quota{}) {
 		c.Quota = DefaultQuota()
+	}
+	if c.MaxCommandLifetime == 0 {
+		c.MaxCommandLifetime = DefaultMaxCommandLifetime
 	}
 }
 
@@ -125,13 +130,18 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	if err != nil {
 		return nil, err
 	}
+	cmdLife, err := m.resolveCommandLifetime(req.MaxCommand)
+	if err != nil {
+		return nil, err
+	}
 	now := time.Now().UTC()
 	sb := &Sandbox{
 		ID: newID(), TeamID: req.TeamID, APIKeyID: req.APIKeyID, TemplateID: tpl.ID, State: StateCreating,
 		Secure: req.Secure, AllowInternet: req.AllowInternet, Metadata: req.Metadata, EnvVars: mergeEnv(tpl.Env, req.EnvVars),
 		CPUCount: limits.CPUCount, MemoryMB: limits.MemoryMB, DiskMB: limits.DiskMB, PIDs: limits.PIDs, TmpMB: limits.TmpMB,
-		Isolation:   isolation,
-		DefaultUser: tpl.DefaultUser, DefaultWorkdir: tpl.DefaultWorkdir,
+		Isolation:         isolation,
+		MaxCommandSeconds: int64(cmdLife / time.Second),
+		DefaultUser:       tpl.DefaultUser, DefaultWorkdir: tpl.DefaultWorkdir,
 		StartedAt: now, EndAt: now.Add(req.Timeout),
 		Lifecycle: req.Lifecycle.apply(req.Timeout),
 	}
@@ -253,6 +263,9 @@ func (m *Manager) initEnvd(ctx context.Context, sb *Sandbox, startCmd string, po
 	}
 	if startCmd != "" {
 		body["startCmd"] = startCmd
+	}
+	if sb.MaxCommandSeconds > 0 {
+		body["maxCommandSeconds"] = sb.MaxCommandSeconds
 	}
 	if sb.Secure {
 		body["accessToken"] = m.Token(sb.ID)

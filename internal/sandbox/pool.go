@@ -125,7 +125,7 @@ func (m *Manager) claimPooled(ctx context.Context, req CreateRequest) (*Sandbox,
 	// Warm sandboxes have the template's defaults: requests for other
 	// limits, another tier or egress rules start cold.
 	if req.Limits != (Limits{}) || (req.Isolation != "" && req.Isolation != IsolationContainer) ||
-		req.Metadata[MetadataIsolation] != "" || req.Network != nil {
+		req.Metadata[MetadataIsolation] != "" || req.Network != nil || req.MaxCommand != 0 {
 		return nil, false
 	}
 	tpl, err := m.templates.Get(ctx, req.Template)

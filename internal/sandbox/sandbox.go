@@ -38,30 +38,32 @@ const ClientID = "6532622b"
 
 // Sandbox is one sandbox as the manager knows it.
 type Sandbox struct {
-	ID             string            `json:"id"`
-	TeamID         string            `json:"teamID"`
-	APIKeyID       string            `json:"apiKeyID"`
-	TemplateID     string            `json:"templateID"`
-	Alias          string            `json:"alias,omitempty"`
-	State          State             `json:"state"`
-	IP             netip.Addr        `json:"ip"`
-	Secure         bool              `json:"secure"`
-	AllowInternet  bool              `json:"allowInternet"`
-	Network        *NetworkSpec      `json:"network,omitempty"`
-	Metadata       map[string]string `json:"metadata,omitempty"`
-	EnvVars        map[string]string `json:"envVars,omitempty"`
-	CPUCount       int               `json:"cpuCount"`
-	MemoryMB       int               `json:"memoryMB"`
-	DiskMB         int               `json:"diskMB"`
-	PIDs           int               `json:"pids,omitempty"`
-	TmpMB          int               `json:"tmpMB,omitempty"`
-	Isolation      string            `json:"isolation,omitempty"`    // container or gvisor
-	Health         string            `json:"health,omitempty"`       // "" (healthy) or "error"
-	HealthReason   string            `json:"healthReason,omitempty"` // why, when Health is "error"
-	DefaultUser    string            `json:"defaultUser"`
-	DefaultWorkdir string            `json:"defaultWorkdir"`
-	StartedAt      time.Time         `json:"startedAt"`
-	EndAt          time.Time         `json:"endAt"`
+	ID            string            `json:"id"`
+	TeamID        string            `json:"teamID"`
+	APIKeyID      string            `json:"apiKeyID"`
+	TemplateID    string            `json:"templateID"`
+	Alias         string            `json:"alias,omitempty"`
+	State         State             `json:"state"`
+	IP            netip.Addr        `json:"ip"`
+	Secure        bool              `json:"secure"`
+	AllowInternet bool              `json:"allowInternet"`
+	Network       *NetworkSpec      `json:"network,omitempty"`
+	Metadata      map[string]string `json:"metadata,omitempty"`
+	EnvVars       map[string]string `json:"envVars,omitempty"`
+	CPUCount      int               `json:"cpuCount"`
+	MemoryMB      int               `json:"memoryMB"`
+	DiskMB        int               `json:"diskMB"`
+	PIDs          int               `json:"pids,omitempty"`
+	TmpMB         int               `json:"tmpMB,omitempty"`
+	Isolation     string            `json:"isolation,omitempty"` // container or gvisor
+	// MaxCommandSeconds caps each command's run time; envd enforces it.
+	MaxCommandSeconds int64     `json:"maxCommandSeconds,omitempty"`
+	Health            string    `json:"health,omitempty"`       // "" (healthy) or "error"
+	HealthReason      string    `json:"healthReason,omitempty"` // why, when Health is "error"
+	DefaultUser       string    `json:"defaultUser"`
+	DefaultWorkdir    string    `json:"defaultWorkdir"`
+	StartedAt         time.Time `json:"startedAt"`
+	EndAt             time.Time `json:"endAt"`
 	Lifecycle
 }
 
@@ -91,8 +93,9 @@ type CreateRequest struct {
 	Secure        bool
 	AllowInternet bool
 	Network       *NetworkSpec
-	Isolation     string // "" = template's, then container
-	Limits        Limits // zero fields = template's defaults
+	Isolation     string        // "" = template's, then container
+	Limits        Limits        // zero fields = template's defaults
+	MaxCommand    time.Duration // 0 = the server's command lifetime cap
 	Lifecycle     LifecycleRequest
 }
 

@@ -156,6 +156,9 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, opts runtime.Checkp
 	if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
+	if err := r.checkpointUserNS(id); err != nil {
+		return err
+	}
 	if r.tierOf(id) == TierRunsc {
 		return r.runscCheckpoint(ctx, id, opts)
 	}
@@ -346,6 +349,13 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, opts runtime.R
 		_, _ = r.runc(context.WithoutCancel(ctx), "", "delete", "--force", spec.ID)
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
+	if r.cfg.UserNS {
+		// CRIU restores the namespace but not its /proc/sys/user caps.
+		// The sandbox runs already; it only keeps the host's caps.
+		if err := r.limitUserNS(ctx, spec.ID); err != nil {
+			r.log.Warn("restored sandbox keeps default inotify caps", "id", spec.ID, "err", err)
+		}
+	}
 	return nil
 }
 
@@ -410,6 +420,15 @@ func (r *Runtime) newBundle(ctx context.Context, spec runtime.Spec, opts runtime
 	}
 	rootfs := filepath.Join(dir, "rootfs")
 	lower := slices.Clone(spec.Layers)
+	if r.usernsEnabled(spec.Runtime) {
+		var err error
+		if lower, err = r.mappedLayers(ctx, lower); err != nil {
+			return rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+		if err := r.prepareUserNSBundle(dir, upper); err != nil {
+			return rb, fmt.Errorf("sandbox %s: user namespace: %w", spec.ID, err)
+		}
+	}
 	slices.Reverse(lower)
 	mopts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(lower, ":"), upper, work)
 	if err := unix.Mount("overlay", rootfs, "overlay", 0, mopts); err != nil {

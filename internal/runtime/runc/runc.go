@@ -58,6 +58,12 @@ type Config struct {
 	// CRIUPath is the CRIU binary for checkpoints (>= 4.2). Default:
 	// DefaultCRIUPath, then criu from PATH.
 	CRIUPath string
+	// UserNS runs container-tier sandboxes in a user namespace whose root
+	// is host uid UserNSBase (see userns.go).
+	UserNS bool
+	// UserNSBase and UserNSSize are the mapped host id range. Defaults
+	// DefaultUserNSBase and DefaultUserNSSize.
+	UserNSBase, UserNSSize uint32
 }
 
 // Runtime is the runc driver. It keeps no state in memory besides its
@@ -112,12 +118,26 @@ func New(cfg Config, log *slog.Logger) (*Runtime, error) {
 		cfg.RunscBinary = "runsc"
 	}
 	runscBin, _ := exec.LookPath(cfg.RunscBinary)
+	if cfg.UserNSBase == 0 {
+		cfg.UserNSBase = DefaultUserNSBase
+	}
+	if cfg.UserNSSize == 0 {
+		cfg.UserNSSize = DefaultUserNSSize
+	}
 	if log == nil {
 		log = slog.Default()
 	}
 	for _, d := range []string{cfg.StateDir, cfg.RuncRoot} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return nil, fmt.Errorf("runc: %w", err)
+		}
+	}
+	if cfg.UserNS {
+		if err := ensureSearchable(cfg.StateDir); err != nil {
+			return nil, fmt.Errorf("runc: user namespaces: %w", err)
+		}
+		if err := raiseHostInotify(); err != nil {
+			return nil, fmt.Errorf("runc: user namespaces: raise the host's inotify limits: %w", err)
 		}
 	}
 	r := &Runtime{cfg: cfg, log: log.With("component", "runc"), cgroupV2: isCgroupV2()}
@@ -262,6 +282,14 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	upper, work := layerDirs(dir, onDisk)
 	rootfs := filepath.Join(dir, "rootfs")
 	lower := slices.Clone(spec.Layers)
+	if r.usernsEnabled(tier) {
+		if lower, err = r.mappedLayers(ctx, lower); err != nil {
+			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+		if err := r.prepareUserNSBundle(dir, upper); err != nil {
+			return fmt.Errorf("sandbox %s: user namespace: %w", spec.ID, err)
+		}
+	}
 	slices.Reverse(lower) // overlay wants the topmost layer first
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(lower, ":"), upper, work)
 	if err := unix.Mount("overlay", rootfs, "overlay", 0, opts); err != nil {
@@ -293,6 +321,11 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	}
 	if _, err := r.oci(ctx, spec.ID, filepath.Join(dir, tier+".log"), "run", "--detach", "--bundle", dir, spec.ID); err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	if r.usernsEnabled(tier) {
+		if err := r.limitUserNS(ctx, spec.ID); err != nil {
+			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
 	}
 	r.log.Debug("sandbox started", "id", spec.ID)
 	return nil

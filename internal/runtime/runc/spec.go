@@ -71,7 +71,7 @@ func (r *Runtime) ociSpec(spec runtime.Spec, dir string) *specs.Spec {
 	if mb := spec.Resources.DiskMB; mb > 0 {
 		annotations = map[string]string{annotationDiskMB: fmt.Sprint(mb)}
 	}
-	return &specs.Spec{
+	s := &specs.Spec{
 		Annotations: annotations,
 		// runc 1.1 speaks spec 1.0.2; nothing here needs a newer one.
 		Version:  "1.0.2",
@@ -124,4 +124,8 @@ func (r *Runtime) ociSpec(spec runtime.Spec, dir string) *specs.Spec {
 			ReadonlyPaths: []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
 		},
 	}
+	if r.usernsEnabled(spec.Runtime) {
+		r.userns(s)
+	}
+	return s
 }

@@ -1,0 +1,340 @@
+package runc
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+)
+
+// User namespaces on the container tier. Root inside the sandbox is host uid
+// UserNSBase (and ids 0..UserNSSize-1 map onto UserNSBase..), so whatever
+// escapes the mount namespace is an unprivileged host user, and per-user
+// kernel limits (inotify instances and watches, RLIMIT_NPROC, keys) count
+// against that uid instead of the host's root.
+//
+// runc 1.1 cannot use idmapped mounts, so each template layer gets a copy
+// whose owners are shifted by UserNSBase; it is made once, on the first
+// sandbox that needs it, and kept next to the layer (<layer>.uidshift-<base>),
+// where every later sandbox (and every server sharing the template dir)
+// reuses it and where deleting the template removes it too.
+
+// Defaults of the mapped id range: above the ids of regular host users and
+// of rootless containers' usual /etc/subuid ranges' start.
+const (
+	DefaultUserNSBase = 100000
+	DefaultUserNSSize = 65536
+)
+
+// usernsEnabled reports whether sandboxes on tier run in a user namespace.
+// gVisor is left out: its sentry is the sandbox's kernel and already runs
+// the sandbox's root as an unprivileged host process.
+func (r *Runtime) usernsEnabled(tier string) bool {
+	return r.cfg.UserNS && (tier == "" || tier == TierRunc)
+}
+
+// userns adds the user namespace and its id mappings to s.
+func (r *Runtime) userns(s *specs.Spec) {
+	m := []specs.LinuxIDMapping{{ContainerID: 0, HostID: r.cfg.UserNSBase, Size: r.cfg.UserNSSize}}
+	s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
+	s.Linux.UIDMappings, s.Linux.GIDMappings = m, m
+	// A new sysfs instance needs CAP_SYS_ADMIN over the network namespace,
+	// which the network package made in the host's user namespace; so /sys
+	// is the host's sysfs, bound read-only. It must be bound recursively
+	// (the kernel refuses to split off a mount with locked submounts); its
+	// only submount here, /sys/fs/cgroup, is covered by the sandbox's own
+	// cgroup mount, and the masked paths still go on top.
+	for i, mnt := range s.Mounts {
+		if mnt.Destination == "/sys" && mnt.Type == "sysfs" {
+			s.Mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: "/sys", Options: []string{"rbind", "nosuid", "noexec", "nodev", "ro"}}
+		}
+	}
+}
+
+// mappedLayers returns the layers a user-namespaced sandbox mounts: the
+// shifted copy of each layer whose files belong to unmapped ids. A layer
+// whose root already belongs to the mapped root (the captured writable
+// layer of a snapshot taken in a user namespace) is used as it is.
+func (r *Runtime) mappedLayers(ctx context.Context, layers []string) ([]string, error) {
+	out := make([]string, len(layers))
+	for i, l := range layers {
+		var st unix.Stat_t
+		if err := unix.Stat(l, &st); err != nil {
+			return nil, fmt.Errorf("layer %s: %w", l, err)
+		}
+		if st.Uid >= r.cfg.UserNSBase && st.Uid < r.cfg.UserNSBase+r.cfg.UserNSSize {
+			out[i] = l
+			continue
+		}
+		shifted, err := r.shiftedLayer(ctx, l)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = shifted
+	}
+	return out, nil
+}
+
+// shiftedLayer returns the uid-shifted copy of layer, making it first if
+// needed. Concurrent first users each copy into a private temporary dir and
+// the first rename wins; the others drop their copy.
+func (r *Runtime) shiftedLayer(ctx context.Context, layer string) (string, error) {
+	layer = filepath.Clean(layer)
+	dst := layer + ".uidshift-" + strconv.FormatUint(uint64(r.cfg.UserNSBase), 10)
+	if _, err := os.Stat(dst); err == nil {
+		return dst, nil
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(layer), ".uidshift-*")
+	if err != nil {
+		return "", fmt.Errorf("shift layer %s: %w", layer, err)
+	}
+	defer os.RemoveAll(tmp)
+	copyDir := filepath.Join(tmp, "rootfs")
+	r.log.Info("making uid-shifted copy of template layer (once per layer)", "layer", layer, "base", r.cfg.UserNSBase)
+	// cp -a keeps modes, owners, timestamps, xattrs and hardlinks, and
+	// writes holes as holes.
+	if out, err := exec.CommandContext(ctx, "cp", "-a", "--sparse=always", layer, copyDir).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("shift layer %s: cp: %w: %s", layer, err, strings.TrimSpace(string(out)))
+	}
+	if err := shiftTree(copyDir, r.cfg.UserNSBase, r.cfg.UserNSSize); err != nil {
+		return "", fmt.Errorf("shift layer %s: %w", layer, err)
+	}
+	if err := os.Rename(copyDir, dst); err != nil {
+		if _, serr := os.Stat(dst); serr == nil {
+			return dst, nil // another sandbox made it first
+		}
+		return "", fmt.Errorf("shift layer %s: %w", layer, err)
+	}
+	return dst, nil
+}
+
+// inode identifies a file across its hardlinks.
+type inode struct{ dev, ino uint64 }
+
+// shiftTree adds base to the owner and group of everything under root.
+// chown clears setuid/setgid bits and file capabilities, so both are put
+// back; capabilities are rewritten as v3 with the mapped root as their
+// owner, else the kernel ignores them inside the namespace.
+func shiftTree(root string, base, size uint32) error {
+	seen := map[inode]bool{}
+	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(path, &st); err != nil {
+			return err
+		}
+		id := inode{uint64(st.Dev), st.Ino}
+		if seen[id] {
+			return nil // another hardlink of a file already shifted
+		}
+		seen[id] = true
+		if st.Uid >= size || st.Gid >= size {
+			return fmt.Errorf("%s: owner %d:%d outside the mapped range of %d ids: %w", path, st.Uid, st.Gid, size, errdefs.ErrInvalidArgument)
+		}
+		regular := st.Mode&syscall.S_IFMT == syscall.S_IFREG
+		var fcaps []byte
+		if regular {
+			fcaps = getxattr(path, "security.capability")
+		}
+		if err := unix.Lchown(path, int(st.Uid+base), int(st.Gid+base)); err != nil {
+			return err
+		}
+		if regular && st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 {
+			if err := unix.Chmod(path, st.Mode&0o7777); err != nil {
+				return err
+			}
+		}
+		if fcaps != nil {
+			if err := unix.Lsetxattr(path, "security.capability", capsV3(fcaps, base), 0); err != nil {
+				return fmt.Errorf("%s: file capabilities: %w", path, err)
+			}
+		}
+		return nil
+	})
+}
+
+// getxattr returns the value of attribute name of path, nil if unset.
+func getxattr(path, name string) []byte {
+	buf := make([]byte, 64)
+	n, err := unix.Lgetxattr(path, name, buf)
+	if err != nil {
+		return nil
+	}
+	return buf[:n]
+}
+
+// File capability xattr layout (linux/capability.h): a magic/revision word,
+// then permitted and inheritable words (two each for v2 and v3), and for v3
+// the namespace root uid they belong to.
+const (
+	vfsCapRevisionMask = 0xFF000000
+	vfsCapRevision3    = 0x03000000
+	vfsCapV2Size       = 4 + 2*8
+)
+
+// capsV3 rewrites a v2 or v3 file capability value for namespace root uid.
+func capsV3(v []byte, rootUID uint32) []byte {
+	if len(v) < vfsCapV2Size {
+		return v
+	}
+	out := make([]byte, vfsCapV2Size+4)
+	copy(out, v[:vfsCapV2Size])
+	magic := binary.LittleEndian.Uint32(out)
+	binary.LittleEndian.PutUint32(out, magic&^vfsCapRevisionMask|vfsCapRevision3)
+	binary.LittleEndian.PutUint32(out[vfsCapV2Size:], rootUID)
+	return out
+}
+
+// prepareUserNSBundle hands the parts of bundle dir a user-namespaced
+// sandbox writes to its mapped root (the overlay upper and work dirs, the
+// log dir) and lets that uid reach the rootfs and the bind-mounted files.
+func (r *Runtime) prepareUserNSBundle(dir string, extra ...string) error {
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return err
+	}
+	root := int(r.cfg.UserNSBase)
+	for _, p := range append([]string{filepath.Join(dir, "log")}, extra...) {
+		if err := os.Lchown(p, root, root); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+// ensureSearchable gives "others" search (not read) permission on dir and
+// its ancestors: runc sets up the rootfs and bind mounts as the sandbox's
+// mapped root, an unprivileged host uid, which must be able to walk there.
+func ensureSearchable(dir string) error {
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			if err := os.Chmod(d, fi.Mode().Perm()|0o001); err != nil {
+				return err
+			}
+		}
+		if d == "/" || d == "." {
+			return nil
+		}
+	}
+}
+
+// Per-user kernel counters (inotify instances and watches) are charged to
+// the sandbox's mapped uid inside its namespace and also to the namespace's
+// owner in the parent, which is the host's root because runc (as root)
+// creates the namespace. So each sandbox's namespace gets its own inotify
+// caps (normal per-user Linux defaults), and the host's per-user caps are
+// raised far above one sandbox's, so no single sandbox can use up what the
+// host's root services need. The sandbox cannot raise its own caps: it has
+// no CAP_SYS_RESOURCE.
+const (
+	sandboxInotifyInstances = 128
+	sandboxInotifyWatches   = 65536
+	hostInotifyInstances    = 65536
+	hostInotifyWatches      = 4194304
+)
+
+// raiseHostInotify lifts the host's per-user inotify caps to at least the
+// values above; lower caps are left alone if already higher.
+func raiseHostInotify() error {
+	for path, want := range map[string]int{
+		"/proc/sys/fs/inotify/max_user_instances": hostInotifyInstances,
+		"/proc/sys/fs/inotify/max_user_watches":   hostInotifyWatches,
+	} {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if cur, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && cur >= want {
+			continue
+		}
+		if err := os.WriteFile(path, []byte(strconv.Itoa(want)), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// limitUserNS sets the inotify caps of sandbox id's user namespace. It
+// refuses to touch a sandbox that shares the host's user namespace (one
+// started without -userns), whose /proc/sys/user is the host's.
+func (r *Runtime) limitUserNS(ctx context.Context, id string) error {
+	pid, err := r.initPid(ctx, id)
+	if err != nil {
+		return err
+	}
+	self, err := os.Readlink("/proc/self/ns/user")
+	if err != nil {
+		return err
+	}
+	theirs, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/ns/user")
+	if err != nil {
+		return err
+	}
+	if self == theirs {
+		return nil
+	}
+	// Writing a namespace's /proc/sys/user needs to be in it; nsenter does
+	// the setns, which a multi-threaded Go process cannot.
+	script := fmt.Sprintf("echo %d > /proc/sys/user/max_inotify_instances && echo %d > /proc/sys/user/max_inotify_watches",
+		sandboxInotifyInstances, sandboxInotifyWatches)
+	out, err := exec.CommandContext(ctx, "nsenter", "--user", "--target", strconv.Itoa(pid), "--", "/bin/sh", "-c", script).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("set inotify caps of %s's user namespace: %w: %s", id, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// initPid returns the host pid of sandbox id's init.
+func (r *Runtime) initPid(ctx context.Context, id string) (int, error) {
+	out, err := r.oci(ctx, id, "", "state", id)
+	if err != nil {
+		return 0, err
+	}
+	var st struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil || st.Pid <= 0 {
+		return 0, fmt.Errorf("runc state %s: no init pid: %w", id, errors.Join(err, errdefs.ErrUnavailable))
+	}
+	return st.Pid, nil
+}
+
+// checkpointUserNS refuses to checkpoint a sandbox in a user namespace:
+// CRIU requires every namespace of the dumped tasks to be owned by their
+// user namespace, and the network namespace is made (by the network
+// package, before the container) in the host's. The error says so instead
+// of CRIU's "namespaces doesn't belong to the target user namespace".
+func (r *Runtime) checkpointUserNS(id string) error {
+	b, err := os.ReadFile(filepath.Join(r.dir(id), "config.json"))
+	if err != nil {
+		return nil // Checkpoint reports the missing bundle itself
+	}
+	var s specs.Spec
+	if json.Unmarshal(b, &s) != nil || s.Linux == nil {
+		return nil
+	}
+	for _, ns := range s.Linux.Namespaces {
+		if ns.Type == specs.UserNamespace {
+			return fmt.Errorf("sandbox %s runs in a user namespace (server started with --userns), which pause, snapshots and forks do not support yet: its network namespace belongs to the host's user namespace and CRIU cannot checkpoint across that; start the server without --userns to use them: %w", id, errdefs.ErrUnavailable)
+		}
+	}
+	return nil
+}

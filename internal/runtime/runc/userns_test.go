@@ -1,0 +1,98 @@
+package runc
+
+import (
+	"encoding/binary"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentbox/agentbox/internal/testutil"
+)
+
+func TestShiftTree(t *testing.T) {
+	testutil.RequireRoot(t)
+	root := t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.Mkdir(filepath.Join(root, "home"), 0o755))
+	must(os.WriteFile(filepath.Join(root, "home", "f"), []byte("x"), 0o644))
+	must(os.Chown(filepath.Join(root, "home", "f"), 1000, 1000))
+	must(os.Link(filepath.Join(root, "home", "f"), filepath.Join(root, "link")))
+	must(os.WriteFile(filepath.Join(root, "sudo"), []byte("x"), 0o755))
+	must(os.Chmod(filepath.Join(root, "sudo"), 0o755|os.ModeSetuid))
+	must(os.Symlink("home/f", filepath.Join(root, "sym")))
+	must(shiftTree(root, 100000, 65536))
+
+	for _, tc := range []struct {
+		path     string
+		uid, gid uint32
+		mode     uint32 // permission and setuid bits; 0 = not checked
+	}{
+		{".", 100000, 100000, 0},
+		{"home/f", 101000, 101000, 0o644},
+		{"link", 101000, 101000, 0}, // a hardlink is shifted once, not twice
+		{"sudo", 100000, 100000, 0o755 | unix.S_ISUID},
+		{"sym", 100000, 100000, 0},
+	} {
+		var st unix.Stat_t
+		must(unix.Lstat(filepath.Join(root, tc.path), &st))
+		if st.Uid != tc.uid || st.Gid != tc.gid {
+			t.Errorf("%s: owner %d:%d, want %d:%d", tc.path, st.Uid, st.Gid, tc.uid, tc.gid)
+		}
+		if tc.mode != 0 && st.Mode&0o7777 != tc.mode {
+			t.Errorf("%s: mode %o, want %o", tc.path, st.Mode&0o7777, tc.mode)
+		}
+	}
+}
+
+func TestShiftTreeRefusesUnmappedOwner(t *testing.T) {
+	testutil.RequireRoot(t)
+	root := t.TempDir()
+	f := filepath.Join(root, "f")
+	if err := os.WriteFile(f, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(f, 70000, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := shiftTree(root, 100000, 65536); err == nil {
+		t.Fatal("an owner outside the mapped range was shifted")
+	}
+}
+
+func TestCapsV3(t *testing.T) {
+	v2 := make([]byte, vfsCapV2Size)
+	binary.LittleEndian.PutUint32(v2, 0x02000001) // revision 2, effective
+	binary.LittleEndian.PutUint32(v2[4:], 1<<13)  // CAP_NET_RAW permitted
+	v3 := append(append([]byte{}, v2...), 0, 0, 0, 0)
+	binary.LittleEndian.PutUint32(v3, 0x03000001)
+	for _, tc := range []struct {
+		name string
+		in   []byte
+	}{
+		{"v2", v2},
+		{"v3 of another root", v3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := capsV3(tc.in, 100000)
+			if len(out) != vfsCapV2Size+4 {
+				t.Fatalf("len %d", len(out))
+			}
+			if m := binary.LittleEndian.Uint32(out); m != 0x03000001 {
+				t.Errorf("magic %#x", m)
+			}
+			if p := binary.LittleEndian.Uint32(out[4:]); p != 1<<13 {
+				t.Errorf("permitted %#x", p)
+			}
+			if r := binary.LittleEndian.Uint32(out[vfsCapV2Size:]); r != 100000 {
+				t.Errorf("rootid %d", r)
+			}
+		})
+	}
+}
