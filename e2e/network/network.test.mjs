@@ -219,6 +219,17 @@ print('hits', sorted(set(hits)))`)
     await bad({ rules: { '*': [{ transform: { headers: { A: 'b' } } }] } }, 'network.rules["*"]')
     const put400 = await api('PUT', `/sandboxes/${sb.sandboxId}/network`, { allowOut: ['1.2.3.4/33'] })
     ok(put400.status === 400 && put400.text.includes('network.allowOut[0]'), 'bad input: PUT network names the entry', put400.text)
+    // Rules added live: processes started afterwards get the CA env too.
+    {
+      const live = await create({ network: { allowOut: ['api.allowed.test'], denyOut: ['ALL_TRAFFIC'] } })
+      const none = await sh(live, 'echo "[$NODE_EXTRA_CA_CERTS]"')
+      ok(none.stdout.trim() === '[]', 'live rules: no CA env while the sandbox has no rules', none.stdout.trim())
+      await live.updateNetwork({ allowOut: ['api.allowed.test'], denyOut: ['ALL_TRAFFIC'], rules: { 'api.allowed.test': [{ transform: { headers: { Authorization: 'Bearer ${secrets.E2E_TOKEN}' } } }] } })
+      // The system store hidden, as above: only the pushed env can make
+      // this Node trust the proxy.
+      const after = await sh(live, `env ${hidden} node -e "fetch('https://api.allowed.test/v1/models').then(r => r.text()).then(t => console.log(t), e => console.log('rejected', e.cause?.code))"`)
+      ok(authOf(after.stdout) === hashed, 'live rules: node fetch after PUT network trusts the CA and carries the secret', (after.stdout + after.stderr).slice(0, 300))
+    }
     const del = await api('DELETE', '/secrets/E2E_TOKEN')
     ok(del.status === 204, 'secrets: deleted')
   }

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -78,8 +79,11 @@ func setup(t *testing.T) *env {
 	entries, _ := os.ReadDir(src)
 	linked := false
 	for _, ent := range entries {
+		// The base template itself, not one layered on it (whose
+		// definition names "base" too).
 		b, err := os.ReadFile(filepath.Join(src, ent.Name(), "template.json"))
-		if err != nil || !bytes.Contains(b, []byte(`"base"`)) {
+		var meta struct{ Aliases []string }
+		if err != nil || json.Unmarshal(b, &meta) != nil || !slices.Contains(meta.Aliases, "base") {
 			continue
 		}
 		if out, err := exec.Command("cp", "-al", filepath.Join(src, ent.Name()), e.tplDir).CombinedOutput(); err != nil {

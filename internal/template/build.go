@@ -41,6 +41,9 @@ func (s *Store) Build(ctx context.Context, def Definition, progress io.Writer) (
 		fmt.Fprintf(progress, "template %s (%s) is cached, built %s\n", def.Name, id, t.CreatedAt.Format(time.RFC3339))
 		return t, nil
 	}
+	if def.Base != nil {
+		return s.buildLayered(ctx, def, id, progress)
+	}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()

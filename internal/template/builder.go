@@ -84,6 +84,8 @@ type BuildSpec struct {
 	Network NetworkFunc
 	// BuildMemoryMB limits RUN steps (default 4096).
 	BuildMemoryMB int
+	// Definition is kept with the template (builtins built as layers).
+	Definition *Definition
 }
 
 // NetworkFunc attaches a build's RUN steps to a network namespace and
@@ -404,7 +406,7 @@ func (s *Store) templateFromState(spec BuildSpec, id string, st *buildState) (*T
 		CPUCount: DefaultCPUCount, MemoryMB: DefaultMemoryMB, DiskMB: DefaultDiskMB,
 		DefaultUser: st.User, DefaultWorkdir: st.Workdir, StartCmd: st.StartCmd, ReadyCmd: st.ReadyCmd,
 		ExposedPorts: slices.Compact(slices.Sorted(slices.Values(st.Exposed))),
-		Source:       spec.Source, CreatedAt: time.Now().UTC(),
+		Source:       spec.Source, CreatedAt: time.Now().UTC(), Definition: spec.Definition,
 	}
 	t.Tags = slices.Compact(slices.Sorted(slices.Values(append([]string{spec.Tag}, spec.Tags...))))
 	if b := st.base; b != nil {

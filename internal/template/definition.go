@@ -30,8 +30,14 @@ type Definition struct {
 	Name string `json:"name"`
 	// Suite is the Debian release to bootstrap; default "bookworm".
 	Suite string `json:"suite"`
-	// Packages are installed on top of the minbase variant (no recommends).
-	// Order does not matter: they are sorted before hashing.
+	// Base, if set, is the definition this one is a layer on: Packages and
+	// Run are applied on top of Base's rootfs instead of bootstrapping a new
+	// one, so templates sharing a base share its files on disk and in the
+	// page cache. It is part of the hash, so a changed base is a new ID.
+	Base *Definition `json:"base,omitempty"`
+	// Packages are installed on top of the minbase variant, or on top of
+	// Base (no recommends). Order does not matter: they are sorted before
+	// hashing.
 	Packages []string `json:"packages"`
 	// Mirror is a Debian mirror URI or sources.list line; empty means
 	// mmdebstrap's default (deb.debian.org plus updates and security).
@@ -93,6 +99,16 @@ func (d Definition) Normalize() (Definition, error) {
 	}
 	if !strings.HasPrefix(d.DefaultWorkdir, "/") {
 		return d, fmt.Errorf("template %s: workdir %q must be absolute: %w", d.Name, d.DefaultWorkdir, errdefs.ErrInvalidArgument)
+	}
+	if d.Base != nil {
+		b, err := d.Base.Normalize()
+		if err != nil {
+			return d, fmt.Errorf("template %s: base: %w", d.Name, err)
+		}
+		if b.Suite != d.Suite {
+			return d, fmt.Errorf("template %s: suite %s differs from its base's (%s): %w", d.Name, d.Suite, b.Suite, errdefs.ErrInvalidArgument)
+		}
+		d.Base = &b
 	}
 	pkgs := slices.Clone(d.Packages)
 	for _, p := range pkgs {

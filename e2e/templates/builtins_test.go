@@ -1,0 +1,199 @@
+package templates
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"image/png"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// builtinTemplate builds a builtin with the CLI into the shared template
+// cache (a no-op once it is there: ~30 s each cold, over the cached base)
+// and hard-links the result, with its layers, into the server's template
+// dir. It returns the template ID.
+func (e *env) builtinTemplate(t *testing.T, name string) string {
+	t.Helper()
+	src := os.Getenv("AGENTBOX_TEMPLATE_DIR")
+	if src == "" {
+		src = "/var/cache/agentbox/templates"
+	}
+	out, err := exec.Command(e.bin, "template", "build", "--template-dir", src, name).CombinedOutput()
+	if err != nil {
+		t.Fatalf("template build %s: %v\n%s", name, err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	t.Logf("template build %s: %s", name, lines[len(lines)-1])
+	entries, _ := os.ReadDir(src)
+	for _, ent := range entries {
+		b, err := os.ReadFile(filepath.Join(src, ent.Name(), "template.json"))
+		var meta struct {
+			ID      string `json:"templateID"`
+			Aliases []string
+			Layers  []string
+		}
+		if err != nil || json.Unmarshal(b, &meta) != nil || len(meta.Aliases) == 0 || meta.Aliases[0] != name {
+			continue
+		}
+		if len(meta.Layers) < 2 {
+			t.Fatalf("%s is not layered over base: layers %v", name, meta.Layers)
+		}
+		os.MkdirAll(filepath.Join(e.tplDir, "layers"), 0o755)
+		for _, l := range meta.Layers {
+			from, to := filepath.Join(src, "layers", l), filepath.Join(e.tplDir, "layers", l)
+			if len(l) != 64 {
+				// A template's own rootfs: the base, linked by setup.
+				if _, err := os.Stat(filepath.Join(e.tplDir, l)); err != nil {
+					t.Fatalf("%s sits on template %s, which is not the linked base", name, l)
+				}
+				continue
+			}
+			if _, err := os.Stat(to); err == nil {
+				continue
+			}
+			if out, err := exec.Command("cp", "-al", from, to).CombinedOutput(); err != nil {
+				t.Fatalf("link layer %s: %v %s", l, err, out)
+			}
+		}
+		if out, err := exec.Command("cp", "-al", filepath.Join(src, ent.Name()), e.tplDir).CombinedOutput(); err != nil {
+			t.Fatalf("link %s: %v %s", name, err, out)
+		}
+		return meta.ID
+	}
+	t.Fatalf("no template %s in %s after building it", name, src)
+	return ""
+}
+
+// port does a GET on a sandbox port through the gateway, routed by headers.
+func (e *env) port(t *testing.T, id string, port, path string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", "http://"+e.addr+path, nil)
+	req.Header.Set("E2b-Sandbox-Id", id)
+	req.Header.Set("E2b-Sandbox-Port", port)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func (e *env) exec(t *testing.T, id string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(e.bin, append([]string{"exec", id, "--"}, args...)...)
+	cmd.Env = append(os.Environ(), "AGENTBOX_API_URL=http://"+e.addr, "AGENTBOX_API_KEY="+e.key)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("exec %v: %v\n%s%s", args, err, out, stderr.Bytes())
+	}
+	return string(out)
+}
+
+func (e *env) create(t *testing.T, tpl string) string {
+	t.Helper()
+	var sb struct{ SandboxID string }
+	start := time.Now()
+	if code := e.api(t, "POST", "/sandboxes", map[string]any{"templateID": tpl, "timeout": 600}, &sb); code != 201 {
+		t.Fatalf("create %s: %d", tpl, code)
+	}
+	t.Logf("create %s (ready check passed): %v", tpl, time.Since(start).Round(time.Millisecond))
+	t.Cleanup(func() { e.api(t, "DELETE", "/sandboxes/"+sb.SandboxID, nil, nil) })
+	return sb.SandboxID
+}
+
+func TestBuiltinBrowser(t *testing.T) {
+	e := setup(t)
+	e.builtinTemplate(t, "browser")
+	id := e.create(t, "browser")
+	code, body := e.port(t, id, "9222", "/json/version")
+	var ver map[string]string
+	if code != 200 || json.Unmarshal([]byte(body), &ver) != nil {
+		t.Fatalf("/json/version through the gateway: %d %s", code, body)
+	}
+	if !strings.Contains(ver["Browser"], "Chrome/") || !strings.HasPrefix(ver["webSocketDebuggerUrl"], "ws://") {
+		t.Errorf("/json/version: %s", body)
+	}
+	if got := e.websocketFirstFrame(t, id, "9222", strings.TrimPrefix(ver["webSocketDebuggerUrl"], "ws://"+e.addr)); got != "" {
+		t.Errorf("DevTools websocket sent %q before any command", got)
+	}
+	// A page target can be listed: the browser is usable, not just listening.
+	if code, body := e.port(t, id, "9222", "/json/list"); code != 200 || !strings.Contains(body, `"type": "page"`) {
+		t.Errorf("/json/list: %d %s", code, body)
+	}
+}
+
+func TestBuiltinDesktop(t *testing.T) {
+	e := setup(t)
+	e.builtinTemplate(t, "desktop")
+	id := e.create(t, "desktop")
+	if code, body := e.port(t, id, "6080", "/vnc.html"); code != 200 || !strings.Contains(body, "noVNC") {
+		t.Errorf("noVNC page through the gateway: %d %.200s", code, body)
+	}
+	// noVNC's websocket reaches the VNC server: the first frame carries
+	// the RFB greeting.
+	if got := e.websocketFirstFrame(t, id, "6080", "/websockify"); !strings.HasPrefix(got, "RFB 003.") {
+		t.Errorf("first websocket frame from websockify: %q", got)
+	}
+	// As the default user, with the template's DISPLAY.
+	if g := strings.TrimSpace(e.exec(t, id, "xdotool", "getdisplaygeometry")); g != "1280 800" {
+		t.Errorf("xdotool getdisplaygeometry = %q, want 1280 800", g)
+	}
+	if loc := e.exec(t, id, "sh", "-c", "xdotool mousemove 321 123 && xdotool getmouselocation"); !strings.Contains(loc, "x:321 y:123") {
+		t.Errorf("xdotool getmouselocation after mousemove: %q", loc)
+	}
+	shot := e.exec(t, id, "sh", "-c", "import -window root /tmp/shot.png && base64 -w0 /tmp/shot.png")
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(shot))
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	cfg, err := png.DecodeConfig(bytes.NewReader(b))
+	if err != nil || cfg.Width != 1280 || cfg.Height != 800 {
+		t.Errorf("screenshot: %d bytes, %v, %dx%d", len(b), err, cfg.Width, cfg.Height)
+	}
+}
+
+// websocketFirstFrame opens a websocket to a sandbox port through the
+// gateway (no client library: the handshake is a few lines) and returns the
+// payload of the first frame the server sends, or "" if it sends none
+// within a second.
+func (e *env) websocketFirstFrame(t *testing.T, id, port, path string) string {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", e.addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\nE2b-Sandbox-Id: %s\r\nE2b-Sandbox-Port: %s\r\n"+
+		"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"+
+		"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Protocol: binary\r\n\r\n", path, e.addr, id, port)
+	br := bufio.NewReader(c)
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("websocket %s on port %s: %v %v", path, port, err, resp)
+	}
+	c.SetDeadline(time.Now().Add(time.Second))
+	hdr := make([]byte, 2)
+	if _, err := io.ReadFull(br, hdr); err != nil {
+		return ""
+	}
+	n := int(hdr[1] & 0x7f) // server frames are unmasked; the greeting is short
+	payload := make([]byte, n)
+	if _, err := io.ReadFull(br, payload); err != nil {
+		t.Fatalf("websocket frame: %v", err)
+	}
+	return string(payload)
+}

@@ -1,0 +1,58 @@
+package template
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+)
+
+// buildLayered builds def, which has a Base, as layers over the base's
+// template: one layer installing def's packages with apt, one per Run
+// command. The base is built first if needed; its rootfs stays one copy
+// however many templates sit on it. The template gets def's ID, so
+// builtins keep content-derived IDs whether layered or not.
+func (s *Store) buildLayered(ctx context.Context, def Definition, id string, progress io.Writer) (*Template, error) {
+	fmt.Fprintf(progress, "==> base template %s\n", def.Base.Name)
+	base, err := s.Build(ctx, *def.Base, progress)
+	if err != nil {
+		return nil, fmt.Errorf("build %s: base: %w", def.Name, err)
+	}
+	var steps []Step
+	if len(def.Packages) > 0 {
+		steps = append(steps, Step{Op: OpRun, Args: []string{aptInstallScript(def.Packages)}})
+	}
+	for _, c := range def.Run {
+		steps = append(steps, Step{Op: OpRun, Args: []string{c}})
+	}
+	for _, k := range slices.Sorted(maps.Keys(def.Env)) {
+		steps = append(steps, Step{Op: OpEnv, Args: []string{k, def.Env[k]}})
+	}
+	startCmd, readyCmd := def.StartCmd, def.ReadyCmd
+	t, err := s.BuildFromSpec(ctx, BuildSpec{
+		Name: def.Name, ID: id, From: base.ID, Steps: steps,
+		StepUser: "root", StartCmd: &startCmd, ReadyCmd: &readyCmd,
+		CPUCount: def.CPUCount, MemoryMB: def.MemoryMB, DiskMB: def.DiskMB,
+		Source: "builtin " + def.Name + " on " + def.Base.Name, Definition: &def,
+	}, progress)
+	if err != nil {
+		return nil, fmt.Errorf("build %s: %w", def.Name, err)
+	}
+	return t, nil
+}
+
+// aptInstallScript installs pkgs without recommends and leaves no apt
+// lists or caches in the layer (the base's are dropped too, so the layer
+// would otherwise carry a fresh copy of them).
+func aptInstallScript(pkgs []string) string {
+	return strings.Join([]string{
+		"set -e",
+		"export DEBIAN_FRONTEND=noninteractive",
+		"apt-get update -o Acquire::Languages=none",
+		"apt-get install -y --no-install-recommends " + strings.Join(pkgs, " "),
+		"apt-get clean",
+		"rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt/* /var/log/*.log /tmp/* /var/tmp/*",
+	}, "; ")
+}
