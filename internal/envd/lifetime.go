@@ -33,6 +33,6 @@ func (s *Server) processLifetime(ctx context.Context) (context.Context, context.
 // capExceededError is the end event error of a process killed by the cap;
 // it names the cap so the caller knows what to change.
 func capExceededError(limit time.Duration) string {
-	return fmt.Sprintf("killed: the command ran longer than this sandbox's maximum command lifetime of %s (maxCommandSeconds=%d; the server's cap is --max-command-lifetime); run long jobs in the background or create the sandbox with a larger maxCommandSeconds",
+	return fmt.Sprintf("killed: the command ran longer than this sandbox's maximum command lifetime of %s (maxCommandSeconds=%d); split the job into shorter commands, or create the sandbox with a larger maxCommandSeconds (up to the server's --max-command-lifetime)",
 		limit, int64(limit/time.Second))
 }
