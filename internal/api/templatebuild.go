@@ -107,6 +107,7 @@ func (s *Server) templateBuildRoutes(mux *http.ServeMux, auth func(string, http.
 	auth("DELETE /templates/{id}", s.deleteTemplate)
 	auth("POST /templates/gc", s.templateGC)
 	auth("GET /templates/usage", s.templateUsage)
+	s.templateTagRoutes(auth)
 	// The upload URL carries a one-time token instead of the API key: the
 	// SDK PUTs to it without its usual headers.
 	mux.HandleFunc("PUT /templates/uploads/{token}", s.uploadFiles)

@@ -1,0 +1,131 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/template"
+)
+
+// TemplateTagger moves tags between templates of one name (the E2B tag
+// API). *template.Store implements it.
+type TemplateTagger interface {
+	AssignTags(ctx context.Context, target string, tags []string) (*template.Template, error)
+	RemoveTags(ctx context.Context, name string, tags []string) error
+}
+
+// templateTagRoutes registers the E2B tag endpoints.
+func (s *Server) templateTagRoutes(auth func(string, http.HandlerFunc)) {
+	auth("POST /templates/tags", s.assignTemplateTags)
+	auth("DELETE /templates/tags", s.deleteTemplateTags)
+	// "GET /templates/{id}/tags" would conflict with "GET
+	// /templates/aliases/{alias}" (neither is more specific), so the
+	// segment is matched here; /templates/aliases/tags stays an alias lookup.
+	auth("GET /templates/{id}/{sub}", func(w http.ResponseWriter, r *http.Request) {
+		if r.PathValue("sub") != "tags" {
+			writeError(w, fmt.Errorf("%s: %w", r.URL.Path, errdefs.ErrNotFound))
+			return
+		}
+		s.listTemplateTags(w, r)
+	})
+}
+
+func (s *Server) tagger() (TemplateTagger, error) {
+	t, ok := s.templates.(TemplateTagger)
+	if !ok {
+		return nil, fmt.Errorf("this server cannot tag templates: %w", errdefs.ErrUnavailable)
+	}
+	return t, nil
+}
+
+func (s *Server) assignTemplateTags(w http.ResponseWriter, r *http.Request) {
+	var b struct {
+		Target string   `json:"target"`
+		Tags   []string `json:"tags"`
+	}
+	if err := decodeBody(w, r, s.MaxBody, false, &b); err != nil {
+		writeError(w, err)
+		return
+	}
+	if b.Target == "" || len(b.Tags) == 0 {
+		writeError(w, invalid("target (name:tag) and tags are required"))
+		return
+	}
+	tg, err := s.tagger()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	t, err := tg.AssignTags(r.Context(), b.Target, b.Tags)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, map[string]any{"buildID": template.BuildRef(t), "tags": b.Tags})
+}
+
+func (s *Server) deleteTemplateTags(w http.ResponseWriter, r *http.Request) {
+	var b struct {
+		Name string   `json:"name"`
+		Tags []string `json:"tags"`
+	}
+	if err := decodeBody(w, r, s.MaxBody, false, &b); err != nil {
+		writeError(w, err)
+		return
+	}
+	// The name may come as name:tag; the tag part adds nothing here.
+	name, _, _ := strings.Cut(b.Name, ":")
+	if name == "" || len(b.Tags) == 0 {
+		writeError(w, invalid("name and tags are required"))
+		return
+	}
+	tg, err := s.tagger()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := tg.RemoveTags(r.Context(), name, b.Tags); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// listTemplateTags lists the tags of a template ID or of every template of
+// a name (each template is one build).
+func (s *Server) listTemplateTags(w http.ResponseWriter, r *http.Request) {
+	ref := r.PathValue("id")
+	all, err := s.templates.List(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	type tag struct {
+		Tag       string `json:"tag"`
+		BuildID   string `json:"buildID"`
+		CreatedAt string `json:"createdAt"`
+	}
+	out := []tag{}
+	found := false
+	for _, t := range all {
+		match := t.ID == ref
+		for _, a := range t.Aliases {
+			match = match || a == ref
+		}
+		if !match {
+			continue
+		}
+		found = true
+		for _, name := range t.Tags {
+			out = append(out, tag{Tag: name, BuildID: template.BuildRef(t), CreatedAt: t.CreatedAt.UTC().Format("2006-01-02T15:04:05.000Z")})
+		}
+	}
+	if !found {
+		writeError(w, fmt.Errorf("template %q: %w", ref, errdefs.ErrNotFound))
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}

@@ -1,0 +1,124 @@
+package template
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+)
+
+// AssignTags points tags of a template name at the template target names
+// ("name:tag", "name" or an ID): target gets them, and every other template
+// of that name loses them, so "name:tag" resolves to target from now on.
+// It returns the updated target.
+func (s *Store) AssignTags(ctx context.Context, target string, tags []string) (*Template, error) {
+	if len(tags) == 0 {
+		return nil, fmt.Errorf("no tags to assign: %w", errdefs.ErrInvalidArgument)
+	}
+	tags, err := normalizeTags(tags)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	unlock, err := s.lockDir(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	t, err := s.Get(ctx, target)
+	if err != nil {
+		return nil, err
+	}
+	name, _, _ := strings.Cut(target, ":")
+	if !slices.Contains(t.Aliases, name) {
+		// Addressed by ID: its first alias is the name the tags belong to.
+		if len(t.Aliases) == 0 {
+			return nil, fmt.Errorf("template %s has no name to tag: %w", t.ID, errdefs.ErrInvalidArgument)
+		}
+		name = t.Aliases[0]
+	}
+	all, err := s.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range all {
+		if o.ID == t.ID || !slices.Contains(o.Aliases, name) {
+			continue
+		}
+		if kept := slices.DeleteFunc(slices.Clone(o.Tags), func(x string) bool { return slices.Contains(tags, x) }); len(kept) != len(o.Tags) {
+			o.Tags = kept
+			if err := writeMeta(filepath.Join(s.dir, o.ID), o); err != nil {
+				return nil, err
+			}
+		}
+	}
+	t.Tags = slices.Compact(slices.Sorted(slices.Values(append(t.Tags, tags...))))
+	if err := writeMeta(filepath.Join(s.dir, t.ID), t); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// RemoveTags takes tags away from every template named name. Templates stay
+// reachable by ID and name. Tags nothing of that name has are not an error,
+// but a name no template has is ErrNotFound.
+func (s *Store) RemoveTags(ctx context.Context, name string, tags []string) error {
+	tags, err := normalizeTags(tags)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	unlock, err := s.lockDir(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	all, err := s.List(ctx)
+	if err != nil {
+		return err
+	}
+	found := false
+	for _, t := range all {
+		if !slices.Contains(t.Aliases, name) {
+			continue
+		}
+		found = true
+		if kept := slices.DeleteFunc(slices.Clone(t.Tags), func(x string) bool { return slices.Contains(tags, x) }); len(kept) != len(t.Tags) {
+			t.Tags = kept
+			if err := writeMeta(filepath.Join(s.dir, t.ID), t); err != nil {
+				return err
+			}
+		}
+	}
+	if !found {
+		return fmt.Errorf("template %q: %w", name, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
+// BuildRef is the build ID reported for t's tags: the E2B API names tags by
+// build; a template here is one build, so the ID derives from the
+// template's ID and creation time (stable, changes with every rebuild).
+func BuildRef(t *Template) string {
+	sum := sha256.Sum256([]byte(t.ID + "@" + t.CreatedAt.UTC().Format("2006-01-02T15:04:05.999999999Z")))
+	h := hex.EncodeToString(sum[:16])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+func normalizeTags(tags []string) ([]string, error) {
+	out := make([]string, 0, len(tags))
+	for _, t := range tags {
+		if !namePattern.MatchString(t) {
+			return nil, fmt.Errorf("tag %q: want lowercase letters, digits, '.', '_' or '-': %w", t, errdefs.ErrInvalidArgument)
+		}
+		out = append(out, t)
+	}
+	return out, nil
+}
