@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
-	"slices"
 
 	"github.com/agentbox/agentbox/internal/runtime"
 )
@@ -19,14 +18,17 @@ func codeInterpreterDefinition(base Definition) Definition {
 	return Definition{
 		Name:  "code-interpreter-v1",
 		Suite: DefaultSuite,
-		Packages: append(slices.Clone(base.Packages),
+		// A layer on base: the shared base files are one copy on disk and
+		// in the page cache for interpreter, browser and plain sandboxes.
+		Base: &base,
+		Packages: []string{
 			"python3-ipykernel", "python3-numpy", "python3-pandas", "python3-matplotlib",
 			// scipy drags in pythran and with it g++ and boost (~600 MB):
 			// kept because analyses use it (and a compiler helps pip).
 			"python3-scipy",
 			// Satisfies fonttools' "scipy | munkres" should scipy be dropped.
 			"python3-munkres",
-		),
+		},
 		// Python cells (pandas on large files) need more than the default.
 		MemoryMB: 2048,
 		Run: []string{
