@@ -96,6 +96,45 @@ describe('lifecycle', { concurrency: false, timeout: 600_000 }, () => {
     }
   })
 
+  for (const isolation of ['container', 'gvisor']) {
+    it(`filesystem-only pause (${isolation}): files and env survive, processes restart`, async () => {
+      const sbx = await Sandbox.create('base', { envs: { FOO: 'fs' }, metadata: { 'agentbox.isolation': isolation }, timeoutMs: 120_000 })
+      try {
+        await sbx.files.write('/home/user/keep.txt', 'on-disk')
+        const bg = await sbx.commands.run('sleep 3600', { background: true })
+        assert.equal(await sbx.pause({ keepMemory: false }), true)
+        assert.equal(await sbx.isRunning(), false)
+        assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'paused')
+        const s2 = await Sandbox.connect(sbx.sandboxId)
+        assert.equal(await s2.files.read('/home/user/keep.txt'), 'on-disk')
+        assert.equal(await run(s2, 'echo $FOO'), 'fs')
+        assert.ok(bg.pid > 0)
+        assert.equal(await run(s2, "pgrep -fc 'slee[p] 3600' || true"), '0', 'the old processes are gone')
+        // A memory pause, then a resume from the files only: the memory is dropped.
+        await s2.commands.run('sleep 3600', { background: true })
+        assert.equal(await s2.pause(), true)
+        assert.equal(await post(`/sandboxes/${sbx.sandboxId}/resume`, { memory: false, timeout: 60 }), 201)
+        assert.equal(await s2.files.read('/home/user/keep.txt'), 'on-disk')
+        assert.equal(await run(s2, "pgrep -fc 'slee[p] 3600' || true"), '0', 'the memory image was not used')
+      } finally {
+        await sbx.kill()
+      }
+    })
+  }
+
+  it('autoPause keeping files only, resumed explicitly', async () => {
+    const c = await Sandbox.create('base', { timeoutMs: 3000, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } })
+    try {
+      await c.files.write('/tmp/keep', 'kept-fs')
+      await sleep(5500)
+      assert.equal((await Sandbox.getInfo(c.sandboxId)).state, 'paused')
+      const s2 = await Sandbox.connect(c.sandboxId)
+      assert.equal(await s2.files.read('/tmp/keep'), 'kept-fs')
+    } finally {
+      await c.kill()
+    }
+  })
+
   it('autoPause on timeout, then autoResume on traffic', async () => {
     const c = await Sandbox.create('base', { timeoutMs: 3000, lifecycle: { onTimeout: 'pause', autoResume: true } })
     try {

@@ -446,7 +446,7 @@ func (s *Server) connect(v2 bool) http.HandlerFunc {
 		// A paused sandbox is resumed (201); a running one gets its
 		// lifetime extended (200).
 		team := keyOf(r.Context()).TeamID
-		sb, resumed, err := s.mgr.Resume(r.Context(), team, sandboxID(r), d, false)
+		sb, resumed, err := s.resumeWith(r, body.Memory, d)
 		if err == nil && !resumed {
 			sb, err = s.mgr.Extend(r.Context(), team, sandboxID(r), d)
 		}

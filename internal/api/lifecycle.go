@@ -29,9 +29,8 @@ func applyLifecycle(req *sandbox.CreateRequest, b newSandbox) error {
 		if !lr.AutoPause && !*b.AutoPauseMemory {
 			return invalid("autoPauseMemory: only meaningful with autoPause: true")
 		}
-		// Pauses here always keep memory: a filesystem-only pause would only
-		// lose state. The combination E2B forbids is still refused.
-		if !*b.AutoPauseMemory && lr.AutoResume {
+		lr.AutoPauseFS = !*b.AutoPauseMemory
+		if lr.AutoPauseFS && lr.AutoResume {
 			return invalid("autoResume: cannot be enabled with autoPauseMemory: false (a filesystem-only pause must be resumed explicitly)")
 		}
 	}
@@ -70,9 +69,11 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	// memory: false (filesystem only) is served as a memory pause: it keeps
-	// strictly more and resumes the same way.
-	if err := s.mgr.Pause(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r)); err != nil {
+	pause := s.mgr.Pause
+	if body.Memory != nil && !*body.Memory {
+		pause = s.mgr.PauseFilesystem
+	}
+	if err := pause(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r)); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -96,7 +97,7 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	sb, resumed, err := s.mgr.Resume(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), d, false)
+	sb, resumed, err := s.resumeWith(r, body.Memory, d)
 	if err != nil {
 		writeError(w, err)
 		return

@@ -83,6 +83,11 @@ type CheckpointOptions struct {
 	// UpperCopy, if set, receives a copy of the writable layer taken while
 	// the processes are stopped, so files and memory match exactly.
 	UpperCopy string
+	// FilesystemOnly keeps no memory: the processes are stopped (killed, or
+	// only frozen while UpperCopy is taken with LeaveRunning) and the image
+	// is a marker that Restore boots the sandbox fresh from its layers and
+	// writable layer. Unflushed writes may be lost, as on a crash.
+	FilesystemOnly bool
 }
 
 // RestoreOptions tune Checkpointer.Restore.
@@ -92,6 +97,10 @@ type RestoreOptions struct {
 	// NewNetwork says the image is restored into another network namespace
 	// (a fork or a snapshot): its established TCP connections are closed.
 	NewNetwork bool
+	// FilesystemOnly boots the sandbox fresh (envd as a new init) on its
+	// layers and writable layer, ignoring any memory in the image, which is
+	// left untouched.
+	FilesystemOnly bool
 }
 
 // Checkpointer is implemented by drivers that can stop a sandbox with its

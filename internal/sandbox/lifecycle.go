@@ -30,10 +30,14 @@ const (
 // embedded in Sandbox, so its fields are persisted with the record.
 type Lifecycle struct {
 	AutoPause   bool          `json:"autoPause,omitempty"`   // pause instead of kill at the end of the lifetime
+	AutoPauseFS bool          `json:"autoPauseFS,omitempty"` // that pause keeps the files only (E2B autoPauseMemory: false)
 	AutoResume  bool          `json:"autoResume,omitempty"`  // data-plane traffic resumes a paused sandbox
 	IdleTimeout time.Duration `json:"idleTimeout,omitempty"` // no traffic this long: pause (autoPause) or kill
 	LifeTimeout time.Duration `json:"lifeTimeout,omitempty"` // the lifetime asked for at create
 	PausedAt    time.Time     `json:"pausedAt,omitzero"`
+	// PausedFS marks a filesystem-only pause: the resume boots fresh, and
+	// traffic does not resume it (E2B refuses auto-resume there too).
+	PausedFS bool `json:"pausedFS,omitempty"`
 	// TimeLeft is the lifetime left when the sandbox was paused: paused
 	// time does not count against the lifetime.
 	TimeLeft time.Duration `json:"timeLeft,omitempty"`
@@ -45,12 +49,13 @@ type Lifecycle struct {
 // LifecycleRequest is the lifecycle part of a create call.
 type LifecycleRequest struct {
 	AutoPause   bool
+	AutoPauseFS bool
 	AutoResume  bool
 	IdleTimeout time.Duration
 }
 
 func (r LifecycleRequest) apply(timeout time.Duration) Lifecycle {
-	return Lifecycle{AutoPause: r.AutoPause, AutoResume: r.AutoResume, IdleTimeout: r.IdleTimeout, LifeTimeout: timeout}
+	return Lifecycle{AutoPause: r.AutoPause, AutoPauseFS: r.AutoPause && r.AutoPauseFS, AutoResume: r.AutoResume, IdleTimeout: r.IdleTimeout, LifeTimeout: timeout}
 }
 
 // LifecycleConfig enables pause/resume, snapshots, forks and warm pools.
@@ -237,12 +242,13 @@ func (m *Manager) thaw(ctx context.Context, id string) error {
 // processes stop, it holds no CPU or RAM, and Resume brings it back with the
 // same id, token, files, env and processes (pids included).
 func (m *Manager) Pause(ctx context.Context, teamID, id string) error {
-	return m.pause(ctx, teamID, id, false)
+	return m.pause(ctx, teamID, id, false, true)
 }
 
 // pause is Pause; expired marks an auto-pause at the end of the lifetime,
-// which leaves no lifetime to keep (a resume gets the original one again).
-func (m *Manager) pause(ctx context.Context, teamID, id string, expired bool) error {
+// which leaves no lifetime to keep (a resume gets the original one again);
+// memory false keeps only the files (see PauseFilesystem).
+func (m *Manager) pause(ctx context.Context, teamID, id string, expired, memory bool) error {
 	ck, err := m.checkpointer()
 	if err != nil {
 		return err
@@ -264,7 +270,7 @@ func (m *Manager) pause(ctx context.Context, teamID, id string, expired bool) er
 		m.rollback(ctx, prev)
 		return err
 	}
-	if err := ck.Checkpoint(ctx, id, runtime.CheckpointOptions{}); err != nil {
+	if err := ck.Checkpoint(ctx, id, runtime.CheckpointOptions{FilesystemOnly: !memory}); err != nil {
 		m.rollback(ctx, prev)
 		m.log.Error("pause failed; sandbox keeps running", "sandbox", id, "err", err)
 		return fmt.Errorf("sandbox %s: pause: %w", id, err)
@@ -274,6 +280,7 @@ func (m *Manager) pause(ctx context.Context, teamID, id string, expired bool) er
 	if _, err := m.commit(ctx, id, func(sb *Sandbox) {
 		sb.State = StatePaused
 		sb.PausedAt = now
+		sb.PausedFS = !memory
 		sb.TimeLeft = max(prev.EndAt.Sub(now), 0)
 		if expired {
 			sb.TimeLeft = 0
@@ -295,6 +302,12 @@ func (m *Manager) pause(ctx context.Context, teamID, id string, expired bool) er
 // whether the sandbox was paused; a running one is returned as is. auto
 // marks a resume caused by traffic, which needs the sandbox's autoResume.
 func (m *Manager) Resume(ctx context.Context, teamID, id string, timeout time.Duration, auto bool) (*Sandbox, bool, error) {
+	return m.resume(ctx, teamID, id, timeout, auto, true)
+}
+
+// resume is Resume; memory false boots the sandbox fresh on its files even
+// when its pause kept the memory (which is then dropped).
+func (m *Manager) resume(ctx context.Context, teamID, id string, timeout time.Duration, auto, memory bool) (*Sandbox, bool, error) {
 	ctx = context.WithoutCancel(ctx)
 	// A pause or resume in flight finishes first.
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
@@ -304,7 +317,7 @@ func (m *Manager) Resume(ctx context.Context, teamID, id string, timeout time.Du
 			m.mu.Unlock()
 			return nil, false, notFound(id)
 		}
-		st, autoOK := sb.State, sb.AutoResume
+		st, autoOK := sb.State, sb.AutoResume && !sb.PausedFS
 		var out *Sandbox
 		if st == StateRunning {
 			out = clone(sb)
@@ -331,17 +344,29 @@ func (m *Manager) Resume(ctx context.Context, teamID, id string, timeout time.Du
 	_, prev, err := m.begin(ctx, teamID, id, StateResuming, StatePaused)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrConflict) { // someone else resumed it meanwhile
-			return m.Resume(ctx, teamID, id, timeout, auto)
+			return m.resume(ctx, teamID, id, timeout, auto, memory)
 		}
 		return nil, false, err
 	}
 	m.fault("resume:persisted")
-	if err := ck.Restore(ctx, runtime.Spec{ID: id}, runtime.RestoreOptions{}); err != nil {
+	fresh := prev.PausedFS || !memory
+	if err := ck.Restore(ctx, runtime.Spec{ID: id}, runtime.RestoreOptions{FilesystemOnly: fresh}); err != nil {
 		m.rollback(ctx, prev)
 		m.log.Error("resume failed; sandbox stays paused", "sandbox", id, "err", err)
 		return nil, false, fmt.Errorf("sandbox %s: resume: %v: %w", id, err, errdefs.ErrUnavailable)
 	}
 	m.fault("resume:restored")
+	if fresh {
+		if err := m.bootInit(ctx, prev); err != nil {
+			m.log.Error("resume from files failed; sandbox stays paused", "sandbox", id, "err", err)
+			if cerr := ck.Checkpoint(ctx, id, runtime.CheckpointOptions{FilesystemOnly: true}); cerr != nil {
+				m.log.Error("stop after failed resume", "sandbox", id, "err", cerr)
+			}
+			prev.PausedFS = true
+			m.rollback(ctx, prev)
+			return nil, false, fmt.Errorf("sandbox %s: resume: %v: %w", id, err, errdefs.ErrUnavailable)
+		}
+	}
 	now := time.Now().UTC()
 	sb, err := m.commit(ctx, id, func(sb *Sandbox) {
 		life := max(timeout, sb.TimeLeft)
@@ -350,7 +375,7 @@ func (m *Manager) Resume(ctx context.Context, teamID, id string, timeout time.Du
 		}
 		sb.State = StateRunning
 		sb.EndAt = now.Add(life)
-		sb.PausedAt, sb.TimeLeft = time.Time{}, 0
+		sb.PausedAt, sb.TimeLeft, sb.PausedFS = time.Time{}, 0, false
 	})
 	if err != nil {
 		return nil, false, err
@@ -427,6 +452,7 @@ func (m *Manager) reapLifecycle(ctx context.Context, now time.Time) {
 	type action struct {
 		id   string
 		what string
+		fs   bool // pause without memory
 	}
 	var todo []action
 	m.mu.Lock()
@@ -448,17 +474,17 @@ func (m *Manager) reapLifecycle(ctx context.Context, now time.Time) {
 			// Out of the kill loop's reach while the pause runs; a failed
 			// pause kills it at the next tick.
 			sb.EndAt = now.Add(time.Minute)
-			todo = append(todo, action{id, "expire"})
+			todo = append(todo, action{id, "expire", sb.AutoPauseFS})
 		case sb.IdleTimeout > 0 && a.inflight == 0 && idle > sb.IdleTimeout:
 			if sb.AutoPause {
-				todo = append(todo, action{id, "pause"})
+				todo = append(todo, action{id, "pause", sb.AutoPauseFS})
 			} else {
 				sb.State = StateKilling
-				todo = append(todo, action{id, "kill"})
+				todo = append(todo, action{id, "kill", false})
 			}
 		case m.life.cfg.IdleFreeze > 0 && !a.frozen && a.inflight == 0 && idle > m.life.cfg.IdleFreeze:
 			a.frozen = true
-			todo = append(todo, action{id, "freeze"})
+			todo = append(todo, action{id, "freeze", false})
 		}
 	}
 	m.mu.Unlock()
@@ -467,7 +493,7 @@ func (m *Manager) reapLifecycle(ctx context.Context, now time.Time) {
 			var err error
 			switch a.what {
 			case "expire":
-				if err = m.pause(ctx, "", a.id, true); err != nil && !errors.Is(err, errdefs.ErrConflict) {
+				if err = m.pause(ctx, "", a.id, true, !a.fs); err != nil && !errors.Is(err, errdefs.ErrConflict) {
 					m.mu.Lock()
 					if sb := m.sandboxes[a.id]; sb != nil && sb.State == StateRunning {
 						sb.AutoPause = false // kill it at the next tick
@@ -476,7 +502,7 @@ func (m *Manager) reapLifecycle(ctx context.Context, now time.Time) {
 					m.mu.Unlock()
 				}
 			case "pause":
-				err = m.Pause(ctx, "", a.id)
+				err = m.pause(ctx, "", a.id, false, !a.fs)
 			case "kill":
 				m.mu.Lock()
 				sb := clone(m.sandboxes[a.id])

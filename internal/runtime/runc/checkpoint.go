@@ -156,11 +156,14 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, opts runtime.Checkp
 	if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
-	if err := r.checkpointUserNS(id); err != nil {
-		return err
+	if opts.FilesystemOnly {
+		return r.fsCheckpoint(ctx, id, opts)
 	}
 	if r.tierOf(id) == TierRunsc {
 		return r.runscCheckpoint(ctx, id, opts)
+	}
+	if err := r.checkpointUserNS(id); err != nil {
+		return err
 	}
 	if _, err := r.criu(); err != nil {
 		return err
@@ -264,11 +267,11 @@ func (r *Runtime) HasCheckpoint(ctx context.Context, id string) (bool, error) {
 		return false, fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
 	}
 	dir := r.dir(id)
-	if _, err := os.Stat(filepath.Join(dir, checkpointDir, "inventory.img")); err == nil || runscHasImage(filepath.Join(dir, checkpointDir)) {
+	if _, err := os.Stat(filepath.Join(dir, checkpointDir, "inventory.img")); err == nil || runscHasImage(filepath.Join(dir, checkpointDir)) || fsOnlyImage(filepath.Join(dir, checkpointDir)) {
 		return true, nil
 	}
 	tmp := filepath.Join(dir, checkpointTmp)
-	if _, err := os.Stat(filepath.Join(tmp, criuStatsDump)); err != nil && !runscHasImage(tmp) {
+	if _, err := os.Stat(filepath.Join(tmp, criuStatsDump)); err != nil && !runscHasImage(tmp) && !fsOnlyImage(tmp) {
 		_ = os.RemoveAll(tmp)
 		return false, nil
 	}
@@ -310,6 +313,9 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, opts runtime.R
 	}
 	if img == "" {
 		img = filepath.Join(dir, checkpointDir)
+	}
+	if opts.FilesystemOnly || fsOnlyImage(img) {
+		return r.fsRestore(ctx, spec, inPlace)
 	}
 	if (inPlace && r.tierOf(spec.ID) == TierRunsc) || (!inPlace && spec.Runtime == TierRunsc) {
 		return r.runscRestore(ctx, spec, opts, inPlace, img)

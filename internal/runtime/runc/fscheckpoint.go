@@ -1,0 +1,147 @@
+package runc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentbox/agentbox/internal/runtime"
+)
+
+// fsOnlyMarker is the whole image of a filesystem-only pause or snapshot:
+// the state is the writable layer, which stays in the bundle (pause) or was
+// copied beside the image (snapshot).
+const fsOnlyMarker = "filesystem-only"
+
+func fsOnlyImage(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, fsOnlyMarker))
+	return err == nil
+}
+
+// fsCheckpoint stops the sandbox and keeps only its files. A pause kills
+// every process (the writable layer stays where it is, on the bundle's
+// disk); a snapshot (LeaveRunning) freezes the sandbox only while its
+// writable layer is copied, so the copy is one instant of the filesystem.
+func (r *Runtime) fsCheckpoint(ctx context.Context, id string, opts runtime.CheckpointOptions) (err error) {
+	dir := r.dir(id)
+	own := opts.ImageDir == ""
+	img := opts.ImageDir
+	if own {
+		img = filepath.Join(dir, checkpointTmp)
+		if err := os.RemoveAll(img); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(img, 0o700); err != nil {
+		return fmt.Errorf("sandbox %s: image dir: %w", id, err)
+	}
+	defer func() {
+		if err != nil && own {
+			_ = os.RemoveAll(img)
+		}
+	}()
+	upper, _ := layerDirs(dir, r.diskMB(id) > 0)
+	if opts.LeaveRunning {
+		if opts.UpperCopy != "" {
+			if err := r.Freeze(ctx, id); err != nil {
+				return err
+			}
+			cerr := copyTree(ctx, upper, opts.UpperCopy)
+			if terr := r.Thaw(context.WithoutCancel(ctx), id); terr != nil {
+				cerr = errors.Join(cerr, terr)
+			}
+			if cerr != nil {
+				return fmt.Errorf("sandbox %s: capture writable layer: %w", id, cerr)
+			}
+		}
+	} else {
+		if err := r.killInit(ctx, id); err != nil && !notExist(err) {
+			return fmt.Errorf("sandbox %s: stop: %w", id, err)
+		}
+		if _, err := r.oci(ctx, id, "", "delete", "--force", id); err != nil && !notExist(err) {
+			return fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		// What the processes wrote is on the writable layer; make it durable
+		// before the pause counts as done.
+		if f, err := os.Open(upper); err == nil {
+			_ = unix.Syncfs(int(f.Fd()))
+			f.Close()
+		}
+	}
+	if err := os.WriteFile(filepath.Join(img, fsOnlyMarker), nil, 0o600); err != nil {
+		return err
+	}
+	if own {
+		// A memory image being replaced (a fresh boot that failed) goes.
+		if err := os.RemoveAll(filepath.Join(dir, checkpointDir)); err != nil {
+			return err
+		}
+		if err := os.Rename(img, filepath.Join(dir, checkpointDir)); err != nil {
+			return fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		syncDir(dir)
+	}
+	return nil
+}
+
+// fsRestore boots the sandbox fresh: in place on its bundle (whose rootfs
+// still has its writable layer), or as a new sandbox whose top layer is the
+// captured one.
+func (r *Runtime) fsRestore(ctx context.Context, spec runtime.Spec, inPlace bool) error {
+	if !inPlace {
+		return r.Create(ctx, spec)
+	}
+	id, dir := spec.ID, r.dir(spec.ID)
+	// A memory pause leaves the container record behind on some tiers.
+	if _, err := r.oci(ctx, id, "", "delete", "--force", id); err != nil && !notExist(err) {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if err := r.ensureRootfs(dir); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	tier := r.tierOf(id)
+	if tier == TierRunsc {
+		if err := restoreNetConf(dir); err != nil {
+			return fmt.Errorf("sandbox %s: %w", id, err)
+		}
+	} else if err := criuUnlock(ctx, dir); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if _, err := r.oci(ctx, id, filepath.Join(dir, tier+".log"), "run", "--detach", "--bundle", dir, id); err != nil {
+		_, _ = r.oci(context.WithoutCancel(ctx), id, "", "delete", "--force", id)
+		return fmt.Errorf("sandbox %s: boot: %w", id, err)
+	}
+	return nil
+}
+
+// criuUnlock removes the network lock a CRIU dump leaves in the netns (an
+// iptables CRIU chain dropping everything, lifted by CRIU's own restore):
+// a fresh boot after a memory pause would otherwise be unreachable.
+func criuUnlock(ctx context.Context, dir string) error {
+	path, err := netnsPath(dir)
+	if errors.Is(err, errNoNetNS) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, bin := range []string{"iptables", "ip6tables"} {
+		out, err := exec.CommandContext(ctx, "nsenter", "--net="+path, bin+"-save", "-t", "filter").Output()
+		if err != nil || !strings.Contains(string(out), ":CRIU ") {
+			continue
+		}
+		for _, args := range [][]string{{"-D", "INPUT", "-j", "CRIU"}, {"-D", "OUTPUT", "-j", "CRIU"}, {"-F", "CRIU"}, {"-X", "CRIU"}} {
+			cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + path, bin, "-w"}, args...)...)
+			if out, err := cmd.CombinedOutput(); err != nil && args[0] != "-D" {
+				return fmt.Errorf("remove CRIU network lock: %s %v: %w: %s", bin, args, err, strings.TrimSpace(string(out)))
+			}
+		}
+	}
+	return nil
+}
