@@ -122,6 +122,33 @@ describe('lifecycle', { concurrency: false, timeout: 600_000 }, () => {
     })
   }
 
+  it('filesystem-only snapshot: files come along, processes start anew', async () => {
+    const a = await Sandbox.create('base', { timeoutMs: 120_000, envs: { SNAP: 'fs' } })
+    try {
+      await a.files.write('/home/user/state.txt', 'from-a')
+      await a.commands.run(counter)
+      const res = await fetch(`${api}/sandboxes/${a.sandboxId}/snapshots`, {
+        method: 'POST', headers: { 'X-API-Key': key, 'Content-Type': 'application/json' }, body: JSON.stringify({ memory: false }),
+      })
+      assert.equal(res.status, 201)
+      const { snapshotID } = await res.json()
+      assert.equal(await a.isRunning(), true, 'the source keeps running')
+      const b = await Sandbox.create(snapshotID, { timeoutMs: 60_000 })
+      try {
+        assert.equal(await b.files.read('/home/user/state.txt'), 'from-a')
+        assert.equal(await run(b, 'echo $SNAP'), 'fs')
+        assert.equal(await run(b, "pgrep -fc 'while [:]' || true"), '0', 'no process came with the snapshot')
+        await b.files.write('/home/user/state.txt', 'from-b')
+        assert.equal(await a.files.read('/home/user/state.txt'), 'from-a')
+      } finally {
+        await b.kill()
+      }
+      assert.equal(await Sandbox.deleteSnapshot(snapshotID), true)
+    } finally {
+      await a.kill()
+    }
+  })
+
   it('autoPause keeping files only, resumed explicitly', async () => {
     const c = await Sandbox.create('base', { timeoutMs: 3000, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } } })
     try {

@@ -121,6 +121,8 @@ func snapshotOut(sn *sandbox.Snapshot) snapshotJSON {
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Name *string `json:"name"`
+		// Memory false (an agentbox extension) snapshots the files only.
+		Memory *bool `json:"memory"`
 	}
 	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
 		writeError(w, err)
@@ -143,7 +145,11 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	sn, err := s.mgr.CreateSnapshot(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), name)
+	snapshot := s.mgr.CreateSnapshot
+	if body.Memory != nil && !*body.Memory {
+		snapshot = s.mgr.CreateFilesystemSnapshot
+	}
+	sn, err := snapshot(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), name)
 	if err != nil {
 		writeError(w, err)
 		return

@@ -21,6 +21,13 @@ func (m *Manager) ResumeFromFiles(ctx context.Context, teamID, id string, timeou
 	return m.resume(ctx, teamID, id, timeout, false, false)
 }
 
+// CreateFilesystemSnapshot snapshots the team's running sandbox's files
+// only (its writable layer, copied while it is frozen for that instant).
+// Sandboxes created from it boot fresh: no memory, new processes.
+func (m *Manager) CreateFilesystemSnapshot(ctx context.Context, teamID, id, name string) (*Snapshot, error) {
+	return m.snapshot(ctx, teamID, id, name, false, false)
+}
+
 // bootInit initialises the envd of a sandbox booted fresh on its files, as
 // a create does: env, user, token, and the template's start and ready
 // commands (a code interpreter's kernels start again).

@@ -46,6 +46,9 @@ type Snapshot struct {
 	Hidden         bool              `json:"hidden,omitempty"` // made for a fork; removed with its last sandbox
 	CreatedAt      time.Time         `json:"createdAt"`
 	SizeBytes      int64             `json:"sizeBytes"`
+	// FilesystemOnly: no memory; sandboxes made from it boot fresh on its
+	// layers (processes start anew).
+	FilesystemOnly bool `json:"filesystemOnly,omitempty"`
 }
 
 // SnapshotRef is the E2B name of a snapshot: "<name or id>:default".
@@ -186,10 +189,11 @@ func (m *Manager) baseLayers(ctx context.Context, sb *Sandbox) ([]string, error)
 // layer, one consistent instant while it is frozen) as a persistent
 // snapshot. The sandbox keeps running, with the same id and lifetime.
 func (m *Manager) CreateSnapshot(ctx context.Context, teamID, id, name string) (*Snapshot, error) {
-	return m.snapshot(ctx, teamID, id, name, false)
+	return m.snapshot(ctx, teamID, id, name, false, true)
 }
 
-func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden bool) (*Snapshot, error) {
+// snapshot captures sandbox id; memory false captures its files only.
+func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden, memory bool) (*Snapshot, error) {
 	snaps := m.life.snaps
 	if snaps == nil {
 		return nil, fmt.Errorf("snapshots are not enabled on this server: %w", errdefs.ErrUnavailable)
@@ -231,7 +235,7 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden 
 		CPUCount: src.CPUCount, MemoryMB: src.MemoryMB, DiskMB: src.DiskMB, PIDs: src.PIDs, TmpMB: src.TmpMB,
 		Isolation: src.Isolation, DefaultUser: src.DefaultUser,
 		DefaultWorkdir: src.DefaultWorkdir, EnvVars: maps.Clone(src.EnvVars), Secure: src.Secure,
-		AllowInternet: src.AllowInternet, Hidden: hidden, CreatedAt: time.Now().UTC(),
+		AllowInternet: src.AllowInternet, Hidden: hidden, CreatedAt: time.Now().UTC(), FilesystemOnly: !memory,
 	}
 	if src.BaseSnapshot != "" {
 		if base, err := snaps.load(src.BaseSnapshot); err == nil {
@@ -250,7 +254,7 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden 
 		}
 	}()
 	if err := ck.Checkpoint(ctx, id, runtime.CheckpointOptions{
-		ImageDir: filepath.Join(tmp, "image"), LeaveRunning: true, UpperCopy: filepath.Join(tmp, "upper"),
+		ImageDir: filepath.Join(tmp, "image"), LeaveRunning: true, UpperCopy: filepath.Join(tmp, "upper"), FilesystemOnly: !memory,
 	}); err != nil {
 		return nil, fmt.Errorf("sandbox %s: snapshot: %w", id, err)
 	}
@@ -441,7 +445,7 @@ func (m *Manager) restoreNew(ctx context.Context, req CreateRequest, snap *Snaps
 		Resources: Limits{CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskMB: sb.DiskMB, PIDs: sb.PIDs, TmpMB: sb.TmpMB}.resources(),
 		Runtime:   runtimeTier(sb.Isolation),
 	}
-	if err := ck.Restore(sctx, spec, runtime.RestoreOptions{ImageDir: m.life.snaps.image(snap.ID), NewNetwork: true}); err != nil {
+	if err := ck.Restore(sctx, spec, runtime.RestoreOptions{ImageDir: m.life.snaps.image(snap.ID), NewNetwork: true, FilesystemOnly: snap.FilesystemOnly}); err != nil {
 		return fail(fmt.Errorf("sandbox %s: restore snapshot %s: %w", sb.ID, snap.ID, err))
 	}
 	undo = append(undo, func() { _ = m.rt.Delete(context.Background(), sb.ID) })
@@ -449,7 +453,12 @@ func (m *Manager) restoreNew(ctx context.Context, req CreateRequest, snap *Snaps
 	if snap.Secure {
 		oldToken = AccessToken(m.secret, snap.SandboxID)
 	}
-	if err := m.reinitEnvd(sctx, sb, oldToken); err != nil {
+	if snap.FilesystemOnly {
+		err = m.bootInit(sctx, sb)
+	} else {
+		err = m.reinitEnvd(sctx, sb, oldToken)
+	}
+	if err != nil {
 		return fail(fmt.Errorf("sandbox %s: %w", sb.ID, err))
 	}
 	sb.State = StateRunning
@@ -487,7 +496,7 @@ func (m *Manager) Fork(ctx context.Context, teamID, id string, count int, timeou
 	if err != nil {
 		return nil, err
 	}
-	snap, err := m.snapshot(ctx, teamID, id, "", true)
+	snap, err := m.snapshot(ctx, teamID, id, "", true, true)
 	if err != nil {
 		return nil, err
 	}
