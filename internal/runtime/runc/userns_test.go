@@ -4,10 +4,13 @@ import (
 	"encoding/binary"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/agentbox/agentbox/internal/runtime"
 	"github.com/agentbox/agentbox/internal/testutil"
 )
 
@@ -92,6 +95,48 @@ func TestCapsV3(t *testing.T) {
 			}
 			if r := binary.LittleEndian.Uint32(out[vfsCapV2Size:]); r != 100000 {
 				t.Errorf("rootid %d", r)
+			}
+		})
+	}
+}
+
+func TestOCISpecUserNS(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		userns    bool
+		tier      string
+		wantUserN bool
+	}{
+		{name: "off", tier: TierRunc},
+		{name: "on, container tier", userns: true, tier: TierRunc, wantUserN: true},
+		{name: "on, default tier", userns: true, tier: "", wantUserN: true},
+		{name: "on, gvisor keeps its own kernel", userns: true, tier: TierRunsc},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &Runtime{cfg: Config{UserNS: tc.userns, UserNSBase: DefaultUserNSBase, UserNSSize: DefaultUserNSSize, EnvdPath: "/envd"}}
+			s := r.ociSpec(runtime.Spec{ID: "x", Runtime: tc.tier}, t.TempDir())
+			hasUserNS := slices.ContainsFunc(s.Linux.Namespaces, func(n specs.LinuxNamespace) bool { return n.Type == specs.UserNamespace })
+			if hasUserNS != tc.wantUserN {
+				t.Fatalf("user namespace = %v, want %v", hasUserNS, tc.wantUserN)
+			}
+			var sys specs.Mount
+			for _, m := range s.Mounts {
+				if m.Destination == "/sys" {
+					sys = m
+				}
+			}
+			if !tc.wantUserN {
+				if len(s.Linux.UIDMappings) != 0 || sys.Type != "sysfs" {
+					t.Fatalf("mappings %v, /sys %v", s.Linux.UIDMappings, sys)
+				}
+				return
+			}
+			want := []specs.LinuxIDMapping{{ContainerID: 0, HostID: DefaultUserNSBase, Size: DefaultUserNSSize}}
+			if !slices.Equal(s.Linux.UIDMappings, want) || !slices.Equal(s.Linux.GIDMappings, want) {
+				t.Errorf("mappings %v %v", s.Linux.UIDMappings, s.Linux.GIDMappings)
+			}
+			if sys.Type != "bind" || sys.Source != "/sys" || !slices.Contains(sys.Options, "ro") || !slices.Contains(sys.Options, "rbind") {
+				t.Errorf("/sys mount %+v, want the host's sysfs bound read-only", sys)
 			}
 		})
 	}
