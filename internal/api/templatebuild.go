@@ -39,7 +39,9 @@ const (
 )
 
 // buildRegistry tracks template builds requested through the E2B API. Builds
-// live in memory: a server restart forgets them (their templates stay).
+// live in memory: a server restart forgets them, but a template records the
+// ID of the build that made it, so a successful build still reports "ready"
+// (without its logs; see finishedBuild).
 type buildRegistry struct {
 	mu      sync.Mutex
 	builds  map[string]*apiBuild // by build ID
@@ -191,6 +193,9 @@ func (s *Server) lookupBuild(r *http.Request) (*apiBuild, error) {
 	s.builds.mu.Lock()
 	bd := s.builds.builds[r.PathValue("buildID")]
 	s.builds.mu.Unlock()
+	if bd == nil {
+		bd = s.finishedBuild(r.Context(), r.PathValue("id"), r.PathValue("buildID"))
+	}
 	if bd == nil || bd.templateID != r.PathValue("id") {
 		return nil, fmt.Errorf("build %q of template %q: %w", r.PathValue("buildID"), r.PathValue("id"), errdefs.ErrNotFound)
 	}
@@ -339,7 +344,7 @@ func buildSpecOf(body startBuildBody, bd *apiBuild) (template.BuildSpec, error) 
 	spec := template.BuildSpec{
 		Name: bd.name, Tag: bd.tag, Tags: bd.tags, ID: bd.templateID, Force: body.Force,
 		StartCmd: body.StartCmd, ReadyCmd: body.ReadyCmd, CPUCount: bd.cpuCount, MemoryMB: bd.memoryMB,
-		Source: "e2b build API",
+		Source: "e2b build API", BuildID: bd.buildID,
 	}
 	switch {
 	case body.FromTemplate != "" && body.FromImage != "":

@@ -47,7 +47,7 @@ func templateOut(t *template.Template) templateJSON {
 		aliases = []string{}
 	}
 	out := templateJSON{
-		TemplateID: t.ID, BuildID: t.ID, BuildStatus: "ready", CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskMB,
+		TemplateID: t.ID, BuildID: template.BuildRef(t), BuildStatus: "ready", CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskMB,
 		EnvdVersion: sandbox.EnvdVersion, Public: true, Aliases: aliases, Names: aliases, CreatedAt: t.CreatedAt.UTC(), UpdatedAt: t.CreatedAt.UTC(),
 		BuildCount: 1, SizeBytes: t.SizeBytes,
 		Tags: t.Tags, DefaultUser: t.DefaultUser, DefaultWorkdir: t.DefaultWorkdir, Env: t.Env, StartCmd: t.StartCmd,

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/template"
@@ -128,4 +129,23 @@ func (s *Server) listTemplateTags(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// finishedBuild stands in for a build the registry no longer holds (it
+// lives in memory) when the template it made records its ID: the build
+// succeeded, before a restart or long enough ago to be forgotten. Its logs
+// are gone; failed builds leave no template and stay unknown.
+func (s *Server) finishedBuild(ctx context.Context, templateID, buildID string) *apiBuild {
+	t, err := s.templates.Get(ctx, templateID)
+	if err != nil || t.ID != templateID || t.BuildID == "" || t.BuildID != buildID {
+		return nil
+	}
+	name := ""
+	if len(t.Aliases) > 0 {
+		name = t.Aliases[0]
+	}
+	return &apiBuild{
+		templateID: t.ID, buildID: buildID, name: name, status: "ready",
+		logs: []buildLogEntry{{Timestamp: t.CreatedAt, Level: "info", Message: fmt.Sprintf("Template %s was built at %s", t.ID, t.CreatedAt.Format(time.RFC3339))}},
+	}
 }

@@ -86,6 +86,8 @@ type BuildSpec struct {
 	BuildMemoryMB int
 	// Definition is kept with the template (builtins built as layers).
 	Definition *Definition
+	// BuildID is kept with the template (see Template.BuildID).
+	BuildID string
 }
 
 // NetworkFunc attaches a build's RUN steps to a network namespace and
@@ -407,6 +409,7 @@ func (s *Store) templateFromState(spec BuildSpec, id string, st *buildState) (*T
 		DefaultUser: st.User, DefaultWorkdir: st.Workdir, StartCmd: st.StartCmd, ReadyCmd: st.ReadyCmd,
 		ExposedPorts: slices.Compact(slices.Sorted(slices.Values(st.Exposed))),
 		Source:       spec.Source, CreatedAt: time.Now().UTC(), Definition: spec.Definition,
+		BuildID: spec.BuildID,
 	}
 	t.Tags = slices.Compact(slices.Sorted(slices.Values(append([]string{spec.Tag}, spec.Tags...))))
 	if b := st.base; b != nil {

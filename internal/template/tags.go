@@ -103,10 +103,14 @@ func (s *Store) RemoveTags(ctx context.Context, name string, tags []string) erro
 	return nil
 }
 
-// BuildRef is the build ID reported for t's tags: the E2B API names tags by
-// build; a template here is one build, so the ID derives from the
-// template's ID and creation time (stable, changes with every rebuild).
+// BuildRef is the build ID reported for t: the E2B API names tags by build;
+// a template here is one build, so it is the ID of the API build that made
+// it, or else one derived from the template's ID and creation time (stable,
+// changes with every rebuild).
 func BuildRef(t *Template) string {
+	if t.BuildID != "" {
+		return t.BuildID
+	}
 	sum := sha256.Sum256([]byte(t.ID + "@" + t.CreatedAt.UTC().Format("2006-01-02T15:04:05.999999999Z")))
 	h := hex.EncodeToString(sum[:16])
 	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]

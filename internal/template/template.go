@@ -38,10 +38,13 @@ type Template struct {
 	ExposedPorts []int `json:"exposedPorts,omitempty"`
 	// Isolation is the runtime tier sandboxes of this template run under;
 	// "" means the server's default.
-	Isolation    string      `json:"isolation,omitempty"`
-	Source       string      `json:"source,omitempty"` // what it was built from, for humans
-	SizeBytes    int64       `json:"sizeBytes"`        // disk used by the layers
-	BuildSeconds float64     `json:"buildSeconds"`     // how long the build took
+	Isolation string `json:"isolation,omitempty"`
+	Source    string `json:"source,omitempty"` // what it was built from, for humans
+	// BuildID is the E2B build API's ID of the build that made it, kept so
+	// the build's status answers "ready" after a server restart.
+	BuildID      string      `json:"buildID,omitempty"`
+	SizeBytes    int64       `json:"sizeBytes"`    // disk used by the layers
+	BuildSeconds float64     `json:"buildSeconds"` // how long the build took
 	CreatedAt    time.Time   `json:"createdAt"`
 	Definition   *Definition `json:"definition,omitempty"` // what it was built from, if built here
 }
