@@ -120,7 +120,7 @@ func (s *Server) listTemplateTags(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		found = true
-		for _, name := range t.Tags {
+		for _, name := range template.TagsOf(t) {
 			out = append(out, tag{Tag: name, BuildID: template.BuildRef(t), CreatedAt: t.CreatedAt.UTC().Format("2006-01-02T15:04:05.000Z")})
 		}
 	}

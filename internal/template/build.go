@@ -109,6 +109,7 @@ func (s *Store) Build(ctx context.Context, def Definition, progress io.Writer) (
 	t := &Template{
 		ID:             id,
 		Aliases:        []string{def.Name},
+		Tags:           []string{"default"},
 		CPUCount:       def.CPUCount,
 		MemoryMB:       def.MemoryMB,
 		DiskMB:         def.DiskMB,

@@ -58,7 +58,7 @@ func (s *Store) AssignTags(ctx context.Context, target string, tags []string) (*
 			}
 		}
 	}
-	t.Tags = slices.Compact(slices.Sorted(slices.Values(append(t.Tags, tags...))))
+	t.Tags = slices.Compact(slices.Sorted(slices.Values(append(TagsOf(t), tags...))))
 	if err := writeMeta(filepath.Join(s.dir, t.ID), t); err != nil {
 		return nil, err
 	}
@@ -125,4 +125,13 @@ func normalizeTags(tags []string) ([]string, error) {
 		out = append(out, t)
 	}
 	return out, nil
+}
+
+// TagsOf is t's tags; a template built without any (a bootstrapped
+// builtin) has "default", which name:default resolves to.
+func TagsOf(t *Template) []string {
+	if len(t.Tags) == 0 {
+		return []string{"default"}
+	}
+	return t.Tags
 }
