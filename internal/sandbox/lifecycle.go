@@ -82,6 +82,8 @@ type lifecycle struct {
 	pools    map[string]*pool // by template id
 	snaps    *snapshotStore
 	lastGC   time.Time
+	// createSlots admits cold creates into host setup (admission.go).
+	createSlots chan struct{}
 }
 
 // activity is what the idle policy knows of a sandbox's data plane.

@@ -171,6 +171,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	}
 	// Setup must not be half-cancelled by a client that goes away.
 	sctx := context.WithoutCancel(ctx)
+	release, err := m.createSlot(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	defer release()
 	tNet := time.Now()
 	ep, err := m.net.Attach(sctx, sb.ID, pol)
 	if err != nil {
