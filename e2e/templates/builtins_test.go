@@ -13,13 +13,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 )
 
 // builtinTemplate builds a builtin with the CLI into the shared template
-// cache (a no-op once it is there: ~30 s each cold, over the cached base)
+// cache (a no-op once it is there; cold over a cached base: browser ~35 s,
+// desktop ~2.5 min, mostly the apt download)
 // and hard-links the result, with its layers, into the server's template
 // dir. It returns the template ID.
 func (e *env) builtinTemplate(t *testing.T, name string) string {
@@ -33,45 +35,44 @@ func (e *env) builtinTemplate(t *testing.T, name string) string {
 		t.Fatalf("template build %s: %v\n%s", name, err, out)
 	}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	t.Logf("template build %s: %s", name, lines[len(lines)-1])
-	entries, _ := os.ReadDir(src)
-	for _, ent := range entries {
-		b, err := os.ReadFile(filepath.Join(src, ent.Name(), "template.json"))
-		var meta struct {
-			ID      string `json:"templateID"`
-			Aliases []string
-			Layers  []string
-		}
-		if err != nil || json.Unmarshal(b, &meta) != nil || len(meta.Aliases) == 0 || meta.Aliases[0] != name {
+	last := lines[len(lines)-1]
+	t.Logf("template build %s: %s", name, last)
+	// The last line names the template: "built NAME:TAG (ID) in ..." or
+	// "template NAME (ID) is cached ...". Older builds of the name may sit
+	// beside it.
+	m := regexp.MustCompile(`\((t[0-9a-f]+)\)`).FindStringSubmatch(last)
+	if m == nil {
+		t.Fatalf("no template ID in the build output: %s", last)
+	}
+	b, err := os.ReadFile(filepath.Join(src, m[1], "template.json"))
+	var meta struct{ Layers []string }
+	if err != nil || json.Unmarshal(b, &meta) != nil {
+		t.Fatalf("template %s: %v", m[1], err)
+	}
+	if len(meta.Layers) < 2 {
+		t.Fatalf("%s is not layered over base: layers %v", name, meta.Layers)
+	}
+	os.MkdirAll(filepath.Join(e.tplDir, "layers"), 0o755)
+	for _, l := range meta.Layers {
+		from, to := filepath.Join(src, "layers", l), filepath.Join(e.tplDir, "layers", l)
+		if len(l) != 64 {
+			// A template's own rootfs: the base, linked by setup.
+			if _, err := os.Stat(filepath.Join(e.tplDir, l)); err != nil {
+				t.Fatalf("%s sits on template %s, which is not the linked base", name, l)
+			}
 			continue
 		}
-		if len(meta.Layers) < 2 {
-			t.Fatalf("%s is not layered over base: layers %v", name, meta.Layers)
+		if _, err := os.Stat(to); err == nil {
+			continue
 		}
-		os.MkdirAll(filepath.Join(e.tplDir, "layers"), 0o755)
-		for _, l := range meta.Layers {
-			from, to := filepath.Join(src, "layers", l), filepath.Join(e.tplDir, "layers", l)
-			if len(l) != 64 {
-				// A template's own rootfs: the base, linked by setup.
-				if _, err := os.Stat(filepath.Join(e.tplDir, l)); err != nil {
-					t.Fatalf("%s sits on template %s, which is not the linked base", name, l)
-				}
-				continue
-			}
-			if _, err := os.Stat(to); err == nil {
-				continue
-			}
-			if out, err := exec.Command("cp", "-al", from, to).CombinedOutput(); err != nil {
-				t.Fatalf("link layer %s: %v %s", l, err, out)
-			}
+		if out, err := exec.Command("cp", "-al", from, to).CombinedOutput(); err != nil {
+			t.Fatalf("link layer %s: %v %s", l, err, out)
 		}
-		if out, err := exec.Command("cp", "-al", filepath.Join(src, ent.Name()), e.tplDir).CombinedOutput(); err != nil {
-			t.Fatalf("link %s: %v %s", name, err, out)
-		}
-		return meta.ID
 	}
-	t.Fatalf("no template %s in %s after building it", name, src)
-	return ""
+	if out, err := exec.Command("cp", "-al", filepath.Join(src, m[1]), e.tplDir).CombinedOutput(); err != nil {
+		t.Fatalf("link %s: %v %s", name, err, out)
+	}
+	return m[1]
 }
 
 // port does a GET on a sandbox port through the gateway, routed by headers.
@@ -128,6 +129,22 @@ func TestBuiltinBrowser(t *testing.T) {
 	}
 	if got := e.websocketFirstFrame(t, id, "9222", strings.TrimPrefix(ver["webSocketDebuggerUrl"], "ws://"+e.addr)); got != "" {
 		t.Errorf("DevTools websocket sent %q before any command", got)
+	}
+	// Host routing: Chromium refuses such Host headers itself; the
+	// template's proxy hands it "localhost" and puts the host back into the
+	// websocket URL.
+	host := "9222-" + id + ".agentbox.test"
+	req, _ := http.NewRequest("GET", "http://"+e.addr+"/json/version", nil)
+	req.Host = host
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var hver map[string]string
+	if resp.StatusCode != 200 || json.Unmarshal(hb, &hver) != nil || !strings.HasPrefix(hver["webSocketDebuggerUrl"], "ws://"+host+"/devtools/browser/") {
+		t.Errorf("host-routed /json/version: %d %s", resp.StatusCode, hb)
 	}
 	// A page target can be listed: the browser is usable, not just listening.
 	if code, body := e.port(t, id, "9222", "/json/list"); code != 200 || !strings.Contains(body, `"type": "page"`) {
