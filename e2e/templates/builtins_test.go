@@ -119,6 +119,11 @@ func TestBuiltinBrowser(t *testing.T) {
 	e := setup(t)
 	e.builtinTemplate(t, "browser")
 	id := e.create(t, "browser")
+	// The sandbox's lower layers include base's own rootfs: one copy of
+	// the base files serves base, browser, desktop and interpreter alike.
+	if lower, _ := overlayOf(t, id); !strings.Contains(lower, filepath.Join(e.tplDir, baseID(t, e.tplDir), "rootfs")) {
+		t.Errorf("browser sandbox does not sit on base's rootfs: lowerdir %s", lower)
+	}
 	code, body := e.port(t, id, "9222", "/json/version")
 	var ver map[string]string
 	if code != 200 || json.Unmarshal([]byte(body), &ver) != nil {
@@ -213,4 +218,19 @@ func (e *env) websocketFirstFrame(t *testing.T, id, port, path string) string {
 		t.Fatalf("websocket frame: %v", err)
 	}
 	return string(payload)
+}
+
+// baseID is the ID of the base template setup linked into dir.
+func baseID(t *testing.T, dir string) string {
+	t.Helper()
+	entries, _ := os.ReadDir(dir)
+	for _, ent := range entries {
+		b, err := os.ReadFile(filepath.Join(dir, ent.Name(), "template.json"))
+		var meta struct{ Aliases []string }
+		if err == nil && json.Unmarshal(b, &meta) == nil && len(meta.Aliases) > 0 && meta.Aliases[0] == "base" {
+			return ent.Name()
+		}
+	}
+	t.Fatal("no base template")
+	return ""
 }
