@@ -65,13 +65,9 @@ func (e *env) builtinTemplate(t *testing.T, name string) string {
 		if _, err := os.Stat(to); err == nil {
 			continue
 		}
-		if out, err := exec.Command("cp", "-al", from, to).CombinedOutput(); err != nil {
-			t.Fatalf("link layer %s: %v %s", l, err, out)
-		}
+		linkStoreDir(t, from, to)
 	}
-	if out, err := exec.Command("cp", "-al", filepath.Join(src, m[1]), e.tplDir).CombinedOutput(); err != nil {
-		t.Fatalf("link %s: %v %s", name, err, out)
-	}
+	linkStoreDir(t, filepath.Join(src, m[1]), filepath.Join(e.tplDir, m[1]))
 	return m[1]
 }
 

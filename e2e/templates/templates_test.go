@@ -86,9 +86,7 @@ func setup(t *testing.T) *env {
 		if err != nil || json.Unmarshal(b, &meta) != nil || !slices.Contains(meta.Aliases, "base") {
 			continue
 		}
-		if out, err := exec.Command("cp", "-al", filepath.Join(src, ent.Name()), e.tplDir).CombinedOutput(); err != nil {
-			t.Fatalf("link base: %v %s", err, out)
-		}
+		linkStoreDir(t, filepath.Join(src, ent.Name()), filepath.Join(e.tplDir, ent.Name()))
 		linked = true
 		break
 	}
@@ -336,5 +334,23 @@ func TestCLIDockerfileBuild(t *testing.T) {
 	}
 	if gc := run("template", "gc", "--api-url", "http://"+e.addr); !strings.Contains(gc, "removed") {
 		t.Errorf("gc output: %s", gc)
+	}
+}
+
+// linkStoreDir hard-links a template or layer dir of a template store:
+// its metadata and rootfs only, not the uid-shifted copies (rootfs.uidshift-*)
+// a user-namespaced server may be writing or deleting meanwhile.
+func linkStoreDir(t *testing.T, from, to string) {
+	t.Helper()
+	if err := os.MkdirAll(to, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"template.json", "layer.json", "rootfs"} {
+		if _, err := os.Lstat(filepath.Join(from, name)); err != nil {
+			continue
+		}
+		if out, err := exec.Command("cp", "-al", filepath.Join(from, name), to).CombinedOutput(); err != nil {
+			t.Fatalf("link %s: %v %s", from, err, out)
+		}
 	}
 }
