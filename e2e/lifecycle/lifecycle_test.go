@@ -216,25 +216,50 @@ func TestSDK(t *testing.T) {
 	}
 }
 
-// TestPausedSurvivesRestart pauses a sandbox, kills the server with
-// SIGKILL, and resumes the sandbox on the next server with its memory.
+// TestPausedSurvivesRestart pauses sandboxes of both tiers (with memory,
+// and files only), kills the server with SIGKILL, and resumes them on the
+// next server: a memory pause keeps envd's in-memory env, a filesystem-only
+// one boots fresh with the env it was created with.
 func TestPausedSurvivesRestart(t *testing.T) {
 	s := newServer(t)
 	s.start()
-	c := s.create(map[string]string{"MARK": "before-restart"})
-	if st, b := s.do("POST", "/sandboxes/"+c.SandboxID+"/pause", nil, nil); st != http.StatusNoContent {
-		t.Fatalf("pause: %d %s", st, b)
+	cases := []struct {
+		name      string
+		isolation string
+		pause     map[string]any
+	}{
+		{name: "container", isolation: "container"},
+		{name: "gvisor", isolation: "gvisor"},
+		{name: "container files only", isolation: "container", pause: map[string]any{"memory": false}},
+		{name: "gvisor files only", isolation: "gvisor", pause: map[string]any{"memory": false}},
+	}
+	ids := make([]created, len(cases))
+	for i, tc := range cases {
+		st, b := s.do("POST", "/v2/sandboxes", map[string]any{"templateID": "base", "timeout": 600,
+			"envVars": map[string]string{"MARK": "before-restart"}, "metadata": map[string]string{"agentbox.isolation": tc.isolation}}, nil)
+		if st != http.StatusCreated {
+			t.Fatalf("%s: create: %d %s", tc.name, st, b)
+		}
+		_ = json.Unmarshal(b, &ids[i])
+		if st, b := s.do("POST", "/sandboxes/"+ids[i].SandboxID+"/pause", tc.pause, nil); st != http.StatusNoContent {
+			t.Fatalf("%s: pause: %d %s", tc.name, st, b)
+		}
 	}
 	s.stop(syscall.SIGKILL)
 	s.start()
-	if got := s.state(c.SandboxID); got != "paused" {
-		t.Fatalf("state after restart = %q, want paused", got)
-	}
-	if st, b := s.do("POST", "/v2/sandboxes/"+c.SandboxID+"/connect", map[string]any{"timeout": 60}, nil); st != http.StatusCreated {
-		t.Fatalf("connect: %d %s", st, b)
-	}
-	if env, st := s.envs(c); env["MARK"] != "before-restart" {
-		t.Fatalf("envd env after resume = %v (%d)", env, st)
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := ids[i]
+			if got := s.state(c.SandboxID); got != "paused" {
+				t.Fatalf("state after restart = %q, want paused", got)
+			}
+			if st, b := s.do("POST", "/v2/sandboxes/"+c.SandboxID+"/connect", map[string]any{"timeout": 60}, nil); st != http.StatusCreated {
+				t.Fatalf("connect: %d %s", st, b)
+			}
+			if env, st := s.envs(c); env["MARK"] != "before-restart" {
+				t.Fatalf("envd env after resume = %v (%d)", env, st)
+			}
+		})
 	}
 }
 

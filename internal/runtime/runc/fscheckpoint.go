@@ -67,6 +67,13 @@ func (r *Runtime) fsCheckpoint(ctx context.Context, id string, opts runtime.Chec
 		if _, err := r.oci(ctx, id, "", "delete", "--force", id); err != nil && !notExist(err) {
 			return fmt.Errorf("sandbox %s: %w", id, err)
 		}
+		if r.tierOf(id) == TierRunsc {
+			// As after a memory pause: a restarted server learns the
+			// sandbox's network from the idle netns's address.
+			if err := restoreNetConf(dir); err != nil {
+				r.log.Warn("paused gvisor sandbox: netns address not restored; a server restart will not find its network", "id", id, "err", err)
+			}
+		}
 		// What the processes wrote is on the writable layer; make it durable
 		// before the pause counts as done.
 		if f, err := os.Open(upper); err == nil {

@@ -256,6 +256,11 @@ func (r *Runtime) runscCheckpoint(ctx context.Context, id string, opts runtime.C
 		if _, err := r.runsc(ctx, "", "delete", "--force", id); err != nil && !notExist(err) {
 			return fmt.Errorf("sandbox %s: %w", id, err)
 		}
+		// Give the idle netns its address back now: a server restarted
+		// while the sandbox is paused learns the sandbox's network from it.
+		if err := restoreNetConf(dir); err != nil {
+			r.log.Warn("paused gvisor sandbox: netns address not restored; a server restart will not find its network", "id", id, "err", err)
+		}
 	}
 	if own {
 		if err := os.Rename(img, filepath.Join(dir, checkpointDir)); err != nil {
