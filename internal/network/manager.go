@@ -225,9 +225,13 @@ func (m *Manager) relearn() error {
 	denied := m.deniedSet()
 	for _, e := range entries {
 		id := e.Name()
-		ip, err := readNSAddr(m.nsPath(id))
+		ip, err := m.readAddr(id)
 		if err != nil {
-			m.log.Warn("netns without a usable eth0; Detach will clean it", "id", id, "err", err)
+			// Sandboxes attached before address records existed.
+			ip, err = readNSAddr(m.nsPath(id))
+		}
+		if err != nil {
+			m.log.Warn("netns without a recorded address or a usable eth0; Detach will clean it", "id", id, "err", err)
 			continue
 		}
 		m.used[ip] = id
@@ -237,6 +241,34 @@ func (m *Manager) relearn() error {
 		}
 	}
 	return nil
+}
+
+// addrPath is the record of a sandbox's address, in a directory next to the
+// netns files (so List, which reads NetNSDir, sees only namespaces).
+func (m *Manager) addrPath(id string) string {
+	return filepath.Join(m.cfg.NetNSDir+".addr", id)
+}
+
+func (m *Manager) writeAddr(id string, ip netip.Addr) error {
+	if err := os.MkdirAll(filepath.Dir(m.addrPath(id)), 0o755); err != nil {
+		return fmt.Errorf("address record: %w", err)
+	}
+	if err := os.WriteFile(m.addrPath(id), []byte(ip.String()), 0o644); err != nil {
+		return fmt.Errorf("address record: %w", err)
+	}
+	return nil
+}
+
+func (m *Manager) readAddr(id string) (netip.Addr, error) {
+	b, err := os.ReadFile(m.addrPath(id))
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	ip, err := netip.ParseAddr(strings.TrimSpace(string(b)))
+	if err != nil || !m.cfg.Subnet.Contains(ip) {
+		return netip.Addr{}, fmt.Errorf("address record of %s: %q is not in %s", id, b, m.cfg.Subnet)
+	}
+	return ip, nil
 }
 
 func readNSAddr(path string) (netip.Addr, error) {
@@ -391,6 +423,12 @@ func (m *Manager) Attach(ctx context.Context, id string, p Policy) (ep Endpoint,
 	undo = append(undo, func() { m.release(id) })
 
 	path := m.nsPath(id)
+	// Record the address before the netns exists: gVisor strips it from
+	// eth0, so after a restart this record is the only place it is kept.
+	if err := m.writeAddr(id, ip); err != nil {
+		return Endpoint{}, err
+	}
+	undo = append(undo, func() { _ = os.Remove(m.addrPath(id)) })
 	if err := newNetNS(path); err != nil {
 		return Endpoint{}, fmt.Errorf("netns %s: %w", id, err)
 	}
@@ -562,6 +600,9 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 		errs = append(errs, err)
 	}
 	if err := removeNetNS(m.nsPath(id)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := os.Remove(m.addrPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {

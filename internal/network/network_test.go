@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	goruntime "runtime"
 	"slices"
 	"testing"
@@ -235,12 +236,20 @@ func TestIsolation(t *testing.T) {
 	})
 
 	t.Run("restart relearns", func(t *testing.T) {
+		// gVisor's netstack takes the address off eth0: the restarted
+		// manager must still know it, from its address record.
+		if out, err := exec.Command("nsenter", "--net="+b.NetNSPath, "ip", "addr", "flush", "dev", "eth0").CombinedOutput(); err != nil {
+			t.Fatalf("flush eth0: %v: %s", err, out)
+		}
 		m2, err := New(cfg, slog.Default())
 		if err != nil {
 			t.Fatal(err)
 		}
 		if ep, ok := m2.Lookup("sba"); !ok || ep.IP != a.IP {
 			t.Fatalf("Lookup after restart = %+v %v, want %s", ep, ok, a.IP)
+		}
+		if ep, ok := m2.Lookup("sbb"); !ok || ep.IP != b.IP {
+			t.Fatalf("Lookup of a sandbox without an address on eth0 after restart = %+v %v, want %s", ep, ok, b.IP)
 		}
 		if err := m2.Setup(ctx); err != nil {
 			t.Fatal(err)
@@ -272,6 +281,9 @@ func TestIsolation(t *testing.T) {
 			}
 			if err := m.Detach(ctx, id); err != nil {
 				t.Fatalf("second Detach: %v", err)
+			}
+			if _, err := os.Stat(m.addrPath(id)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("address record of %s left after Detach: %v", id, err)
 			}
 			if _, err := netlink.LinkByName(hostVeth(id)); err == nil {
 				t.Errorf("%s: veth left", id)
