@@ -84,6 +84,40 @@ func TestRestartKeepsSandboxes(t *testing.T) {
 	assertNoLeaks(t, s, sb.SandboxID)
 }
 
+// TestRestartKeepsGVisorSandboxes is the SIGKILL restart on the gVisor tier,
+// whose netstack takes the sandbox's address off its network namespace.
+func TestRestartKeepsGVisorSandboxes(t *testing.T) {
+	s := need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	c := s.client()
+	sb, err := c.Create(ctx, wire.CreateRequest{TemplateID: "base", Timeout: 1800, Metadata: map[string]string{"agentbox.isolation": "gvisor"}})
+	if err != nil {
+		t.Fatalf("create on gvisor: %v", err)
+	}
+	defer func() { _ = s.client().Kill(context.Background(), sb.SandboxID) }()
+	r, err := c.Run(ctx, sb, "user", "uname -r; echo before > /tmp/mark; sleep 3600 >/dev/null 2>&1 & echo $!")
+	if err != nil || r.ExitCode != 0 || !strings.Contains(r.Stdout, "gvisor") {
+		t.Fatalf("run before restart: %v %+v (want a gVisor kernel)", err, r)
+	}
+	sleeperPID := strings.TrimSpace(strings.Split(strings.TrimSpace(r.Stdout), "\n")[1])
+	if err := s.stop(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.start(ctx); err != nil {
+		t.Fatalf("restart: %v\n%s", err, s.logTail(100))
+	}
+	c = s.client()
+	r, err = c.Run(ctx, sb, "user", "cat /tmp/mark; kill -0 "+sleeperPID+" && echo alive")
+	if err != nil || r.Stdout != "before\nalive\n" {
+		t.Fatalf("after restart: %v %+v; want the file and the background process\n%s", err, r, s.logTail(50))
+	}
+	if err := c.Kill(ctx, sb.SandboxID); err != nil {
+		t.Fatalf("kill: %v", err)
+	}
+	assertNoLeaks(t, s, sb.SandboxID)
+}
+
 // TestGracefulShutdownKeepsSandboxes is the SIGTERM variant of the restart.
 func TestGracefulShutdownKeepsSandboxes(t *testing.T) {
 	s := need(t)
