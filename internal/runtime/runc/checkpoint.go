@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -473,7 +474,22 @@ func (r *Runtime) Freeze(ctx context.Context, id string) error {
 	if !validID.MatchString(id) {
 		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
 	}
-	if _, err := r.oci(ctx, id, "", "pause", id); err != nil {
+	var err error
+	// The v1 freezer gives up ("unable to freeze") when a task is caught
+	// mid-fork or the host is busy; runc thaws back, so trying again is safe
+	// and nearly always succeeds.
+	for attempt := 1; ; attempt++ {
+		_, err = r.oci(ctx, id, "", "pause", id)
+		if err == nil || attempt == 5 || !strings.Contains(err.Error(), "unable to freeze") {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("sandbox %s: %w", id, ctx.Err())
+		case <-time.After(time.Duration(attempt) * 50 * time.Millisecond):
+		}
+	}
+	if err != nil {
 		if notExist(err) {
 			return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 		}
