@@ -12,8 +12,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"time"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
