@@ -10,6 +10,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"math/big"
@@ -95,6 +96,11 @@ func startServer(t *testing.T, repo string, fake *testutil.FakeNet) *server {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		// Kill whatever sandboxes a failed test left before the server and
+		// its host setup go: nothing may outlive the test.
+		if s.apiKey != "" {
+			killAll("http://"+addr, s.apiKey)
+		}
 		_ = s.cmd.Process.Signal(os.Interrupt)
 		_ = s.cmd.Wait()
 		logf.Close()
@@ -126,6 +132,30 @@ func startServer(t *testing.T, repo string, fake *testutil.FakeNet) *server {
 	}
 	t.Fatal("server did not become healthy")
 	return nil
+}
+
+// killAll deletes every sandbox the key's team has on the server at base.
+func killAll(base, key string) {
+	req, _ := http.NewRequest(http.MethodGet, base+"/v2/sandboxes", nil)
+	req.Header.Set("X-API-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return
+	}
+	defer resp.Body.Close()
+	var list []struct {
+		SandboxID string `json:"sandboxID"`
+	}
+	if json.NewDecoder(resp.Body).Decode(&list) != nil {
+		return
+	}
+	for _, sb := range list {
+		del, _ := http.NewRequest(http.MethodDelete, base+"/sandboxes/"+sb.SandboxID, nil)
+		del.Header.Set("X-API-Key", key)
+		if r, err := http.DefaultClient.Do(del); err == nil {
+			r.Body.Close()
+		}
+	}
 }
 
 // sink counts UDP datagrams by payload on the fake internet.
