@@ -1,14 +1,9 @@
 package sandbox
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"fmt"
-	"io"
 	"maps"
 	"net"
-	"net/http"
 	"strconv"
 )
 
@@ -47,27 +42,10 @@ func (m *Manager) pushEnvdEnv(ctx context.Context, sb *Sandbox) error {
 	if sb.State != StateRunning {
 		return nil // a paused envd cannot answer; its env is what it was
 	}
-	buf, err := json.Marshal(map[string]any{"envVars": m.envdEnv(sb)})
-	if err != nil {
-		return err
+	token := ""
+	if sb.Secure {
+		token = m.Token(sb.ID)
 	}
 	base := "http://" + net.JoinHostPort(sb.IP.String(), strconv.Itoa(EnvdPort))
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/init", bytes.NewReader(buf))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if sb.Secure {
-		req.Header.Set("X-Access-Token", m.Token(sb.ID))
-	}
-	resp, err := m.client.Do(req)
-	if err != nil {
-		return fmt.Errorf("envd /init: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("envd /init answered %s: %s", resp.Status, bytes.TrimSpace(msg))
-	}
-	return nil
+	return m.postInit(ctx, base, map[string]any{"envVars": m.envdEnv(sb)}, token)
 }

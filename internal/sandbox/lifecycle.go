@@ -1,13 +1,9 @@
 package sandbox
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"time"
 
@@ -635,20 +631,5 @@ func (m *Manager) reinitEnvd(ctx context.Context, sb *Sandbox, oldToken string) 
 		"timestamp":      time.Now().UTC().Format(time.RFC3339Nano),
 		"accessToken":    token,
 	}
-	buf, _ := json.Marshal(body)
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/init", bytes.NewReader(buf))
-	req.Header.Set("Content-Type", "application/json")
-	if oldToken != "" {
-		req.Header.Set("X-Access-Token", oldToken)
-	}
-	resp, err := m.client.Do(req)
-	if err != nil {
-		return fmt.Errorf("envd /init: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("envd /init answered %s: %s", resp.Status, msg)
-	}
-	return nil
+	return m.postInit(ctx, base, body, oldToken)
 }

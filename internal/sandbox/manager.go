@@ -275,9 +275,25 @@ func (m *Manager) initEnvd(ctx context.Context, sb *Sandbox, startCmd string, po
 	if sb.Secure {
 		body["accessToken"] = m.Token(sb.ID)
 	}
-	buf, _ := json.Marshal(body)
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/init", bytes.NewReader(buf))
+	return m.postInit(ctx, base, body, "")
+}
+
+// postInit sends envd its /init body. token authorises the call once envd
+// already holds one (a restored or running envd); a fresh envd takes its
+// first /init without.
+func (m *Manager) postInit(ctx context.Context, base string, body map[string]any, token string) error {
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/init", bytes.NewReader(buf))
+	if err != nil {
+		return err
+	}
 	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("X-Access-Token", token)
+	}
 	resp, err := m.client.Do(req)
 	if err != nil {
 		return fmt.Errorf("envd /init: %w", err)
@@ -285,7 +301,7 @@ func (m *Manager) initEnvd(ctx context.Context, sb *Sandbox, startCmd string, po
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("envd /init answered %s: %s", resp.Status, msg)
+		return fmt.Errorf("envd /init answered %s: %s", resp.Status, bytes.TrimSpace(msg))
 	}
 	return nil
 }
