@@ -47,7 +47,7 @@ import (
 )
 
 func main() {
-	script := "sleep 3600 & echo $! > /tmp/sleep.pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done"
+	script := "rm -f /tmp/count; sleep 3600 & echo $! > /tmp/sleep.pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done"
 	if err := exec.Command("/bin/sh", "-c", script).Start(); err != nil {
 		panic(err)
 	}
