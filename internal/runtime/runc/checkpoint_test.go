@@ -116,7 +116,7 @@ func TestCheckpointRestoreInPlace(t *testing.T) {
 	e.useCounterInit(t)
 	ep := e.sandbox(t, "ckpt1", runtime.Resources{MemoryMB: 256})
 
-	time.Sleep(200 * time.Millisecond)
+	count(t, ep) // the counter runs, so the sleep's pid file is written
 	sleepPid := strings.TrimSpace(get(t, ep, "read?p=/tmp/sleep.pid"))
 	if got := get(t, ep, "read?p=/proc/"+sleepPid+"/cmdline"); !strings.HasPrefix(got, "sleep") {
 		t.Fatalf("before: pid %s is %q", sleepPid, got)
@@ -142,9 +142,12 @@ func TestCheckpointRestoreInPlace(t *testing.T) {
 		if st, _ := e.rt.State(ctx, "ckpt1"); st != runtime.StatusRunning {
 			t.Fatalf("cycle %d: state after restore = %v", cycle, st)
 		}
-		time.Sleep(150 * time.Millisecond)
 		after := count(t, ep)
-		if after <= before || after > before+200 {
+		for deadline := time.Now().Add(10 * time.Second); after <= before && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+			after = count(t, ep)
+		}
+		if after <= before || after > before+400 {
 			t.Fatalf("cycle %d: count %d after restore, %d before: the loop did not continue", cycle, after, before)
 		}
 		if got := get(t, ep, "read?p=/proc/"+sleepPid+"/cmdline"); !strings.HasPrefix(got, "sleep") {

@@ -39,6 +39,7 @@ func TestPauseResumeTiers(t *testing.T) {
 			id := "tierck" + string(rune('a'+i))
 			ep := e.tierSandbox(t, id, tc.tier)
 			time.Sleep(time.Second) // a count a fresh counter is far below
+			count(t, ep)            // the counter runs, so the sleep's pid file is written
 			sleepPid := strings.TrimSpace(get(t, ep, "read?p=/tmp/sleep.pid"))
 			// A file written through the host side of the overlay lands on
 			// the writable layer, as any file the sandbox writes. (gVisor
@@ -79,8 +80,11 @@ func TestPauseResumeTiers(t *testing.T) {
 				}
 				return
 			}
-			time.Sleep(150 * time.Millisecond)
-			if after = count(t, ep); after <= before {
+			for deadline := time.Now().Add(10 * time.Second); after <= before && time.Now().Before(deadline); {
+				time.Sleep(50 * time.Millisecond)
+				after = count(t, ep)
+			}
+			if after <= before {
 				t.Fatalf("count %d after resume, %d before: the loop did not continue", after, before)
 			}
 			if got := get(t, ep, "read?p=/proc/"+sleepPid+"/cmdline"); !strings.HasPrefix(got, "sleep") {
