@@ -169,16 +169,9 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, opts runtime.Checkp
 	if _, err := r.criu(); err != nil {
 		return err
 	}
-	own := opts.ImageDir == ""
-	img := opts.ImageDir
-	if own {
-		img = filepath.Join(dir, checkpointTmp)
-		if err := os.RemoveAll(img); err != nil {
-			return err
-		}
-	}
-	if err := os.MkdirAll(img, 0o700); err != nil {
-		return fmt.Errorf("sandbox %s: image dir: %w", id, err)
+	img, own, err := r.imageDir(id, opts)
+	if err != nil {
+		return err
 	}
 	work := filepath.Join(dir, criuWorkDir)
 	_ = os.RemoveAll(work)
@@ -219,23 +212,15 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, opts runtime.Checkp
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	if opts.UpperCopy != "" {
-		upper, _ := layerDirs(dir, r.diskMB(id) > 0)
-		if err := copyTree(ctx, upper, opts.UpperCopy); err != nil {
-			return fmt.Errorf("sandbox %s: capture writable layer: %w", id, err)
-		}
-		// envd's log is open in the image; a restore needs the file there.
-		if err := copyTree(ctx, filepath.Join(dir, "log"), opts.UpperCopy+".log"); err != nil {
-			return fmt.Errorf("sandbox %s: capture log dir: %w", id, err)
+		if err := r.captureUpper(ctx, id, opts.UpperCopy); err != nil {
+			return err
 		}
 	}
 	if !opts.LeaveRunning {
 		frozen = false // the processes are gone; nothing to thaw
 	}
 	if own {
-		if err := os.Rename(img, filepath.Join(dir, checkpointDir)); err != nil {
-			return fmt.Errorf("sandbox %s: %w", id, err)
-		}
-		syncDir(dir)
+		return commitImage(dir, img, id)
 	}
 	return nil
 }
@@ -511,6 +496,47 @@ func (r *Runtime) Thaw(ctx context.Context, id string) error {
 			return nil
 		}
 		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// imageDir prepares where a checkpoint image is written: opts.ImageDir when
+// the caller names one, else the bundle's temporary image dir (own), which
+// commitImage renames into place only once the image is complete.
+func (r *Runtime) imageDir(id string, opts runtime.CheckpointOptions) (img string, own bool, err error) {
+	img, own = opts.ImageDir, opts.ImageDir == ""
+	if own {
+		img = filepath.Join(r.dir(id), checkpointTmp)
+		if err := os.RemoveAll(img); err != nil {
+			return "", false, err
+		}
+	}
+	if err := os.MkdirAll(img, 0o700); err != nil {
+		return "", false, fmt.Errorf("sandbox %s: image dir: %w", id, err)
+	}
+	return img, own, nil
+}
+
+// commitImage makes a complete image in the bundle the sandbox's pause image.
+func commitImage(dir, img, id string) error {
+	if err := os.Rename(img, filepath.Join(dir, checkpointDir)); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	syncDir(dir)
+	return nil
+}
+
+// captureUpper copies the sandbox's writable layer to dest and its log dir
+// to dest+".log": envd's log is open in a memory image, so a restore from
+// the copy needs the file there.
+func (r *Runtime) captureUpper(ctx context.Context, id, dest string) error {
+	dir := r.dir(id)
+	upper, _ := layerDirs(dir, r.diskMB(id) > 0)
+	if err := copyTree(ctx, upper, dest); err != nil {
+		return fmt.Errorf("sandbox %s: capture writable layer: %w", id, err)
+	}
+	if err := copyTree(ctx, filepath.Join(dir, "log"), dest+".log"); err != nil {
+		return fmt.Errorf("sandbox %s: capture log dir: %w", id, err)
 	}
 	return nil
 }

@@ -30,16 +30,9 @@ func fsOnlyImage(dir string) bool {
 // writable layer is copied, so the copy is one instant of the filesystem.
 func (r *Runtime) fsCheckpoint(ctx context.Context, id string, opts runtime.CheckpointOptions) (err error) {
 	dir := r.dir(id)
-	own := opts.ImageDir == ""
-	img := opts.ImageDir
-	if own {
-		img = filepath.Join(dir, checkpointTmp)
-		if err := os.RemoveAll(img); err != nil {
-			return err
-		}
-	}
-	if err := os.MkdirAll(img, 0o700); err != nil {
-		return fmt.Errorf("sandbox %s: image dir: %w", id, err)
+	img, own, err := r.imageDir(id, opts)
+	if err != nil {
+		return err
 	}
 	defer func() {
 		if err != nil && own {
@@ -89,10 +82,7 @@ func (r *Runtime) fsCheckpoint(ctx context.Context, id string, opts runtime.Chec
 		if err := os.RemoveAll(filepath.Join(dir, checkpointDir)); err != nil {
 			return err
 		}
-		if err := os.Rename(img, filepath.Join(dir, checkpointDir)); err != nil {
-			return fmt.Errorf("sandbox %s: %w", id, err)
-		}
-		syncDir(dir)
+		return commitImage(dir, img, id)
 	}
 	return nil
 }

@@ -195,16 +195,9 @@ func restoreNetConf(dir string) error {
 // sandbox is paused, the same instant as the image.
 func (r *Runtime) runscCheckpoint(ctx context.Context, id string, opts runtime.CheckpointOptions) (err error) {
 	dir := r.dir(id)
-	own := opts.ImageDir == ""
-	img := opts.ImageDir
-	if own {
-		img = filepath.Join(dir, checkpointTmp)
-		if err := os.RemoveAll(img); err != nil {
-			return err
-		}
-	}
-	if err := os.MkdirAll(img, 0o700); err != nil {
-		return fmt.Errorf("sandbox %s: image dir: %w", id, err)
+	img, own, err := r.imageDir(id, opts)
+	if err != nil {
+		return err
 	}
 	defer func() {
 		if err != nil && own {
@@ -238,12 +231,8 @@ func (r *Runtime) runscCheckpoint(ctx context.Context, id string, opts runtime.C
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	if opts.UpperCopy != "" {
-		upper, _ := layerDirs(dir, r.diskMB(id) > 0)
-		if err := copyTree(ctx, upper, opts.UpperCopy); err != nil {
-			return fmt.Errorf("sandbox %s: capture writable layer: %w", id, err)
-		}
-		if err := copyTree(ctx, filepath.Join(dir, "log"), opts.UpperCopy+".log"); err != nil {
-			return fmt.Errorf("sandbox %s: capture log dir: %w", id, err)
+		if err := r.captureUpper(ctx, id, opts.UpperCopy); err != nil {
+			return err
 		}
 	}
 	if !opts.LeaveRunning {
@@ -263,10 +252,7 @@ func (r *Runtime) runscCheckpoint(ctx context.Context, id string, opts runtime.C
 		}
 	}
 	if own {
-		if err := os.Rename(img, filepath.Join(dir, checkpointDir)); err != nil {
-			return fmt.Errorf("sandbox %s: %w", id, err)
-		}
-		syncDir(dir)
+		return commitImage(dir, img, id)
 	}
 	return nil
 }
