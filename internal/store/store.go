@@ -1,6 +1,6 @@
-// Package store persists agentbox's state (teams, API keys, sandboxes, server
-// secrets) in an embedded SQLite database in WAL mode, so a crash or restart of
-// the server loses nothing that was acknowledged.
+// Package store persists agentbox's state (teams and their quotas, API keys,
+// sandboxes, server secrets) in an embedded SQLite database in WAL mode, so a
+// crash or restart of the server loses nothing that was acknowledged.
 package store
 
 import (
@@ -52,6 +52,16 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	doc TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS sandboxes_team ON sandboxes(team_id, started_at);
+CREATE TABLE IF NOT EXISTS team_quotas (
+	team_id TEXT PRIMARY KEY REFERENCES teams(id) ON DELETE CASCADE,
+	cpu_count INTEGER,     -- NULL or 0: the server's default
+	memory_mb INTEGER,
+	disk_mb INTEGER,
+	pids INTEGER,
+	tmp_mb INTEGER,
+	max_sandboxes INTEGER, -- running, paused or starting at once
+	updated_at INTEGER NOT NULL
+);
 `
 
 // Open opens (creating if needed) the database at path.
