@@ -196,14 +196,14 @@ func (m *Manager) limitCounters(ctx context.Context, sb *Sandbox, c runtime.Limi
 		if sb.TmpMB > 0 {
 			reason += fmt.Sprintf(" (files in /tmp count as memory: up to %d MiB)", sb.TmpMB)
 		}
-		reason += fmt.Sprintf("; use less memory (smaller inputs, streaming, fewer parallel workers) or create the sandbox with a larger memoryMB (quota %d MiB)", m.cfg.Quota.MemoryMB)
+		reason += fmt.Sprintf("; use less memory (smaller inputs, streaming, fewer parallel workers) or create the sandbox with a larger memoryMB (team quota %d MiB)", m.quotaOf(ctx, sb.TeamID).MemoryMB)
 		if sb.Isolation == IsolationGVisor {
 			reason += "; under gvisor the whole sandbox may have been stopped"
 		}
 		m.auditLimit(ctx, sb, "oom", reason, map[string]any{"killed": n, "memoryMB": sb.MemoryMB})
 	}
 	if n := c.PIDsMax - last.PIDsMax; c.PIDsMax > last.PIDsMax {
-		reason := fmt.Sprintf("process limit: %d fork/clone call(s) failed because the sandbox already runs its limit of %d processes and threads; wait for processes to end, kill runaway ones, or create the sandbox with a larger pids (quota %d)", n, sb.PIDs, m.cfg.Quota.PIDs)
+		reason := fmt.Sprintf("process limit: %d fork/clone call(s) failed because the sandbox already runs its limit of %d processes and threads; wait for processes to end, kill runaway ones, or create the sandbox with a larger pids (team quota %d)", n, sb.PIDs, m.quotaOf(ctx, sb.TeamID).PIDs)
 		m.auditLimit(ctx, sb, "pids", reason, map[string]any{"refused": n, "pids": sb.PIDs})
 	}
 }
@@ -218,7 +218,7 @@ func (m *Manager) diskCheck(ctx context.Context, sb *Sandbox, st runtime.Stats) 
 	}
 	m.limits.mu.Unlock()
 	if full && !was {
-		reason := fmt.Sprintf("disk full: the sandbox's writable disk of %d MiB is used up, so writes fail with \"No space left on device\"; delete files you no longer need (e.g. caches, build outputs) or create the sandbox with a larger diskSizeMB (quota %d MiB)", sb.DiskMB, m.cfg.Quota.DiskMB)
+		reason := fmt.Sprintf("disk full: the sandbox's writable disk of %d MiB is used up, so writes fail with \"No space left on device\"; delete files you no longer need (e.g. caches, build outputs) or create the sandbox with a larger diskSizeMB (team quota %d MiB)", sb.DiskMB, m.quotaOf(ctx, sb.TeamID).DiskMB)
 		m.auditLimit(ctx, sb, "disk", reason, map[string]any{"diskSizeMB": sb.DiskMB, "usedBytes": st.DiskUsed})
 	}
 }

@@ -46,15 +46,6 @@ type Limits struct {
 	TmpMB    int `json:"tmpSizeMB"`
 }
 
-// Quota caps what a create may ask for. The same caps apply to every team
-// of this server (per-team quotas would be stored with the team).
-type Quota = Limits
-
-// DefaultQuota is the quota when Config.Quota is zero.
-func DefaultQuota() Quota {
-	return Quota{CPUCount: 8, MemoryMB: 16384, DiskMB: 51200, PIDs: 32768, TmpMB: 8192}
-}
-
 // Server defaults for limits templates do not set.
 const (
 	DefaultPIDs  = 4096
@@ -98,10 +89,9 @@ func truncateID(s string) string {
 }
 
 // resolveLimits merges request, template and server defaults and checks
-// the result against the quota.
-func (m *Manager) resolveLimits(req Limits, tpl *template.Template) (Limits, error) {
+// the result against the team's quota q (teamQuota).
+func resolveLimits(req Limits, tpl *template.Template, q Quota) (Limits, error) {
 	l := Limits{CPUCount: tpl.CPUCount, MemoryMB: tpl.MemoryMB, DiskMB: tpl.DiskMB, PIDs: DefaultPIDs, TmpMB: DefaultTmpMB}
-	q := m.cfg.Quota
 	type field struct {
 		name    string
 		asked   int

@@ -10,7 +10,6 @@ import (
 )
 
 func TestResolveLimits(t *testing.T) {
-	m := &Manager{cfg: Config{Quota: DefaultQuota()}}
 	tpl := &template.Template{CPUCount: 2, MemoryMB: 1024, DiskMB: 10240}
 	tests := []struct {
 		name    string
@@ -29,7 +28,7 @@ func TestResolveLimits(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := m.resolveLimits(tt.req, tpl)
+			got, err := resolveLimits(tt.req, tpl, DefaultQuota())
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !errors.Is(err, errdefs.ErrInvalidArgument) {
 					t.Fatalf("err = %v, want invalid argument containing %q", err, tt.wantErr)

@@ -80,6 +80,8 @@ type lifecycle struct {
 	lastGC   time.Time
 	// createSlots admits cold creates into host setup (admission.go).
 	createSlots chan struct{}
+	// reserved counts creates in flight per team for maxSandboxes (quota.go).
+	reserved map[string]int
 }
 
 // activity is what the idle policy knows of a sandbox's data plane.

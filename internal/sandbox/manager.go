@@ -30,7 +30,7 @@ type Config struct {
 	ReapInterval   time.Duration // how often expired sandboxes are looked for
 	SampleInterval time.Duration // how often metrics are sampled
 	HealthInterval time.Duration // how often every sandbox's envd is checked
-	Quota          Quota         // the most a create may ask for
+	Quota          Quota         // the most a create may ask for, unless the team has its own (quota.go)
 	// MaxCommandLifetime caps every command's run time (cmdlife.go).
 	MaxCommandLifetime time.Duration
 }
@@ -108,8 +108,17 @@ func (m *Manager) save(ctx context.Context, sb *Sandbox) error {
 
 // Create starts a sandbox and returns once its envd answers and is initialised.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
+	quota, err := m.teamQuota(ctx, req.TeamID)
+	if err != nil {
+		return nil, err
+	}
+	release, err := m.reserveSandbox(req.TeamID, quota)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	// Snapshots and warm pools answer without a cold start (lifecycle.go).
-	if sb, handled, err := m.createFast(ctx, req); handled {
+	if sb, handled, err := m.createFast(ctx, req, quota); handled {
 		return sb, err
 	}
 	tpl, err := m.templates.Get(ctx, req.Template)
@@ -126,7 +135,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	if err != nil {
 		return nil, err
 	}
-	limits, err := m.resolveLimits(req.Limits, tpl)
+	limits, err := resolveLimits(req.Limits, tpl, quota)
 	if err != nil {
 		return nil, err
 	}
@@ -171,11 +180,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 	}
 	// Setup must not be half-cancelled by a client that goes away.
 	sctx := context.WithoutCancel(ctx)
-	release, err := m.createSlot(ctx)
+	releaseSlot, err := m.createSlot(ctx)
 	if err != nil {
 		return fail(err)
 	}
-	defer release()
+	defer releaseSlot()
 	tNet := time.Now()
 	ep, err := m.net.Attach(sctx, sb.ID, pol)
 	if err != nil {

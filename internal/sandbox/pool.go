@@ -118,7 +118,7 @@ func (m *Manager) poolTick(ctx context.Context, now time.Time) {
 // claimPooled hands a warm sandbox of the requested template to the
 // request: it takes the request's team, env, metadata, network policy,
 // token and lifetime. ok is false on a miss.
-func (m *Manager) claimPooled(ctx context.Context, req CreateRequest) (*Sandbox, bool) {
+func (m *Manager) claimPooled(ctx context.Context, req CreateRequest, quota Quota) (*Sandbox, bool) {
 	if len(m.life.cfg.Pools) == 0 {
 		return nil, false
 	}
@@ -130,6 +130,11 @@ func (m *Manager) claimPooled(ctx context.Context, req CreateRequest) (*Sandbox,
 	}
 	tpl, err := m.templates.Get(ctx, req.Template)
 	if err != nil {
+		return nil, false
+	}
+	// A team whose quota is below the template's defaults starts cold,
+	// where the refusal says which limit to lower.
+	if _, err := resolveLimits(Limits{}, tpl, quota); err != nil {
 		return nil, false
 	}
 	m.mu.Lock()

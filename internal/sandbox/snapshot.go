@@ -19,6 +19,7 @@ import (
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/template"
 )
 
 // Snapshot is a persistent image of a sandbox: its template's layers plus
@@ -384,7 +385,7 @@ func (m *Manager) snapshotGC(ctx context.Context) {
 
 // createFast serves a create from a snapshot (restore, memory included) or
 // from a warm pool; handled is false when a cold start is needed.
-func (m *Manager) createFast(ctx context.Context, req CreateRequest) (*Sandbox, bool, error) {
+func (m *Manager) createFast(ctx context.Context, req CreateRequest, quota Quota) (*Sandbox, bool, error) {
 	if req.TeamID == poolTeam {
 		return nil, false, nil
 	}
@@ -394,11 +395,11 @@ func (m *Manager) createFast(ctx context.Context, req CreateRequest) (*Sandbox, 
 				return nil, true, err
 			}
 			req.EnvVars = mergeEnv(snap.EnvVars, req.EnvVars)
-			sb, err := m.restoreNew(ctx, req, snap, snap.ID)
+			sb, err := m.restoreNew(ctx, req, snap, snap.ID, quota)
 			return sb, true, err
 		}
 	}
-	if sb, ok := m.claimPooled(ctx, req); ok {
+	if sb, ok := m.claimPooled(ctx, req, quota); ok {
 		return sb, true, nil
 	}
 	return nil, false, nil
@@ -406,10 +407,16 @@ func (m *Manager) createFast(ctx context.Context, req CreateRequest) (*Sandbox, 
 
 // restoreNew starts a new sandbox from a snapshot's memory image: its own
 // id, writable layer, network namespace, address and token.
-func (m *Manager) restoreNew(ctx context.Context, req CreateRequest, snap *Snapshot, templateID string) (*Sandbox, error) {
+func (m *Manager) restoreNew(ctx context.Context, req CreateRequest, snap *Snapshot, templateID string, quota Quota) (*Sandbox, error) {
 	ck, err := m.checkpointer()
 	if err != nil {
 		return nil, err
+	}
+	// The snapshot's limits are fixed by its memory image; the team's quota
+	// may have been lowered since it was taken.
+	snapLimits := Limits{CPUCount: snap.CPUCount, MemoryMB: snap.MemoryMB, DiskMB: snap.DiskMB, PIDs: snap.PIDs, TmpMB: snap.TmpMB}
+	if _, err := resolveLimits(snapLimits, &template.Template{}, quota); err != nil {
+		return nil, fmt.Errorf("snapshot %s was taken with limits over the team's quota: %w", snap.ID, err)
 	}
 	now := time.Now().UTC()
 	sb := &Sandbox{
@@ -505,6 +512,10 @@ func (m *Manager) Fork(ctx context.Context, teamID, id string, count int, timeou
 		Metadata: maps.Clone(src.Metadata), EnvVars: maps.Clone(src.EnvVars), Secure: src.Secure, AllowInternet: src.AllowInternet,
 		Lifecycle: LifecycleRequest{AutoPause: src.AutoPause, AutoResume: src.AutoResume, IdleTimeout: src.IdleTimeout},
 	}
+	quota, err := m.teamQuota(ctx, teamID)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]ForkResult, count)
 	sem := make(chan struct{}, 4)
 	var wg sync.WaitGroup
@@ -512,7 +523,15 @@ func (m *Manager) Fork(ctx context.Context, teamID, id string, count int, timeou
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			sb, err := m.restoreNew(ctx, req, snap, src.TemplateID)
+			// Each copy is a new sandbox of the team: the copies past
+			// maxSandboxes fail on their own, the others are made.
+			release, err := m.reserveSandbox(req.TeamID, quota)
+			if err != nil {
+				out[i] = ForkResult{Err: err}
+				return
+			}
+			defer release()
+			sb, err := m.restoreNew(ctx, req, snap, src.TemplateID, quota)
 			out[i] = ForkResult{Sandbox: sb, Err: err}
 		})
 	}
