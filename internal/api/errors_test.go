@@ -1,0 +1,36 @@
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+)
+
+// Errors reach clients as E2B's {code, message} with the status their
+// sentinel maps to, and without the sentinel's text.
+func TestWriteError(t *testing.T) {
+	tests := []struct {
+		err        error
+		wantStatus int
+		wantMsg    string
+	}{
+		{fmt.Errorf("maxSandboxes: the team already has 2: %w", errdefs.ErrResourceExhausted), http.StatusTooManyRequests, "maxSandboxes: the team already has 2"},
+		{fmt.Errorf("memoryMB: over the team quota: %w", errdefs.ErrInvalidArgument), http.StatusBadRequest, "memoryMB: over the team quota"},
+		{fmt.Errorf("boom"), http.StatusInternalServerError, "boom"},
+	}
+	for _, tt := range tests {
+		w := httptest.NewRecorder()
+		writeError(w, tt.err)
+		var body errorBody
+		if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+			t.Fatalf("%v: body %q: %v", tt.err, w.Body, err)
+		}
+		if w.Code != tt.wantStatus || body.Code != tt.wantStatus || body.Message != tt.wantMsg {
+			t.Errorf("%v: %d %+v; want %d %q", tt.err, w.Code, body, tt.wantStatus, tt.wantMsg)
+		}
+	}
+}
