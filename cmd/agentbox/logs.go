@@ -23,7 +23,7 @@ func newLogsCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "logs <id>",
-		Short: "Print a sandbox's audit log: lifecycle, processes, file changes, egress, limits",
+		Short: "Print a sandbox's audit log: lifecycle, processes, file changes, egress, limits, refused syscalls",
 		Long: `Print the audit log of a sandbox: every lifecycle change, process start
 and exit (user, command, cwd, pid, exit code, duration), file write, move and
 removal through the API, egress decision and limit hit (out of memory,
@@ -62,7 +62,7 @@ process limit, full disk) with the reason. The log outlives the sandbox.`,
 	f.BoolVar(&asJSON, "json", false, "print one JSON object per event")
 	f.DurationVar(&since, "since", 0, "only events of the last duration, e.g. 10m")
 	f.IntVar(&limit, "limit", 0, "only the newest N events (server default 1000)")
-	f.StringSliceVar(&kinds, "kind", nil, "only these kinds: lifecycle, process, file, egress, limit")
+	f.StringSliceVar(&kinds, "kind", nil, "only these kinds: lifecycle, process, file, egress, limit, syscall")
 	f.BoolVar(&egress, "egress", false, "only egress events (same as --kind egress): every outbound connection, request and lookup with its verdict")
 	return cmd
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/runtime/runc"
 	"github.com/agentbox/agentbox/internal/sandbox"
+	"github.com/agentbox/agentbox/internal/seccomplog"
 	"github.com/agentbox/agentbox/internal/store"
 	"github.com/agentbox/agentbox/internal/template"
 )
@@ -178,6 +179,30 @@ func findEnvd(explicit string) (string, error) {
 	return "", errors.New("envd binary not found next to agentbox; build it with `make build` or pass --envd")
 }
 
+// startSyscallAudit reports the syscalls the container tier's seccomp policy
+// refuses as "syscall" audit events of the sandbox that made them. Without
+// kernel audit support the server runs on and says so.
+func startSyscallAudit(ctx context.Context, mgr *sandbox.Manager, cgroupParent string, log *slog.Logger) {
+	w, err := seccomplog.Open(seccomplog.Config{
+		CgroupParent: cgroupParent,
+		Explain:      runc.SeccompReason,
+		Sink: func(ctx context.Context, d seccomplog.Denial) {
+			sb, err := mgr.Get(ctx, "", d.SandboxID)
+			if err != nil {
+				return // removed meanwhile, or a leftover cgroup
+			}
+			e := d.Event()
+			e.TeamID, e.APIKeyID = sb.TeamID, sb.APIKeyID
+			mgr.Audit().Record(ctx, e)
+		},
+	}, log)
+	if err != nil {
+		log.Warn("refused syscalls will not be audited", "err", err)
+		return
+	}
+	go w.Run(ctx)
+}
+
 func listen(ctx context.Context, addr string) (net.Listener, error) {
 	// MPTCP off: CRIU cannot checkpoint it and Landlock does not cover it.
 	var lc net.ListenConfig
@@ -283,6 +308,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRun()
 	go mgr.Run(runCtx)
+	startSyscallAudit(runCtx, mgr, c.Instance, log)
 
 	apiSrv := api.New(log, st, mgr, templates)
 	apiSrv.SetBuildNetwork(buildNetwork(nw))

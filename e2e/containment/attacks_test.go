@@ -23,6 +23,9 @@ type attack struct {
 	// (its own keyrings, namespaces, mounts, sysctls), so success there
 	// reaches nothing of the host; the host and neighbour checks decide.
 	sentry bool
+	// audited names the syscall whose refusal must then appear as a
+	// "syscall" event in the sandbox's audit log on the container tier.
+	audited string
 	// gap names a tier where this attack is known not to be contained yet,
 	// and why; it is reported as GAP (a failure with CONTAINMENT_STRICT=1).
 	gap map[string]string

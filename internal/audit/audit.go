@@ -23,6 +23,7 @@ const (
 	KindFile      = "file"
 	KindEgress    = "egress"
 	KindLimit     = "limit"
+	KindSyscall   = "syscall" // a syscall the sandbox's seccomp policy refused
 )
 
 // Decisions.
@@ -35,7 +36,7 @@ const (
 // ValidKind reports whether k is a known event kind.
 func ValidKind(k string) bool {
 	switch k {
-	case KindLifecycle, KindProcess, KindFile, KindEgress, KindLimit:
+	case KindLifecycle, KindProcess, KindFile, KindEgress, KindLimit, KindSyscall:
 		return true
 	}
 	return false
@@ -159,7 +160,7 @@ func (l *Log) Query(ctx context.Context, q Query) ([]Event, error) {
 	}
 	for _, k := range q.Kinds {
 		if !ValidKind(k) {
-			return nil, fmt.Errorf("kind %q is not an audit event kind (lifecycle, process, file, egress, limit): %w", k, errdefs.ErrInvalidArgument)
+			return nil, fmt.Errorf("kind %q is not an audit event kind (lifecycle, process, file, egress, limit, syscall): %w", k, errdefs.ErrInvalidArgument)
 		}
 	}
 	rows, err := l.st.QueryAudit(ctx, store.AuditFilter{

@@ -28,7 +28,7 @@ type LogEntry struct {
 type LogsOptions struct {
 	Since time.Time // only events at or after this time
 	Limit int       // the newest Limit events (server default 1000)
-	Kinds []string  // lifecycle, process, file, egress, limit; empty = all
+	Kinds []string  // lifecycle, process, file, egress, limit, syscall; empty = all
 }
 
 func (o LogsOptions) query() url.Values {

@@ -16,32 +16,88 @@ import (
 // every entry below is a decision someone can read. Unknown architectures
 // are refused outright (libseccomp kills on a foreign arch), so 32-bit and
 // x32 entry points cannot route around the names.
+//
+// The reasons below word the "syscall" audit events of internal/seccomplog.
 
-// deniedSyscalls fail with EPERM: they reach kernel state shared with the
-// host (keyrings, modules, mounts, namespaces, clocks, BPF, perf) or are
-// classic container-escape primitives (open_by_handle_at).
-var deniedSyscalls = []string{
-	// kernel keyrings are not namespaced
-	"add_key", "keyctl", "request_key",
-	// kernel extension and introspection
-	"bpf", "perf_event_open", "userfaultfd", "lookup_dcookie", "kcmp",
-	"init_module", "finit_module", "delete_module", "create_module", "query_module", "get_kernel_syms",
-	"kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff", "acct", "syslog",
-	// mounts and namespaces: the runtime sets them up before this filter applies
-	"mount", "umount", "umount2", "pivot_root", "unshare", "setns",
-	"fsopen", "fsconfig", "fsmount", "fspick", "move_mount", "open_tree", "mount_setattr",
+// deniedGroup is a set of syscalls refused with EPERM for one reason.
+type deniedGroup struct {
+	reason string // completes "refused by the sandbox's seccomp policy (...)"
+	names  []string
+}
+
+// deniedGroups fail with EPERM: they reach kernel state shared with the host
+// (keyrings, modules, mounts, namespaces, clocks, BPF, perf) or are classic
+// container-escape primitives (open_by_handle_at).
+var deniedGroups = []deniedGroup{
+	{"kernel keyrings are shared with the host and not allowed in sandboxes",
+		[]string{"add_key", "keyctl", "request_key"}},
+	{"loading eBPF programs is not allowed in sandboxes", []string{"bpf"}},
+	{"kernel performance counters are not allowed in sandboxes", []string{"perf_event_open"}},
+	{"userfaultfd is not allowed in sandboxes", []string{"userfaultfd"}},
+	{"kernel introspection is not allowed in sandboxes", []string{"lookup_dcookie", "kcmp", "syslog"}},
+	{"loading kernel modules is not allowed in sandboxes",
+		[]string{"init_module", "finit_module", "delete_module", "create_module", "query_module", "get_kernel_syms"}},
+	{"rebooting or replacing the kernel is not allowed in sandboxes", []string{"kexec_load", "kexec_file_load", "reboot"}},
+	{"host-wide swap and process accounting are not allowed in sandboxes", []string{"swapon", "swapoff", "acct"}},
+	// the runtime sets mounts and namespaces up before this filter applies
+	{"mounting and namespace changes are not allowed in sandboxes; the filesystem is set up at creation",
+		[]string{"mount", "umount", "umount2", "pivot_root", "unshare", "setns",
+			"fsopen", "fsconfig", "fsmount", "fspick", "move_mount", "open_tree", "mount_setattr"}},
 	// file handles bypass the mount namespace ("shocker")
-	"open_by_handle_at", "name_to_handle_at",
-	// clocks are host-wide
-	"settimeofday", "clock_settime", "clock_adjtime", "stime",
-	// NUMA policy and raw hardware access
-	"mbind", "set_mempolicy", "get_mempolicy", "move_pages", "migrate_pages",
-	"ioperm", "iopl", "vm86", "vm86old",
-	// obsolete interfaces with a history of bugs
-	"uselib", "ustat", "sysfs", "_sysctl", "nfsservctl", "quotactl", "quotactl_fd",
-	// io_uring bypasses this filter for the operations it performs
-	"io_uring_setup", "io_uring_enter", "io_uring_register",
-	"fanotify_init",
+	{"opening files by handle bypasses the sandbox's filesystem view and is not allowed",
+		[]string{"open_by_handle_at", "name_to_handle_at"}},
+	{"the clock is shared with the host and cannot be set from a sandbox",
+		[]string{"settimeofday", "clock_settime", "clock_adjtime", "stime"}},
+	{"NUMA memory policy is not allowed in sandboxes",
+		[]string{"mbind", "set_mempolicy", "get_mempolicy", "move_pages", "migrate_pages"}},
+	{"raw hardware access is not allowed in sandboxes", []string{"ioperm", "iopl", "vm86", "vm86old"}},
+	{"obsolete kernel interface, not allowed in sandboxes",
+		[]string{"uselib", "ustat", "sysfs", "_sysctl", "nfsservctl", "quotactl", "quotactl_fd"}},
+	// io_uring performs its operations where this filter cannot see them
+	{"io_uring is not allowed in sandboxes; use ordinary read/write/poll",
+		[]string{"io_uring_setup", "io_uring_enter", "io_uring_register"}},
+	{"fanotify is not allowed in sandboxes; use inotify", []string{"fanotify_init"}},
+}
+
+// Reasons of the conditional rules (seccompProfile).
+const (
+	reasonClone3   = "clone3 is answered ENOSYS so that libc falls back to clone, whose flags the filter can check"
+	reasonCloneNS  = "creating namespaces is not allowed in sandboxes"
+	reasonMPTCP    = "MPTCP sockets are not allowed in sandboxes; use TCP"
+	reasonIoctl    = "TIOCSTI terminal input injection is not allowed in sandboxes"
+	reasonFallback = "the call is not allowed in sandboxes"
+)
+
+// SeccompReason says why the container tier's filter refuses the syscall
+// named name, in words an agent can act on.
+func SeccompReason(name string) string {
+	switch name {
+	case "clone3":
+		return reasonClone3
+	case "clone":
+		return reasonCloneNS
+	case "socket":
+		return reasonMPTCP
+	case "ioctl":
+		return reasonIoctl
+	}
+	for _, g := range deniedGroups {
+		for _, n := range g.names {
+			if n == name {
+				return g.reason
+			}
+		}
+	}
+	return reasonFallback
+}
+
+// deniedSyscalls lists every name of deniedGroups.
+func deniedSyscalls() []string {
+	var out []string
+	for _, g := range deniedGroups {
+		out = append(out, g.names...)
+	}
+	return out
 }
 
 // namespaceCloneFlags are refused in clone(2): a new namespace is an escape
@@ -62,8 +118,12 @@ func seccompProfile() *specs.LinuxSeccomp {
 	sc := &specs.LinuxSeccomp{
 		DefaultAction: specs.ActAllow,
 		Architectures: []specs.Arch{specs.ArchX86_64, specs.ArchX86, specs.ArchX32},
+		// Not yet Flags: SECCOMP_FILTER_FLAG_LOG, which would make every
+		// refusal a kernel audit record for internal/seccomplog: Debian's
+		// runc 1.1.5 refuses any seccomp flag ("seccomp flags are not yet
+		// supported by runc"); runc 1.2 accepts it.
 		Syscalls: []specs.LinuxSyscall{
-			{Names: deniedSyscalls, Action: specs.ActErrno, ErrnoRet: &eperm},
+			{Names: deniedSyscalls(), Action: specs.ActErrno, ErrnoRet: &eperm},
 			// clone3 passes its flags in memory, where seccomp cannot look;
 			// ENOSYS makes libc fall back to clone, which is checked below.
 			{Names: []string{"clone3"}, Action: specs.ActErrno, ErrnoRet: &enosys},

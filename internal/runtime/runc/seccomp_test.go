@@ -57,3 +57,23 @@ func TestDropCaps(t *testing.T) {
 		t.Fatalf("got %v", got)
 	}
 }
+
+func TestSeccompReason(t *testing.T) {
+	tests := map[string]string{
+		"bpf":    "loading eBPF programs is not allowed in sandboxes",
+		"keyctl": "kernel keyrings are shared with the host and not allowed in sandboxes",
+		"socket": reasonMPTCP,
+		"read":   reasonFallback,
+	}
+	for name, want := range tests {
+		if got := SeccompReason(name); got != want {
+			t.Errorf("%s: %q, want %q", name, got, want)
+		}
+	}
+	// Every refused name has a reason of its own.
+	for _, n := range deniedSyscalls() {
+		if SeccompReason(n) == reasonFallback {
+			t.Errorf("%s has no reason", n)
+		}
+	}
+}

@@ -1,0 +1,7 @@
+//go:build !amd64
+
+package seccomplog
+
+// syscallName has no table off x86_64 (the filter's architecture list is
+// x86 only); syscalls are reported by number.
+func syscallName(int) string { return "" }
