@@ -103,7 +103,7 @@ which wins over the file.`,
 	f.DurationVar(&c.MaxCommandLife, "max-command-lifetime", sandbox.DefaultMaxCommandLifetime, "longest any one command in a sandbox may run; envd kills it then (a create may ask for less with maxCommandSeconds)")
 	f.DurationVar(&c.HealthInterval, "health-interval", 30*time.Second, "how often every sandbox's envd is health-checked")
 	f.StringVar(&c.Runsc, "runsc", "runsc", "gVisor runsc binary for the gvisor isolation tier (the tier is unavailable when it is missing)")
-	f.BoolVar(&c.UserNS, "userns", false, "run container-tier sandboxes in a user namespace: sandbox root is host uid 100000 (each template layer gets a uid-shifted copy on first use)")
+	f.BoolVar(&c.UserNS, "userns", true, "run container-tier sandboxes in a user namespace that owns their network namespace: sandbox root is host uid 100000 (each template layer gets a uid-shifted copy on first use); --userns=false shares the host's user namespace")
 	addLifecycleFlags(f, &c.Lifecycle)
 	f.BoolVar(&c.BuildBase, "build-base", true, "build the base template at start if it is missing")
 	f.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
@@ -266,7 +266,10 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	nw, err := network.New(network.Config{Bridge: c.Bridge, Subnet: subnet, NetNSDir: filepath.Join(runDir, "netns"), Table: c.Instance, OperatorAllow: opAllow}, log)
+	nw, err := network.New(network.Config{Bridge: c.Bridge, Subnet: subnet, NetNSDir: filepath.Join(runDir, "netns"), Table: c.Instance, OperatorAllow: opAllow,
+		// The runtime makes every sandbox's netns and plugs it in: a
+		// sandbox in a user namespace must own its netns (see plug.go).
+		Deferred: true}, log)
 	if err != nil {
 		return err
 	}
@@ -286,6 +289,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		RunscBinary:  c.Runsc,
 		EnvdPath:     envd,
 		UserNS:       c.UserNS,
+		Net:          nw,
 	}, log)
 	if err != nil {
 		return err

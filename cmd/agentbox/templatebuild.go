@@ -18,6 +18,13 @@ func buildNetwork(nw *network.Manager) template.NetworkFunc {
 			return "", nil, nil, err
 		}
 		release := func() { _ = nw.Detach(context.Background(), id) }
+		if ep.Deferred {
+			// Build steps run in the host's user namespace: a plain netns.
+			if err := nw.Plug(ctx, id, 0); err != nil {
+				release()
+				return "", nil, nil, err
+			}
+		}
 		return ep.NetNSPath, nw.DNS(), release, nil
 	}
 }

@@ -42,6 +42,10 @@ type Config struct {
 	// OperatorAllow opens private ranges (say, a package mirror on the LAN)
 	// to sandboxes whose policy allows them. Link-local stays closed.
 	OperatorAllow []netip.Prefix
+	// Deferred leaves making each sandbox's netns to its runtime, which
+	// hands it over with Plug (see plug.go): a sandbox in a user namespace
+	// needs a netns owned by that namespace.
+	Deferred bool
 }
 
 func (c *Config) setDefaults() error {
@@ -235,7 +239,7 @@ func (m *Manager) relearn() error {
 			continue
 		}
 		m.used[ip] = id
-		m.endpoints[id] = Endpoint{IP: ip, Gateway: m.gateway, NetNSPath: m.nsPath(id)}
+		m.endpoints[id] = Endpoint{IP: ip, Gateway: m.gateway, NetNSPath: m.nsPath(id), Deferred: m.cfg.Deferred}
 		if denied[ip] {
 			m.denied[id] = true
 		}
@@ -380,7 +384,7 @@ func (m *Manager) allocate(id string) (netip.Addr, error) {
 		if _, taken := m.used[ip]; !taken {
 			m.used[ip] = id
 			m.last = ip
-			m.endpoints[id] = Endpoint{IP: ip, Gateway: m.gateway, NetNSPath: m.nsPath(id)}
+			m.endpoints[id] = Endpoint{IP: ip, Gateway: m.gateway, NetNSPath: m.nsPath(id), Deferred: m.cfg.Deferred}
 			return ip, nil
 		}
 		if ip = ip.Next(); !usable(ip) {
@@ -429,48 +433,26 @@ func (m *Manager) Attach(ctx context.Context, id string, p Policy) (ep Endpoint,
 		return Endpoint{}, err
 	}
 	undo = append(undo, func() { _ = os.Remove(m.addrPath(id)) })
-	if err := newNetNS(path); err != nil {
-		return Endpoint{}, fmt.Errorf("netns %s: %w", id, err)
-	}
-	undo = append(undo, func() { removeNetNS(path) })
-
-	br, err := netlink.LinkByName(m.cfg.Bridge)
-	if err != nil {
-		return Endpoint{}, fmt.Errorf("bridge %s (is Setup done?): %w", m.cfg.Bridge, errdefs.ErrUnavailable)
-	}
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		return Endpoint{}, fmt.Errorf("open netns: %w", err)
-	}
-	defer ns.Close()
-
-	hostName := hostVeth(id)
-	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: hostName, MTU: br.Attrs().MTU, MasterIndex: br.Attrs().Index},
-		PeerName:      "eth0",
-		PeerNamespace: netlink.NsFd(int(ns)),
-	}
-	if err := netlink.LinkAdd(veth); err != nil {
-		if errors.Is(err, unix.EEXIST) {
-			return Endpoint{}, fmt.Errorf("veth %s exists: %w", hostName, errdefs.ErrConflict)
+	if m.cfg.Deferred {
+		// The netns file is a placeholder until Plug pins the namespace
+		// on it; it marks the sandbox attached across restarts.
+		if err := placeholder(path); err != nil {
+			return Endpoint{}, fmt.Errorf("netns %s: %w", id, err)
 		}
-		return Endpoint{}, fmt.Errorf("create veth: %w", err)
-	}
-	undo = append(undo, func() { deleteLink(hostName) })
-	host, err := netlink.LinkByName(hostName)
-	if err != nil {
-		return Endpoint{}, fmt.Errorf("veth %s: %w", hostName, err)
-	}
-	// Second wall behind the forward rule: the bridge itself never passes
-	// frames between two sandbox ports.
-	if err := netlink.LinkSetIsolated(host, true); err != nil {
-		return Endpoint{}, fmt.Errorf("isolate %s: %w", hostName, err)
-	}
-	if err := netlink.LinkSetUp(host); err != nil {
-		return Endpoint{}, fmt.Errorf("veth up: %w", err)
-	}
-	if err := m.configureInside(ns, ip); err != nil {
-		return Endpoint{}, err
+		undo = append(undo, func() { _ = removeNetNS(path) })
+		if _, err := m.vethPair(id); err != nil {
+			return Endpoint{}, err
+		}
+		undo = append(undo, func() { _ = deleteLink(hostVeth(id)); _ = deleteLink(peerVeth(id)) })
+	} else {
+		if err := newNetNS(path); err != nil {
+			return Endpoint{}, fmt.Errorf("netns %s: %w", id, err)
+		}
+		undo = append(undo, func() { removeNetNS(path) })
+		if err := m.attachNetNS(id, path, ip); err != nil {
+			return Endpoint{}, err
+		}
+		undo = append(undo, func() { deleteLink(hostVeth(id)) })
 	}
 	if err := m.addSpoofRules(id, ip); err != nil {
 		return Endpoint{}, err
@@ -487,48 +469,9 @@ func (m *Manager) Attach(ctx context.Context, id string, p Policy) (ep Endpoint,
 		return Endpoint{}, err
 	}
 
-	ep = Endpoint{IP: ip, Gateway: m.gateway, NetNSPath: path}
-	m.log.Debug("sandbox attached", "id", id, "ip", ip, "veth", hostName, "internet", p.AllowInternet)
+	ep = Endpoint{IP: ip, Gateway: m.gateway, NetNSPath: path, Deferred: m.cfg.Deferred}
+	m.log.Debug("sandbox attached", "id", id, "ip", ip, "veth", hostVeth(id), "internet", p.AllowInternet)
 	return ep, nil
-}
-
-// configureInside sets up eth0 and lo in the sandbox netns. The address is a
-// /32 with an on-link route to the gateway only: every packet, including
-// one for another sandbox, goes through the host and its nftables rules, so
-// a forbidden connection is rejected at once instead of timing out on ARP.
-func (m *Manager) configureInside(ns netns.NsHandle, ip netip.Addr) error {
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		return fmt.Errorf("netlink in netns: %w", err)
-	}
-	defer h.Close()
-	lo, err := h.LinkByName("lo")
-	if err != nil {
-		return fmt.Errorf("lo: %w", err)
-	}
-	if err := h.LinkSetUp(lo); err != nil {
-		return fmt.Errorf("lo up: %w", err)
-	}
-	eth, err := h.LinkByName("eth0")
-	if err != nil {
-		return fmt.Errorf("eth0: %w", err)
-	}
-	addr := &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}}
-	if err := h.AddrAdd(eth, addr); err != nil {
-		return fmt.Errorf("eth0 address: %w", err)
-	}
-	if err := h.LinkSetUp(eth); err != nil {
-		return fmt.Errorf("eth0 up: %w", err)
-	}
-	gw := m.gateway.AsSlice()
-	if err := h.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Scope: netlink.SCOPE_LINK,
-		Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(32, 32)}}); err != nil {
-		return fmt.Errorf("gateway route: %w", err)
-	}
-	if err := h.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: gw}); err != nil {
-		return fmt.Errorf("default route: %w", err)
-	}
-	return nil
 }
 
 func (m *Manager) egressOf() Egress {
@@ -596,8 +539,10 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 	if err := m.removeSpoofRules(id); err != nil {
 		errs = append(errs, err)
 	}
-	if err := deleteLink(hostVeth(id)); err != nil {
-		errs = append(errs, err)
+	for _, name := range []string{hostVeth(id), peerVeth(id)} {
+		if err := deleteLink(name); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := removeNetNS(m.nsPath(id)); err != nil {
 		errs = append(errs, err)

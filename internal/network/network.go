@@ -12,4 +12,8 @@ type Endpoint struct {
 	IP        netip.Addr // the sandbox's address on the bridge
 	Gateway   netip.Addr // the bridge address (default route)
 	NetNSPath string     // bind-mounted network namespace file
+	// Deferred: the runtime makes the netns (inside the sandbox's user
+	// namespace) and hands it over with Manager.Plug; until then
+	// NetNSPath is a placeholder file.
+	Deferred bool
 }

@@ -132,14 +132,12 @@ func criuLogHint(runcLog string, args []string) string {
 			}
 			p := filepath.Join(args[i+1], name)
 			if b, err := os.ReadFile(p); err == nil {
-				var last string
+				// The first error is the cause; later ones are the unwinding
+				// (the rlimit one is a known, harmless warning of this build).
 				for l := range strings.SplitSeq(string(b), "\n") {
-					if strings.Contains(l, "Error") {
-						last = strings.TrimSpace(l)
+					if strings.Contains(l, "Error") && !strings.Contains(l, "RLIMIT_NOFILE") {
+						return " (criu: " + strings.TrimSpace(l) + ")"
 					}
-				}
-				if last != "" {
-					return " (criu: " + last + ")"
 				}
 			}
 		}
@@ -211,6 +209,16 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, opts runtime.Checkp
 	if err := r.runcCRIU(ctx, filepath.Join(dir, "runc-checkpoint.log"), args...); err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
+	if bundleOwnsNetNS(dir) {
+		// The restored tasks read part of the image themselves, as the
+		// sandbox's mapped root, which must also be able to walk there.
+		if err := shareImage(img, int(r.cfg.UserNSBase)); err != nil {
+			return fmt.Errorf("sandbox %s: image: %w", id, err)
+		}
+		if err := ensureSearchable(filepath.Dir(img)); err != nil {
+			return fmt.Errorf("sandbox %s: image: %w", id, err)
+		}
+	}
 	if opts.UpperCopy != "" {
 		if err := r.captureUpper(ctx, id, opts.UpperCopy); err != nil {
 			return err
@@ -218,6 +226,13 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, opts runtime.Checkp
 	}
 	if !opts.LeaveRunning {
 		frozen = false // the processes are gone; nothing to thaw
+		if bundleOwnsNetNS(dir) && r.cfg.Net != nil {
+			// The netns is in the image; the live one and its veth
+			// must go so the restore can make them again.
+			if err := r.cfg.Net.Unplug(ctx, id); err != nil {
+				r.log.Warn("checkpointed sandbox's old netns not released", "id", id, "err", err)
+			}
+		}
 	}
 	if own {
 		return commitImage(dir, img, id)
@@ -304,6 +319,12 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, opts runtime.R
 		return r.fsRestore(ctx, spec, inPlace)
 	}
 	if (inPlace && r.tierOf(spec.ID) == TierRunsc) || (!inPlace && spec.Runtime == TierRunsc) {
+		if r.cfg.Net != nil && !inPlace {
+			// A new sandbox joins a netns of the host's user namespace.
+			if err := r.cfg.Net.Plug(ctx, spec.ID, 0); err != nil {
+				return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+			}
+		}
 		return r.runscRestore(ctx, spec, opts, inPlace, img)
 	}
 	if _, err := r.criu(); err != nil {
@@ -325,6 +346,40 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, opts runtime.R
 	} else if err := r.ensureRootfs(dir); err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
+	ownNet := bundleOwnsNetNS(dir)
+	if !ownNet && !inPlace && r.cfg.Net != nil {
+		// The image's netns is external: the new sandbox's must exist.
+		if err := r.cfg.Net.Plug(ctx, spec.ID, 0); err != nil {
+			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+	}
+	var conf []string
+	if opts.NewNetwork {
+		// Old connections cannot be re-bound to an address the sandbox no
+		// longer has, so they come back closed.
+		conf = append(conf, "tcp-close")
+	}
+	if ownNet {
+		// runc has CRIU restore the sandbox into an empty netns (its
+		// checkpoints never include one) and runs the prestart hooks once
+		// the namespaces exist: the hook gives it eth0 back before the
+		// sockets are restored.
+		if r.cfg.Net == nil {
+			return fmt.Errorf("sandbox %s: its netns is its own but no network plugger is configured: %w", spec.ID, errdefs.ErrInvalidArgument)
+		}
+		argv, err := r.cfg.Net.PlugCommand(ctx, spec.ID)
+		if err != nil {
+			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+		if err := setPlugHook(dir, argv); err != nil {
+			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+	}
+	if len(conf) > 0 {
+		if err := setCRIUConf(dir, conf); err != nil {
+			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+	}
 	work := filepath.Join(dir, "criu-restore-work")
 	_ = os.RemoveAll(work)
 	if err := os.MkdirAll(work, 0o700); err != nil {
@@ -340,6 +395,23 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, opts runtime.R
 		// A failed restore may leave a container record or cgroup behind.
 		_, _ = r.runc(context.WithoutCancel(ctx), "", "delete", "--force", spec.ID)
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	if opts.NewNetwork {
+		// The annotation also reaches CRIU on the next dump, where
+		// tcp-close would drop live connections: keep only the rest.
+		if err := setCRIUConf(dir, nil); err != nil {
+			r.log.Warn("restored sandbox keeps tcp-close for its next pause", "id", spec.ID, "err", err)
+		}
+	}
+	if ownNet {
+		pid, err := r.initPid(ctx, spec.ID)
+		if err == nil {
+			err = r.cfg.Net.Plug(ctx, spec.ID, pid)
+		}
+		if err != nil {
+			_, _ = r.runc(context.WithoutCancel(ctx), "", "delete", "--force", spec.ID)
+			return fmt.Errorf("sandbox %s: network after restore: %w", spec.ID, err)
+		}
 	}
 	if r.cfg.UserNS {
 		// CRIU restores the namespace but not its /proc/sys/user caps.
@@ -431,18 +503,6 @@ func (r *Runtime) newBundle(ctx context.Context, spec runtime.Spec, opts runtime
 		return rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	oci := r.ociSpec(spec, dir)
-	if opts.NewNetwork {
-		conf := filepath.Join(dir, forkCRIUConf)
-		if err := os.WriteFile(conf, []byte("tcp-close\n"), 0o600); err != nil {
-			return rb, err
-		}
-		if oci.Annotations == nil {
-			oci.Annotations = map[string]string{}
-		}
-		// runc hands this file to CRIU for this container only; runc 1.1
-		// has no --tcp-close flag.
-		oci.Annotations["org.criu.config"] = conf
-	}
 	cfgJSON, err := json.MarshalIndent(oci, "", "\t")
 	if err != nil {
 		return rb, err

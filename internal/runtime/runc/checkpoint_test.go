@@ -2,6 +2,7 @@ package runc
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -110,7 +111,13 @@ func requireCRIU(t *testing.T, e *env) {
 }
 
 func TestCheckpointRestoreInPlace(t *testing.T) {
-	e := setup(t)
+	for _, userns := range []bool{false, true} {
+		t.Run(fmt.Sprintf("userns=%v", userns), func(t *testing.T) { testCheckpointRestoreInPlace(t, userns) })
+	}
+}
+
+func testCheckpointRestoreInPlace(t *testing.T, userns bool) {
+	e := setup(t, userns)
 	requireCRIU(t, e)
 	ctx := context.Background()
 	e.useCounterInit(t)
@@ -157,7 +164,13 @@ func TestCheckpointRestoreInPlace(t *testing.T) {
 }
 
 func TestForkFromLiveCheckpoint(t *testing.T) {
-	e := setup(t)
+	for _, userns := range []bool{false, true} {
+		t.Run(fmt.Sprintf("userns=%v", userns), func(t *testing.T) { testForkFromLiveCheckpoint(t, userns) })
+	}
+}
+
+func testForkFromLiveCheckpoint(t *testing.T, userns bool) {
+	e := setup(t, userns)
 	requireCRIU(t, e)
 	ctx := context.Background()
 	e.useCounterInit(t)

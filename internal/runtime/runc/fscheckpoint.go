@@ -110,7 +110,7 @@ func (r *Runtime) fsRestore(ctx context.Context, spec runtime.Spec, inPlace bool
 	} else if err := criuUnlock(ctx, dir); err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	if _, err := r.oci(ctx, id, filepath.Join(dir, tier+".log"), "run", "--detach", "--bundle", dir, id); err != nil {
+	if err := r.start(ctx, id, tier, dir, bundleOwnsNetNS(dir)); err != nil {
 		_, _ = r.oci(context.WithoutCancel(ctx), id, "", "delete", "--force", id)
 		return fmt.Errorf("sandbox %s: boot: %w", id, err)
 	}

@@ -64,6 +64,24 @@ type Config struct {
 	// UserNSBase and UserNSSize are the mapped host id range. Defaults
 	// DefaultUserNSBase and DefaultUserNSSize.
 	UserNSBase, UserNSSize uint32
+	// Net, when set, receives every sandbox's network namespace: the
+	// network package only pre-makes the veth pair (network.Config
+	// Deferred) and Spec.NetNSPath is a placeholder until Net.Plug. It
+	// lets a sandbox in a user namespace own its netns, which CRIU needs.
+	Net NetPlugger
+}
+
+// NetPlugger is the network side of sandboxes whose netns the runtime
+// makes (network.Manager implements it).
+type NetPlugger interface {
+	// Plug pins and configures the netns of process pid (0: make one in
+	// the host's user namespace) as sandbox id's.
+	Plug(ctx context.Context, id string, pid int) error
+	// Unplug lets go of the netns of a sandbox whose processes are gone.
+	Unplug(ctx context.Context, id string) error
+	// PlugCommand returns a command that, given the sandbox's OCI state
+	// on stdin, wires a just-restored netns up (run as a runc hook).
+	PlugCommand(ctx context.Context, id string) ([]string, error)
 }
 
 // Runtime is the runc driver. It keeps no state in memory besides its
@@ -191,7 +209,9 @@ func (r *Runtime) runc(ctx context.Context, logFile string, args ...string) ([]b
 	}
 	cmd := exec.CommandContext(ctx, r.cfg.RuncBinary, full...)
 	var stdout, stderr bytes.Buffer
-	if args[0] != "run" {
+	// run and create leave the sandbox's init holding runc's stdio: it
+	// must be /dev/null, not a pipe Run would wait on.
+	if args[0] != "run" && args[0] != "create" {
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	}
 	if err := cmd.Run(); err != nil {
@@ -313,13 +333,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 		_, _ = r.oci(context.WithoutCancel(ctx), spec.ID, "", "delete", "--force", spec.ID)
 		_ = r.removeCgroups(r.cgroupPath(spec.ID))
 	})
-	if tier == TierRunsc {
-		// runsc moves the netns's address into gVisor; a resume needs it back.
-		if err := saveNetConf(dir); err != nil {
-			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
-		}
-	}
-	if _, err := r.oci(ctx, spec.ID, filepath.Join(dir, tier+".log"), "run", "--detach", "--bundle", dir, spec.ID); err != nil {
+	if err := r.start(ctx, spec.ID, tier, dir, r.ownsNetNS(spec)); err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	if r.usernsEnabled(tier) {

@@ -73,8 +73,11 @@ type env struct {
 	cleanup []func()
 }
 
-func setup(tb testing.TB) *env {
+// setup makes a network manager and a runtime for tests; userns runs the
+// container tier in per-sandbox user namespaces that own their netns.
+func setup(tb testing.TB, userns ...bool) *env {
 	tb.Helper()
+	withUserNS := len(userns) > 0 && userns[0]
 	testutil.RequireRoot(tb)
 	if _, err := os.Stat(filepath.Join(baseRootfs, "bin")); err != nil {
 		tb.Skipf("no base rootfs at %s", baseRootfs)
@@ -106,6 +109,9 @@ func setup(tb testing.TB) *env {
 		Bridge: "abrt0", Subnet: netip.MustParsePrefix("10.97.0.0/24"),
 		NetNSDir: filepath.Join(tmp, "netns"), Table: "agentbox_rt_test",
 	}
+	if withUserNS {
+		netCfg.Deferred = true
+	}
 	nm, err := network.New(netCfg, slog.Default())
 	if err != nil {
 		tb.Fatal(err)
@@ -125,6 +131,10 @@ func setup(tb testing.TB) *env {
 		RuncRoot:     filepath.Join(tmp, "runc"),
 		EnvdPath:     bin,
 		CgroupParent: "agentbox-test",
+		UserNS:       withUserNS,
+	}
+	if withUserNS {
+		cfg.Net = nm
 	}
 	rt, err := New(cfg, slog.Default())
 	if err != nil {

@@ -66,6 +66,10 @@ func (r *Runtime) ociSpec(spec runtime.Spec, dir string) *specs.Spec {
 	}
 
 	netns := specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: spec.NetNSPath}
+	ownNet := r.ownsNetNS(spec)
+	if ownNet {
+		netns.Path = "" // made with the user namespace, handed to Net.Plug
+	}
 	bindRO := []string{"bind", "ro", "nosuid", "nodev"}
 	var annotations map[string]string
 	if mb := spec.Resources.DiskMB; mb > 0 {
@@ -125,7 +129,7 @@ func (r *Runtime) ociSpec(spec runtime.Spec, dir string) *specs.Spec {
 		},
 	}
 	if r.usernsEnabled(spec.Runtime) {
-		r.userns(s)
+		r.userns(s, ownNet)
 	}
 	return s
 }

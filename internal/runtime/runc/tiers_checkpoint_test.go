@@ -2,6 +2,7 @@ package runc
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,9 +17,16 @@ import (
 
 // TestPauseResumeTiers pauses and resumes a sandbox in place on both tiers,
 // with its memory (processes and pids survive) and with its files only
-// (a fresh init on the same writable layer).
+// (a fresh init on the same writable layer); with userns, container-tier
+// sandboxes own their netns and the runtime plugs every sandbox's network.
 func TestPauseResumeTiers(t *testing.T) {
-	e := setup(t)
+	for _, userns := range []bool{false, true} {
+		t.Run(fmt.Sprintf("userns=%v", userns), func(t *testing.T) { testPauseResumeTiers(t, userns) })
+	}
+}
+
+func testPauseResumeTiers(t *testing.T, userns bool) {
+	e := setup(t, userns)
 	requireCRIU(t, e)
 	e.useCounterInit(t)
 	ctx := context.Background()

@@ -46,17 +46,23 @@ func (r *Runtime) usernsEnabled(tier string) bool {
 	return r.cfg.UserNS && (tier == "" || tier == TierRunc)
 }
 
-// userns adds the user namespace and its id mappings to s.
-func (r *Runtime) userns(s *specs.Spec) {
+// userns adds the user namespace and its id mappings to s. ownNet: the
+// sandbox's netns is made with it (and so owned by it); otherwise the netns
+// belongs to the host's, so /sys must be the host's and CRIU cannot
+// checkpoint the sandbox.
+func (r *Runtime) userns(s *specs.Spec, ownNet bool) {
 	m := []specs.LinuxIDMapping{{ContainerID: 0, HostID: r.cfg.UserNSBase, Size: r.cfg.UserNSSize}}
 	s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
 	s.Linux.UIDMappings, s.Linux.GIDMappings = m, m
+	if ownNet {
+		return
+	}
 	// A new sysfs instance needs CAP_SYS_ADMIN over the network namespace,
-	// which the network package made in the host's user namespace; so /sys
-	// is the host's sysfs, bound read-only. It must be bound recursively
-	// (the kernel refuses to split off a mount with locked submounts); its
-	// only submount here, /sys/fs/cgroup, is covered by the sandbox's own
-	// cgroup mount, and the masked paths still go on top.
+	// which here belongs to the host's user namespace; so /sys is the
+	// host's sysfs, bound read-only. It must be bound recursively (the
+	// kernel refuses to split off a mount with locked submounts); its only
+	// submount here, /sys/fs/cgroup, is covered by the sandbox's own cgroup
+	// mount, and the masked paths still go on top.
 	for i, mnt := range s.Mounts {
 		if mnt.Destination == "/sys" && mnt.Type == "sysfs" {
 			s.Mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: "/sys", Options: []string{"rbind", "nosuid", "noexec", "nodev", "ro"}}
@@ -317,11 +323,12 @@ func (r *Runtime) initPid(ctx context.Context, id string) (int, error) {
 	return st.Pid, nil
 }
 
-// checkpointUserNS refuses to checkpoint a sandbox in a user namespace:
-// CRIU requires every namespace of the dumped tasks to be owned by their
-// user namespace, and the network namespace is made (by the network
-// package, before the container) in the host's. The error says so instead
-// of CRIU's "namespaces doesn't belong to the target user namespace".
+// checkpointUserNS refuses to checkpoint a sandbox whose user namespace
+// runc made itself (no path in config.json): CRIU requires every namespace
+// of the dumped tasks to be owned by their user namespace, and that
+// sandbox's netns belongs to the host's. The error says so instead of
+// CRIU's "namespaces doesn't belong to the target user namespace".
+// Sandboxes that joined the user namespace owning their netns are fine.
 func (r *Runtime) checkpointUserNS(id string) error {
 	b, err := os.ReadFile(filepath.Join(r.dir(id), "config.json"))
 	if err != nil {
@@ -331,10 +338,13 @@ func (r *Runtime) checkpointUserNS(id string) error {
 	if json.Unmarshal(b, &s) != nil || s.Linux == nil {
 		return nil
 	}
+	userns, hostNet := false, false
 	for _, ns := range s.Linux.Namespaces {
-		if ns.Type == specs.UserNamespace {
-			return fmt.Errorf("sandbox %s runs in a user namespace (server started with --userns), which pause, snapshots and forks do not support yet: its network namespace belongs to the host's user namespace and CRIU cannot checkpoint across that; start the server without --userns to use them: %w", id, errdefs.ErrUnavailable)
-		}
+		userns = userns || ns.Type == specs.UserNamespace
+		hostNet = hostNet || ns.Type == specs.NetworkNamespace && ns.Path != ""
+	}
+	if userns && hostNet {
+		return fmt.Errorf("sandbox %s runs in a user namespace that does not own its network namespace (a server without deferred networking created it), which pause, snapshots and forks cannot checkpoint; recreate the sandbox: %w", id, errdefs.ErrUnavailable)
 	}
 	return nil
 }

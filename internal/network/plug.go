@@ -1,0 +1,356 @@
+package network
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	goruntime "runtime"
+	"strconv"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+)
+
+// A sandbox in a user namespace must get a network namespace owned by that
+// user namespace: only then does root in the sandbox administer its own
+// network (sysfs, low ports) and can CRIU checkpoint it. Such a netns can
+// only be made by the runtime, together with the user namespace, so with
+// Config.Deferred, Attach makes the veth pair with both ends in the host
+// (the sandbox's end named peerVeth) and the runtime hands the new netns
+// over with Plug before the sandbox's init runs. A CRIU restore recreates
+// the netns from the image and moves the pre-made peer into it; Plug then
+// adopts it and corrects what differs (a fork's address and MAC).
+
+// peerVeth names the sandbox's end of its veth pair while it waits in the
+// host namespace for Plug (or for a CRIU restore) to move it in as eth0.
+func peerVeth(id string) string { return "ap" + hostVeth(id)[2:] }
+
+// sandboxMAC is eth0's address, derived from the id: stable across a pause
+// (the bridge and neighbours keep their entries) and different for each
+// fork of one image, which would otherwise share the source's.
+func sandboxMAC(id string) net.HardwareAddr {
+	h := sha256.Sum256([]byte("mac:" + id))
+	h[0] = h[0]&0xfe | 0x02 // unicast, locally administered
+	return net.HardwareAddr(h[:6])
+}
+
+// placeholder creates the empty netns file of a deferred sandbox.
+func placeholder(path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+	if err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("%s: %w", path, errdefs.ErrConflict)
+		}
+		return err
+	}
+	return f.Close()
+}
+
+// attachNetNS connects the netns at path to the bridge: a veth pair made
+// with the sandbox's end already inside as eth0, then configured.
+func (m *Manager) attachNetNS(id, path string, ip netip.Addr) error {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("open netns: %w", err)
+	}
+	defer ns.Close()
+	if err := m.addVeth(id, "eth0", int(ns)); err != nil {
+		return err
+	}
+	return m.configureInside(ns, id, ip)
+}
+
+// vethPair makes (if missing) the veth pair of a deferred sandbox, both
+// ends in the host namespace, and returns the name of the sandbox's end.
+func (m *Manager) vethPair(id string) (string, error) {
+	peer := peerVeth(id)
+	if _, err := netlink.LinkByName(peer); err == nil {
+		return peer, nil
+	}
+	// A host end without its peer is the remains of a pair whose other end
+	// went away with a netns: start over.
+	if err := deleteLink(hostVeth(id)); err != nil {
+		return "", err
+	}
+	if err := m.addVeth(id, peer, -1); err != nil {
+		return "", err
+	}
+	return peer, nil
+}
+
+// addVeth creates the pair: the host end on the bridge, isolated and up,
+// the other named peer, in the netns open as fd nsFD (-1: the host's).
+func (m *Manager) addVeth(id, peer string, nsFD int) error {
+	br, err := netlink.LinkByName(m.cfg.Bridge)
+	if err != nil {
+		return fmt.Errorf("bridge %s (is Setup done?): %w", m.cfg.Bridge, errdefs.ErrUnavailable)
+	}
+	hostName := hostVeth(id)
+	veth := &netlink.Veth{
+		LinkAttrs: netlink.LinkAttrs{Name: hostName, MTU: br.Attrs().MTU, MasterIndex: br.Attrs().Index},
+		PeerName:  peer, PeerHardwareAddr: sandboxMAC(id),
+	}
+	if nsFD >= 0 {
+		veth.PeerNamespace = netlink.NsFd(nsFD)
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("veth %s exists: %w", hostName, errdefs.ErrConflict)
+		}
+		return fmt.Errorf("create veth: %w", err)
+	}
+	host, err := netlink.LinkByName(hostName)
+	if err == nil {
+		// Second wall behind the forward rule: the bridge itself never
+		// passes frames between two sandbox ports.
+		err = netlink.LinkSetIsolated(host, true)
+		if err == nil {
+			err = netlink.LinkSetUp(host)
+		}
+	}
+	if err != nil {
+		_ = deleteLink(hostName)
+		return fmt.Errorf("veth %s: %w", hostName, err)
+	}
+	return nil
+}
+
+// plugScript moves the veth end $1 into the netns of the process whose OCI
+// state arrives on stdin and configures it as eth0 with MAC $2, address $3
+// and gateway $4, with lo up: the part of Plug a restored sandbox needs
+// before CRIU brings back its sockets.
+const plugScript = `set -e
+pid=$(jq -er .pid)
+ip link set "$1" netns "$pid"
+nsenter -t "$pid" -n ip -batch - <<EOF
+link set $1 name eth0
+link set eth0 address $2
+addr add $3/32 dev eth0
+link set lo up
+link set eth0 up
+route add $4/32 dev eth0 scope link
+route add default via $4 dev eth0
+EOF
+`
+
+// PlugCommand makes sure a deferred sandbox's veth pair exists and returns
+// the command (argv; the OCI state of the sandbox on stdin) that moves it
+// into the sandbox's new netns. runc runs it as a hook while CRIU restores
+// the sandbox into an empty netns, after the namespaces exist and before
+// the sockets come back, which need their addresses and routes.
+func (m *Manager) PlugCommand(ctx context.Context, id string) ([]string, error) {
+	if !validID.MatchString(id) {
+		return nil, fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	ep, ok := m.Lookup(id)
+	if !ok {
+		return nil, fmt.Errorf("sandbox %s network: %w", id, errdefs.ErrNotFound)
+	}
+	peer, err := m.vethPair(id)
+	if err != nil {
+		return nil, err
+	}
+	return []string{"/bin/sh", "-c", plugScript, "agentbox-plug", peer, sandboxMAC(id).String(), ep.IP.String(), m.gateway.String()}, nil
+}
+
+// Plug hands sandbox id's network namespace to the manager: the one of
+// process pid (made by the runtime in the sandbox's user namespace, or by
+// CRIU on a restore), or with pid 0 a fresh one in the host's user
+// namespace (sandboxes not in one). The namespace is pinned on the
+// sandbox's netns file, the veth's sandbox end is moved in as eth0 if it
+// is not there yet, and address, MAC, routes and sysctls are made to match
+// this sandbox. Plugging again (after a restore) is safe.
+func (m *Manager) Plug(ctx context.Context, id string, pid int) error {
+	if !validID.MatchString(id) {
+		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	ep, ok := m.Lookup(id)
+	if !ok {
+		return fmt.Errorf("sandbox %s network: %w", id, errdefs.ErrNotFound)
+	}
+	path := m.nsPath(id)
+	switch {
+	case pid > 0:
+		_ = unix.Unmount(path, unix.MNT_DETACH) // an earlier, dead namespace
+		if err := unix.Mount("/proc/"+strconv.Itoa(pid)+"/ns/net", path, "none", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("pin netns of %s: %w", id, err)
+		}
+	case !isNetNS(path):
+		if err := pinNewNetNS(path); err != nil {
+			return fmt.Errorf("netns %s: %w", id, err)
+		}
+	}
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("open netns: %w", err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("netlink in netns: %w", err)
+	}
+	defer h.Close()
+	if _, err := h.LinkByName("eth0"); err != nil {
+		peer, err := m.vethPair(id)
+		if err != nil {
+			return err
+		}
+		l, err := netlink.LinkByName(peer)
+		if err != nil {
+			return fmt.Errorf("veth %s: %w", peer, err)
+		}
+		if err := netlink.LinkSetNsFd(l, int(ns)); err != nil {
+			return fmt.Errorf("move veth into netns: %w", err)
+		}
+		if l, err = h.LinkByName(peer); err == nil {
+			err = h.LinkSetName(l, "eth0")
+		}
+		if err != nil {
+			return fmt.Errorf("veth %s as eth0: %w", peer, err)
+		}
+	}
+	if pid > 0 {
+		// A netns made with the sandbox (not by newNetNS) has not had
+		// the sandbox sysctls yet; a restored one may have lost some.
+		if err := runInNetNS(path, netnsSysctls); err != nil {
+			return err
+		}
+	}
+	return m.configureInside(ns, id, ep.IP)
+}
+
+// Unplug drops the manager's hold on a sandbox's netns whose processes are
+// gone (checkpointed): the namespace and its veth pair go away with it,
+// which frees the names for the restore. The netns file stays, so the
+// sandbox remains attached (address, rules) across restarts.
+func (m *Manager) Unplug(ctx context.Context, id string) error {
+	if !validID.MatchString(id) {
+		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	if err := unix.Unmount(m.nsPath(id), unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unpin netns of %s: %w", id, err)
+	}
+	// The netns may outlive the unmount for a moment (a closing socket);
+	// deleting the host end takes the pair down now.
+	return deleteLink(hostVeth(id))
+}
+
+// isNetNS reports whether path is a pinned namespace (not a placeholder).
+func isNetNS(path string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(path, &st) == nil && st.Type == unix.NSFS_MAGIC
+}
+
+// pinNewNetNS creates a netns in the host's user namespace onto the
+// existing placeholder file at path.
+func pinNewNetNS(path string) error {
+	tmp := path + ".new"
+	_ = os.Remove(tmp)
+	if err := newNetNS(tmp); err != nil {
+		return err
+	}
+	defer removeNetNS(tmp)
+	return unix.Mount(tmp, path, "none", unix.MS_BIND, "")
+}
+
+// runInNetNS runs fn on a locked OS thread switched into the netns at path,
+// then switches back; if that fails the thread stays locked, so Go discards
+// it rather than reusing a thread in the wrong namespace.
+func runInNetNS(path string, fn func() error) error {
+	target, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("open netns: %w", err)
+	}
+	defer target.Close()
+	errc := make(chan error, 1)
+	go func() {
+		goruntime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(target); err != nil {
+			errc <- fmt.Errorf("enter netns: %w", err)
+			return
+		}
+		err = fn()
+		if serr := netns.Set(orig); serr != nil {
+			errc <- errors.Join(err, fmt.Errorf("restore thread netns: %w", serr))
+			return
+		}
+		goruntime.UnlockOSThread()
+		errc <- err
+	}()
+	return <-errc
+}
+
+// configureInside makes eth0 and lo in the sandbox netns match sandbox id:
+// its MAC, the address as a /32 with an on-link route to the gateway only,
+// so every packet, including one for another sandbox, goes through the host
+// and its nftables rules and a forbidden connection is rejected at once
+// instead of timing out on ARP. Other addresses on eth0 (a fork's source's)
+// are removed.
+func (m *Manager) configureInside(ns netns.NsHandle, id string, ip netip.Addr) error {
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("netlink in netns: %w", err)
+	}
+	defer h.Close()
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("lo: %w", err)
+	}
+	if err := h.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("lo up: %w", err)
+	}
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		return fmt.Errorf("eth0: %w", err)
+	}
+	if mac := sandboxMAC(id); eth.Attrs().HardwareAddr.String() != mac.String() {
+		if err := h.LinkSetHardwareAddr(eth, mac); err != nil {
+			return fmt.Errorf("eth0 MAC: %w", err)
+		}
+	}
+	want := &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}}
+	addrs, err := h.AddrList(eth, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("eth0 addresses: %w", err)
+	}
+	have := false
+	for _, a := range addrs {
+		if a.IPNet.String() == want.IPNet.String() {
+			have = true
+			continue
+		}
+		if err := h.AddrDel(eth, &a); err != nil {
+			return fmt.Errorf("eth0: drop address %s: %w", a.IPNet, err)
+		}
+	}
+	if !have {
+		if err := h.AddrAdd(eth, want); err != nil {
+			return fmt.Errorf("eth0 address: %w", err)
+		}
+	}
+	if err := h.LinkSetUp(eth); err != nil {
+		return fmt.Errorf("eth0 up: %w", err)
+	}
+	gw := m.gateway.AsSlice()
+	if err := h.RouteReplace(&netlink.Route{LinkIndex: eth.Attrs().Index, Scope: netlink.SCOPE_LINK,
+		Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(32, 32)}}); err != nil {
+		return fmt.Errorf("gateway route: %w", err)
+	}
+	if err := h.RouteReplace(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: gw}); err != nil {
+		return fmt.Errorf("default route: %w", err)
+	}
+	return nil
+}
