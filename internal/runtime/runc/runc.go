@@ -93,6 +93,7 @@ type Runtime struct {
 	nofile   uint64 // RLIMIT_NOFILE given to envd
 	runscBin string // "" when runsc is not installed
 	criuOnce criuFinder
+	idmap    idmapper
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -159,6 +160,8 @@ func New(cfg Config, log *slog.Logger) (*Runtime, error) {
 		}
 	}
 	r := &Runtime{cfg: cfg, log: log.With("component", "runc"), cgroupV2: isCgroupV2()}
+	r.idmap.dir = r.idmapDir()
+	r.resetIdmaps()
 	r.nofile = r.nofileLimit()
 	r.runscBin = runscBin
 	return r, nil

@@ -140,6 +140,7 @@ func setup(tb testing.TB, userns ...bool) *env {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	tb.Cleanup(rt.resetIdmaps)
 	tb.Cleanup(func() {
 		parents, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", cfg.CgroupParent))
 		for _, p := range append(parents, filepath.Join(cgroupRoot, cfg.CgroupParent)) {

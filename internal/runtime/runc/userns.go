@@ -70,10 +70,11 @@ func (r *Runtime) userns(s *specs.Spec, ownNet bool) {
 	}
 }
 
-// mappedLayers returns the layers a user-namespaced sandbox mounts: the
-// shifted copy of each layer whose files belong to unmapped ids. A layer
-// whose root already belongs to the mapped root (the captured writable
-// layer of a snapshot taken in a user namespace) is used as it is.
+// mappedLayers returns the layers a user-namespaced sandbox mounts: an
+// idmapped mount (or, where the kernel cannot, the shifted copy) of each
+// layer whose files belong to unmapped ids. A layer whose root already
+// belongs to the mapped root (the captured writable layer of a snapshot
+// taken in a user namespace) is used as it is.
 func (r *Runtime) mappedLayers(ctx context.Context, layers []string) ([]string, error) {
 	out := make([]string, len(layers))
 	for i, l := range layers {
@@ -84,6 +85,14 @@ func (r *Runtime) mappedLayers(ctx context.Context, layers []string) ([]string, 
 		if st.Uid >= r.cfg.UserNSBase && st.Uid < r.cfg.UserNSBase+r.cfg.UserNSSize {
 			out[i] = l
 			continue
+		}
+		m, err := r.idmappedLayer(ctx, l)
+		if err == nil {
+			out[i] = m
+			continue
+		}
+		if !errors.Is(err, errNoIdmap) {
+			return nil, err
 		}
 		shifted, err := r.shiftedLayer(ctx, l)
 		if err != nil {

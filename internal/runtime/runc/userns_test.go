@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -139,5 +140,48 @@ func TestOCISpecUserNS(t *testing.T) {
 				t.Errorf("/sys mount %+v, want the host's sysfs bound read-only", sys)
 			}
 		})
+	}
+}
+
+func TestIdmappedLayer(t *testing.T) {
+	testutil.RequireRoot(t)
+	layer := t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.WriteFile(filepath.Join(layer, "f"), []byte("x"), 0o644))
+	must(os.Chown(filepath.Join(layer, "f"), 1000, 1000))
+	r, err := New(Config{StateDir: filepath.Join(t.TempDir(), "s"), RuncRoot: filepath.Join(t.TempDir(), "runc"), EnvdPath: "/bin/true", UserNS: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.resetIdmaps)
+	first, err := r.idmappedLayer(t.Context(), layer)
+	if err != nil {
+		t.Skipf("no idmapped mounts here: %v", err)
+	}
+	again, err := r.idmappedLayer(t.Context(), layer)
+	if err != nil || again != first {
+		t.Fatalf("second call = %q, %v; want the same mount %q", again, err, first)
+	}
+	var st unix.Stat_t
+	must(unix.Stat(filepath.Join(first, "f"), &st))
+	if st.Uid != DefaultUserNSBase+1000 || st.Gid != DefaultUserNSBase+1000 {
+		t.Errorf("owner through the idmapped mount %d:%d, want %d", st.Uid, st.Gid, DefaultUserNSBase+1000)
+	}
+	if err := os.WriteFile(filepath.Join(first, "new"), nil, 0o644); err == nil {
+		t.Error("the idmapped layer is writable")
+	}
+	must(unix.Stat(filepath.Join(layer, "f"), &st))
+	if st.Uid != 1000 {
+		t.Errorf("the layer itself changed owner: %d", st.Uid)
+	}
+	// One mount per layer, not one per call (a restart reuses it too).
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	if n := strings.Count(string(b), " "+first+" "); n != 1 {
+		t.Errorf("%d mounts at %s, want 1", n, first)
 	}
 }

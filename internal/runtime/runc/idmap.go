@@ -1,0 +1,135 @@
+package runc
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// A user-namespaced sandbox must see its template's files owned by ids of
+// its namespace. An idmapped mount of each layer (one per layer, shared by
+// every sandbox) shows them shifted by UserNSBase without copying anything;
+// overlayfs takes such mounts as lower layers. Kernels or filesystems that
+// cannot idmap fall back to a uid-shifted copy (shiftedLayer).
+
+// errNoIdmap: this host cannot make idmapped mounts (kernel, filesystem).
+var errNoIdmap = errors.New("idmapped mounts unavailable")
+
+// idmapper keeps the idmapped mounts of one Runtime.
+type idmapper struct {
+	dir string // mount points, <dir>/<hash of the layer path>
+
+	mu       sync.Mutex
+	disabled error // why idmapped mounts do not work here, once seen
+}
+
+// idmapDir is where the runtime mounts idmapped layers: beside runc's
+// state, on a tmpfs, so a reboot forgets them with everything else.
+func (r *Runtime) idmapDir() string { return r.cfg.RuncRoot + "-idmap" }
+
+// idmappedLayer returns the idmapped mount of layer, making it if needed.
+func (r *Runtime) idmappedLayer(ctx context.Context, layer string) (string, error) {
+	im := &r.idmap
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	if im.disabled != nil {
+		return "", fmt.Errorf("%w: %w", errNoIdmap, im.disabled)
+	}
+	h := sha256.Sum256([]byte(filepath.Clean(layer)))
+	target := filepath.Join(im.dir, hex.EncodeToString(h[:12]))
+	if isMountPoint(target) {
+		return target, nil
+	}
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		return "", err
+	}
+	if err := r.mountIdmapped(ctx, layer, target); err != nil {
+		_ = os.Remove(target)
+		if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EOPNOTSUPP) {
+			im.disabled = err
+			r.log.Warn("idmapped mounts unavailable; template layers get uid-shifted copies instead", "err", err)
+			return "", fmt.Errorf("%w: %w", errNoIdmap, err)
+		}
+		return "", err
+	}
+	return target, nil
+}
+
+// mountIdmapped mounts layer read-only at target with its ids shifted by
+// UserNSBase. The id mapping comes from a user namespace made for the
+// occasion by a short-lived child (a Go process cannot unshare one); the
+// mount keeps its own reference to it.
+func (r *Runtime) mountIdmapped(ctx context.Context, layer, target string) error {
+	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", "read x")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(r.cfg.UserNSBase), Size: int(r.cfg.UserNSSize)}}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWUSER, UidMappings: m, GidMappings: m, Pdeathsig: unix.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("id-mapping user namespace: %w", err)
+	}
+	defer func() {
+		stdin.Close()
+		_ = cmd.Wait()
+	}()
+	userns, err := os.Open("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/ns/user")
+	if err != nil {
+		return err
+	}
+	defer userns.Close()
+	fd, err := unix.OpenTree(unix.AT_FDCWD, layer, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("idmap %s: open_tree: %w", layer, err)
+	}
+	defer unix.Close(fd)
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV, Userns_fd: uint64(userns.Fd())}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		return fmt.Errorf("idmap %s: mount_setattr: %w", layer, err)
+	}
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("idmap %s: move_mount: %w", layer, err)
+	}
+	return nil
+}
+
+// isMountPoint reports whether path is the root of a mount. (Comparing
+// device numbers with the parent fails for a bind mount of the same
+// filesystem, which an idmapped mount of a layer on the root disk is.)
+func isMountPoint(path string) bool {
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, 0, &stx); err != nil {
+		return false
+	}
+	return stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 && stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
+}
+
+// resetIdmaps detaches the idmapped mounts an earlier process left: they
+// are made again on demand, so a deleted template's layer is not pinned
+// forever. Running sandboxes keep theirs through their overlay.
+func (r *Runtime) resetIdmaps() {
+	entries, err := os.ReadDir(r.idmap.dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		p := filepath.Join(r.idmap.dir, e.Name())
+		for range 100 { // stacked mounts go one at a time
+			if unix.Unmount(p, unix.MNT_DETACH) != nil {
+				break
+			}
+		}
+		_ = os.Remove(p)
+	}
+}
