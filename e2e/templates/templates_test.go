@@ -276,7 +276,28 @@ func overlayOf(t *testing.T, id string) (lower, upper string) {
 	if lower == "" {
 		t.Fatalf("no overlay mount for sandbox %s", id)
 	}
-	return lower, upper
+	return resolveIdmapped(string(b), lower), upper
+}
+
+// resolveIdmapped replaces each lower layer that is an idmapped mount (a
+// user-namespaced sandbox's view of a template layer) by the directory it
+// shows, read from the mount's root field (the layers live on the root
+// filesystem here).
+func resolveIdmapped(mountinfo, lowers string) string {
+	roots := map[string]string{}
+	for line := range strings.Lines(mountinfo) {
+		f := strings.Fields(line)
+		if len(f) > 5 && strings.Contains(line, "idmapped") {
+			roots[f[4]] = f[3]
+		}
+	}
+	parts := strings.Split(lowers, ":")
+	for i, l := range parts {
+		if root, ok := roots[l]; ok {
+			parts[i] = root
+		}
+	}
+	return strings.Join(parts, ":")
 }
 
 // statInLayers finds rel in the topmost lower layer that has it and

@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	goruntime "runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -597,10 +596,8 @@ func deleteLink(name string) error {
 	return nil
 }
 
-// newNetNS creates a network namespace and pins it by bind-mounting it onto
-// path. The work happens on a locked OS thread that is switched back to the
-// host netns afterwards; if that fails the thread stays locked, so Go
-// discards it rather than reusing a thread in the wrong namespace.
+// newNetNS creates a network namespace (in the host's user namespace) and
+// pins it by bind-mounting it onto path.
 func newNetNS(path string) (err error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
 	if err != nil {
@@ -616,35 +613,21 @@ func newNetNS(path string) (err error) {
 		}
 	}()
 
-	errc := make(chan error, 1)
-	go func() {
-		goruntime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
+	err = onThread(func() error {
 		ns, err := netns.New()
 		if err != nil {
-			errc <- fmt.Errorf("unshare: %w", err)
-			_ = netns.Set(orig)
-			return
+			return fmt.Errorf("unshare: %w", err)
 		}
 		ns.Close()
+		return nil
+	}, func() error {
 		src := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
-		err = unix.Mount(src, path, "none", unix.MS_BIND, "")
-		if err == nil {
-			err = netnsSysctls()
+		if err := unix.Mount(src, path, "none", unix.MS_BIND, ""); err != nil {
+			return err
 		}
-		if serr := netns.Set(orig); serr != nil {
-			errc <- errors.Join(err, fmt.Errorf("restore thread netns: %w", serr))
-			return // thread stays locked and dies with the goroutine
-		}
-		goruntime.UnlockOSThread()
-		errc <- err
-	}()
-	if err := <-errc; err != nil {
+		return netnsSysctls()
+	})
+	if err != nil {
 		_ = unix.Unmount(path, unix.MNT_DETACH)
 		return err
 	}

@@ -260,15 +260,26 @@ func pinNewNetNS(path string) error {
 	return unix.Mount(tmp, path, "none", unix.MS_BIND, "")
 }
 
-// runInNetNS runs fn on a locked OS thread switched into the netns at path,
-// then switches back; if that fails the thread stays locked, so Go discards
-// it rather than reusing a thread in the wrong namespace.
+// runInNetNS runs fn on a thread inside the netns at path.
 func runInNetNS(path string, fn func() error) error {
 	target, err := netns.GetFromPath(path)
 	if err != nil {
 		return fmt.Errorf("open netns: %w", err)
 	}
 	defer target.Close()
+	return onThread(func() error {
+		if err := netns.Set(target); err != nil {
+			return fmt.Errorf("enter netns: %w", err)
+		}
+		return nil
+	}, fn)
+}
+
+// onThread runs enter (which moves the thread into another netns) and then
+// fn on a locked OS thread, and switches the thread back to its netns. If
+// that fails the thread stays locked, so Go discards it rather than reuse a
+// thread in the wrong namespace.
+func onThread(enter, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		goruntime.LockOSThread()
@@ -278,14 +289,12 @@ func runInNetNS(path string, fn func() error) error {
 			return
 		}
 		defer orig.Close()
-		if err := netns.Set(target); err != nil {
-			errc <- fmt.Errorf("enter netns: %w", err)
-			return
+		if err = enter(); err == nil {
+			err = fn()
 		}
-		err = fn()
 		if serr := netns.Set(orig); serr != nil {
 			errc <- errors.Join(err, fmt.Errorf("restore thread netns: %w", serr))
-			return
+			return // the thread stays locked and dies with the goroutine
 		}
 		goruntime.UnlockOSThread()
 		errc <- err

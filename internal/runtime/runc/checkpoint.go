@@ -495,7 +495,9 @@ func (r *Runtime) newBundle(ctx context.Context, spec runtime.Spec, opts runtime
 	}
 	slices.Reverse(lower)
 	mopts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(lower, ":"), upper, work)
-	if err := unix.Mount("overlay", rootfs, "overlay", 0, mopts); err != nil {
+	err := unix.Mount("overlay", rootfs, "overlay", 0, mopts)
+	r.idmapsMounted(lower)
+	if err != nil {
 		return rb, fmt.Errorf("sandbox %s: mount overlay: %w", spec.ID, err)
 	}
 	rb.add(func() { _ = unmount(rootfs) })

@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -30,7 +32,8 @@ type idmapper struct {
 	dir string // mount points, <dir>/<hash of the layer path>
 
 	mu       sync.Mutex
-	disabled error // why idmapped mounts do not work here, once seen
+	disabled error          // why idmapped mounts do not work here, once seen
+	pending  map[string]int // mounts handed out whose overlay is not mounted yet
 }
 
 // idmapDir is where the runtime mounts idmapped layers: beside runc's
@@ -47,7 +50,11 @@ func (r *Runtime) idmappedLayer(ctx context.Context, layer string) (string, erro
 	}
 	h := sha256.Sum256([]byte(filepath.Clean(layer)))
 	target := filepath.Join(im.dir, hex.EncodeToString(h[:12]))
+	if im.pending == nil {
+		im.pending = map[string]int{}
+	}
 	if isMountPoint(target) {
+		im.pending[target]++
 		return target, nil
 	}
 	if err := os.MkdirAll(target, 0o755); err != nil {
@@ -62,7 +69,58 @@ func (r *Runtime) idmappedLayer(ctx context.Context, layer string) (string, erro
 		}
 		return "", err
 	}
+	im.pending[target]++
 	return target, nil
+}
+
+// idmapsMounted ends what idmappedLayer began: the overlay over layers is
+// mounted (or failed), so only mount references keep them from now on.
+func (r *Runtime) idmapsMounted(layers []string) {
+	im := &r.idmap
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	for _, l := range layers {
+		if im.pending[l] > 1 {
+			im.pending[l]--
+		} else {
+			delete(im.pending, l)
+		}
+	}
+}
+
+// releaseIdmaps unmounts the idmapped layers no overlay uses any more (and
+// no create is about to): a template deleted after its last sandbox is gone
+// must not stay pinned, and GC sees a layer in use through them.
+func (r *Runtime) releaseIdmaps() {
+	im := &r.idmap
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	entries, err := os.ReadDir(im.dir)
+	if err != nil || len(entries) == 0 {
+		return
+	}
+	mountinfo, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	var overlays []string
+	for line := range strings.Lines(string(mountinfo)) {
+		if strings.Contains(line, " - overlay ") {
+			overlays = append(overlays, line)
+		}
+	}
+	for _, e := range entries {
+		p := filepath.Join(im.dir, e.Name())
+		if im.pending[p] > 0 || slices.ContainsFunc(overlays, func(l string) bool { return strings.Contains(l, p) }) {
+			continue
+		}
+		for range 100 {
+			if unix.Unmount(p, unix.MNT_DETACH) != nil {
+				break
+			}
+		}
+		_ = os.Remove(p)
+	}
 }
 
 // mountIdmapped mounts layer read-only at target with its ids shifted by

@@ -315,7 +315,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	}
 	slices.Reverse(lower) // overlay wants the topmost layer first
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(lower, ":"), upper, work)
-	if err := unix.Mount("overlay", rootfs, "overlay", 0, opts); err != nil {
+	err = unix.Mount("overlay", rootfs, "overlay", 0, opts)
+	r.idmapsMounted(lower)
+	if err != nil {
 		return fmt.Errorf("sandbox %s: mount overlay: %w", spec.ID, err)
 	}
 	rb.add(func() { _ = unmount(rootfs) })
@@ -407,6 +409,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 	if err := unmount(filepath.Join(dir, "rootfs")); err != nil {
 		errs = append(errs, err)
 	}
+	r.releaseIdmaps()
 	if err := unmountDisk(dir); err != nil {
 		errs = append(errs, err)
 	}

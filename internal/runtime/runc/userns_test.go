@@ -185,3 +185,33 @@ func TestIdmappedLayer(t *testing.T) {
 		t.Errorf("%d mounts at %s, want 1", n, first)
 	}
 }
+
+// An idmapped layer stays while an overlay uses it and goes with the last.
+func TestReleaseIdmaps(t *testing.T) {
+	e := setup(t, true)
+	ctx := t.Context()
+	e.sandbox(t, "idm1", runtime.Resources{})
+	mounted := func() int {
+		entries, _ := os.ReadDir(e.rt.idmap.dir)
+		n := 0
+		for _, d := range entries {
+			if isMountPoint(filepath.Join(e.rt.idmap.dir, d.Name())) {
+				n++
+			}
+		}
+		return n
+	}
+	if n := mounted(); n != len(e.layers) {
+		t.Fatalf("%d idmapped layers while a sandbox runs, want %d", n, len(e.layers))
+	}
+	e.rt.releaseIdmaps()
+	if n := mounted(); n != len(e.layers) {
+		t.Fatalf("release took %d layers in use down to %d", len(e.layers), n)
+	}
+	if err := e.rt.Delete(ctx, "idm1"); err != nil {
+		t.Fatal(err)
+	}
+	if n := mounted(); n != 0 {
+		t.Fatalf("%d idmapped layers left after the last sandbox", n)
+	}
+}
