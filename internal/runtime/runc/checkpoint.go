@@ -386,7 +386,8 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, opts runtime.R
 		return err
 	}
 	defer os.RemoveAll(work)
-	args := []string{"restore", "--detach", "--file-locks", "--image-path", img, "--work-path", work, "--bundle", dir}
+	_ = os.Remove(pidFile(dir))
+	args := []string{"restore", "--detach", "--file-locks", "--pid-file", pidFile(dir), "--image-path", img, "--work-path", work, "--bundle", dir}
 	if !opts.NewNetwork {
 		args = append(args, "--tcp-established")
 	}
@@ -403,8 +404,9 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, opts runtime.R
 			r.log.Warn("restored sandbox keeps tcp-close for its next pause", "id", spec.ID, "err", err)
 		}
 	}
+	pid, perr := readPid(pidFile(dir))
 	if ownNet {
-		pid, err := r.initPid(ctx, spec.ID)
+		err := perr
 		if err == nil {
 			err = r.cfg.Net.Plug(ctx, spec.ID, pid)
 		}
@@ -416,7 +418,7 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, opts runtime.R
 	if r.cfg.UserNS {
 		// CRIU restores the namespace but not its /proc/sys/user caps.
 		// The sandbox runs already; it only keeps the host's caps.
-		if err := r.limitUserNS(ctx, spec.ID); err != nil {
+		if err := r.limitUserNS(ctx, spec.ID, pid); err != nil {
 			r.log.Warn("restored sandbox keeps default inotify caps", "id", spec.ID, "err", err)
 		}
 	}

@@ -110,9 +110,16 @@ func (r *Runtime) fsRestore(ctx context.Context, spec runtime.Spec, inPlace bool
 	} else if err := criuUnlock(ctx, dir); err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	if err := r.start(ctx, id, tier, dir, bundleOwnsNetNS(dir)); err != nil {
+	pid, err := r.start(ctx, id, tier, dir, bundleOwnsNetNS(dir))
+	if err != nil {
 		_, _ = r.oci(context.WithoutCancel(ctx), id, "", "delete", "--force", id)
 		return fmt.Errorf("sandbox %s: boot: %w", id, err)
+	}
+	if r.usernsEnabled(tier) {
+		// A fresh boot is a fresh user namespace with default caps.
+		if err := r.limitUserNS(ctx, id, pid); err != nil {
+			r.log.Warn("resumed sandbox keeps default inotify caps", "id", id, "err", err)
+		}
 	}
 	return nil
 }

@@ -28,31 +28,33 @@ func (r *Runtime) ownsNetNS(spec runtime.Spec) bool {
 	return r.cfg.Net != nil && r.usernsEnabled(spec.Runtime)
 }
 
-// start runs sandbox id's init from its bundle in dir. ownNet: runc makes
-// its netns (see ownsNetNS), which is plugged before init runs.
-func (r *Runtime) start(ctx context.Context, id, tier, dir string, ownNet bool) error {
+// start runs sandbox id's init from its bundle in dir and returns its host
+// pid. ownNet: runc makes its netns (see ownsNetNS), which is plugged
+// before init runs.
+func (r *Runtime) start(ctx context.Context, id, tier, dir string, ownNet bool) (int, error) {
 	logFile := filepath.Join(dir, tier+".log")
 	if r.cfg.Net == nil {
 		return r.run(ctx, id, tier, dir, logFile)
 	}
 	if !ownNet {
 		if err := r.cfg.Net.Plug(ctx, id, 0); err != nil {
-			return err
+			return 0, err
 		}
 		return r.run(ctx, id, tier, dir, logFile)
 	}
-	if _, err := r.runc(ctx, logFile, "create", "--bundle", dir, id); err != nil {
-		return err
+	_ = os.Remove(pidFile(dir))
+	if _, err := r.runc(ctx, logFile, "create", "--pid-file", pidFile(dir), "--bundle", dir, id); err != nil {
+		return 0, err
 	}
-	pid, err := r.initPid(ctx, id)
+	pid, err := readPid(pidFile(dir))
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if err := r.cfg.Net.Plug(ctx, id, pid); err != nil {
-		return err
+		return 0, err
 	}
 	_, err = r.runc(ctx, logFile, "start", id)
-	return err
+	return pid, err
 }
 
 // shareImage makes a checkpoint image readable by the sandbox's mapped root
@@ -77,16 +79,19 @@ func shareImage(dir string, uid int) error {
 	})
 }
 
-// run runs the sandbox's init with its netns in place.
-func (r *Runtime) run(ctx context.Context, id, tier, dir, logFile string) error {
+// run runs the sandbox's init with its netns in place and returns its pid.
+func (r *Runtime) run(ctx context.Context, id, tier, dir, logFile string) (int, error) {
 	if tier == TierRunsc {
 		// runsc moves the netns's address into gVisor; a resume needs it back.
 		if err := saveNetConf(dir); err != nil {
-			return err
+			return 0, err
 		}
 	}
-	_, err := r.oci(ctx, id, logFile, "run", "--detach", "--bundle", dir, id)
-	return err
+	_ = os.Remove(pidFile(dir))
+	if _, err := r.oci(ctx, id, logFile, "run", "--detach", "--pid-file", pidFile(dir), "--bundle", dir, id); err != nil {
+		return 0, err
+	}
+	return readPid(pidFile(dir))
 }
 
 // bundleOwnsNetNS reads from the bundle's config.json whether the sandbox's

@@ -338,11 +338,12 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 		_, _ = r.oci(context.WithoutCancel(ctx), spec.ID, "", "delete", "--force", spec.ID)
 		_ = r.removeCgroups(r.cgroupPath(spec.ID))
 	})
-	if err := r.start(ctx, spec.ID, tier, dir, r.ownsNetNS(spec)); err != nil {
+	pid, err := r.start(ctx, spec.ID, tier, dir, r.ownsNetNS(spec))
+	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	if r.usernsEnabled(tier) {
-		if err := r.limitUserNS(ctx, spec.ID); err != nil {
+		if err := r.limitUserNS(ctx, spec.ID, pid); err != nil {
 			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
 	}

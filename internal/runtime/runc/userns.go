@@ -287,13 +287,16 @@ func raiseHostInotify() error {
 	return nil
 }
 
-// limitUserNS sets the inotify caps of sandbox id's user namespace. It
-// refuses to touch a sandbox that shares the host's user namespace (one
-// started without -userns), whose /proc/sys/user is the host's.
-func (r *Runtime) limitUserNS(ctx context.Context, id string) error {
-	pid, err := r.initPid(ctx, id)
-	if err != nil {
-		return err
+// limitUserNS sets the inotify caps of sandbox id's user namespace, whose
+// init is pid (0: ask the runtime). It refuses to touch a sandbox that
+// shares the host's user namespace (one started without -userns), whose
+// /proc/sys/user is the host's.
+func (r *Runtime) limitUserNS(ctx context.Context, id string, pid int) error {
+	if pid <= 0 {
+		var err error
+		if pid, err = r.initPid(ctx, id); err != nil {
+			return err
+		}
 	}
 	self, err := os.Readlink("/proc/self/ns/user")
 	if err != nil {
@@ -315,6 +318,23 @@ func (r *Runtime) limitUserNS(ctx context.Context, id string) error {
 		return fmt.Errorf("set inotify caps of %s's user namespace: %w: %s", id, err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// pidFile is where runc writes the init pid of the bundle in dir when it
+// creates, runs or restores it; it is removed first, so it is never stale.
+func pidFile(dir string) string { return filepath.Join(dir, "init.pid") }
+
+// readPid reads a pid file runc has just written.
+func readPid(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("pid file %s: %q: %w", path, b, errdefs.ErrUnavailable)
+	}
+	return pid, nil
 }
 
 // initPid returns the host pid of sandbox id's init.
