@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/agentbox/agentbox/internal/envd"
@@ -22,6 +23,19 @@ func main() {
 		fmt.Fprintln(os.Stderr, "envd:", err)
 		os.Exit(1)
 	}
+}
+
+// parseSyscalls parses a comma-separated list of syscall numbers.
+func parseSyscalls(s string) ([]uint32, error) {
+	var out []uint32
+	for f := range strings.SplitSeq(s, ",") {
+		n, err := strconv.ParseUint(strings.TrimSpace(f), 10, 32)
+		if err != nil || n > 1023 {
+			return nil, fmt.Errorf("--audit-syscalls: %q is not a syscall number", f)
+		}
+		out = append(out, uint32(n))
+	}
+	return out, nil
 }
 
 func run(args []string) error {
@@ -36,6 +50,7 @@ func run(args []string) error {
 	port := fs.Int("port", envd.DefaultPort, "TCP port to listen on")
 	logFile := fs.String("log-file", "", "also append logs to this file")
 	version := fs.Bool("version", false, "print the version and exit")
+	auditSyscalls := fs.String("audit-syscalls", "", "as init: x86_64 syscall numbers (comma-separated) the sandbox's seccomp policy refuses, to refuse again with kernel audit logging on (see internal/envd/auditfilter_linux.go)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -46,7 +61,21 @@ func run(args []string) error {
 
 	if os.Getpid() == 1 && !serveMode {
 		// The log file is opened by the server child; init logs to stderr only.
-		return envd.RunInit(context.Background(), slog.New(slog.NewTextHandler(os.Stderr, nil)), append([]string{"serve"}, args...))
+		log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+		if *auditSyscalls != "" {
+			nrs, err := parseSyscalls(*auditSyscalls)
+			if err == nil {
+				err = envd.LogRefusals(nrs)
+			}
+			if err != nil {
+				log.Warn("refused syscalls will not be audited", "err", err)
+			}
+		}
+		// Before anything else starts: nothing in the sandbox keeps it.
+		if err := envd.DropSysAdmin(); err != nil {
+			return err
+		}
+		return envd.RunInit(context.Background(), log, append([]string{"serve"}, args...))
 	}
 
 	var out io.Writer = os.Stderr

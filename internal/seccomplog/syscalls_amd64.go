@@ -129,3 +129,14 @@ func syscallName(nr int) string {
 	}
 	return ""
 }
+
+// SyscallNumber is the x86_64 number of a syscall the container tier's
+// filter can refuse, by name.
+func SyscallNumber(name string) (int, bool) {
+	for nr := range 1024 {
+		if syscallName(nr) == name {
+			return nr, true
+		}
+	}
+	return 0, false
+}

@@ -2,10 +2,13 @@ package runc
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/seccomplog"
 )
 
 // annotationTier records the sandbox's isolation tier in its bundle.
@@ -32,6 +35,14 @@ func (r *Runtime) harden(s *specs.Spec, spec runtime.Spec) *specs.Spec {
 		// device cgroup anyway. gVisor has neither (no --net-raw).
 		c := s.Process.Capabilities
 		c.Bounding, c.Effective, c.Permitted = dropCaps(c.Bounding), dropCaps(c.Effective), dropCaps(c.Permitted)
+		if nrs := auditedSyscalls(); nrs != "" && r.usernsEnabled(tier) {
+			// envd stacks a logging copy of the refusals (runc 1.1 cannot
+			// set the log flag on its filter), which needs CAP_SYS_ADMIN in
+			// the sandbox's user namespace; it drops it before anything
+			// else runs (internal/envd/auditfilter_linux.go).
+			c.Bounding, c.Effective, c.Permitted = append(c.Bounding, "CAP_SYS_ADMIN"), append(c.Effective, "CAP_SYS_ADMIN"), append(c.Permitted, "CAP_SYS_ADMIN")
+			s.Process.Args = append(s.Process.Args, "--audit-syscalls", nrs)
+		}
 	}
 	if mb := spec.Resources.TmpMB; mb > 0 {
 		s.Mounts = append(s.Mounts, specs.Mount{
@@ -45,6 +56,18 @@ func (r *Runtime) harden(s *specs.Spec, spec runtime.Spec) *specs.Spec {
 	s.Linux.MaskedPaths = append(s.Linux.MaskedPaths, "/proc/kallsyms", "/sys/devices/virtual/powercap", "/sys/kernel")
 	s.Process.OOMScoreAdj = ptr(500)
 	return s
+}
+
+// auditedSyscalls lists the x86_64 numbers of the unconditionally refused
+// syscalls, comma-separated ("" where unknown).
+func auditedSyscalls() string {
+	var nrs []string
+	for _, name := range deniedSyscalls() {
+		if nr, ok := seccomplog.SyscallNumber(name); ok {
+			nrs = append(nrs, strconv.Itoa(nr))
+		}
+	}
+	return strings.Join(nrs, ",")
 }
 
 // dropCaps removes what from the base capability set on the runc tier.

@@ -118,10 +118,9 @@ func seccompProfile() *specs.LinuxSeccomp {
 	sc := &specs.LinuxSeccomp{
 		DefaultAction: specs.ActAllow,
 		Architectures: []specs.Arch{specs.ArchX86_64, specs.ArchX86, specs.ArchX32},
-		// Not yet Flags: SECCOMP_FILTER_FLAG_LOG, which would make every
-		// refusal a kernel audit record for internal/seccomplog: Debian's
-		// runc 1.1.5 refuses any seccomp flag ("seccomp flags are not yet
-		// supported by runc"); runc 1.2 accepts it.
+		// No Flags: Debian's runc 1.1.5 refuses SECCOMP_FILTER_FLAG_LOG,
+		// so envd stacks a logging copy of the unconditional refusals
+		// (see harden and internal/envd/auditfilter_linux.go).
 		Syscalls: []specs.LinuxSyscall{
 			{Names: deniedSyscalls(), Action: specs.ActErrno, ErrnoRet: &eperm},
 			// clone3 passes its flags in memory, where seccomp cannot look;

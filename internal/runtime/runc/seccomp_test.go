@@ -3,10 +3,13 @@ package runc
 import (
 	"encoding/json"
 	"slices"
+	"strings"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/agentbox/agentbox/internal/runtime"
 )
 
 func TestSeccompProfile(t *testing.T) {
@@ -75,5 +78,35 @@ func TestSeccompReason(t *testing.T) {
 		if SeccompReason(n) == reasonFallback {
 			t.Errorf("%s has no reason", n)
 		}
+	}
+}
+
+// envd gets CAP_SYS_ADMIN (to stack the logging filter, then drop it) only
+// inside the sandbox's own user namespace, never with the host's.
+func TestAuditFilterNeedsUserNS(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		userns bool
+		tier   string
+		want   bool
+	}{
+		{"container tier, user namespace", true, TierRunc, true},
+		{"container tier, host user namespace", false, TierRunc, false},
+		{"gvisor", true, TierRunsc, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &Runtime{cfg: Config{UserNS: tc.userns, UserNSBase: DefaultUserNSBase, UserNSSize: DefaultUserNSSize, EnvdPath: "/envd"}}
+			spec := runtime.Spec{ID: "x", Runtime: tc.tier}
+			s := r.harden(r.ociSpec(spec, t.TempDir()), spec)
+			args := strings.Join(s.Process.Args, " ")
+			hasArg := strings.Contains(args, "--audit-syscalls")
+			hasCap := slices.Contains(s.Process.Capabilities.Bounding, "CAP_SYS_ADMIN")
+			if hasArg != tc.want || hasCap != tc.want {
+				t.Fatalf("--audit-syscalls %v, CAP_SYS_ADMIN %v; want %v", hasArg, hasCap, tc.want)
+			}
+			if tc.want && !strings.Contains(args, "321") {
+				t.Errorf("bpf (321) is not in %q", args)
+			}
+		})
 	}
 }
