@@ -182,9 +182,10 @@ func findEnvd(explicit string) (string, error) {
 // startSyscallAudit reports the syscalls the container tier's seccomp policy
 // refuses as "syscall" audit events of the sandbox that made them. Without
 // kernel audit support the server runs on and says so.
-func startSyscallAudit(ctx context.Context, mgr *sandbox.Manager, cgroupParent string, log *slog.Logger) {
+func startSyscallAudit(ctx context.Context, mgr *sandbox.Manager, rt *runc.Runtime, cgroupParent string, log *slog.Logger) {
 	w, err := seccomplog.Open(seccomplog.Config{
 		CgroupParent: cgroupParent,
+		BySession:    rt.SandboxOfSession,
 		Explain:      runc.SeccompReason,
 		Sink: func(ctx context.Context, d seccomplog.Denial) {
 			sb, err := mgr.Get(ctx, "", d.SandboxID)
@@ -312,7 +313,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRun()
 	go mgr.Run(runCtx)
-	startSyscallAudit(runCtx, mgr, c.Instance, log)
+	startSyscallAudit(runCtx, mgr, rt, c.Instance, log)
 
 	apiSrv := api.New(log, st, mgr, templates)
 	apiSrv.SetBuildNetwork(buildNetwork(nw))

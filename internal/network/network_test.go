@@ -135,18 +135,26 @@ func cleanupHost(t *testing.T, cfg Config) {
 	})
 }
 
-func TestIsolation(t *testing.T) {
+// startManager makes a Manager on cfg, sets the host up and undoes it
+// when the test ends.
+func startManager(t *testing.T, cfg Config) *Manager {
+	t.Helper()
 	testutil.RequireRoot(t)
-	ctx := context.Background()
-	cfg := testConfig(t)
 	cleanupHost(t, cfg)
 	m, err := New(cfg, slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Setup(ctx); err != nil {
+	if err := m.Setup(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	return m
+}
+
+func TestIsolation(t *testing.T) {
+	ctx := context.Background()
+	cfg := testConfig(t)
+	m := startManager(t, cfg)
 	if err := m.Setup(ctx); err != nil {
 		t.Fatalf("second Setup: %v", err)
 	}

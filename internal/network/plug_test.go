@@ -3,7 +3,6 @@ package network
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -16,8 +15,6 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-
-	"github.com/agentbox/agentbox/internal/testutil"
 )
 
 // userNetNSProcess starts a process in a new user namespace (root = host uid
@@ -47,19 +44,11 @@ func reachable(t *testing.T, path string, ip netip.Addr) error {
 }
 
 func TestDeferredPlug(t *testing.T) {
-	testutil.RequireRoot(t)
 	ctx := context.Background()
 	cfg := testConfig(t)
 	cfg.Bridge, cfg.Subnet, cfg.Table = "abplug0", netip.MustParsePrefix("10.96.0.0/24"), "agentbox_plug_test"
 	cfg.Deferred = true
-	cleanupHost(t, cfg)
-	m, err := New(cfg, slog.Default())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Setup(ctx); err != nil {
-		t.Fatal(err)
-	}
+	m := startManager(t, cfg)
 
 	for _, tc := range []struct {
 		name   string

@@ -47,7 +47,11 @@ type Record struct {
 	Arch    uint32
 	Syscall int
 	Code    uint32 // the filter's return value
+	Session uint32 // audit session (ses=); SessionUnset when none
 }
+
+// SessionUnset is the audit session of a process nobody gave one.
+const SessionUnset = 4294967295
 
 // Action names what the filter did: "errno", "kill", "trap", ...
 func (r Record) Action() string {
@@ -84,7 +88,7 @@ var errNotSeccomp = errors.New("not a seccomp record")
 // control byte and hex-encodes it otherwise, so splitting on spaces is safe
 // whatever a process calls itself.
 func ParseRecord(text string) (Record, error) {
-	var r Record
+	r := Record{Session: SessionUnset}
 	text = strings.TrimRight(text, "\x00\n")
 	if _, rest, ok := strings.Cut(text, "): "); ok && strings.HasPrefix(text, "audit(") {
 		text = rest
@@ -111,6 +115,10 @@ func ParseRecord(text string) (Record, error) {
 		case "syscall":
 			r.Syscall, err = strconv.Atoi(v)
 			have.syscall = true
+		case "ses":
+			var s uint64
+			s, err = strconv.ParseUint(v, 10, 32)
+			r.Session = uint32(s)
 		case "code":
 			var c uint64
 			c, err = strconv.ParseUint(strings.TrimPrefix(v, "0x"), 16, 32)

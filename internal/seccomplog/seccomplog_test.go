@@ -49,6 +49,9 @@ func TestParseRecord(t *testing.T) {
 			if (err != nil) != tt.wantErr {
 				t.Fatalf("err = %v, wantErr %v", err, tt.wantErr)
 			}
+			if !tt.wantErr {
+				tt.want.Session = SessionUnset // ses=4294967295 in every test record
+			}
 			if got != tt.want {
 				t.Fatalf("got %+v, want %+v", got, tt.want)
 			}
@@ -183,5 +186,38 @@ func TestEventHostileComm(t *testing.T) {
 	}
 	if !strings.Contains(r, "a seccomp filter (the sandbox's policy, or one the process installed)") {
 		t.Fatalf("unknown syscall blamed on the policy: %s", r)
+	}
+}
+
+// A record whose process is gone is attributed by its audit session.
+func TestAggregatorBySession(t *testing.T) {
+	a := newAggregator(Config{CgroupParent: "agentbox", ProcRoot: t.TempDir(), // no /proc: every process exited
+		Explain: func(string) string { return "" },
+		BySession: func(ses uint32) (string, bool) {
+			if ses == 42 {
+				return "sbx1", true
+			}
+			return "", false
+		},
+	})
+	now := time.Now()
+	for _, tc := range []struct {
+		text string
+		want bool
+	}{
+		{`audit(1.0:1): auid=100000 uid=100000 gid=100000 ses=42 pid=4242 comm="python3" exe="/usr/bin/python3" sig=0 arch=c000003e syscall=321 compat=0 ip=0x1 code=0x50001`, true},
+		{`audit(1.0:2): auid=100000 uid=100000 gid=100000 ses=43 pid=4243 comm="python3" exe="/usr/bin/python3" sig=0 arch=c000003e syscall=321 compat=0 ip=0x1 code=0x50001`, false},
+		{`audit(1.0:3): auid=4294967295 uid=0 gid=0 ses=4294967295 pid=4244 comm="x" exe="/x" sig=0 arch=c000003e syscall=321 compat=0 ip=0x1 code=0x50001`, false},
+	} {
+		r, err := ParseRecord(tc.text)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := a.add(r, now); got != tc.want {
+			t.Errorf("session %d: attributed %v, want %v", r.Session, got, tc.want)
+		}
+	}
+	if d := a.flush(); len(d) != 1 || d[0].SandboxID != "sbx1" || d[0].Nr != 321 {
+		t.Fatalf("denials %+v, want one bpf of sbx1", d)
 	}
 }

@@ -58,6 +58,9 @@ type Config struct {
 	Window time.Duration
 	// ProcRoot is where /proc is; tests change it.
 	ProcRoot string
+	// BySession names the sandbox of an audit session, for records whose
+	// process exited before it could be looked up by pid (optional).
+	BySession func(ses uint32) (sandboxID string, ok bool)
 }
 
 // Watcher reads seccomp records and reports the sandboxes' denials.
@@ -209,6 +212,14 @@ func (a *aggregator) add(r Record, now time.Time) bool {
 	caller, ok := a.pids[r.PID]
 	if !ok {
 		caller, ok = attribute(a.cfg.ProcRoot, a.cfg.CgroupParent, r.PID)
+		if !ok && r.Session != SessionUnset && a.cfg.BySession != nil {
+			// Exited already: every sandbox has an audit session of its
+			// own, which its processes cannot change.
+			var id string
+			if id, ok = a.cfg.BySession(r.Session); ok {
+				caller = who{sandbox: id}
+			}
+		}
 		if !ok {
 			return false
 		}

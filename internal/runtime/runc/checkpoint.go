@@ -108,6 +108,9 @@ func (r *Runtime) runcCRIU(ctx context.Context, logFile string, args ...string) 
 	}
 	full := append([]string{"--root", r.cfg.RuncRoot, "--criu", criu, "--log", logFile, "--log-format", "json"}, args...)
 	cmd := exec.CommandContext(ctx, r.cfg.RuncBinary, full...)
+	if args[0] == "restore" {
+		r.withSession(cmd)
+	}
 	var stderr bytes.Buffer
 	if args[0] != "restore" {
 		cmd.Stderr = &stderr
@@ -405,6 +408,9 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, opts runtime.R
 		}
 	}
 	pid, perr := readPid(pidFile(dir))
+	if perr == nil {
+		recordSession(dir, pid)
+	}
 	if ownNet {
 		err := perr
 		if err == nil {

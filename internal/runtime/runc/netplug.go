@@ -50,6 +50,7 @@ func (r *Runtime) start(ctx context.Context, id, tier, dir string, ownNet bool) 
 	if err != nil {
 		return 0, err
 	}
+	recordSession(dir, pid)
 	if err := r.cfg.Net.Plug(ctx, id, pid); err != nil {
 		return 0, err
 	}
@@ -91,7 +92,11 @@ func (r *Runtime) run(ctx context.Context, id, tier, dir, logFile string) (int, 
 	if _, err := r.oci(ctx, id, logFile, "run", "--detach", "--pid-file", pidFile(dir), "--bundle", dir, id); err != nil {
 		return 0, err
 	}
-	return readPid(pidFile(dir))
+	pid, err := readPid(pidFile(dir))
+	if err == nil && tier != TierRunsc {
+		recordSession(dir, pid)
+	}
+	return pid, err
 }
 
 // bundleOwnsNetNS reads from the bundle's config.json whether the sandbox's

@@ -211,6 +211,9 @@ func (r *Runtime) runc(ctx context.Context, logFile string, args ...string) ([]b
 		full = append([]string{"--log", logFile, "--log-format", "json"}, full...)
 	}
 	cmd := exec.CommandContext(ctx, r.cfg.RuncBinary, full...)
+	if args[0] == "run" || args[0] == "create" {
+		r.withSession(cmd)
+	}
 	var stdout, stderr bytes.Buffer
 	// run and create leave the sandbox's init holding runc's stdio: it
 	// must be /dev/null, not a pipe Run would wait on.
