@@ -3,6 +3,8 @@ package runc
 import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/agentbox/agentbox/internal/seccomprules"
 )
 
 // Seccomp profile of the container tier.
@@ -100,16 +102,6 @@ func deniedSyscalls() []string {
 	return out
 }
 
-// namespaceCloneFlags are refused in clone(2): a new namespace is an escape
-// surface (user namespaces above all), and the sandbox already has its own.
-var namespaceCloneFlags = []uint64{
-	unix.CLONE_NEWNS, unix.CLONE_NEWCGROUP, unix.CLONE_NEWUTS, unix.CLONE_NEWIPC,
-	unix.CLONE_NEWUSER, unix.CLONE_NEWPID, unix.CLONE_NEWNET, unix.CLONE_NEWTIME,
-}
-
-// ipprotoMPTCP is IPPROTO_MPTCP, the third argument of socket(2).
-const ipprotoMPTCP = 262
-
 // seccompProfile returns the container tier's filter.
 func seccompProfile() *specs.LinuxSeccomp {
 	eperm := uint(unix.EPERM)
@@ -127,13 +119,13 @@ func seccompProfile() *specs.LinuxSeccomp {
 			// ENOSYS makes libc fall back to clone, which is checked below.
 			{Names: []string{"clone3"}, Action: specs.ActErrno, ErrnoRet: &enosys},
 			{Names: []string{"socket"}, Action: specs.ActErrno, ErrnoRet: &eproto,
-				Args: []specs.LinuxSeccompArg{{Index: 2, Value: ipprotoMPTCP, Op: specs.OpEqualTo}}},
+				Args: []specs.LinuxSeccompArg{{Index: 2, Value: seccomprules.IPProtoMPTCP, Op: specs.OpEqualTo}}},
 			// TIOCSTI pushes bytes into another process's terminal input.
 			{Names: []string{"ioctl"}, Action: specs.ActErrno, ErrnoRet: &eperm,
-				Args: []specs.LinuxSeccompArg{{Index: 1, Value: unix.TIOCSTI, Op: specs.OpEqualTo}}},
+				Args: []specs.LinuxSeccompArg{{Index: 1, Value: seccomprules.TIOCSTI, Op: specs.OpEqualTo}}},
 		},
 	}
-	for _, f := range namespaceCloneFlags {
+	for _, f := range seccomprules.NamespaceCloneFlags() {
 		// Separate rules for one syscall are OR-ed: any namespace flag refuses.
 		sc.Syscalls = append(sc.Syscalls, specs.LinuxSyscall{
 			Names: []string{"clone"}, Action: specs.ActErrno, ErrnoRet: &eperm,

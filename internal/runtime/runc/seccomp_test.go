@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/seccomprules"
 )
 
 func TestSeccompProfile(t *testing.T) {
@@ -46,8 +47,8 @@ func TestSeccompProfile(t *testing.T) {
 	if mptcp != 1 {
 		t.Errorf("MPTCP socket rule missing")
 	}
-	if cloneRules != len(namespaceCloneFlags) {
-		t.Errorf("%d clone rules, want one per namespace flag (%d)", cloneRules, len(namespaceCloneFlags))
+	if cloneRules != len(seccomprules.NamespaceCloneFlags()) {
+		t.Errorf("%d clone rules, want one per namespace flag (%d)", cloneRules, len(seccomprules.NamespaceCloneFlags()))
 	}
 	if _, err := json.Marshal(p); err != nil {
 		t.Fatal(err)
