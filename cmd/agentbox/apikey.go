@@ -15,11 +15,13 @@ import (
 // newAPIKeyCmd is `agentbox apikey create|ls|rm`: key management on the
 // server's own database, for the host's administrator (no API call: this is
 // how the first keys of new teams are minted).
+// openStore opens the server's database in dataDir (apikey, team).
+func openStore(ctx context.Context, dataDir string) (*store.Store, error) {
+	return store.Open(ctx, filepath.Join(dataDir, "agentbox.db"))
+}
+
 func newAPIKeyCmd() *cobra.Command {
 	var dataDir string
-	open := func(ctx context.Context) (*store.Store, error) {
-		return store.Open(ctx, filepath.Join(dataDir, "agentbox.db"))
-	}
 	cmd := &cobra.Command{
 		Use:   "apikey",
 		Short: "Create, list and remove API keys (on the server's data directory)",
@@ -39,7 +41,7 @@ once. Each key belongs to a team; a team sees only its own sandboxes.`,
 			if !store.ValidTeamName(team) {
 				return fmt.Errorf("--team %q: use 1-64 letters, digits, '-', '_' or '.'", team)
 			}
-			st, err := open(cmd.Context())
+			st, err := openStore(cmd.Context(), dataDir)
 			if err != nil {
 				return err
 			}
@@ -64,7 +66,7 @@ once. Each key belongs to a team; a team sees only its own sandboxes.`,
 		Short: "List keys (masked)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			st, err := open(cmd.Context())
+			st, err := openStore(cmd.Context(), dataDir)
 			if err != nil {
 				return err
 			}
@@ -86,7 +88,7 @@ once. Each key belongs to a team; a team sees only its own sandboxes.`,
 		Short: "Remove keys by the ID shown by `apikey ls`",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			st, err := open(cmd.Context())
+			st, err := openStore(cmd.Context(), dataDir)
 			if err != nil {
 				return err
 			}

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strconv"
 	"text/tabwriter"
 
@@ -41,12 +39,9 @@ func quotaFlags() []quotaFlag {
 func newTeamCmd() *cobra.Command {
 	var dataDir string
 	quotaFlags := quotaFlags()
-	open := func(ctx context.Context) (*store.Store, error) {
-		return store.Open(ctx, filepath.Join(dataDir, "agentbox.db"))
-	}
 	// withTeam opens the database and finds the team by id or name.
 	withTeam := func(cmd *cobra.Command, ref string, f func(*store.Store, store.Team) error) error {
-		st, err := open(cmd.Context())
+		st, err := openStore(cmd.Context(), dataDir)
 		if err != nil {
 			return err
 		}
@@ -76,7 +71,7 @@ reads the quota at every create: changes apply to the next create, no restart.`,
 		Short: "List teams with their key count and quota",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			st, err := open(cmd.Context())
+			st, err := openStore(cmd.Context(), dataDir)
 			if err != nil {
 				return err
 			}

@@ -597,23 +597,22 @@ func deleteLink(name string) error {
 }
 
 // newNetNS creates a network namespace (in the host's user namespace) and
-// pins it by bind-mounting it onto path.
-func newNetNS(path string) (err error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
-	if err != nil {
-		if errors.Is(err, os.ErrExist) {
-			return fmt.Errorf("%s: %w", path, errdefs.ErrConflict)
-		}
+// pins it by bind-mounting it onto a new file at path.
+func newNetNS(path string) error {
+	if err := placeholder(path); err != nil {
 		return err
 	}
-	f.Close()
-	defer func() {
-		if err != nil {
-			os.Remove(path)
-		}
-	}()
+	if err := pinHostNetNS(path); err != nil {
+		os.Remove(path)
+		return err
+	}
+	return nil
+}
 
-	err = onThread(func() error {
+// pinHostNetNS creates a network namespace in the host's user namespace,
+// with the sandbox sysctls, and pins it on the existing file at path.
+func pinHostNetNS(path string) error {
+	err := onThread(func() error {
 		ns, err := netns.New()
 		if err != nil {
 			return fmt.Errorf("unshare: %w", err)
@@ -629,9 +628,8 @@ func newNetNS(path string) (err error) {
 	})
 	if err != nil {
 		_ = unix.Unmount(path, unix.MNT_DETACH)
-		return err
 	}
-	return nil
+	return err
 }
 
 // netnsSysctls runs on a thread inside the new netns: /proc/sys/net follows

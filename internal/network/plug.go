@@ -24,12 +24,13 @@ import (
 // only be made by the runtime, together with the user namespace, so with
 // Config.Deferred, Attach makes the veth pair with both ends in the host
 // (the sandbox's end named peerVeth) and the runtime hands the new netns
-// over with Plug before the sandbox's init runs. A CRIU restore recreates
-// the netns from the image and moves the pre-made peer into it; Plug then
-// adopts it and corrects what differs (a fork's address and MAC).
+// over with Plug before the sandbox's init runs. runc has CRIU restore a
+// sandbox into an empty netns; the hook from PlugCommand moves the veth end
+// in before the sockets come back, and Plug then adopts the netns and
+// corrects what differs (a fork's address and MAC).
 
 // peerVeth names the sandbox's end of its veth pair while it waits in the
-// host namespace for Plug (or for a CRIU restore) to move it in as eth0.
+// host namespace for Plug (or the restore hook) to move it in as eth0.
 func peerVeth(id string) string { return "ap" + hostVeth(id)[2:] }
 
 // sandboxMAC is eth0's address, derived from the id: stable across a pause
@@ -64,7 +65,12 @@ func (m *Manager) attachNetNS(id, path string, ip netip.Addr) error {
 	if err := m.addVeth(id, "eth0", int(ns)); err != nil {
 		return err
 	}
-	return m.configureInside(ns, id, ip)
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("netlink in netns: %w", err)
+	}
+	defer h.Close()
+	return m.configureInside(h, id, ip)
 }
 
 // vethPair makes (if missing) the veth pair of a deferred sandbox, both
@@ -183,7 +189,7 @@ func (m *Manager) Plug(ctx context.Context, id string, pid int) error {
 			return fmt.Errorf("pin netns of %s: %w", id, err)
 		}
 	case !isNetNS(path):
-		if err := pinNewNetNS(path); err != nil {
+		if err := pinHostNetNS(path); err != nil {
 			return fmt.Errorf("netns %s: %w", id, err)
 		}
 	}
@@ -223,7 +229,7 @@ func (m *Manager) Plug(ctx context.Context, id string, pid int) error {
 			return err
 		}
 	}
-	return m.configureInside(ns, id, ep.IP)
+	return m.configureInside(h, id, ep.IP)
 }
 
 // Unplug drops the manager's hold on a sandbox's netns whose processes are
@@ -246,18 +252,6 @@ func (m *Manager) Unplug(ctx context.Context, id string) error {
 func isNetNS(path string) bool {
 	var st unix.Statfs_t
 	return unix.Statfs(path, &st) == nil && st.Type == unix.NSFS_MAGIC
-}
-
-// pinNewNetNS creates a netns in the host's user namespace onto the
-// existing placeholder file at path.
-func pinNewNetNS(path string) error {
-	tmp := path + ".new"
-	_ = os.Remove(tmp)
-	if err := newNetNS(tmp); err != nil {
-		return err
-	}
-	defer removeNetNS(tmp)
-	return unix.Mount(tmp, path, "none", unix.MS_BIND, "")
 }
 
 // runInNetNS runs fn on a thread inside the netns at path.
@@ -307,13 +301,8 @@ func onThread(enter, fn func() error) error {
 // so every packet, including one for another sandbox, goes through the host
 // and its nftables rules and a forbidden connection is rejected at once
 // instead of timing out on ARP. Other addresses on eth0 (a fork's source's)
-// are removed.
-func (m *Manager) configureInside(ns netns.NsHandle, id string, ip netip.Addr) error {
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		return fmt.Errorf("netlink in netns: %w", err)
-	}
-	defer h.Close()
+// are removed. h works in the sandbox netns.
+func (m *Manager) configureInside(h *netlink.Handle, id string, ip netip.Addr) error {
 	lo, err := h.LinkByName("lo")
 	if err != nil {
 		return fmt.Errorf("lo: %w", err)

@@ -164,7 +164,11 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, opts runtime.Checkp
 	if r.tierOf(id) == TierRunsc {
 		return r.runscCheckpoint(ctx, id, opts)
 	}
-	if err := r.checkpointUserNS(id); err != nil {
+	ns, err := readBundleNS(dir)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if err := checkpointUserNS(id, ns); err != nil {
 		return err
 	}
 	if _, err := r.criu(); err != nil {
@@ -212,7 +216,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, opts runtime.Checkp
 	if err := r.runcCRIU(ctx, filepath.Join(dir, "runc-checkpoint.log"), args...); err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	if bundleOwnsNetNS(dir) {
+	if ns.ownNet {
 		// The restored tasks read part of the image themselves, as the
 		// sandbox's mapped root, which must also be able to walk there.
 		if err := shareImage(img, int(r.cfg.UserNSBase)); err != nil {
@@ -229,7 +233,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, opts runtime.Checkp
 	}
 	if !opts.LeaveRunning {
 		frozen = false // the processes are gone; nothing to thaw
-		if bundleOwnsNetNS(dir) && r.cfg.Net != nil {
+		if ns.ownNet && r.cfg.Net != nil {
 			// The netns is in the image; the live one and its veth
 			// must go so the restore can make them again.
 			if err := r.cfg.Net.Unplug(ctx, id); err != nil {

@@ -35,7 +35,7 @@ func (r *Runtime) harden(s *specs.Spec, spec runtime.Spec) *specs.Spec {
 		// device cgroup anyway. gVisor has neither (no --net-raw).
 		c := s.Process.Capabilities
 		c.Bounding, c.Effective, c.Permitted = dropCaps(c.Bounding), dropCaps(c.Effective), dropCaps(c.Permitted)
-		if nrs := auditedSyscalls(); nrs != "" && r.usernsEnabled(tier) {
+		if nrs := r.auditSyscalls; nrs != "" && r.usernsEnabled(tier) {
 			// envd stacks a logging copy of the refusals (runc 1.1 cannot
 			// set the log flag on its filter), which needs CAP_SYS_ADMIN in
 			// the sandbox's user namespace; it drops it before anything

@@ -114,12 +114,7 @@ func (r *Runtime) releaseIdmaps() {
 		if im.pending[p] > 0 || slices.ContainsFunc(overlays, func(l string) bool { return strings.Contains(l, p) }) {
 			continue
 		}
-		for range 100 {
-			if unix.Unmount(p, unix.MNT_DETACH) != nil {
-				break
-			}
-		}
-		_ = os.Remove(p)
+		dropMountPoint(p)
 	}
 }
 
@@ -182,12 +177,17 @@ func (r *Runtime) resetIdmaps() {
 		return
 	}
 	for _, e := range entries {
-		p := filepath.Join(r.idmap.dir, e.Name())
-		for range 100 { // stacked mounts go one at a time
-			if unix.Unmount(p, unix.MNT_DETACH) != nil {
-				break
-			}
-		}
-		_ = os.Remove(p)
+		dropMountPoint(filepath.Join(r.idmap.dir, e.Name()))
 	}
+}
+
+// dropMountPoint detaches every mount stacked on p (one at a time) and
+// removes the directory.
+func dropMountPoint(p string) {
+	for range 100 {
+		if unix.Unmount(p, unix.MNT_DETACH) != nil {
+			break
+		}
+	}
+	_ = os.Remove(p)
 }

@@ -18,9 +18,11 @@ import (
 // A sandbox in a user namespace gets a network namespace made together with
 // that user namespace (so owned by it): runc creates both, the network
 // package wires the new netns up (Plug) between `runc create` and `runc
-// start`, so envd's first packet already has its address. CRIU then dumps
-// the netns with the sandbox and restores it, moving the pre-made veth end
-// in as eth0; Plug adopts the restored netns.
+// start`, so envd's first packet already has its address. runc's checkpoints
+// leave the netns out and restore into an empty one, so a restore runs the
+// network package's PlugCommand as a prestart hook, which moves the pre-made
+// veth end in as eth0 before CRIU brings sockets back; Plug then adopts the
+// restored netns.
 
 // ownsNetNS reports whether sandbox spec's netns is made by runc inside
 // its user namespace rather than joined from the network package.
@@ -99,23 +101,43 @@ func (r *Runtime) run(ctx context.Context, id, tier, dir, logFile string) (int, 
 	return pid, err
 }
 
-// bundleOwnsNetNS reads from the bundle's config.json whether the sandbox's
-// netns is its own (made by runc, no path).
-func bundleOwnsNetNS(dir string) bool {
+// bundleNS is what a bundle's config.json says of its namespaces.
+type bundleNS struct {
+	netPath string // the network namespace joined; "" when none is named
+	ownNet  bool   // runc makes the netns, inside the sandbox's user namespace
+	userNS  bool
+}
+
+// readBundleNS reads the namespaces of the bundle in dir.
+func readBundleNS(dir string) (bundleNS, error) {
+	var out bundleNS
 	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
 	if err != nil {
-		return false
+		return out, err
 	}
 	var s specs.Spec
-	if json.Unmarshal(b, &s) != nil || s.Linux == nil {
-		return false
+	if err := json.Unmarshal(b, &s); err != nil {
+		return out, fmt.Errorf("%s: %w", dir, err)
+	}
+	if s.Linux == nil {
+		return out, nil
 	}
 	for _, ns := range s.Linux.Namespaces {
-		if ns.Type == specs.NetworkNamespace {
-			return ns.Path == ""
+		switch ns.Type {
+		case specs.NetworkNamespace:
+			out.netPath, out.ownNet = ns.Path, ns.Path == ""
+		case specs.UserNamespace:
+			out.userNS = true
 		}
 	}
-	return false
+	return out, nil
+}
+
+// bundleOwnsNetNS reports whether the sandbox's netns is its own (made by
+// runc, no path).
+func bundleOwnsNetNS(dir string) bool {
+	ns, err := readBundleNS(dir)
+	return err == nil && ns.ownNet
 }
 
 // setCRIUConf writes CRIU options for the next restore of the bundle in dir

@@ -94,6 +94,8 @@ type Runtime struct {
 	runscBin string // "" when runsc is not installed
 	criuOnce criuFinder
 	idmap    idmapper
+	// auditSyscalls is envd's --audit-syscalls list (see harden).
+	auditSyscalls string
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -161,6 +163,7 @@ func New(cfg Config, log *slog.Logger) (*Runtime, error) {
 	}
 	r := &Runtime{cfg: cfg, log: log.With("component", "runc"), cgroupV2: isCgroupV2()}
 	r.idmap.dir = r.idmapDir()
+	r.auditSyscalls = auditedSyscalls()
 	r.resetIdmaps()
 	r.nofile = r.nofileLimit()
 	r.runscBin = runscBin

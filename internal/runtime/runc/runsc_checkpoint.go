@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"time"
 
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -44,22 +43,14 @@ type route struct {
 
 // netnsPath reads the network namespace path from the bundle's config.json.
 func netnsPath(dir string) (string, error) {
-	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	ns, err := readBundleNS(dir)
 	if err != nil {
 		return "", err
 	}
-	var s specs.Spec
-	if err := json.Unmarshal(b, &s); err != nil {
-		return "", err
+	if ns.netPath == "" {
+		return "", fmt.Errorf("bundle %s: %w", dir, errNoNetNS)
 	}
-	if s.Linux != nil {
-		for _, ns := range s.Linux.Namespaces {
-			if ns.Type == specs.NetworkNamespace && ns.Path != "" {
-				return ns.Path, nil
-			}
-		}
-	}
-	return "", fmt.Errorf("bundle %s: %w", dir, errNoNetNS)
+	return ns.netPath, nil
 }
 
 // errNoNetNS: the sandbox runs in a netns runsc creates itself (tests).

@@ -96,7 +96,7 @@ func TestAuditFilterNeedsUserNS(t *testing.T) {
 		{"gvisor", true, TierRunsc, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := &Runtime{cfg: Config{UserNS: tc.userns, UserNSBase: DefaultUserNSBase, UserNSSize: DefaultUserNSSize, EnvdPath: "/envd"}}
+			r := &Runtime{cfg: Config{UserNS: tc.userns, UserNSBase: DefaultUserNSBase, UserNSSize: DefaultUserNSSize, EnvdPath: "/envd"}, auditSyscalls: auditedSyscalls()}
 			spec := runtime.Spec{ID: "x", Runtime: tc.tier}
 			s := r.harden(r.ociSpec(spec, t.TempDir()), spec)
 			args := strings.Join(s.Process.Args, " ")

@@ -357,22 +357,9 @@ func (r *Runtime) initPid(ctx context.Context, id string) (int, error) {
 // of the dumped tasks to be owned by their user namespace, and that
 // sandbox's netns belongs to the host's. The error says so instead of
 // CRIU's "namespaces doesn't belong to the target user namespace".
-// Sandboxes that joined the user namespace owning their netns are fine.
-func (r *Runtime) checkpointUserNS(id string) error {
-	b, err := os.ReadFile(filepath.Join(r.dir(id), "config.json"))
-	if err != nil {
-		return nil // Checkpoint reports the missing bundle itself
-	}
-	var s specs.Spec
-	if json.Unmarshal(b, &s) != nil || s.Linux == nil {
-		return nil
-	}
-	userns, hostNet := false, false
-	for _, ns := range s.Linux.Namespaces {
-		userns = userns || ns.Type == specs.UserNamespace
-		hostNet = hostNet || ns.Type == specs.NetworkNamespace && ns.Path != ""
-	}
-	if userns && hostNet {
+// Sandboxes whose netns runc made with their user namespace are fine.
+func checkpointUserNS(id string, ns bundleNS) error {
+	if ns.userNS && ns.netPath != "" {
 		return fmt.Errorf("sandbox %s runs in a user namespace that does not own its network namespace (a server without deferred networking created it), which pause, snapshots and forks cannot checkpoint; recreate the sandbox: %w", id, errdefs.ErrUnavailable)
 	}
 	return nil
