@@ -86,6 +86,7 @@ type Manager struct {
 	last      netip.Addr            // most recently allocated address (next-fit)
 	endpoints map[string]Endpoint   // by sandbox id
 	denied    map[string]bool       // ids in the no_internet set
+	byName    map[string]bool       // ids in the by_name set
 	ipChains  map[string]bool       // ids with their own allowOut/denyOut chain
 
 	egress      Egress
@@ -100,10 +101,12 @@ type Egress interface {
 }
 
 // EgressPorts are the ports the egress proxy (TCP) and DNS resolver (UDP
-// and TCP) listen on at the gateway address.
+// and TCP) listen on at the gateway address, and the NFLOG group it reads
+// the packets nftables refused or let out without it from (0: none).
 type EgressPorts struct {
-	Proxy uint16
-	DNS   uint16
+	Proxy    uint16
+	DNS      uint16
+	LogGroup uint16
 }
 
 // SetEgress routes every sandbox's TCP and DNS through e, listening on
@@ -135,6 +138,7 @@ func New(cfg Config, log *slog.Logger) (*Manager, error) {
 		used:      map[netip.Addr]string{},
 		endpoints: map[string]Endpoint{},
 		denied:    map[string]bool{},
+		byName:    map[string]bool{},
 		ipChains:  map[string]bool{},
 	}
 	m.dns = m.hostDNS()
@@ -225,7 +229,7 @@ func (m *Manager) relearn() error {
 	if err != nil {
 		return fmt.Errorf("read netns dir: %w", err)
 	}
-	denied := m.deniedSet()
+	denied, named := m.addrSet(noInternetSet), m.addrSet(byNameSet)
 	for _, e := range entries {
 		id := e.Name()
 		ip, err := m.readAddr(id)
@@ -241,6 +245,9 @@ func (m *Manager) relearn() error {
 		m.endpoints[id] = Endpoint{IP: ip, Gateway: m.gateway, NetNSPath: m.nsPath(id), Deferred: m.cfg.Deferred}
 		if denied[ip] {
 			m.denied[id] = true
+		}
+		if named[ip] {
+			m.byName[id] = true
 		}
 	}
 	return nil
@@ -336,24 +343,30 @@ func (m *Manager) Setup(ctx context.Context) error {
 		}
 	}
 	m.mu.Lock()
-	var keep []netip.Addr
+	var keep, keepByName []netip.Addr
 	for id := range m.denied {
 		if ep, ok := m.endpoints[id]; ok {
 			keep = append(keep, ep.IP)
 		}
 	}
+	for id := range m.byName {
+		if ep, ok := m.endpoints[id]; ok {
+			keepByName = append(keepByName, ep.IP)
+		}
+	}
 	m.mu.Unlock()
-	if err := m.installRules(keep); err != nil {
+	if err := m.installRules(keep, keepByName); err != nil {
 		return err
 	}
 	m.log.Info("network ready", "bridge", m.cfg.Bridge, "gateway", m.gateway, "subnet", m.cfg.Subnet, "table", m.cfg.Table)
 	return nil
 }
 
-// deniedSet reads the current no_internet set; empty when there is none yet.
-func (m *Manager) deniedSet() map[netip.Addr]bool {
+// addrSet reads the current members of an address set; empty when there
+// is none yet.
+func (m *Manager) addrSet(name string) map[netip.Addr]bool {
 	out := map[netip.Addr]bool{}
-	ips, err := m.readNoInternet()
+	ips, err := m.readSet(name)
 	if err != nil {
 		return out
 	}
@@ -403,6 +416,7 @@ func (m *Manager) release(id string) {
 	}
 	delete(m.endpoints, id)
 	delete(m.denied, id)
+	delete(m.byName, id)
 }
 
 // Attach gives sandbox id its own network namespace with an address on the
@@ -459,6 +473,7 @@ func (m *Manager) Attach(ctx context.Context, id string, p Policy) (ep Endpoint,
 	undo = append(undo, func() { _ = m.removeSpoofRules(id) })
 	undo = append(undo, func() {
 		_ = m.setNoInternet(ip, false)
+		_ = m.setMember(byNameSet, ip, false)
 		_ = m.setIPRules(id, ip, Policy{})
 		if e := m.egressOf(); e != nil {
 			e.Unbind(id)
@@ -497,12 +512,20 @@ func (m *Manager) applyPolicy(id string, ip netip.Addr, p Policy) error {
 	if err := m.setNoInternet(ip, !p.AllowInternet); err != nil {
 		return err
 	}
+	if err := m.setMember(byNameSet, ip, p.DecidesByName()); err != nil {
+		return err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if p.AllowInternet {
 		delete(m.denied, id)
 	} else {
 		m.denied[id] = true
+	}
+	if p.DecidesByName() {
+		m.byName[id] = true
+	} else {
+		delete(m.byName, id)
 	}
 	return nil
 }
@@ -526,6 +549,9 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 	ep, ok := m.Lookup(id)
 	if ok {
 		if err := m.setNoInternet(ep.IP, false); err != nil {
+			errs = append(errs, err)
+		}
+		if err := m.setMember(byNameSet, ep.IP, false); err != nil {
 			errs = append(errs, err)
 		}
 		if err := m.setIPRules(id, ep.IP, Policy{}); err != nil {

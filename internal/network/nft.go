@@ -14,6 +14,11 @@ import (
 // noInternetSet holds the IPv4 addresses of sandboxes denied public egress.
 const noInternetSet = "no_internet"
 
+// byNameSet holds the IPv4 addresses of sandboxes whose policy allows
+// domains: their connections to ports 80 and 443 go to the egress proxy
+// whatever the address, since only the Host or SNI can decide them.
+const byNameSet = "by_name"
+
 // privateRanges are never reachable from a sandbox, whatever its policy.
 var privateRanges = []netip.Prefix{
 	netip.MustParsePrefix("10.0.0.0/8"),
@@ -80,18 +85,37 @@ func ipInPrefix(offset uint32, p netip.Prefix) []expr.Any {
 
 func accept() expr.Any { return &expr.Verdict{Kind: expr.VerdictAccept} }
 
+// Prefixes of the packets nftables logs to the egress proxy's NFLOG group
+// (EgressPorts.LogGroup): what the policy refused in the kernel, and the
+// first packet of each UDP or ICMP flow it let out.
+const (
+	LogRefused = "agentbox-refused"
+	LogAllowed = "agentbox-allowed"
+)
+
+// logTo logs a packet's headers to group with prefix; nil when group is 0.
+func logTo(group uint16, prefix string) []expr.Any {
+	if group == 0 {
+		return nil
+	}
+	return []expr.Any{&expr.Log{Key: 1<<unix.NFTA_LOG_GROUP | 1<<unix.NFTA_LOG_PREFIX | 1<<unix.NFTA_LOG_SNAPLEN,
+		Group: group, Data: []byte(prefix), Snaplen: 64}}
+}
+
 // rejectRules turns match into two rules that refuse a packet rather than
 // drop it, so a denied connection fails at once instead of waiting for a
 // timeout (resolvers, curl, Xvfb...). TCP gets a reset first: the kernel
 // rate-limits ICMP errors per peer (a burst of 6, then 1/s), so a sandbox
-// probing a few denied addresses would otherwise see SYN timeouts.
-func rejectRules(match ...any) [][]expr.Any {
+// probing a few denied addresses would otherwise see SYN timeouts. Each
+// refusal is logged for the audit when the egress proxy reads the log.
+func (m *Manager) rejectRules(match ...any) [][]expr.Any {
+	logged := logTo(m.egressPorts.LogGroup, LogRefused)
 	tcp := []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
-		&expr.Reject{Type: unix.NFT_REJECT_TCP_RST},
 	}
-	icmpx := &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}
+	tcp = append(append(tcp, logged...), &expr.Reject{Type: unix.NFT_REJECT_TCP_RST})
+	icmpx := append(append([]expr.Any(nil), logged...), &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED})
 	return [][]expr.Any{
 		rule(append(match, tcp)...),
 		rule(append(match, icmpx)...),
@@ -123,7 +147,7 @@ func ipElement(ip netip.Addr) nftables.SetElement {
 // already in the old no_internet set (sandboxes that outlived a server
 // restart) are carried over, plus keep. Per-sandbox IP rules are put back by
 // SetPolicy (the sandbox manager calls it for every sandbox it re-adopts).
-func (m *Manager) installRules(keep []netip.Addr) error {
+func (m *Manager) installRules(keep, keepByName []netip.Addr) error {
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
@@ -133,6 +157,10 @@ func (m *Manager) installRules(keep []netip.Addr) error {
 	for _, ip := range keep {
 		elems[ip] = true
 	}
+	named := map[netip.Addr]bool{}
+	for _, ip := range keepByName {
+		named[ip] = true
+	}
 	if tables, err := c.ListTables(); err == nil {
 		for _, t := range tables {
 			if t.Name != m.cfg.Table {
@@ -140,11 +168,13 @@ func (m *Manager) installRules(keep []netip.Addr) error {
 			}
 			switch t.Family {
 			case nftables.TableFamilyINet:
-				if set, err := c.GetSetByName(old, noInternetSet); err == nil {
-					if es, err := c.GetSetElements(set); err == nil {
-						for _, e := range es {
-							if ip, ok := netip.AddrFromSlice(e.Key); ok {
-								elems[ip] = true
+				for name, into := range map[string]map[netip.Addr]bool{noInternetSet: elems, byNameSet: named} {
+					if set, err := c.GetSetByName(old, name); err == nil {
+						if es, err := c.GetSetElements(set); err == nil {
+							for _, e := range es {
+								if ip, ok := netip.AddrFromSlice(e.Key); ok {
+									into[ip] = true
+								}
 							}
 						}
 					}
@@ -163,6 +193,14 @@ func (m *Manager) installRules(keep []netip.Addr) error {
 		vals = append(vals, ipElement(ip))
 	}
 	if err := c.AddSet(set, vals); err != nil {
+		return fmt.Errorf("nftables set: %w", err)
+	}
+	nameSet := &nftables.Set{Table: t, Name: byNameSet, KeyType: nftables.TypeIPAddr}
+	vals = nil
+	for ip := range named {
+		vals = append(vals, ipElement(ip))
+	}
+	if err := c.AddSet(nameSet, vals); err != nil {
 		return fmt.Errorf("nftables set: %w", err)
 	}
 	vmap := &nftables.Set{Table: t, Name: policyMap, IsMap: true, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict}
@@ -185,7 +223,7 @@ func (m *Manager) installRules(keep []netip.Addr) error {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: e})
 	}
 	deny := func(ch *nftables.Chain, match ...any) {
-		for _, e := range rejectRules(match...) {
+		for _, e := range m.rejectRules(match...) {
 			add(ch, e)
 		}
 	}
@@ -237,9 +275,51 @@ func (m *Manager) installRules(keep []netip.Addr) error {
 	// Nothing outside the host opens connections into a sandbox.
 	deny(forward, oifname(expr.CmpOpEq, br))
 
+	// NAT chains see the first packet of each flow only: every UDP or ICMP
+	// flow the policy let out is logged once (TCP goes through the proxy,
+	// which records it).
+	if lg := logTo(m.egressPorts.LogGroup, LogAllowed); lg != nil {
+		add(post, rule(ipInPrefix(12, m.cfg.Subnet), oifname(expr.CmpOpNeq, br),
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{unix.IPPROTO_TCP}}, lg))
+	}
 	add(post, rule(ipInPrefix(12, m.cfg.Subnet), oifname(expr.CmpOpNeq, br), &expr.Masq{}))
 
 	if e := m.egressPorts; e.Proxy != 0 {
+		// Denied TCP fails at the SYN, before the redirect below: a reset
+		// from here is "connection refused" to the sandbox, where a proxy
+		// that accepted and then reset would be a socket that opened and
+		// died. What reaches the proxy is what the policy allows by
+		// address, and ports 80 and 443 of sandboxes whose domains only the
+		// Host or SNI can decide.
+		pf := c.AddChain(&nftables.Chain{Name: "prefilter", Table: t, Type: nftables.ChainTypeFilter,
+			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityMangle, Policy: &accepting})
+		tcp := l4Proto(unix.IPPROTO_TCP)
+		add(pf, rule(iifname(br), ctEstablishedRelated(), accept()))
+		add(pf, rule(iifname(br), l4Port(unix.IPPROTO_TCP, 53), accept())) // to the resolver
+		// The host on any of its addresses (the gateway too), link-local
+		// and metadata addresses, other sandboxes.
+		deny(pf, iifname(br), tcp, fibDaddrLocal())
+		deny(pf, iifname(br), tcp, ipInPrefix(16, netip.MustParsePrefix("169.254.0.0/16")))
+		deny(pf, iifname(br), tcp, ipInPrefix(16, m.cfg.Subnet))
+		byName := func(match ...any) {
+			for _, port := range []uint16{80, 443} {
+				add(pf, rule(append(match, iifname(br), isIPv4(), saddr,
+					&expr.Lookup{SourceRegister: 1, SetName: nameSet.Name, SetID: nameSet.ID},
+					l4Port(unix.IPPROTO_TCP, port), accept())...))
+			}
+		}
+		for _, p := range m.cfg.OperatorAllow {
+			byName(ipInPrefix(16, p))
+			add(pf, rule(iifname(br), tcp, ipInPrefix(16, p), jumpPolicy))
+			add(pf, rule(iifname(br), tcp, ipInPrefix(16, p), accept()))
+		}
+		for _, p := range append(privateRanges, netip.MustParsePrefix("224.0.0.0/3"), netip.MustParsePrefix("0.0.0.0/8")) {
+			deny(pf, iifname(br), tcp, ipInPrefix(16, p))
+		}
+		byName()
+		add(pf, rule(iifname(br), tcp, jumpPolicy))
+
 		// Every TCP connection and DNS query a sandbox opens goes to the host's
 		// egress proxy and resolver, which apply the policy by name and
 		// address and record each one. The proxy refuses the host, private
@@ -287,6 +367,15 @@ func l4Port(proto byte, port uint16) []expr.Any {
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
 	)
+}
+
+// fibDaddrLocal matches packets addressed to one of the host's own
+// addresses.
+func fibDaddrLocal() []expr.Any {
+	return []expr.Any{
+		&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
+	}
 }
 
 // ctDNAT matches connections whose destination nftables rewrote.
@@ -427,7 +516,7 @@ func (m *Manager) setIPRules(id string, ip netip.Addr, p Policy) error {
 			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: rule(ipInPrefix(16, a), accept())})
 		}
 		for _, d := range p.DenyOut {
-			for _, e := range rejectRules(ipInPrefix(16, d)) {
+			for _, e := range m.rejectRules(ipInPrefix(16, d)) {
 				c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: e})
 			}
 		}
@@ -452,39 +541,46 @@ func (m *Manager) setIPRules(id string, ip netip.Addr, p Policy) error {
 
 // setNoInternet adds or removes ip from the no_internet set.
 func (m *Manager) setNoInternet(ip netip.Addr, deny bool) error {
+	return m.setMember(noInternetSet, ip, deny)
+}
+
+// setMember adds ip to, or removes it from, the named address set.
+func (m *Manager) setMember(name string, ip netip.Addr, in bool) error {
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
 	t := &nftables.Table{Name: m.cfg.Table, Family: nftables.TableFamilyINet}
-	set, err := c.GetSetByName(t, noInternetSet)
+	set, err := c.GetSetByName(t, name)
 	if err != nil {
-		return fmt.Errorf("nftables set %s (is Setup done?): %w", noInternetSet, err)
+		return fmt.Errorf("nftables set %s (is Setup done?): %w", name, err)
 	}
 	el := []nftables.SetElement{ipElement(ip)}
-	if deny {
+	if in {
 		err = c.SetAddElements(set, el)
 	} else {
 		err = c.SetDeleteElements(set, el)
 	}
 	if err != nil {
-		return fmt.Errorf("nftables set %s: %w", noInternetSet, err)
+		return fmt.Errorf("nftables set %s: %w", name, err)
 	}
 	if err := c.Flush(); err != nil {
-		if !deny && errors.Is(err, unix.ENOENT) {
+		if !in && errors.Is(err, unix.ENOENT) {
 			return nil
 		}
-		return fmt.Errorf("nftables set %s: %w", noInternetSet, err)
+		return fmt.Errorf("nftables set %s: %w", name, err)
 	}
 	return nil
 }
 
-func (m *Manager) readNoInternet() ([]netip.Addr, error) {
+func (m *Manager) readNoInternet() ([]netip.Addr, error) { return m.readSet(noInternetSet) }
+
+func (m *Manager) readSet(name string) ([]netip.Addr, error) {
 	c, err := nftables.New()
 	if err != nil {
 		return nil, err
 	}
-	set, err := c.GetSetByName(&nftables.Table{Name: m.cfg.Table, Family: nftables.TableFamilyINet}, noInternetSet)
+	set, err := c.GetSetByName(&nftables.Table{Name: m.cfg.Table, Family: nftables.TableFamilyINet}, name)
 	if err != nil {
 		return nil, err
 	}

@@ -3,8 +3,11 @@ package network
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -25,7 +28,7 @@ import (
 // Config.Deferred, Attach makes the veth pair with both ends in the host
 // (the sandbox's end named peerVeth) and the runtime hands the new netns
 // over with Plug before the sandbox's init runs. runc has CRIU restore a
-// sandbox into an empty netns; the hook from PlugCommand moves the veth end
+// sandbox into an empty netns; the hook from PlugHook moves the veth end
 // in before the sockets come back, and Plug then adopts the netns and
 // corrects what differs (a fork's address and MAC).
 
@@ -128,30 +131,12 @@ func (m *Manager) addVeth(id, peer string, nsFD int) error {
 	return nil
 }
 
-// plugScript moves the veth end $1 into the netns of the process whose OCI
-// state arrives on stdin and configures it as eth0 with MAC $2, address $3
-// and gateway $4, with lo up: the part of Plug a restored sandbox needs
-// before CRIU brings back its sockets.
-const plugScript = `set -e
-pid=$(jq -er .pid)
-ip link set "$1" netns "$pid"
-nsenter -t "$pid" -n ip -batch - <<EOF
-link set $1 name eth0
-link set eth0 address $2
-addr add $3/32 dev eth0
-link set lo up
-link set eth0 up
-route add $4/32 dev eth0 scope link
-route add default via $4 dev eth0
-EOF
-`
-
-// PlugCommand makes sure a deferred sandbox's veth pair exists and returns
-// the command (argv; the OCI state of the sandbox on stdin) that moves it
-// into the sandbox's new netns. runc runs it as a hook while CRIU restores
-// the sandbox into an empty netns, after the namespaces exist and before
-// the sockets come back, which need their addresses and routes.
-func (m *Manager) PlugCommand(ctx context.Context, id string) ([]string, error) {
+// PlugHook makes sure a deferred sandbox's veth pair exists and returns
+// the arguments of `agentbox __hook` (see RunPlugHook) that move it into the
+// sandbox's new netns. runc runs the hook (OCI state on stdin) while CRIU
+// restores the sandbox into an empty netns, after the namespaces exist and
+// before the sockets come back, which need their addresses and routes.
+func (m *Manager) PlugHook(ctx context.Context, id string) ([]string, error) {
 	if !validID.MatchString(id) {
 		return nil, fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
 	}
@@ -163,7 +148,105 @@ func (m *Manager) PlugCommand(ctx context.Context, id string) ([]string, error) 
 	if err != nil {
 		return nil, err
 	}
-	return []string{"/bin/sh", "-c", plugScript, "agentbox-plug", peer, sandboxMAC(id).String(), ep.IP.String(), m.gateway.String()}, nil
+	a := plugArgs{veth: peer, mac: sandboxMAC(id), addr: ep.IP, gateway: m.gateway}
+	return a.args(), nil
+}
+
+// PlugHookName is the name of the hook RunPlugHook implements.
+const PlugHookName = "netplug"
+
+// plugArgs are the arguments of the netplug hook.
+type plugArgs struct {
+	veth          string           // the sandbox's end of the veth pair, in the host namespace
+	mac           net.HardwareAddr // eth0's address
+	addr, gateway netip.Addr
+}
+
+func (a plugArgs) args() []string {
+	return []string{PlugHookName, "--veth", a.veth, "--mac", a.mac.String(), "--addr", a.addr.String(), "--gateway", a.gateway.String()}
+}
+
+// parsePlugArgs reads the hook's arguments (without its name); every one
+// is required.
+func parsePlugArgs(args []string) (plugArgs, error) {
+	var a plugArgs
+	fs := flag.NewFlagSet(PlugHookName, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var mac, addr, gw string
+	fs.StringVar(&a.veth, "veth", "", "")
+	fs.StringVar(&mac, "mac", "", "")
+	fs.StringVar(&addr, "addr", "", "")
+	fs.StringVar(&gw, "gateway", "", "")
+	if err := fs.Parse(args); err != nil {
+		return a, fmt.Errorf("%s hook: %w", PlugHookName, err)
+	}
+	if fs.NArg() > 0 {
+		return a, fmt.Errorf("%s hook: unexpected argument %q", PlugHookName, fs.Arg(0))
+	}
+	if a.veth == "" || len(a.veth) > unix.IFNAMSIZ-1 {
+		return a, fmt.Errorf("%s hook: --veth: want an interface name of 1 to %d bytes, got %q", PlugHookName, unix.IFNAMSIZ-1, a.veth)
+	}
+	var err error
+	if a.mac, err = net.ParseMAC(mac); err != nil || len(a.mac) != 6 {
+		return a, fmt.Errorf("%s hook: --mac: want an Ethernet address, got %q", PlugHookName, mac)
+	}
+	for _, f := range []struct {
+		name, val string
+		dst       *netip.Addr
+	}{{"addr", addr, &a.addr}, {"gateway", gw, &a.gateway}} {
+		ip, err := netip.ParseAddr(f.val)
+		if err != nil || !ip.Is4() {
+			return a, fmt.Errorf("%s hook: --%s: want an IPv4 address, got %q", PlugHookName, f.name, f.val)
+		}
+		*f.dst = ip
+	}
+	return a, nil
+}
+
+// RunPlugHook is `agentbox __hook netplug`: with the OCI state of a sandbox
+// being restored on state, it moves the veth end into the netns of the
+// state's pid as eth0 and configures it (MAC, address, lo up, routes) with
+// netlink from inside that netns.
+func RunPlugHook(args []string, state io.Reader) error {
+	a, err := parsePlugArgs(args)
+	if err != nil {
+		return err
+	}
+	var st struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.NewDecoder(io.LimitReader(state, 1<<20)).Decode(&st); err != nil {
+		return fmt.Errorf("%s hook: OCI state on stdin: %w", PlugHookName, err)
+	}
+	if st.Pid <= 0 {
+		return fmt.Errorf("%s hook: OCI state names no pid", PlugHookName)
+	}
+	ns, err := netns.GetFromPath("/proc/" + strconv.Itoa(st.Pid) + "/ns/net")
+	if err != nil {
+		return fmt.Errorf("%s hook: netns of pid %d: %w", PlugHookName, st.Pid, err)
+	}
+	defer ns.Close()
+	l, err := netlink.LinkByName(a.veth)
+	if err != nil {
+		return fmt.Errorf("%s hook: veth %s: %w", PlugHookName, a.veth, err)
+	}
+	if err := netlink.LinkSetNsFd(l, int(ns)); err != nil {
+		return fmt.Errorf("%s hook: move %s into the netns of pid %d: %w", PlugHookName, a.veth, st.Pid, err)
+	}
+	// The handle's socket is made on a locked thread inside the netns;
+	// everything below happens there.
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("%s hook: netlink in netns: %w", PlugHookName, err)
+	}
+	defer h.Close()
+	if l, err = h.LinkByName(a.veth); err == nil {
+		err = h.LinkSetName(l, "eth0")
+	}
+	if err != nil {
+		return fmt.Errorf("%s hook: %s as eth0: %w", PlugHookName, a.veth, err)
+	}
+	return configureLinks(h, a.mac, a.addr, a.gateway)
 }
 
 // Plug hands sandbox id's network namespace to the manager: the one of
@@ -303,6 +386,12 @@ func onThread(enter, fn func() error) error {
 // instead of timing out on ARP. Other addresses on eth0 (a fork's source's)
 // are removed. h works in the sandbox netns.
 func (m *Manager) configureInside(h *netlink.Handle, id string, ip netip.Addr) error {
+	return configureLinks(h, sandboxMAC(id), ip, m.gateway)
+}
+
+// configureLinks brings lo up and gives eth0 its MAC, ip as its only
+// address and the routes through gw (see configureInside).
+func configureLinks(h *netlink.Handle, mac net.HardwareAddr, ip, gateway netip.Addr) error {
 	lo, err := h.LinkByName("lo")
 	if err != nil {
 		return fmt.Errorf("lo: %w", err)
@@ -314,7 +403,7 @@ func (m *Manager) configureInside(h *netlink.Handle, id string, ip netip.Addr) e
 	if err != nil {
 		return fmt.Errorf("eth0: %w", err)
 	}
-	if mac := sandboxMAC(id); eth.Attrs().HardwareAddr.String() != mac.String() {
+	if eth.Attrs().HardwareAddr.String() != mac.String() {
 		if err := h.LinkSetHardwareAddr(eth, mac); err != nil {
 			return fmt.Errorf("eth0 MAC: %w", err)
 		}
@@ -342,7 +431,7 @@ func (m *Manager) configureInside(h *netlink.Handle, id string, ip netip.Addr) e
 	if err := h.LinkSetUp(eth); err != nil {
 		return fmt.Errorf("eth0 up: %w", err)
 	}
-	gw := m.gateway.AsSlice()
+	gw := gateway.AsSlice()
 	if err := h.RouteReplace(&netlink.Route{LinkIndex: eth.Attrs().Index, Scope: netlink.SCOPE_LINK,
 		Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(32, 32)}}); err != nil {
 		return fmt.Errorf("gateway route: %w", err)

@@ -124,18 +124,21 @@ func TestDeferredPlug(t *testing.T) {
 		if _, err := os.Stat(ep.NetNSPath); err != nil {
 			t.Fatalf("netns file gone after Unplug (the sandbox must stay attached): %v", err)
 		}
-		argv, err := m.PlugCommand(ctx, id)
+		args, err := m.PlugHook(ctx, id)
 		if err != nil {
 			t.Fatal(err)
 		}
+		if args[0] != PlugHookName {
+			t.Fatalf("hook args %q do not name the hook", args)
+		}
 		if _, err := netlink.LinkByName(hostVeth(id)); err != nil {
-			t.Fatalf("PlugCommand did not remake the veth pair: %v", err)
+			t.Fatalf("PlugHook did not remake the veth pair: %v", err)
 		}
 		pid := userNetNSProcess(t)
-		hook := exec.Command(argv[0], argv[1:]...)
-		hook.Stdin = strings.NewReader(fmt.Sprintf(`{"ociVersion":"1.0.2","id":%q,"status":"creating","pid":%d,"bundle":"/x"}`, id, pid))
-		if out, err := hook.CombinedOutput(); err != nil {
-			t.Fatalf("hook: %v: %s", err, out)
+		// What `agentbox __hook netplug` runs, with runc's state on stdin.
+		state := strings.NewReader(fmt.Sprintf(`{"ociVersion":"1.0.2","id":%q,"status":"creating","pid":%d,"bundle":"/x"}`, id, pid))
+		if err := RunPlugHook(args[1:], state); err != nil {
+			t.Fatalf("hook: %v", err)
 		}
 		path := fmt.Sprintf("/proc/%d/ns/net", pid)
 		deadline := time.Now().Add(5 * time.Second)
@@ -155,12 +158,47 @@ func TestDeferredPlug(t *testing.T) {
 			if err := m.Plug(ctx, id, 0); err == nil {
 				t.Errorf("Plug(%q) accepted", id)
 			}
-			if _, err := m.PlugCommand(ctx, id); err == nil {
-				t.Errorf("PlugCommand(%q) accepted", id)
+			if _, err := m.PlugHook(ctx, id); err == nil {
+				t.Errorf("PlugHook(%q) accepted", id)
 			}
 		}
 		if err := m.Plug(ctx, "notattached", 0); err == nil {
 			t.Error("Plug of an unattached sandbox accepted")
 		}
 	})
+}
+
+func TestParsePlugArgs(t *testing.T) {
+	good := plugArgs{veth: "ap0123456789ab", mac: sandboxMAC("x"), addr: netip.MustParseAddr("10.0.0.5"), gateway: netip.MustParseAddr("10.0.0.1")}
+	got, err := parsePlugArgs(good.args()[1:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.veth != good.veth || got.mac.String() != good.mac.String() || got.addr != good.addr || got.gateway != good.gateway {
+		t.Fatalf("round trip: %+v, want %+v", got, good)
+	}
+	for name, args := range map[string][]string{
+		"nothing":          nil,
+		"no veth":          {"--mac", "02:00:00:00:00:01", "--addr", "10.0.0.5", "--gateway", "10.0.0.1"},
+		"long veth":        {"--veth", "abcdefghijklmnop", "--mac", "02:00:00:00:00:01", "--addr", "10.0.0.5", "--gateway", "10.0.0.1"},
+		"bad mac":          {"--veth", "ap1", "--mac", "zz", "--addr", "10.0.0.5", "--gateway", "10.0.0.1"},
+		"long mac":         {"--veth", "ap1", "--mac", "02:00:00:00:00:00:00:01", "--addr", "10.0.0.5", "--gateway", "10.0.0.1"},
+		"ipv6 addr":        {"--veth", "ap1", "--mac", "02:00:00:00:00:01", "--addr", "fd00::5", "--gateway", "10.0.0.1"},
+		"no gateway":       {"--veth", "ap1", "--mac", "02:00:00:00:00:01", "--addr", "10.0.0.5"},
+		"unknown flag":     {"--veth", "ap1", "--mac", "02:00:00:00:00:01", "--addr", "10.0.0.5", "--gateway", "10.0.0.1", "--shell", "x"},
+		"stray positional": {"--veth", "ap1", "--mac", "02:00:00:00:00:01", "--addr", "10.0.0.5", "--gateway", "10.0.0.1", "rm"},
+	} {
+		if _, err := parsePlugArgs(args); err == nil {
+			t.Errorf("%s: %q accepted", name, args)
+		}
+	}
+}
+
+func TestRunPlugHookRefusesBadState(t *testing.T) {
+	args := plugArgs{veth: "apnone", mac: sandboxMAC("x"), addr: netip.MustParseAddr("10.0.0.5"), gateway: netip.MustParseAddr("10.0.0.1")}.args()[1:]
+	for _, state := range []string{"", "{", `{"pid":0}`, `{"pid":-4}`} {
+		if err := RunPlugHook(args, strings.NewReader(state)); err == nil {
+			t.Errorf("state %q accepted", state)
+		}
+	}
 }

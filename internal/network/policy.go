@@ -14,8 +14,15 @@ const AllTraffic = "ALL_TRAFFIC"
 
 // HeaderTransform is one rule of a domain: headers added to, or replacing
 // those of, every matching request. Values are final (secrets resolved).
+//
+// The egress proxy adds them only to a request it sends itself to an
+// address it resolved for the request's name, over TLS verified against
+// the host's roots; over plain HTTP only when AllowPlainHTTP is set.
 type HeaderTransform struct {
 	Headers map[string]string
+	// AllowPlainHTTP lets the headers travel over unencrypted HTTP (port
+	// 80) too, readable by every network on the way. Off by default.
+	AllowPlainHTTP bool
 }
 
 // DomainRules attaches header transforms to a domain pattern.
@@ -58,6 +65,11 @@ type Policy struct {
 // HasIPRules reports whether the policy needs per-sandbox nftables rules.
 func (p Policy) HasIPRules() bool { return len(p.AllowOut) > 0 || len(p.DenyOut) > 0 }
 
+// DecidesByName reports whether a domain in p could allow a connection its
+// IP rules deny, so the proxy must read the HTTP Host or TLS SNI of
+// connections to ports 80 and 443 before deciding.
+func (p Policy) DecidesByName() bool { return len(p.AllowDomains) > 0 }
+
 // NeedsProxy reports whether only the egress proxy can enforce p.
 func (p Policy) NeedsProxy() bool {
 	return len(p.AllowDomains) > 0 || len(p.Rules) > 0 || p.Upstream != nil
@@ -93,9 +105,9 @@ func ParsePrefix(field, s string) (netip.Prefix, error) {
 	return netip.PrefixFrom(a, 32), nil
 }
 
-// looksLikeAddress tells a mistyped address ("10.0.0.300", "1.2.3.4/40")
+// LooksLikeAddress tells a mistyped address ("10.0.0.300", "1.2.3.4/40")
 // from a domain name so the error says what is wrong.
-func looksLikeAddress(s string) bool {
+func LooksLikeAddress(s string) bool {
 	return strings.ContainsAny(s, "/:") || strings.Trim(s, "0123456789.") == ""
 }
 
@@ -129,7 +141,7 @@ func ParseAllowOut(field string, entries []string) ([]netip.Prefix, []string, er
 	var domains []string
 	for i, e := range entries {
 		f := fmt.Sprintf("%s[%d]", field, i)
-		if e == AllTraffic || looksLikeAddress(e) {
+		if e == AllTraffic || LooksLikeAddress(e) {
 			p, err := ParsePrefix(f, e)
 			if err != nil {
 				return nil, nil, err
@@ -153,7 +165,7 @@ func ParseDenyOut(field string, entries []string) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for i, e := range entries {
 		f := fmt.Sprintf("%s[%d]", field, i)
-		if e != AllTraffic && !looksLikeAddress(e) {
+		if e != AllTraffic && !LooksLikeAddress(e) {
 			return nil, invalidf("%s: %q: denyOut takes IPv4 addresses and CIDR blocks only, not domains", f, e)
 		}
 		p, err := ParsePrefix(f, e)
@@ -194,6 +206,22 @@ func (p Policy) RulesFor(name string) []HeaderTransform {
 		return nil
 	}
 	return p.Rules[best].Transforms
+}
+
+// InjectFor returns the transforms to apply to a request for name: all of
+// the best rule's over TLS, only those that opted in over plain HTTP.
+func (p Policy) InjectFor(name string, tls bool) []HeaderTransform {
+	ts := p.RulesFor(name)
+	if tls {
+		return ts
+	}
+	var out []HeaderTransform
+	for _, t := range ts {
+		if t.AllowPlainHTTP {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // AllowsDomain returns the allowOut pattern that matches name, if any.

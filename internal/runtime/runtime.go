@@ -103,6 +103,36 @@ type RestoreOptions struct {
 	FilesystemOnly bool
 }
 
+// Optional capabilities. A driver implements those it has; the manager
+// asks with a type assertion on these interfaces (never an anonymous one)
+// and tells the client what is missing.
+
+// Freezer stops every process of a sandbox in place (cgroup freezer) and
+// resumes them; memory stays resident.
+type Freezer interface {
+	Freeze(ctx context.Context, id string) error
+	Thaw(ctx context.Context, id string) error
+}
+
+// CheckpointProber says whether this host can checkpoint at all (a driver
+// may implement Checkpointer yet lack the tool it needs, e.g. CRIU).
+type CheckpointProber interface {
+	CheckpointSupported() error
+}
+
+// TierChecker says whether a runtime tier can run sandboxes here; the
+// error says how to make it available.
+type TierChecker interface {
+	TierAvailable(tier string) error
+}
+
+// SandboxResolver attributes kernel records (seccomp audit events) to a
+// sandbox: by audit session, and by the name of its cgroup directory.
+type SandboxResolver interface {
+	SandboxOfSession(ses uint32) (string, bool)
+	SandboxOfCgroup(name string) (string, bool)
+}
+
 // Checkpointer is implemented by drivers that can stop a sandbox with its
 // memory and bring it back (pause/resume, snapshots, forks) and freeze it in
 // place. The manager type-asserts it; drivers without it cannot pause.
@@ -118,8 +148,7 @@ type Checkpointer interface {
 	HasCheckpoint(ctx context.Context, id string) (bool, error)
 	// DropCheckpoint removes the pause image of id (after a resume).
 	DropCheckpoint(ctx context.Context, id string) error
-	// Freeze stops every process of the sandbox in place (cgroup freezer);
-	// memory stays resident. Thaw undoes it.
-	Freeze(ctx context.Context, id string) error
-	Thaw(ctx context.Context, id string) error
+	// A checkpointing driver freezes too: snapshots freeze the sandbox
+	// while its writable layer is copied.
+	Freezer
 }

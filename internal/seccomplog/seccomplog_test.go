@@ -221,3 +221,24 @@ func TestAggregatorBySession(t *testing.T) {
 		t.Fatalf("denials %+v, want one bpf of sbx1", d)
 	}
 }
+
+// Cgroups named by the runtime's opaque key are mapped back to the
+// sandbox; a name the runtime does not know attributes nothing.
+func TestAggregatorByCgroup(t *testing.T) {
+	root := t.TempDir()
+	fakeProc(t, root, "100", "0::/ab/0123456789abcdef0123456789abcdef\n", "7")
+	fakeProc(t, root, "200", "0::/ab/ffffffffffffffffffffffffffffffff\n", "8")
+	a := newAggregator(Config{CgroupParent: "ab", ProcRoot: root, Explain: func(string) string { return "" }, ByCgroup: func(name string) (string, bool) {
+		return "isbKeyed", name == "0123456789abcdef0123456789abcdef"
+	}})
+	now := time.Now()
+	if !a.add(Record{PID: 100, Arch: archX86_64, Syscall: 321, Code: 0x50001}, now) {
+		t.Fatal("keyed cgroup not attributed")
+	}
+	if a.add(Record{PID: 200, Arch: archX86_64, Syscall: 321, Code: 0x50001}, now) {
+		t.Fatal("a cgroup the runtime does not know was attributed")
+	}
+	if got := a.flush(); len(got) != 1 || got[0].SandboxID != "isbKeyed" {
+		t.Fatalf("denials %+v", got)
+	}
+}

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentbox/agentbox/internal/seccomprules"
 )
 
 // auditNLGrpReadlog is AUDIT_NLGRP_READLOG, the multicast group that gets a
@@ -48,8 +50,11 @@ type Denial struct {
 // Config configures a Watcher.
 type Config struct {
 	// CgroupParent is the server's cgroup parent: a sandbox's processes
-	// live in /<CgroupParent>/<sandbox id>. Required.
+	// live in /<CgroupParent>/<name>. Required.
 	CgroupParent string
+	// ByCgroup names the sandbox whose cgroup directory is name (the
+	// runtime names them by an opaque key); nil: name is the sandbox id.
+	ByCgroup func(name string) (sandboxID string, ok bool)
 	// Sink receives each aggregated denial. Required.
 	Sink func(context.Context, Denial)
 	// Explain says why the policy refuses a syscall name ("" for unknown).
@@ -212,6 +217,9 @@ func (a *aggregator) add(r Record, now time.Time) bool {
 	caller, ok := a.pids[r.PID]
 	if !ok {
 		caller, ok = attribute(a.cfg.ProcRoot, a.cfg.CgroupParent, r.PID)
+		if ok && a.cfg.ByCgroup != nil {
+			caller.sandbox, ok = a.cfg.ByCgroup(caller.sandbox)
+		}
 		if !ok && r.Session != SessionUnset && a.cfg.BySession != nil {
 			// Exited already: every sandbox has an audit session of its
 			// own, which its processes cannot change.
@@ -269,7 +277,7 @@ func archName(arch uint32, nr int) (string, string) {
 	case arch == archX86_64 && nr&x32Bit != 0:
 		return "x32", ""
 	case arch == archX86_64:
-		return "x86_64", syscallName(nr)
+		return "x86_64", seccomprules.SyscallName(nr)
 	case arch == archI386:
 		return "i386", ""
 	}

@@ -26,8 +26,9 @@ func isCgroupV2() bool {
 
 // cgroupPath is the cgroupsPath runc gets: absolute, so it does not depend
 // on which cgroup the server itself runs in.
+// The directory is named by the sandbox's key: cgroupfs is world-listable.
 func (r *Runtime) cgroupPath(id string) string {
-	return "/" + filepath.Join(r.cfg.CgroupParent, id)
+	return "/" + filepath.Join(r.cfg.CgroupParent, r.key(id))
 }
 
 func readUint(path string) (uint64, error) {

@@ -108,14 +108,11 @@ func (r *Runtime) runcCRIU(ctx context.Context, logFile string, args ...string) 
 	}
 	full := append([]string{"--root", r.cfg.RuncRoot, "--criu", criu, "--log", logFile, "--log-format", "json"}, args...)
 	cmd := exec.CommandContext(ctx, r.cfg.RuncBinary, full...)
-	if args[0] == "restore" {
-		r.withSession(cmd)
-	}
 	var stderr bytes.Buffer
 	if args[0] != "restore" {
 		cmd.Stderr = &stderr
 	}
-	if err := cmd.Run(); err != nil {
+	if err := r.runCmd(cmd, args[0] == "restore"); err != nil {
 		msg := lastLogError(logFile)
 		if msg == "" {
 			msg = strings.TrimSpace(stderr.String())
@@ -216,14 +213,21 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, opts runtime.Checkp
 	if err := r.runcCRIU(ctx, filepath.Join(dir, "runc-checkpoint.log"), args...); err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	if ns.ownNet {
+	if base, ok := bundleRange(dir); ok && ns.ownNet {
 		// The restored tasks read part of the image themselves, as the
 		// sandbox's mapped root, which must also be able to walk there.
-		if err := shareImage(img, int(r.cfg.UserNSBase)); err != nil {
+		if err := shareImage(img, int(base)); err != nil {
 			return fmt.Errorf("sandbox %s: image: %w", id, err)
 		}
 		if err := ensureSearchable(filepath.Dir(img)); err != nil {
 			return fmt.Errorf("sandbox %s: image: %w", id, err)
+		}
+		// The image is restored in this range and owned by it: the
+		// range stays taken while the image exists.
+		if !own {
+			if err := r.writeImageRange(img, base); err != nil {
+				return fmt.Errorf("sandbox %s: image: %w", id, err)
+			}
 		}
 	}
 	if opts.UpperCopy != "" {
@@ -347,7 +351,14 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, opts runtime.R
 		}
 	}()
 	if !inPlace {
-		if rb, err = r.newBundle(ctx, spec, opts); err != nil {
+		// CRIU recreates the user namespace with the mappings in the
+		// image: the new sandbox runs in the range the image was taken in
+		// (images of a server before per-sandbox ranges: the pool's first).
+		base, ok := imageRange(img)
+		if !ok {
+			base = r.cfg.UserNSBase
+		}
+		if rb, err = r.newBundle(ctx, spec, opts, base); err != nil {
 			return err
 		}
 	} else if err := r.ensureRootfs(dir); err != nil {
@@ -374,11 +385,11 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, opts runtime.R
 		if r.cfg.Net == nil {
 			return fmt.Errorf("sandbox %s: its netns is its own but no network plugger is configured: %w", spec.ID, errdefs.ErrInvalidArgument)
 		}
-		argv, err := r.cfg.Net.PlugCommand(ctx, spec.ID)
+		args, err := r.cfg.Net.PlugHook(ctx, spec.ID)
 		if err != nil {
 			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
-		if err := setPlugHook(dir, argv); err != nil {
+		if err := setPlugHook(dir, r.hookArgv(args...)); err != nil {
 			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
 	}
@@ -456,7 +467,7 @@ func (r *Runtime) ensureRootfs(dir string) error {
 // image: the overlay over spec.Layers (whose top is the captured writable
 // layer), a fresh upper, config.json for the new id, netns and cgroup, and
 // the captured log dir (envd's log is open in the image).
-func (r *Runtime) newBundle(ctx context.Context, spec runtime.Spec, opts runtime.RestoreOptions) (rollback, error) {
+func (r *Runtime) newBundle(ctx context.Context, spec runtime.Spec, opts runtime.RestoreOptions, base uint32) (rollback, error) {
 	var rb rollback
 	dir := r.dir(spec.ID)
 	if len(spec.Layers) == 0 {
@@ -469,6 +480,14 @@ func (r *Runtime) newBundle(ctx context.Context, spec runtime.Spec, opts runtime
 		return rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	rb.add(func() { _ = os.RemoveAll(dir) })
+	if err := os.WriteFile(filepath.Join(dir, idFile), []byte(spec.ID+"\n"), 0o600); err != nil {
+		return rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	if r.usernsEnabled(spec.Runtime) {
+		if err := r.uids.hold(base, dir); err != nil {
+			return rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+	}
 	if err := os.Mkdir(filepath.Join(dir, "rootfs"), 0o755); err != nil {
 		return rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
@@ -493,15 +512,21 @@ func (r *Runtime) newBundle(ctx context.Context, spec runtime.Spec, opts runtime
 		if err := os.Mkdir(filepath.Join(dir, "log"), 0o755); err != nil {
 			return rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
+	} else if r.usernsEnabled(spec.Runtime) {
+		// envd's log is open in the image: its owner must be the new
+		// sandbox's (the capture is stored unshifted).
+		if err := r.shiftInto(filepath.Join(dir, "log"), base); err != nil {
+			return rb, fmt.Errorf("sandbox %s: log dir: %w", spec.ID, err)
+		}
 	}
 	rootfs := filepath.Join(dir, "rootfs")
 	lower := slices.Clone(spec.Layers)
 	if r.usernsEnabled(spec.Runtime) {
 		var err error
-		if lower, err = r.mappedLayers(ctx, lower); err != nil {
+		if lower, err = r.mappedLayers(ctx, lower, base); err != nil {
 			return rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
-		if err := r.prepareUserNSBundle(dir, upper); err != nil {
+		if err := r.prepareUserNSBundle(dir, base, upper); err != nil {
 			return rb, fmt.Errorf("sandbox %s: user namespace: %w", spec.ID, err)
 		}
 	}
@@ -516,7 +541,7 @@ func (r *Runtime) newBundle(ctx context.Context, spec runtime.Spec, opts runtime
 	if err := writeEtc(dir, spec); err != nil {
 		return rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
-	oci := r.ociSpec(spec, dir)
+	oci := r.ociSpec(spec, dir, base)
 	cfgJSON, err := json.MarshalIndent(oci, "", "\t")
 	if err != nil {
 		return rb, err
@@ -606,11 +631,46 @@ func commitImage(dir, img, id string) error {
 func (r *Runtime) captureUpper(ctx context.Context, id, dest string) error {
 	dir := r.dir(id)
 	upper, _ := layerDirs(dir, r.diskMB(id) > 0)
-	if err := copyTree(ctx, upper, dest); err != nil {
+	if err := r.copyUnshifted(ctx, dir, upper, dest); err != nil {
 		return fmt.Errorf("sandbox %s: capture writable layer: %w", id, err)
 	}
-	if err := copyTree(ctx, filepath.Join(dir, "log"), dest+".log"); err != nil {
+	if err := r.copyUnshifted(ctx, dir, filepath.Join(dir, "log"), dest+".log"); err != nil {
 		return fmt.Errorf("sandbox %s: capture log dir: %w", id, err)
+	}
+	return nil
+}
+
+// shiftInto moves the owners of the tree at path (unshifted, or shifted
+// into another pool range by an earlier version) into the range at base.
+func (r *Runtime) shiftInto(path string, base uint32) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return err
+	}
+	from, ok := r.uids.rangeOf(st.Uid)
+	if !ok {
+		from = 0
+	}
+	if from == base {
+		return nil
+	}
+	return shiftTree(path, from, base, r.cfg.UserNSSize)
+}
+
+// copyUnshifted copies src of bundle dir to dst with its owners moved out
+// of the sandbox's host id range back to 0.., so the copy (a captured
+// writable layer) can be idmapped into any sandbox's range and holds none.
+func (r *Runtime) copyUnshifted(ctx context.Context, dir, src, dst string) error {
+	if err := copyTree(ctx, src, dst); err != nil {
+		return err
+	}
+	base, ok := bundleRange(dir)
+	if !ok {
+		return nil
+	}
+	if err := shiftTree(dst, base, 0, r.cfg.UserNSSize); err != nil {
+		_ = os.RemoveAll(dst)
+		return fmt.Errorf("unshift the copy: %w", err)
 	}
 	return nil
 }

@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -45,7 +43,7 @@ func (r *Runtime) fsCheckpoint(ctx context.Context, id string, opts runtime.Chec
 			if err := r.Freeze(ctx, id); err != nil {
 				return err
 			}
-			cerr := copyTree(ctx, upper, opts.UpperCopy)
+			cerr := r.copyUnshifted(ctx, dir, upper, opts.UpperCopy)
 			if terr := r.Thaw(context.WithoutCancel(ctx), id); terr != nil {
 				cerr = errors.Join(cerr, terr)
 			}
@@ -107,7 +105,7 @@ func (r *Runtime) fsRestore(ctx context.Context, spec runtime.Spec, inPlace bool
 		if err := restoreNetConf(dir); err != nil {
 			return fmt.Errorf("sandbox %s: %w", id, err)
 		}
-	} else if err := criuUnlock(ctx, dir); err != nil {
+	} else if err := criuUnlock(dir); err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	pid, err := r.start(ctx, id, tier, dir, bundleOwnsNetNS(dir))
@@ -119,32 +117,6 @@ func (r *Runtime) fsRestore(ctx context.Context, spec runtime.Spec, inPlace bool
 		// A fresh boot is a fresh user namespace with default caps.
 		if err := r.limitUserNS(ctx, id, pid); err != nil {
 			r.log.Warn("resumed sandbox keeps default inotify caps", "id", id, "err", err)
-		}
-	}
-	return nil
-}
-
-// criuUnlock removes the network lock a CRIU dump leaves in the netns (an
-// iptables CRIU chain dropping everything, lifted by CRIU's own restore):
-// a fresh boot after a memory pause would otherwise be unreachable.
-func criuUnlock(ctx context.Context, dir string) error {
-	path, err := netnsPath(dir)
-	if errors.Is(err, errNoNetNS) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	for _, bin := range []string{"iptables", "ip6tables"} {
-		out, err := exec.CommandContext(ctx, "nsenter", "--net="+path, bin+"-save", "-t", "filter").Output()
-		if err != nil || !strings.Contains(string(out), ":CRIU ") {
-			continue
-		}
-		for _, args := range [][]string{{"-D", "INPUT", "-j", "CRIU"}, {"-D", "OUTPUT", "-j", "CRIU"}, {"-F", "CRIU"}, {"-X", "CRIU"}} {
-			cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + path, bin, "-w"}, args...)...)
-			if out, err := cmd.CombinedOutput(); err != nil && args[0] != "-D" {
-				return fmt.Errorf("remove CRIU network lock: %s %v: %w: %s", bin, args, err, strings.TrimSpace(string(out)))
-			}
 		}
 	}
 	return nil

@@ -2,13 +2,11 @@ package runc
 
 import (
 	"fmt"
-	"strconv"
-	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/agentbox/agentbox/internal/runtime"
-	"github.com/agentbox/agentbox/internal/seccomplog"
+	"github.com/agentbox/agentbox/internal/seccomprules"
 )
 
 // annotationTier records the sandbox's isolation tier in its bundle.
@@ -29,7 +27,7 @@ func (r *Runtime) harden(s *specs.Spec, spec runtime.Spec) *specs.Spec {
 	}
 	s.Annotations[annotationTier] = tier
 	if tier == TierRunc {
-		s.Linux.Seccomp = seccompProfile()
+		s.Linux.Seccomp = seccomprules.Profile()
 		// Raw and packet sockets would let the sandbox forge frames on the
 		// bridge (ARP spoofing a neighbour); device nodes are refused by the
 		// device cgroup anyway. gVisor has neither (no --net-raw).
@@ -56,18 +54,6 @@ func (r *Runtime) harden(s *specs.Spec, spec runtime.Spec) *specs.Spec {
 	s.Linux.MaskedPaths = append(s.Linux.MaskedPaths, "/proc/kallsyms", "/sys/devices/virtual/powercap", "/sys/kernel")
 	s.Process.OOMScoreAdj = ptr(500)
 	return s
-}
-
-// auditedSyscalls lists the x86_64 numbers of the unconditionally refused
-// syscalls, comma-separated ("" where unknown).
-func auditedSyscalls() string {
-	var nrs []string
-	for _, name := range deniedSyscalls() {
-		if nr, ok := seccomplog.SyscallNumber(name); ok {
-			nrs = append(nrs, strconv.Itoa(nr))
-		}
-	}
-	return strings.Join(nrs, ",")
 }
 
 // dropCaps removes what from the base capability set on the runc tier.

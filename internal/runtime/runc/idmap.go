@@ -19,8 +19,10 @@ import (
 )
 
 // A user-namespaced sandbox must see its template's files owned by ids of
-// its namespace. An idmapped mount of each layer (one per layer, shared by
-// every sandbox) shows them shifted by UserNSBase without copying anything;
+// its namespace. An idmapped mount of each layer into the sandbox's range
+// (one per layer and range, shared by the sandboxes of that range: a
+// sandbox and the forks restored in its range) shows them shifted into the
+// range without copying anything;
 // overlayfs takes such mounts as lower layers. Kernels or filesystems that
 // cannot idmap fall back to a uid-shifted copy (shiftedLayer).
 
@@ -41,14 +43,14 @@ type idmapper struct {
 func (r *Runtime) idmapDir() string { return r.cfg.RuncRoot + "-idmap" }
 
 // idmappedLayer returns the idmapped mount of layer, making it if needed.
-func (r *Runtime) idmappedLayer(ctx context.Context, layer string) (string, error) {
+func (r *Runtime) idmappedLayer(ctx context.Context, layer string, from, to uint32) (string, error) {
 	im := &r.idmap
 	im.mu.Lock()
 	defer im.mu.Unlock()
 	if im.disabled != nil {
 		return "", fmt.Errorf("%w: %w", errNoIdmap, im.disabled)
 	}
-	h := sha256.Sum256([]byte(filepath.Clean(layer)))
+	h := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d\x00%d", filepath.Clean(layer), from, to))
 	target := filepath.Join(im.dir, hex.EncodeToString(h[:12]))
 	if im.pending == nil {
 		im.pending = map[string]int{}
@@ -57,10 +59,13 @@ func (r *Runtime) idmappedLayer(ctx context.Context, layer string) (string, erro
 		im.pending[target]++
 		return target, nil
 	}
-	if err := os.MkdirAll(target, 0o755); err != nil {
+	if err := os.MkdirAll(im.dir, 0o711); err != nil {
 		return "", err
 	}
-	if err := r.mountIdmapped(ctx, layer, target); err != nil {
+	if err := os.Mkdir(target, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", err
+	}
+	if err := r.mountIdmapped(ctx, layer, target, from, to); err != nil {
 		_ = os.Remove(target)
 		if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EOPNOTSUPP) {
 			im.disabled = err
@@ -120,15 +125,20 @@ func (r *Runtime) releaseIdmaps() {
 
 // mountIdmapped mounts layer read-only at target with its ids shifted by
 // UserNSBase. The id mapping comes from a user namespace made for the
-// occasion by a short-lived child (a Go process cannot unshare one); the
-// mount keeps its own reference to it.
-func (r *Runtime) mountIdmapped(ctx context.Context, layer, target string) error {
-	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", "read x")
+// occasion by a short-lived child (a Go process cannot unshare one), the
+// hold hook; the mount keeps its own reference to it.
+func (r *Runtime) mountIdmapped(ctx context.Context, layer, target string, from, to uint32) error {
+	if r.cfg.HookBinary == "" {
+		return fmt.Errorf("id-mapping user namespace: no hook binary configured: %w", unix.ENOSYS)
+	}
+	argv := r.hookArgv(HoldHook)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return err
 	}
-	m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(r.cfg.UserNSBase), Size: int(r.cfg.UserNSSize)}}
+	// On-disk owner from+n shows as host id to+n.
+	m := []syscall.SysProcIDMap{{ContainerID: int(from), HostID: int(to), Size: int(r.cfg.UserNSSize)}}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWUSER, UidMappings: m, GidMappings: m, Pdeathsig: unix.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("id-mapping user namespace: %w", err)

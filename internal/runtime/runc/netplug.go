@@ -20,7 +20,8 @@ import (
 // package wires the new netns up (Plug) between `runc create` and `runc
 // start`, so envd's first packet already has its address. runc's checkpoints
 // leave the netns out and restore into an empty one, so a restore runs the
-// network package's PlugCommand as a prestart hook, which moves the pre-made
+// network package's netplug hook (`agentbox __hook netplug`) as a prestart
+// hook, which moves the pre-made
 // veth end in as eth0 before CRIU brings sockets back; Plug then adopts the
 // restored netns.
 
@@ -111,13 +112,9 @@ type bundleNS struct {
 // readBundleNS reads the namespaces of the bundle in dir.
 func readBundleNS(dir string) (bundleNS, error) {
 	var out bundleNS
-	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	s, err := readSpec(dir)
 	if err != nil {
 		return out, err
-	}
-	var s specs.Spec
-	if err := json.Unmarshal(b, &s); err != nil {
-		return out, fmt.Errorf("%s: %w", dir, err)
 	}
 	if s.Linux == nil {
 		return out, nil
@@ -131,6 +128,19 @@ func readBundleNS(dir string) (bundleNS, error) {
 		}
 	}
 	return out, nil
+}
+
+// readSpec reads the bundle's config.json.
+func readSpec(dir string) (*specs.Spec, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return nil, err
+	}
+	var s specs.Spec
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	return &s, nil
 }
 
 // bundleOwnsNetNS reports whether the sandbox's netns is its own (made by

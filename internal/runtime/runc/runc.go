@@ -28,6 +28,7 @@ import (
 
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/seccomprules"
 )
 
 // Config configures the runc driver. Zero values take the defaults.
@@ -58,17 +59,26 @@ type Config struct {
 	// CRIUPath is the CRIU binary for checkpoints (>= 4.2). Default:
 	// DefaultCRIUPath, then criu from PATH.
 	CRIUPath string
-	// UserNS runs container-tier sandboxes in a user namespace whose root
-	// is host uid UserNSBase (see userns.go).
+	// UserNS runs container-tier sandboxes in a user namespace of their
+	// own, each with a host id range of its own (see userns.go).
 	UserNS bool
-	// UserNSBase and UserNSSize are the mapped host id range. Defaults
-	// DefaultUserNSBase and DefaultUserNSSize.
-	UserNSBase, UserNSSize uint32
+	// UserNSBase is the first host id of the pool of ranges, UserNSSize
+	// the ids of one sandbox's range and UserNSRanges the number of
+	// ranges (uidrange.go). Defaults DefaultUserNSBase, DefaultUserNSSize
+	// and DefaultUserNSRanges.
+	UserNSBase, UserNSSize, UserNSRanges uint32
+	// UIDRangeDir records which ranges are in use. Default
+	// <StateDir>/../uid-ranges.
+	UIDRangeDir string
 	// Net, when set, receives every sandbox's network namespace: the
 	// network package only pre-makes the veth pair (network.Config
 	// Deferred) and Spec.NetNSPath is a placeholder until Net.Plug. It
 	// lets a sandbox in a user namespace own its netns, which CRIU needs.
 	Net NetPlugger
+	// HookBinary is the agentbox binary, whose hidden `__hook` subcommand
+	// runs the runtime's helpers (network plug on restore, user namespace
+	// limits). Required with UserNS.
+	HookBinary string
 }
 
 // NetPlugger is the network side of sandboxes whose netns the runtime
@@ -79,9 +89,10 @@ type NetPlugger interface {
 	Plug(ctx context.Context, id string, pid int) error
 	// Unplug lets go of the netns of a sandbox whose processes are gone.
 	Unplug(ctx context.Context, id string) error
-	// PlugCommand returns a command that, given the sandbox's OCI state
-	// on stdin, wires a just-restored netns up (run as a runc hook).
-	PlugCommand(ctx context.Context, id string) ([]string, error)
+	// PlugHook returns the arguments of `agentbox __hook` that, given the
+	// sandbox's OCI state on stdin, wire a just-restored netns up (run as
+	// a runc hook).
+	PlugHook(ctx context.Context, id string) ([]string, error)
 }
 
 // Runtime is the runc driver. It keeps no state in memory besides its
@@ -96,7 +107,19 @@ type Runtime struct {
 	idmap    idmapper
 	// auditSyscalls is envd's --audit-syscalls list (see harden).
 	auditSyscalls string
+	secret        []byte // keys host paths (hostpaths.go)
+	uids          uidPool
+	tiers         *runtime.Tiers
 }
+
+// The driver's optional capabilities.
+var (
+	_ runtime.Checkpointer     = (*Runtime)(nil)
+	_ runtime.CheckpointProber = (*Runtime)(nil)
+	_ runtime.LimitReporter    = (*Runtime)(nil)
+	_ runtime.TierChecker      = (*Runtime)(nil)
+	_ runtime.SandboxResolver  = (*Runtime)(nil)
+)
 
 var _ runtime.Runtime = (*Runtime)(nil)
 
@@ -145,11 +168,25 @@ func New(cfg Config, log *slog.Logger) (*Runtime, error) {
 	if cfg.UserNSSize == 0 {
 		cfg.UserNSSize = DefaultUserNSSize
 	}
+	if cfg.UserNSRanges == 0 {
+		cfg.UserNSRanges = DefaultUserNSRanges
+	}
+	if uint64(cfg.UserNSBase)+uint64(cfg.UserNSSize)*uint64(cfg.UserNSRanges) > 1<<32-2 {
+		return nil, fmt.Errorf("runc: %d ranges of %d host ids from %d pass the largest uid: %w", cfg.UserNSRanges, cfg.UserNSSize, cfg.UserNSBase, errdefs.ErrInvalidArgument)
+	}
+	if cfg.UIDRangeDir == "" {
+		cfg.UIDRangeDir = filepath.Join(filepath.Dir(cfg.StateDir), "uid-ranges")
+	}
 	if log == nil {
 		log = slog.Default()
 	}
+	// Searchable (mapped roots walk to their own bundle), never listable:
+	// entries are named by sandbox (keys here, ids in runc's state root).
 	for _, d := range []string{cfg.StateDir, cfg.RuncRoot} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, fmt.Errorf("runc: %w", err)
+		}
+		if err := os.Chmod(d, 0o711); err != nil {
 			return nil, fmt.Errorf("runc: %w", err)
 		}
 	}
@@ -161,12 +198,23 @@ func New(cfg Config, log *slog.Logger) (*Runtime, error) {
 			return nil, fmt.Errorf("runc: user namespaces: raise the host's inotify limits: %w", err)
 		}
 	}
-	r := &Runtime{cfg: cfg, log: log.With("component", "runc"), cgroupV2: isCgroupV2()}
+	secret, err := loadSecret(cfg.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("runc: %w", err)
+	}
+	r := &Runtime{cfg: cfg, log: log.With("component", "runc"), cgroupV2: isCgroupV2(), secret: secret}
+	r.uids = uidPool{dir: cfg.UIDRangeDir, base: cfg.UserNSBase, size: cfg.UserNSSize, count: cfg.UserNSRanges}
 	r.idmap.dir = r.idmapDir()
-	r.auditSyscalls = auditedSyscalls()
+	r.auditSyscalls = seccomprules.AuditedSyscalls()
 	r.resetIdmaps()
 	r.nofile = r.nofileLimit()
 	r.runscBin = runscBin
+	if r.tiers, err = r.newTiers(); err != nil {
+		return nil, err
+	}
+	if err := r.setupCgroupParent(); err != nil { // cgroupparent.go
+		return nil, err
+	}
 	return r, nil
 }
 
@@ -202,8 +250,6 @@ func hasCap(c int) bool {
 	return false
 }
 
-func (r *Runtime) dir(id string) string { return filepath.Join(r.cfg.StateDir, id) }
-
 // runc runs one runc command. Its stdio never reaches the container: with
 // run --detach the container inherits runc's stdio, and a pipe there would
 // both hang Wait and make the container uncheckpointable. Errors are read
@@ -214,16 +260,13 @@ func (r *Runtime) runc(ctx context.Context, logFile string, args ...string) ([]b
 		full = append([]string{"--log", logFile, "--log-format", "json"}, full...)
 	}
 	cmd := exec.CommandContext(ctx, r.cfg.RuncBinary, full...)
-	if args[0] == "run" || args[0] == "create" {
-		r.withSession(cmd)
-	}
 	var stdout, stderr bytes.Buffer
 	// run and create leave the sandbox's init holding runc's stdio: it
 	// must be /dev/null, not a pipe Run would wait on.
 	if args[0] != "run" && args[0] != "create" {
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	}
-	if err := cmd.Run(); err != nil {
+	if err := r.runCmd(cmd, args[0] == "run" || args[0] == "create"); err != nil {
 		msg := strings.TrimSpace(stderr.String())
 		if logFile != "" {
 			msg = lastLogError(logFile)
@@ -231,6 +274,21 @@ func (r *Runtime) runc(ctx context.Context, logFile string, args ...string) ([]b
 		return nil, fmt.Errorf("runc %s: %w: %s", args[0], err, msg)
 	}
 	return stdout.Bytes(), nil
+}
+
+// runCmd runs cmd, in a new audit session of the sandbox (see session.go)
+// when session is set.
+func (r *Runtime) runCmd(cmd *exec.Cmd, session bool) error {
+	var err error
+	if session {
+		err = inSession(r.cfg.UserNSBase, cmd.Start)
+	} else {
+		err = cmd.Start()
+	}
+	if err != nil {
+		return err
+	}
+	return cmd.Wait()
 }
 
 // lastLogError returns the last error message in a runc JSON log.
@@ -288,15 +346,25 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 		}
 	}()
 	rb.add(func() { _ = os.RemoveAll(dir) })
+	if err := os.WriteFile(filepath.Join(dir, idFile), []byte(spec.ID+"\n"), 0o600); err != nil {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	tier := spec.Runtime
+	if tier == "" {
+		tier = TierRunc
+	}
+	var base uint32
+	if r.usernsEnabled(tier) {
+		// Held by the bundle dir: free again once it is gone.
+		if base, err = r.uids.alloc(dir); err != nil {
+			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+	}
 
 	for _, sub := range []string{"upper", "work", "rootfs", "log"} {
 		if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
 			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
-	}
-	tier := spec.Runtime
-	if tier == "" {
-		tier = TierRunc
 	}
 	if err := os.WriteFile(filepath.Join(dir, tierFile), []byte(tier+"\n"), 0o600); err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
@@ -312,10 +380,10 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	rootfs := filepath.Join(dir, "rootfs")
 	lower := slices.Clone(spec.Layers)
 	if r.usernsEnabled(tier) {
-		if lower, err = r.mappedLayers(ctx, lower); err != nil {
+		if lower, err = r.mappedLayers(ctx, lower, base); err != nil {
 			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
-		if err := r.prepareUserNSBundle(dir, upper); err != nil {
+		if err := r.prepareUserNSBundle(dir, base, upper); err != nil {
 			return fmt.Errorf("sandbox %s: user namespace: %w", spec.ID, err)
 		}
 	}
@@ -331,7 +399,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	if err := writeEtc(dir, spec); err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
-	cfgJSON, err := json.MarshalIndent(r.harden(r.ociSpec(spec, dir), spec), "", "\t")
+	cfgJSON, err := json.MarshalIndent(r.harden(r.ociSpec(spec, dir, base), spec), "", "\t")
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
@@ -555,8 +623,11 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("list sandboxes: %w", err)
 	}
 	for _, e := range entries {
-		if e.IsDir() {
-			ids[e.Name()] = true
+		if !e.IsDir() {
+			continue
+		}
+		if id, ok := r.bundleID(e.Name()); ok {
+			ids[id] = true
 		}
 	}
 	out, err := r.runc(ctx, "", "list", "--format", "json")

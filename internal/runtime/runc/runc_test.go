@@ -132,6 +132,7 @@ func setup(tb testing.TB, userns ...bool) *env {
 		EnvdPath:     bin,
 		CgroupParent: "agentbox-test",
 		UserNS:       withUserNS,
+		HookBinary:   testHookBinary(tb),
 	}
 	if withUserNS {
 		cfg.Net = nm
@@ -218,7 +219,26 @@ func TestSandboxLifecycle(t *testing.T) {
 		t.Errorf("base layer /etc/os-release = %q", got)
 	}
 
-	dir := filepath.Join(e.cfg.StateDir, id)
+	dir := e.rt.dir(id)
+	t.Run("host paths do not name the sandbox", func(t *testing.T) {
+		if filepath.Base(dir) == id {
+			t.Fatalf("bundle dir %s is named by the id", dir)
+		}
+		// The runtime's mounts (overlay, disk, idmapped layers); the netns
+		// file is the network package's.
+		for line := range strings.Lines(readFile(t, "/proc/self/mountinfo")) {
+			if (strings.Contains(line, e.cfg.StateDir) || strings.Contains(line, " overlay ")) && strings.Contains(line, id) {
+				t.Errorf("mountinfo names sandbox %s: %s", id, line)
+			}
+		}
+		cgs, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", e.cfg.CgroupParent, "*"))
+		for _, cg := range cgs {
+			if strings.Contains(cg, id) {
+				t.Errorf("cgroup %s names the sandbox", cg)
+			}
+		}
+	})
+
 	t.Run("writes land in the upper dir", func(t *testing.T) {
 		if got := readFile(t, filepath.Join(dir, "upper", "written-by-init")); got != "hello" {
 			t.Errorf("upper file = %q", got)
@@ -314,7 +334,7 @@ echo ok > /tmp/f && sudo -n -u nobody true && echo SUDO_OK`
 // assertGone checks that nothing of sandbox id is left on the host.
 func assertGone(t *testing.T, e *env, id string) {
 	t.Helper()
-	dir := filepath.Join(e.cfg.StateDir, id)
+	dir := e.rt.dir(id)
 	if mi := readFile(t, "/proc/self/mountinfo"); strings.Contains(mi, dir) {
 		t.Errorf("mount left under %s", dir)
 	}
@@ -420,7 +440,7 @@ func BenchmarkCreateDelete(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _ = e.rt.Delete(ctx, id) })
-		dir := filepath.Join(e.cfg.StateDir, id)
+		dir := e.rt.dir(id)
 		runc := func(args ...string) error {
 			cmd := exec.Command(e.rt.cfg.RuncBinary, append([]string{"--root", e.cfg.RuncRoot}, args...)...)
 			if out, err := cmd.CombinedOutput(); err != nil {

@@ -291,7 +291,7 @@ func (r *Runtime) runscRestore(ctx context.Context, spec runtime.Spec, opts runt
 		}
 	}()
 	if !inPlace {
-		if rb, err = r.newBundle(ctx, spec, runtime.RestoreOptions{}); err != nil {
+		if rb, err = r.newBundle(ctx, spec, runtime.RestoreOptions{}, 0); err != nil {
 			return err
 		}
 		if err := os.WriteFile(filepath.Join(dir, tierFile), []byte(TierRunsc+"\n"), 0o600); err != nil {
@@ -299,7 +299,7 @@ func (r *Runtime) runscRestore(ctx context.Context, spec runtime.Spec, opts runt
 		}
 		// runsc checks that the restore spec matches the checkpointed one,
 		// so the new bundle gets the same hardened spec a Create writes.
-		cfgJSON, err := json.MarshalIndent(r.harden(r.ociSpec(spec, dir), spec), "", "\t")
+		cfgJSON, err := json.MarshalIndent(r.harden(r.ociSpec(spec, dir, 0), spec), "", "\t")
 		if err != nil {
 			return err
 		}

@@ -1,17 +1,15 @@
 package runc
 
 import (
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 )
 
 // Each container-tier sandbox runs in an audit session of its own: runc is
-// started through a shell that sets its login uid first, which gives it a
-// new session id, inherited by the sandbox's init and everything after it,
+// forked from a thread that set its own login uid first (inSession in
+// hooks.go), which gives it a new session id, inherited by the sandbox's init and everything after it,
 // and which no process in the sandbox can change (that needs
 // CAP_AUDIT_CONTROL in the host's user namespace). The kernel's seccomp
 // records carry it, so a refusal by a process that exited before the
@@ -19,15 +17,6 @@ import (
 
 // sessionFile records the sandbox's audit session in its bundle.
 const sessionFile = "audit-session"
-
-// withSession runs bin with args in a new audit session whose login uid is
-// the sandbox's mapped root. Where the kernel refuses (no audit, an
-// immutable login uid), the command runs as before.
-func (r *Runtime) withSession(cmd *exec.Cmd) {
-	script := fmt.Sprintf(`echo %d > /proc/self/loginuid 2>/dev/null; exec "$@"`, r.cfg.UserNSBase)
-	cmd.Args = append([]string{"/bin/sh", "-c", script, "agentbox-session"}, cmd.Args...)
-	cmd.Path = "/bin/sh"
-}
 
 // recordSession stores the audit session of the sandbox whose init is pid.
 func recordSession(dir string, pid int) {
@@ -53,10 +42,14 @@ func (r *Runtime) SandboxOfSession(ses uint32) (string, bool) {
 		if err != nil || strings.TrimSpace(string(b)) != want {
 			continue
 		}
+		id, ok := r.bundleID(e.Name())
+		if !ok {
+			continue
+		}
 		if found != "" {
 			return "", false
 		}
-		found = e.Name()
+		found = id
 	}
 	return found, found != ""
 }

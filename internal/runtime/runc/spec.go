@@ -31,8 +31,9 @@ func charDevice(path string, major, minor int64) (specs.LinuxDevice, specs.Linux
 		specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: ptr(major), Minor: ptr(minor), Access: "rwm"}
 }
 
-// ociSpec builds the bundle's config.json for sandbox dir.
-func (r *Runtime) ociSpec(spec runtime.Spec, dir string) *specs.Spec {
+// ociSpec builds the bundle's config.json for sandbox dir; base is the
+// first host id of its user namespace's range (when it has one).
+func (r *Runtime) ociSpec(spec runtime.Spec, dir string, base uint32) *specs.Spec {
 	var devices []specs.LinuxDevice
 	rules := []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}}
 	for _, d := range []struct {
@@ -129,7 +130,7 @@ func (r *Runtime) ociSpec(spec runtime.Spec, dir string) *specs.Spec {
 		},
 	}
 	if r.usernsEnabled(spec.Runtime) {
-		r.userns(s, ownNet)
+		r.userns(s, ownNet, base)
 	}
 	return s
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/runtime"
 )
 
 // Isolation tiers this driver runs. Both take the same OCI bundle: runsc
@@ -27,20 +28,27 @@ const tierFile = "tier"
 // RunscInstallHint tells an operator how to get the gVisor tier.
 const RunscInstallHint = "install a static runsc (scripts/install-deps.sh does: CGO_ENABLED=0 GOFLAGS=-mod=mod go install -ldflags=\"-s -w\" gvisor.dev/gvisor/runsc@v0.0.0-20260905035102-160fafc42237, then copy it to /usr/local/bin) and restart the server"
 
+// Tiers returns the registry entries of the tiers this driver runs: runc
+// first (the default), then runsc, whose availability check says how to
+// install it. Both entries are this driver today.
+func (r *Runtime) Tiers() *runtime.Tiers { return r.tiers }
+
+// newTiers registers the driver's tiers.
+func (r *Runtime) newTiers() (*runtime.Tiers, error) {
+	return runtime.NewTiers(
+		runtime.Tier{Name: TierRunc, Driver: r},
+		runtime.Tier{Name: TierRunsc, Driver: r, Available: func() error {
+			if r.runscBin == "" {
+				return fmt.Errorf("the gvisor tier needs runsc, which is not installed on this server: %s: %w", RunscInstallHint, errdefs.ErrUnavailable)
+			}
+			return nil
+		}},
+	)
+}
+
 // TierAvailable reports whether tier can run sandboxes here; the error says
 // how to fix it when not.
-func (r *Runtime) TierAvailable(tier string) error {
-	switch tier {
-	case "", TierRunc:
-		return nil
-	case TierRunsc:
-		if r.runscBin == "" {
-			return fmt.Errorf("the gvisor tier needs runsc, which is not installed on this server: %s: %w", RunscInstallHint, errdefs.ErrUnavailable)
-		}
-		return nil
-	}
-	return fmt.Errorf("runtime tier %q: this driver runs %q and %q: %w", tier, TierRunc, TierRunsc, errdefs.ErrInvalidArgument)
-}
+func (r *Runtime) TierAvailable(tier string) error { return r.tiers.TierAvailable(tier) }
 
 // tierOf returns the tier recorded in sandbox id's bundle (runc if none).
 func (r *Runtime) tierOf(id string) string {

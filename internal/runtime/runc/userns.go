@@ -20,20 +20,20 @@ import (
 	"github.com/agentbox/agentbox/internal/errdefs"
 )
 
-// User namespaces on the container tier. Root inside the sandbox is host uid
-// UserNSBase (and ids 0..UserNSSize-1 map onto UserNSBase..), so whatever
-// escapes the mount namespace is an unprivileged host user, and per-user
-// kernel limits (inotify instances and watches, RLIMIT_NPROC, keys) count
-// against that uid instead of the host's root.
+// User namespaces on the container tier. Root inside the sandbox is the
+// first host uid of the sandbox's own range (uidrange.go; ids
+// 0..UserNSSize-1 map onto base..), so whatever escapes the mount namespace
+// is an unprivileged host user that owns nothing of any other sandbox, and
+// per-user kernel limits (inotify instances and watches, RLIMIT_NPROC, keys)
+// count against that uid instead of the host's root.
 //
-// runc 1.1 cannot use idmapped mounts, so each template layer gets a copy
-// whose owners are shifted by UserNSBase; it is made once, on the first
-// sandbox that needs it, and kept next to the layer (<layer>.uidshift-<base>),
-// where every later sandbox (and every server sharing the template dir)
-// reuses it and where deleting the template removes it too.
+// Template layers (and captured writable layers, which are stored
+// unshifted) are shown to the sandbox through idmapped mounts (idmap.go);
+// where the kernel cannot idmap, a layer gets a copy whose owners are
+// shifted into the range (<layer>.uidshift-<base>), kept beside the layer.
 
-// Defaults of the mapped id range: above the ids of regular host users and
-// of rootless containers' usual /etc/subuid ranges' start.
+// Defaults of the pool of id ranges: the first starts above the ids of
+// regular host users; each sandbox gets 65536 ids.
 const (
 	DefaultUserNSBase = 100000
 	DefaultUserNSSize = 65536
@@ -50,8 +50,8 @@ func (r *Runtime) usernsEnabled(tier string) bool {
 // sandbox's netns is made with it (and so owned by it); otherwise the netns
 // belongs to the host's, so /sys must be the host's and CRIU cannot
 // checkpoint the sandbox.
-func (r *Runtime) userns(s *specs.Spec, ownNet bool) {
-	m := []specs.LinuxIDMapping{{ContainerID: 0, HostID: r.cfg.UserNSBase, Size: r.cfg.UserNSSize}}
+func (r *Runtime) userns(s *specs.Spec, ownNet bool, base uint32) {
+	m := []specs.LinuxIDMapping{{ContainerID: 0, HostID: base, Size: r.cfg.UserNSSize}}
 	s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
 	s.Linux.UIDMappings, s.Linux.GIDMappings = m, m
 	if ownNet {
@@ -70,23 +70,27 @@ func (r *Runtime) userns(s *specs.Spec, ownNet bool) {
 	}
 }
 
-// mappedLayers returns the layers a user-namespaced sandbox mounts: an
-// idmapped mount (or, where the kernel cannot, the shifted copy) of each
-// layer whose files belong to unmapped ids. A layer whose root already
-// belongs to the mapped root (the captured writable layer of a snapshot
-// taken in a user namespace) is used as it is.
-func (r *Runtime) mappedLayers(ctx context.Context, layers []string) ([]string, error) {
+// mappedLayers returns the layers a user-namespaced sandbox whose range
+// starts at base mounts: an idmapped mount (or, where the kernel cannot,
+// the shifted copy) of each layer. Layers are stored unshifted (owned by
+// host ids 0..); a layer an earlier version captured shifted into a pool
+// range is mapped from that range, or used as it is when it is this one's.
+func (r *Runtime) mappedLayers(ctx context.Context, layers []string, base uint32) ([]string, error) {
 	out := make([]string, len(layers))
 	for i, l := range layers {
 		var st unix.Stat_t
 		if err := unix.Stat(l, &st); err != nil {
 			return nil, fmt.Errorf("layer %s: %w", l, err)
 		}
-		if st.Uid >= r.cfg.UserNSBase && st.Uid < r.cfg.UserNSBase+r.cfg.UserNSSize {
+		from, inPool := r.uids.rangeOf(st.Uid)
+		if !inPool {
+			from = 0
+		}
+		if from == base {
 			out[i] = l
 			continue
 		}
-		m, err := r.idmappedLayer(ctx, l)
+		m, err := r.idmappedLayer(ctx, l, from, base)
 		if err == nil {
 			out[i] = m
 			continue
@@ -94,7 +98,10 @@ func (r *Runtime) mappedLayers(ctx context.Context, layers []string) ([]string, 
 		if !errors.Is(err, errNoIdmap) {
 			return nil, err
 		}
-		shifted, err := r.shiftedLayer(ctx, l)
+		if from != 0 {
+			return nil, fmt.Errorf("layer %s belongs to host uid range %d and this host cannot idmap it: %w", l, from, err)
+		}
+		shifted, err := r.shiftedLayer(ctx, l, base)
 		if err != nil {
 			return nil, err
 		}
@@ -106,9 +113,9 @@ func (r *Runtime) mappedLayers(ctx context.Context, layers []string) ([]string, 
 // shiftedLayer returns the uid-shifted copy of layer, making it first if
 // needed. Concurrent first users each copy into a private temporary dir and
 // the first rename wins; the others drop their copy.
-func (r *Runtime) shiftedLayer(ctx context.Context, layer string) (string, error) {
+func (r *Runtime) shiftedLayer(ctx context.Context, layer string, base uint32) (string, error) {
 	layer = filepath.Clean(layer)
-	dst := layer + ".uidshift-" + strconv.FormatUint(uint64(r.cfg.UserNSBase), 10)
+	dst := layer + ".uidshift-" + strconv.FormatUint(uint64(base), 10)
 	if _, err := os.Stat(dst); err == nil {
 		return dst, nil
 	}
@@ -118,13 +125,13 @@ func (r *Runtime) shiftedLayer(ctx context.Context, layer string) (string, error
 	}
 	defer os.RemoveAll(tmp)
 	copyDir := filepath.Join(tmp, "rootfs")
-	r.log.Info("making uid-shifted copy of template layer (once per layer)", "layer", layer, "base", r.cfg.UserNSBase)
+	r.log.Info("making uid-shifted copy of template layer (once per layer)", "layer", layer, "base", base)
 	// cp -a keeps modes, owners, timestamps, xattrs and hardlinks, and
 	// writes holes as holes.
 	if out, err := exec.CommandContext(ctx, "cp", "-a", "--sparse=always", layer, copyDir).CombinedOutput(); err != nil {
 		return "", fmt.Errorf("shift layer %s: cp: %w: %s", layer, err, strings.TrimSpace(string(out)))
 	}
-	if err := shiftTree(copyDir, r.cfg.UserNSBase, r.cfg.UserNSSize); err != nil {
+	if err := shiftTree(copyDir, 0, base, r.cfg.UserNSSize); err != nil {
 		return "", fmt.Errorf("shift layer %s: %w", layer, err)
 	}
 	if err := os.Rename(copyDir, dst); err != nil {
@@ -143,7 +150,7 @@ type inode struct{ dev, ino uint64 }
 // chown clears setuid/setgid bits and file capabilities, so both are put
 // back; capabilities are rewritten as v3 with the mapped root as their
 // owner, else the kernel ignores them inside the namespace.
-func shiftTree(root string, base, size uint32) error {
+func shiftTree(root string, from, to, size uint32) error {
 	seen := map[inode]bool{}
 	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -158,15 +165,20 @@ func shiftTree(root string, base, size uint32) error {
 			return nil // another hardlink of a file already shifted
 		}
 		seen[id] = true
-		if st.Uid >= size || st.Gid >= size {
-			return fmt.Errorf("%s: owner %d:%d outside the mapped range of %d ids: %w", path, st.Uid, st.Gid, size, errdefs.ErrInvalidArgument)
+		if st.Mode&syscall.S_IFMT == syscall.S_IFCHR && st.Rdev == 0 && (st.Uid < from || st.Uid-from >= size) {
+			// An overlay whiteout: the kernel makes it with the mounter's
+			// (the host root's) ids, which mean nothing to overlayfs.
+			return nil
+		}
+		if st.Uid < from || st.Gid < from || st.Uid-from >= size || st.Gid-from >= size {
+			return fmt.Errorf("%s: owner %d:%d outside the range of %d ids from %d: %w", path, st.Uid, st.Gid, size, from, errdefs.ErrInvalidArgument)
 		}
 		regular := st.Mode&syscall.S_IFMT == syscall.S_IFREG
 		var fcaps []byte
 		if regular {
 			fcaps = getxattr(path, "security.capability")
 		}
-		if err := unix.Lchown(path, int(st.Uid+base), int(st.Gid+base)); err != nil {
+		if err := unix.Lchown(path, int(st.Uid-from+to), int(st.Gid-from+to)); err != nil {
 			return err
 		}
 		if regular && st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 {
@@ -175,7 +187,7 @@ func shiftTree(root string, base, size uint32) error {
 			}
 		}
 		if fcaps != nil {
-			if err := unix.Lsetxattr(path, "security.capability", capsV3(fcaps, base), 0); err != nil {
+			if err := unix.Lsetxattr(path, "security.capability", capsFor(fcaps, to), 0); err != nil {
 				return fmt.Errorf("%s: file capabilities: %w", path, err)
 			}
 		}
@@ -198,9 +210,32 @@ func getxattr(path, name string) []byte {
 // the namespace root uid they belong to.
 const (
 	vfsCapRevisionMask = 0xFF000000
+	vfsCapRevision2    = 0x02000000
 	vfsCapRevision3    = 0x03000000
 	vfsCapV2Size       = 4 + 2*8
 )
+
+// capsFor rewrites a v2 or v3 file capability value for namespace root
+// uid: v3 with that root, or for uid 0 (an unshifted layer) v2, which an
+// idmapped mount shows as belonging to the mount's namespace root.
+func capsFor(v []byte, rootUID uint32) []byte {
+	if rootUID == 0 {
+		return capsV2(v)
+	}
+	return capsV3(v, rootUID)
+}
+
+// capsV2 rewrites a v2 or v3 file capability value as v2 (no root uid).
+func capsV2(v []byte) []byte {
+	if len(v) < vfsCapV2Size {
+		return v
+	}
+	out := make([]byte, vfsCapV2Size)
+	copy(out, v[:vfsCapV2Size])
+	magic := binary.LittleEndian.Uint32(out)
+	binary.LittleEndian.PutUint32(out, magic&^vfsCapRevisionMask|vfsCapRevision2)
+	return out
+}
 
 // capsV3 rewrites a v2 or v3 file capability value for namespace root uid.
 func capsV3(v []byte, rootUID uint32) []byte {
@@ -216,13 +251,19 @@ func capsV3(v []byte, rootUID uint32) []byte {
 }
 
 // prepareUserNSBundle hands the parts of bundle dir a user-namespaced
-// sandbox writes to its mapped root (the overlay upper and work dirs, the
-// log dir) and lets that uid reach the rootfs and the bind-mounted files.
-func (r *Runtime) prepareUserNSBundle(dir string, extra ...string) error {
-	if err := os.Chmod(dir, 0o711); err != nil {
+// sandbox writes to its mapped root base (the overlay upper dir, the log
+// dir) and lets that uid, and no other but the host's root group, reach
+// the rootfs and the bind-mounted files: the bundle is base:0 0710. The
+// group is for CRIU's restored root task, which reads its first image
+// files as host uid and gid 0 without capabilities.
+func (r *Runtime) prepareUserNSBundle(dir string, base uint32, extra ...string) error {
+	if err := os.Lchown(dir, int(base), 0); err != nil {
 		return err
 	}
-	root := int(r.cfg.UserNSBase)
+	if err := os.Chmod(dir, 0o710); err != nil {
+		return err
+	}
+	root := int(base)
 	for _, p := range append([]string{filepath.Join(dir, "log")}, extra...) {
 		if err := os.Lchown(p, root, root); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
@@ -283,39 +324,6 @@ func raiseHostInotify() error {
 		if err := os.WriteFile(path, []byte(strconv.Itoa(want)), 0o644); err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-// limitUserNS sets the inotify caps of sandbox id's user namespace, whose
-// init is pid (0: ask the runtime). It refuses to touch a sandbox that
-// shares the host's user namespace (one started without -userns), whose
-// /proc/sys/user is the host's.
-func (r *Runtime) limitUserNS(ctx context.Context, id string, pid int) error {
-	if pid <= 0 {
-		var err error
-		if pid, err = r.initPid(ctx, id); err != nil {
-			return err
-		}
-	}
-	self, err := os.Readlink("/proc/self/ns/user")
-	if err != nil {
-		return err
-	}
-	theirs, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/ns/user")
-	if err != nil {
-		return err
-	}
-	if self == theirs {
-		return nil
-	}
-	// Writing a namespace's /proc/sys/user needs to be in it; nsenter does
-	// the setns, which a multi-threaded Go process cannot.
-	script := fmt.Sprintf("echo %d > /proc/sys/user/max_inotify_instances && echo %d > /proc/sys/user/max_inotify_watches",
-		sandboxInotifyInstances, sandboxInotifyWatches)
-	out, err := exec.CommandContext(ctx, "nsenter", "--user", "--target", strconv.Itoa(pid), "--", "/bin/sh", "-c", script).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("set inotify caps of %s's user namespace: %w: %s", id, err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }

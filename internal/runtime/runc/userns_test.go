@@ -1,6 +1,7 @@
 package runc
 
 import (
+	"bytes"
 	"encoding/binary"
 	"os"
 	"path/filepath"
@@ -31,7 +32,7 @@ func TestShiftTree(t *testing.T) {
 	must(os.WriteFile(filepath.Join(root, "sudo"), []byte("x"), 0o755))
 	must(os.Chmod(filepath.Join(root, "sudo"), 0o755|os.ModeSetuid))
 	must(os.Symlink("home/f", filepath.Join(root, "sym")))
-	must(shiftTree(root, 100000, 65536))
+	must(shiftTree(root, 0, 100000, 65536))
 
 	for _, tc := range []struct {
 		path     string
@@ -65,7 +66,7 @@ func TestShiftTreeRefusesUnmappedOwner(t *testing.T) {
 	if err := os.Chown(f, 70000, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := shiftTree(root, 100000, 65536); err == nil {
+	if err := shiftTree(root, 0, 100000, 65536); err == nil {
 		t.Fatal("an owner outside the mapped range was shifted")
 	}
 }
@@ -115,7 +116,7 @@ func TestOCISpecUserNS(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := &Runtime{cfg: Config{UserNS: tc.userns, UserNSBase: DefaultUserNSBase, UserNSSize: DefaultUserNSSize, EnvdPath: "/envd"}}
-			s := r.ociSpec(runtime.Spec{ID: "x", Runtime: tc.tier}, t.TempDir())
+			s := r.ociSpec(runtime.Spec{ID: "x", Runtime: tc.tier}, t.TempDir(), DefaultUserNSBase)
 			hasUserNS := slices.ContainsFunc(s.Linux.Namespaces, func(n specs.LinuxNamespace) bool { return n.Type == specs.UserNamespace })
 			if hasUserNS != tc.wantUserN {
 				t.Fatalf("user namespace = %v, want %v", hasUserNS, tc.wantUserN)
@@ -154,16 +155,16 @@ func TestIdmappedLayer(t *testing.T) {
 	}
 	must(os.WriteFile(filepath.Join(layer, "f"), []byte("x"), 0o644))
 	must(os.Chown(filepath.Join(layer, "f"), 1000, 1000))
-	r, err := New(Config{StateDir: filepath.Join(t.TempDir(), "s"), RuncRoot: filepath.Join(t.TempDir(), "runc"), EnvdPath: "/bin/true", UserNS: true}, nil)
+	r, err := New(Config{StateDir: filepath.Join(t.TempDir(), "s"), RuncRoot: filepath.Join(t.TempDir(), "runc"), EnvdPath: "/bin/true", UserNS: true, HookBinary: testHookBinary(t)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(r.resetIdmaps)
-	first, err := r.idmappedLayer(t.Context(), layer)
+	first, err := r.idmappedLayer(t.Context(), layer, 0, DefaultUserNSBase)
 	if err != nil {
 		t.Skipf("no idmapped mounts here: %v", err)
 	}
-	again, err := r.idmappedLayer(t.Context(), layer)
+	again, err := r.idmappedLayer(t.Context(), layer, 0, DefaultUserNSBase)
 	if err != nil || again != first {
 		t.Fatalf("second call = %q, %v; want the same mount %q", again, err, first)
 	}
@@ -179,10 +180,69 @@ func TestIdmappedLayer(t *testing.T) {
 	if st.Uid != 1000 {
 		t.Errorf("the layer itself changed owner: %d", st.Uid)
 	}
-	// One mount per layer, not one per call (a restart reuses it too).
+	// One mount per layer and range, not one per call (a restart reuses it too).
 	b, _ := os.ReadFile("/proc/self/mountinfo")
 	if n := strings.Count(string(b), " "+first+" "); n != 1 {
 		t.Errorf("%d mounts at %s, want 1", n, first)
+	}
+	// Another range gets a mount of its own, showing the same file as its ids.
+	other := uint32(DefaultUserNSBase + DefaultUserNSSize)
+	second, err := r.idmappedLayer(t.Context(), layer, 0, other)
+	if err != nil || second == first {
+		t.Fatalf("second range: %q, %v", second, err)
+	}
+	must(unix.Stat(filepath.Join(second, "f"), &st))
+	if st.Uid != other+1000 {
+		t.Errorf("owner through the second range's mount %d, want %d", st.Uid, other+1000)
+	}
+}
+
+// A captured writable layer is stored unshifted: owners, setuid bits and
+// file capabilities come back as they are in the sandbox.
+func TestShiftTreeRoundTrip(t *testing.T) {
+	testutil.RequireRoot(t)
+	root := t.TempDir()
+	f := filepath.Join(root, "ping")
+	if err := os.WriteFile(f, []byte("x"), 0o4755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(f, 0o755|os.ModeSetuid); err != nil {
+		t.Fatal(err)
+	}
+	v2 := make([]byte, vfsCapV2Size)
+	binary.LittleEndian.PutUint32(v2, vfsCapRevision2|1) // effective
+	binary.LittleEndian.PutUint32(v2[4:], 1<<13)         // CAP_NET_RAW
+	if err := unix.Lsetxattr(f, "security.capability", v2, 0); err != nil {
+		t.Skipf("no file capabilities here: %v", err)
+	}
+	const base uint32 = DefaultUserNSBase + 3*DefaultUserNSSize
+	if err := shiftTree(root, 0, base, DefaultUserNSSize); err != nil {
+		t.Fatal(err)
+	}
+	// overlayfs makes whiteouts in the upper with the mounter's ids (host
+	// root), outside the sandbox's range: unshifting leaves them be.
+	wh := filepath.Join(root, "deleted")
+	if err := unix.Mknod(wh, unix.S_IFCHR|0o000, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := getxattr(f, "security.capability"); len(got) != vfsCapV2Size+4 || binary.LittleEndian.Uint32(got[vfsCapV2Size:]) != base {
+		t.Fatalf("shifted capability %x: want v3 owned by %d", got, base)
+	}
+	if err := shiftTree(root, base, 0, DefaultUserNSSize); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(f, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Uid != 0 || st.Gid != 0 || st.Mode&unix.S_ISUID == 0 {
+		t.Errorf("unshifted: owner %d:%d mode %o, want 0:0 with setuid", st.Uid, st.Gid, st.Mode&0o7777)
+	}
+	if got := getxattr(f, "security.capability"); !bytes.Equal(got, v2) {
+		t.Errorf("unshifted capability %x, want the original v2 %x", got, v2)
+	}
+	if err := unix.Lstat(wh, &st); err != nil || st.Uid != 0 {
+		t.Errorf("whiteout: owner %d (%v), want 0", st.Uid, err)
 	}
 }
 

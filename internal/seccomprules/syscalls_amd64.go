@@ -1,10 +1,10 @@
-package seccomplog
+package seccomprules
 
 import "golang.org/x/sys/unix"
 
-// syscallName names the x86_64 syscalls the container tier's filter can
+// SyscallName names the x86_64 syscalls the container tier's filter can
 // refuse; others are reported by number.
-func syscallName(nr int) string {
+func SyscallName(nr int) string {
 	switch nr {
 	case unix.SYS_ADD_KEY:
 		return "add_key"
@@ -134,7 +134,7 @@ func syscallName(nr int) string {
 // filter can refuse, by name.
 func SyscallNumber(name string) (int, bool) {
 	for nr := range 1024 {
-		if syscallName(nr) == name {
+		if SyscallName(nr) == name {
 			return nr, true
 		}
 	}

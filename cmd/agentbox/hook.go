@@ -1,0 +1,49 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/agentbox/agentbox/internal/network"
+	"github.com/agentbox/agentbox/internal/runtime/runc"
+	// Joins a sandbox's user namespace before the Go runtime starts, for
+	// the hooks that run inside one (as `runc init` does).
+	"github.com/agentbox/agentbox/internal/runtime/nsjoin"
+)
+
+// newHookCmd is `agentbox __hook <name> [flags]`: the runtime's helpers, run
+// by the server itself or by runc as an OCI hook. Hidden: only the server
+// calls it, with arguments it made.
+func newHookCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:                "__hook <name> [flags]",
+		Short:              "Run one of the server's runtime helpers (internal)",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		Args:               cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runHook(args[0], args[1:])
+		},
+	}
+}
+
+// runHook dispatches one hook by name.
+func runHook(name string, args []string) error {
+	switch name {
+	case network.PlugHookName:
+		return network.RunPlugHook(args, os.Stdin)
+	case runc.UserNSLimitsHook:
+		return runc.RunUserNSLimitsHook(args, nsjoin.Joined())
+	case runc.HoldHook:
+		if len(args) > 0 {
+			return fmt.Errorf("%s hook takes no arguments", runc.HoldHook)
+		}
+		return runc.RunHoldHook(os.Stdin)
+	case "":
+		return errors.New("__hook: name a hook")
+	}
+	return fmt.Errorf("__hook: unknown hook %q (want %s, %s or %s)", name, network.PlugHookName, runc.UserNSLimitsHook, runc.HoldHook)
+}
