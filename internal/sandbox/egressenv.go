@@ -3,8 +3,8 @@ package sandbox
 import (
 	"context"
 	"maps"
-	"net"
-	"strconv"
+
+	"github.com/agentbox/agentbox/internal/envdclient"
 )
 
 // caEnv points the runtimes that ignore the system trust store at the
@@ -42,10 +42,15 @@ func (m *Manager) pushEnvdEnv(ctx context.Context, sb *Sandbox) error {
 	if sb.State != StateRunning {
 		return nil // a paused envd cannot answer; its env is what it was
 	}
-	token := ""
-	if sb.Secure {
-		token = m.Token(sb.ID)
+	// A running envd holds sb's token, which authorises the call; the
+	// absent token and user fields keep what it has.
+	return m.envdOf(sb).Init(ctx, envdclient.Init{EnvVars: m.envdEnv(sb)}, m.envdToken(sb))
+}
+
+// envdToken is the token sb's running envd holds ("" if not secure).
+func (m *Manager) envdToken(sb *Sandbox) string {
+	if !sb.Secure {
+		return ""
 	}
-	base := "http://" + net.JoinHostPort(sb.IP.String(), strconv.Itoa(EnvdPort))
-	return m.postInit(ctx, base, map[string]any{"envVars": m.envdEnv(sb)}, token)
+	return m.Token(sb.ID)
 }

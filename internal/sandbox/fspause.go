@@ -2,8 +2,9 @@ package sandbox
 
 import (
 	"context"
-	"fmt"
 	"time"
+
+	"github.com/agentbox/agentbox/internal/runtime"
 )
 
 // PauseFilesystem pauses the team's running sandbox keeping only its files
@@ -28,28 +29,60 @@ func (m *Manager) CreateFilesystemSnapshot(ctx context.Context, teamID, id, name
 	return m.snapshot(ctx, teamID, id, name, false, false)
 }
 
-// bootInit initialises the envd of a sandbox booted fresh on its files, as
-// a create does: env, user, token, and the template's start and ready
-// commands (a code interpreter's kernels start again).
-func (m *Manager) bootInit(ctx context.Context, sb *Sandbox) error {
-	tplID := sb.TemplateID
-	if sb.BaseSnapshot != "" && m.life.snaps != nil {
-		if snap, err := m.life.snaps.load(sb.BaseSnapshot); err == nil {
-			tplID = snap.TemplateID
-		}
+// resolvePaused finds the paused sandbox a files-only resume boots, and
+// what its fresh envd needs: the template's start and ready commands (a code
+// interpreter's kernels start again) and its egress policy.
+func (m *Manager) resolvePaused(ctx context.Context, b *build) error {
+	id, teamID := b.sb.ID, b.req.TeamID
+	m.mu.Lock()
+	live, ok := m.sandboxes[id]
+	if !ok || !visibleTo(live, teamID) {
+		m.mu.Unlock()
+		return notFound(id)
 	}
-	startCmd, readyCmd := "", ""
-	if tpl, err := m.templates.Get(ctx, tplID); err == nil {
-		startCmd, readyCmd = tpl.StartCmd, tpl.ReadyCmd
-	} else {
-		m.log.Warn("fresh boot without the template's start command", "sandbox", sb.ID, "template", tplID, "err", err)
-	}
-	pol, err := m.policyOf(ctx, sb)
+	sb := clone(live)
+	m.mu.Unlock()
+	b.sb = sb
+	b.startup, b.ready = m.templateCommands(ctx, sb)
+	var err error
+	b.pol, err = m.policyOf(ctx, sb)
+	return err
+}
+
+// persistResuming moves the paused sandbox to resuming (persisted); a
+// failure later puts it back to paused.
+func (m *Manager) persistResuming(ctx context.Context, b *build) error {
+	rec, prev, err := m.begin(ctx, b.req.TeamID, b.sb.ID, StateResuming, StatePaused)
 	if err != nil {
 		return err
 	}
-	if err := m.initEnvd(ctx, sb, startCmd, pol); err != nil {
-		return fmt.Errorf("envd did not start: %w", err)
+	b.prev = prev
+	b.undo.Add(StepPersistCreating, func(ctx context.Context) error { m.rollback(ctx, b.prev); return nil })
+	m.fault("resume:persisted")
+	sb := clone(rec)
+	resumed(sb, b.req.Timeout)
+	sb.State = StateResuming
+	b.sb = sb
+	return nil
+}
+
+// bootFiles boots the paused sandbox fresh, in place, on its writable
+// layer; a memory image, if any, is ignored (dropped once running).
+func (m *Manager) bootFiles(ctx context.Context, b *build) error {
+	ck, err := m.checkpointer()
+	if err != nil {
+		return err
 	}
-	return m.waitReady(ctx, sb, readyCmd)
+	id := b.sb.ID
+	if err := ck.Restore(ctx, runtime.Spec{ID: id}, runtime.RestoreOptions{FilesystemOnly: true}); err != nil {
+		return err
+	}
+	m.fault("resume:restored")
+	b.undo.Add(StepStart, func(ctx context.Context) error {
+		// Stopped again, it is paused on its files only: the memory image
+		// no longer matches them.
+		b.prev.PausedFS = true
+		return ck.Checkpoint(ctx, id, runtime.CheckpointOptions{FilesystemOnly: true})
+	})
+	return nil
 }

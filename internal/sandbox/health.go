@@ -3,10 +3,6 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
@@ -102,18 +98,9 @@ func (m *Manager) probe(ctx context.Context, sb *Sandbox) string {
 	case st != runtime.StatusRunning:
 		return "the sandbox's container has stopped: its init process (envd) exited or was killed, e.g. by the host's OOM killer; files and processes are lost, kill it and create a new one"
 	}
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	url := "http://" + net.JoinHostPort(sb.IP.String(), strconv.Itoa(EnvdPort)) + "/health"
-	req, _ := http.NewRequestWithContext(pctx, http.MethodGet, url, nil)
-	resp, err := m.client.Do(req)
-	if err != nil {
-		return fmt.Sprintf("envd (the in-sandbox agent) does not answer on %s: %v; the sandbox cannot run commands or serve files", url, err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		return "envd health check answered " + resp.Status
+	c := m.envdOf(sb)
+	if err := c.Health(ctx); err != nil {
+		return fmt.Sprintf("envd (the in-sandbox agent) does not answer on %s/health: %v; the sandbox cannot run commands or serve files", c.URL(), err)
 	}
 	return ""
 }

@@ -31,11 +31,6 @@ func runtimeTier(isolation string) string {
 	return "runc"
 }
 
-// tierChecker is implemented by runtimes that run more than one tier.
-type tierChecker interface {
-	TierAvailable(tier string) error
-}
-
 // Limits are per-sandbox resource limits; a zero field takes the template's
 // (or the server's) default.
 type Limits struct {
@@ -67,7 +62,7 @@ func (m *Manager) resolveIsolation(req CreateRequest, tpl *template.Template) (s
 	if iso != IsolationContainer && iso != IsolationGVisor {
 		return "", fmt.Errorf("isolation: %q is not a tier; use one of %s: %w", truncateID(iso), strings.Join(Isolations(), ", "), errdefs.ErrInvalidArgument)
 	}
-	if tc, ok := m.rt.(tierChecker); ok {
+	if tc, ok := m.rt.(runtime.TierChecker); ok {
 		if err := tc.TierAvailable(runtimeTier(iso)); err != nil {
 			if errors.Is(err, errdefs.ErrUnavailable) {
 				// The client can act on it (pick another tier), so it is a 400.

@@ -123,7 +123,7 @@ func (m *Manager) checkpointer() (runtime.Checkpointer, error) {
 	if !ok {
 		return nil, fmt.Errorf("this runtime cannot pause sandboxes: %w", errdefs.ErrUnavailable)
 	}
-	if s, ok := m.rt.(interface{ CheckpointSupported() error }); ok {
+	if s, ok := m.rt.(runtime.CheckpointProber); ok {
 		if err := s.CheckpointSupported(); err != nil {
 			return nil, fmt.Errorf("pausing sandboxes: %w", err)
 		}
@@ -164,7 +164,7 @@ func conflict(id string, st State) error {
 func (m *Manager) begin(ctx context.Context, teamID, id string, to State, from ...State) (sb *Sandbox, prev *Sandbox, err error) {
 	m.mu.Lock()
 	sb, ok := m.sandboxes[id]
-	if !ok || (teamID != "" && sb.TeamID != teamID) || sb.TeamID == poolTeam || sb.State == StateKilling || sb.State == StateCreating {
+	if !ok || !visibleTo(sb, teamID) || sb.TeamID == poolTeam || sb.BuildID != "" || sb.State == StateKilling || sb.State == StateCreating {
 		m.mu.Unlock()
 		return nil, nil, notFound(id)
 	}
@@ -313,7 +313,7 @@ func (m *Manager) resume(ctx context.Context, teamID, id string, timeout time.Du
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		m.mu.Lock()
 		sb, ok := m.sandboxes[id]
-		if !ok || (teamID != "" && sb.TeamID != teamID) || sb.TeamID == poolTeam || sb.State == StateKilling || sb.State == StateCreating {
+		if !ok || !visibleTo(sb, teamID) || sb.TeamID == poolTeam || sb.BuildID != "" || sb.State == StateKilling || sb.State == StateCreating {
 			m.mu.Unlock()
 			return nil, false, notFound(id)
 		}
@@ -341,6 +341,31 @@ func (m *Manager) resume(ctx context.Context, teamID, id string, timeout time.Du
 		return nil, false, err
 	}
 	start := time.Now()
+	m.mu.Lock()
+	fresh := !memory || (m.sandboxes[id] != nil && m.sandboxes[id].PausedFS)
+	m.mu.Unlock()
+	if fresh {
+		// A fresh boot on the files is a sandbox start: the pipeline's
+		// resume path (pipeline.go).
+		b := newBuild("resume", CreateRequest{TeamID: teamID, Timeout: timeout})
+		b.action, b.counts, b.sb.ID = "resume", false, id
+		sb, err := m.run(ctx, resumeFiles(), b)
+		if err != nil {
+			if errors.Is(err, errdefs.ErrConflict) { // someone else resumed it meanwhile
+				return m.resume(ctx, teamID, id, timeout, auto, memory)
+			}
+			if errors.Is(err, errdefs.ErrNotFound) {
+				return nil, false, err
+			}
+			m.log.Error("resume from files failed; sandbox stays paused", "sandbox", id, "err", err)
+			return nil, false, fmt.Errorf("sandbox %s: resume: %v: %w", id, err, errdefs.ErrUnavailable)
+		}
+		if err := ck.DropCheckpoint(ctx, id); err != nil {
+			m.log.Warn("remove pause image", "sandbox", id, "err", err)
+		}
+		m.log.Info("sandbox resumed", "sandbox", id, "auto", auto, "files", true, "took", time.Since(start).Round(time.Millisecond))
+		return sb, true, nil
+	}
 	_, prev, err := m.begin(ctx, teamID, id, StateResuming, StatePaused)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrConflict) { // someone else resumed it meanwhile
@@ -349,34 +374,13 @@ func (m *Manager) resume(ctx context.Context, teamID, id string, timeout time.Du
 		return nil, false, err
 	}
 	m.fault("resume:persisted")
-	fresh := prev.PausedFS || !memory
-	if err := ck.Restore(ctx, runtime.Spec{ID: id}, runtime.RestoreOptions{FilesystemOnly: fresh}); err != nil {
+	if err := ck.Restore(ctx, runtime.Spec{ID: id}, runtime.RestoreOptions{}); err != nil {
 		m.rollback(ctx, prev)
 		m.log.Error("resume failed; sandbox stays paused", "sandbox", id, "err", err)
 		return nil, false, fmt.Errorf("sandbox %s: resume: %v: %w", id, err, errdefs.ErrUnavailable)
 	}
 	m.fault("resume:restored")
-	if fresh {
-		if err := m.bootInit(ctx, prev); err != nil {
-			m.log.Error("resume from files failed; sandbox stays paused", "sandbox", id, "err", err)
-			if cerr := ck.Checkpoint(ctx, id, runtime.CheckpointOptions{FilesystemOnly: true}); cerr != nil {
-				m.log.Error("stop after failed resume", "sandbox", id, "err", cerr)
-			}
-			prev.PausedFS = true
-			m.rollback(ctx, prev)
-			return nil, false, fmt.Errorf("sandbox %s: resume: %v: %w", id, err, errdefs.ErrUnavailable)
-		}
-	}
-	now := time.Now().UTC()
-	sb, err := m.commit(ctx, id, func(sb *Sandbox) {
-		life := max(timeout, sb.TimeLeft)
-		if life <= 0 {
-			life = max(sb.LifeTimeout, time.Minute)
-		}
-		sb.State = StateRunning
-		sb.EndAt = now.Add(life)
-		sb.PausedAt, sb.TimeLeft, sb.PausedFS = time.Time{}, 0, false
-	})
+	sb, err := m.commit(ctx, id, func(sb *Sandbox) { resumed(sb, timeout) })
 	if err != nil {
 		return nil, false, err
 	}
@@ -386,6 +390,18 @@ func (m *Manager) resume(ctx context.Context, teamID, id string, timeout time.Du
 	m.touch(id)
 	m.log.Info("sandbox resumed", "sandbox", id, "auto", auto, "took", time.Since(start).Round(time.Millisecond))
 	return sb, true, nil
+}
+
+// resumed sets a resumed sandbox's lifetime: at least timeout, or the
+// lifetime it had left, or its original one.
+func resumed(sb *Sandbox, timeout time.Duration) {
+	life := max(timeout, sb.TimeLeft)
+	if life <= 0 {
+		life = max(sb.LifeTimeout, time.Minute)
+	}
+	sb.State = StateRunning
+	sb.EndAt = time.Now().UTC().Add(life)
+	sb.PausedAt, sb.TimeLeft, sb.PausedFS = time.Time{}, 0, false
 }
 
 // touch records data-plane activity (idle policy).
@@ -409,7 +425,7 @@ func (m *Manager) touch(id string) {
 func (m *Manager) Wake(ctx context.Context, id string) (*Sandbox, func(), bool) {
 	m.mu.Lock()
 	sb, ok := m.sandboxes[id]
-	if !ok || sb.TeamID == poolTeam {
+	if !ok || sb.TeamID == poolTeam || sb.BuildID != "" {
 		m.mu.Unlock()
 		return nil, nil, false
 	}
@@ -460,7 +476,7 @@ func (m *Manager) reapLifecycle(ctx context.Context, now time.Time) {
 		m.life.activity = map[string]*activity{}
 	}
 	for id, sb := range m.sandboxes {
-		if sb.State != StateRunning || sb.TeamID == poolTeam {
+		if sb.State != StateRunning || sb.TeamID == poolTeam || sb.BuildID != "" {
 			continue
 		}
 		a := m.life.activity[id]
@@ -612,26 +628,4 @@ func (m *Manager) reconcileLifecycle(ctx context.Context, sb *Sandbox, adopted m
 		return true
 	}
 	return false
-}
-
-// reinitEnvd hands a restored envd its new identity: env vars, and the
-// access token of the new sandbox (its memory holds the token of the one it
-// was checkpointed from, oldToken, which authorises this call).
-func (m *Manager) reinitEnvd(ctx context.Context, sb *Sandbox, oldToken string) error {
-	base, err := m.waitEnvd(ctx, sb)
-	if err != nil {
-		return fmt.Errorf("restored envd: %w", err)
-	}
-	token := ""
-	if sb.Secure {
-		token = m.Token(sb.ID)
-	}
-	body := map[string]any{
-		"envVars":        m.envdEnv(sb),
-		"defaultUser":    sb.DefaultUser,
-		"defaultWorkdir": sb.DefaultWorkdir,
-		"timestamp":      time.Now().UTC().Format(time.RFC3339Nano),
-		"accessToken":    token,
-	}
-	return m.postInit(ctx, base, body, oldToken)
 }

@@ -1,24 +1,20 @@
 package sandbox
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
-	"net"
 	"net/http"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/agentbox/agentbox/internal/audit"
+	"github.com/agentbox/agentbox/internal/envdclient"
 	"github.com/agentbox/agentbox/internal/errdefs"
-	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/runtime"
 	"github.com/agentbox/agentbox/internal/store"
 )
@@ -68,7 +64,7 @@ type Manager struct {
 	net       Network
 	templates Templates
 	secret    []byte
-	client    *http.Client // talks to envd directly (not through the gateway)
+	client    *http.Client // every envd call (envd.go), directly, not through the gateway
 	audit     *audit.Log   // nil: no audit log
 	limits    limitWatch   // last seen OOM/pids/disk counters per sandbox
 
@@ -76,6 +72,10 @@ type Manager struct {
 	sandboxes map[string]*Sandbox
 	metrics   map[string]*series
 	life      lifecycle // pause/resume, snapshots, forks, pools (lifecycle.go)
+
+	// stepHook, when set (tests), runs after each pipeline step succeeds;
+	// an error fails the build there, as if the step had failed.
+	stepHook func(path, step string) error
 }
 
 // New makes a manager. Call Reconcile before serving, then Run.
@@ -87,9 +87,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 	}
 	return &Manager{
 		cfg: cfg, log: log, store: st, rt: rt, net: nw, templates: tpl, secret: secret,
-		// No keep-alive: addresses are reused by later sandboxes, and a pooled
-		// connection to a dead one would hang its successor's start.
-		client:    &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}},
+		client:    envdclient.NewHTTPClient(),
 		sandboxes: map[string]*Sandbox{},
 		metrics:   map[string]*series{},
 	}, nil
@@ -106,213 +104,30 @@ func (m *Manager) save(ctx context.Context, sb *Sandbox) error {
 	return m.store.PutSandbox(ctx, store.Record{ID: sb.ID, TeamID: sb.TeamID, State: string(sb.State), StartedAt: sb.StartedAt, EndAt: sb.EndAt, Doc: doc})
 }
 
-// Create starts a sandbox and returns once its envd answers and is initialised.
+// Create starts a sandbox and returns once its envd answers and is
+// initialised: restored from one of the team's snapshots when req.Template
+// names one, claimed from a warm pool when one fits, else started cold from
+// the template. All three are the pipeline of pipeline.go with a step
+// swapped.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
-	quota, err := m.teamQuota(ctx, req.TeamID)
-	if err != nil {
-		return nil, err
+	if snap, ok := m.teamSnapshot(req.TeamID, req.Template); ok {
+		b := newBuild("restore", req)
+		b.snap, b.tplID = snap, snap.ID
+		return m.run(ctx, restoreSnapshot(), b)
 	}
-	release, err := m.reserveSandbox(req.TeamID, quota)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	// Snapshots and warm pools answer without a cold start (lifecycle.go).
-	if sb, handled, err := m.createFast(ctx, req, quota); handled {
-		return sb, err
-	}
-	tpl, err := m.templates.Get(ctx, req.Template)
-	if err != nil {
-		if errors.Is(err, errdefs.ErrNotFound) {
-			return nil, fmt.Errorf("templateID: template %q not found; list templates with GET /templates or `agentbox template ls`: %w", req.Template, errdefs.ErrInvalidArgument)
-		}
-		return nil, err
-	}
-	if err := m.checkTimeout(req.Timeout); err != nil {
-		return nil, err
-	}
-	isolation, err := m.resolveIsolation(req, tpl)
-	if err != nil {
-		return nil, err
-	}
-	limits, err := resolveLimits(req.Limits, tpl, quota)
-	if err != nil {
-		return nil, err
-	}
-	cmdLife, err := m.resolveCommandLifetime(req.MaxCommand)
-	if err != nil {
-		return nil, err
-	}
-	now := time.Now().UTC()
-	sb := &Sandbox{
-		ID: newID(), TeamID: req.TeamID, APIKeyID: req.APIKeyID, TemplateID: tpl.ID, State: StateCreating,
-		Secure: req.Secure, AllowInternet: req.AllowInternet, Metadata: req.Metadata, EnvVars: mergeEnv(tpl.Env, req.EnvVars),
-		CPUCount: limits.CPUCount, MemoryMB: limits.MemoryMB, DiskMB: limits.DiskMB, PIDs: limits.PIDs, TmpMB: limits.TmpMB,
-		Isolation:         isolation,
-		MaxCommandSeconds: int64(cmdLife / time.Second),
-		DefaultUser:       tpl.DefaultUser, DefaultWorkdir: tpl.DefaultWorkdir,
-		StartedAt: now, EndAt: now.Add(req.Timeout),
-		Lifecycle: req.Lifecycle.apply(req.Timeout),
-	}
-	if len(tpl.Aliases) > 0 {
-		sb.Alias = tpl.Aliases[0]
-	}
-	sb.Network = req.Network
-	pol, err := m.policyOf(ctx, sb)
-	if err != nil {
-		return nil, err
-	}
-	// Persist "creating" before touching the host: a crash from here on is
-	// cleaned up by Reconcile, never leaked.
-	if err := m.save(ctx, sb); err != nil {
-		return nil, err
-	}
-	var undo []func()
-	fail := func(err error) (*Sandbox, error) {
-		for _, f := range slices.Backward(undo) {
-			f()
-		}
-		if derr := m.store.DeleteSandbox(context.WithoutCancel(ctx), sb.ID); derr != nil {
-			m.log.Error("forget failed sandbox", "sandbox", sb.ID, "err", derr)
-		}
-		m.auditLifecycle(ctx, sb, "create", "denied", err.Error(), nil)
-		return nil, err
-	}
-	// Setup must not be half-cancelled by a client that goes away.
-	sctx := context.WithoutCancel(ctx)
-	releaseSlot, err := m.createSlot(ctx)
-	if err != nil {
-		return fail(err)
-	}
-	defer releaseSlot()
-	tNet := time.Now()
-	ep, err := m.net.Attach(sctx, sb.ID, pol)
-	if err != nil {
-		return fail(fmt.Errorf("sandbox %s: network: %w", sb.ID, err))
-	}
-	undo = append(undo, func() {
-		if err := m.net.Detach(context.Background(), sb.ID); err != nil {
-			m.log.Error("detach after failed create", "sandbox", sb.ID, "err", err)
-		}
-	})
-	sb.IP = ep.IP
-	spec := runtime.Spec{
-		ID: sb.ID, Layers: tpl.Layers, NetNSPath: ep.NetNSPath, DNS: m.net.DNS(),
-		Resources: limits.resources(), Runtime: runtimeTier(isolation),
-	}
-	tRT := time.Now()
-	if err := m.rt.Create(sctx, spec); err != nil {
-		return fail(fmt.Errorf("sandbox %s: start container: %w", sb.ID, err))
-	}
-	undo = append(undo, func() {
-		if err := m.rt.Delete(context.Background(), sb.ID); err != nil {
-			m.log.Error("delete after failed create", "sandbox", sb.ID, "err", err)
-		}
-	})
-	tEnvd := time.Now()
-	if err := m.initEnvd(sctx, sb, tpl.StartCmd, pol); err != nil {
-		return fail(fmt.Errorf("sandbox %s: envd did not start: %w", sb.ID, err))
-	}
-	if err := m.waitReady(sctx, sb, tpl.ReadyCmd); err != nil {
-		return fail(fmt.Errorf("sandbox %s: template %s not ready: %w", sb.ID, tpl.ID, err))
-	}
-	sb.State = StateRunning
-	if err := m.save(sctx, sb); err != nil {
-		return fail(err)
-	}
-	m.mu.Lock()
-	m.sandboxes[sb.ID] = sb
-	m.mu.Unlock()
-	m.auditLifecycle(ctx, sb, "create", "allowed", "", map[string]any{"took_ms": time.Since(now).Milliseconds()})
-	m.log.Info("sandbox created", "sandbox", sb.ID, "template", sb.TemplateID, "ip", sb.IP, "team", sb.TeamID, "took", time.Since(now).Round(time.Millisecond),
-		"network", tRT.Sub(tNet).Round(time.Millisecond), "container", tEnvd.Sub(tRT).Round(time.Millisecond), "envd", time.Since(tEnvd).Round(time.Millisecond))
-	return clone(sb), nil
-}
-
-// waitEnvd polls the sandbox's envd /health until it answers and returns
-// envd's base URL. envd is usually up within a few ms of the container (or
-// restore) start; poll tightly at first so latency is not rounded up.
-func (m *Manager) waitEnvd(ctx context.Context, sb *Sandbox) (string, error) {
-	base := "http://" + net.JoinHostPort(sb.IP.String(), strconv.Itoa(EnvdPort))
-	start, delay := time.Now(), 2*time.Millisecond
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/health", nil)
-		resp, err := m.client.Do(req)
-		if err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode/100 == 2 {
-				return base, nil
-			}
-			err = fmt.Errorf("health answered %s", resp.Status)
-		}
-		if time.Since(start) > m.cfg.EnvdReadyWait {
-			return "", fmt.Errorf("no answer from envd at %s within %s: %w (%w)", base, m.cfg.EnvdReadyWait, err, errdefs.ErrUnavailable)
-		}
-		time.Sleep(delay)
-		if time.Since(start) > 300*time.Millisecond {
-			delay = 20 * time.Millisecond
+	if m.poolFits(req) {
+		b := newBuild("claim", req)
+		sb, err := m.run(ctx, claimPooled(), b)
+		switch {
+		case err == nil:
+			return sb, nil
+		case b.failed == StepReserve:
+			return nil, err // a cold start would be refused the same way
+		case !errors.Is(err, errNoClaim):
+			m.log.Warn("warm sandbox claim failed; cold start instead", "sandbox", b.sb.ID, "err", err)
 		}
 	}
-}
-
-// initEnvd waits for envd's /health, then hands it the sandbox's env vars,
-// default user/workdir, the template's start command (which envd starts in
-// the background) and (for secure sandboxes) its access token.
-func (m *Manager) initEnvd(ctx context.Context, sb *Sandbox, startCmd string, pol network.Policy) error {
-	base, err := m.waitEnvd(ctx, sb)
-	if err != nil {
-		return err
-	}
-	// Before /init: the start command (the code interpreter's kernels)
-	// reads the CA files that envdEnv names when it starts.
-	if err := m.installEgressCA(ctx, sb, pol); err != nil {
-		return err
-	}
-	body := map[string]any{
-		"envVars":        m.envdEnv(sb),
-		"defaultUser":    sb.DefaultUser,
-		"defaultWorkdir": sb.DefaultWorkdir,
-		"timestamp":      time.Now().UTC().Format(time.RFC3339Nano),
-	}
-	if startCmd != "" {
-		body["startCmd"] = startCmd
-	}
-	if sb.MaxCommandSeconds > 0 {
-		body["maxCommandSeconds"] = sb.MaxCommandSeconds
-	}
-	if sb.Secure {
-		body["accessToken"] = m.Token(sb.ID)
-	}
-	return m.postInit(ctx, base, body, "")
-}
-
-// postInit sends envd its /init body. token authorises the call once envd
-// already holds one (a restored or running envd); a fresh envd takes its
-// first /init without.
-func (m *Manager) postInit(ctx context.Context, base string, body map[string]any, token string) error {
-	buf, err := json.Marshal(body)
-	if err != nil {
-		return err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/init", bytes.NewReader(buf))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if token != "" {
-		req.Header.Set("X-Access-Token", token)
-	}
-	resp, err := m.client.Do(req)
-	if err != nil {
-		return fmt.Errorf("envd /init: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("envd /init answered %s: %s", resp.Status, bytes.TrimSpace(msg))
-	}
-	return nil
+	return m.run(ctx, coldStart(), newBuild("create", req))
 }
 
 func (m *Manager) checkTimeout(d time.Duration) error {
@@ -332,6 +147,12 @@ func clone(sb *Sandbox) *Sandbox {
 	return &c
 }
 
+// visibleTo reports whether teamID's API calls see sb ("" = the server
+// itself). A build step's sandbox is the builder's alone.
+func visibleTo(sb *Sandbox, teamID string) bool {
+	return teamID == "" || (sb.TeamID == teamID && sb.BuildID == "")
+}
+
 func notFound(id string) error {
 	return fmt.Errorf("Sandbox %q doesn't exist or you don't have access to it: %w", id, errdefs.ErrNotFound)
 }
@@ -341,7 +162,7 @@ func (m *Manager) get(teamID, id string) (*Sandbox, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sb, ok := m.sandboxes[id]
-	if !ok || (teamID != "" && sb.TeamID != teamID) {
+	if !ok || !visibleTo(sb, teamID) {
 		return nil, notFound(id)
 	}
 	return sb, nil
@@ -363,7 +184,7 @@ func (m *Manager) Lookup(id string) (*Sandbox, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sb, ok := m.sandboxes[id]
-	if !ok || sb.State != StateRunning {
+	if !ok || sb.State != StateRunning || sb.BuildID != "" {
 		return nil, false
 	}
 	return clone(sb), true
@@ -375,7 +196,7 @@ func (m *Manager) Running() []*Sandbox {
 	defer m.mu.Unlock()
 	out := make([]*Sandbox, 0, len(m.sandboxes))
 	for _, sb := range m.sandboxes {
-		if sb.State == StateRunning {
+		if sb.State == StateRunning && sb.BuildID == "" {
 			out = append(out, clone(sb))
 		}
 	}
@@ -387,7 +208,7 @@ func (m *Manager) List(ctx context.Context, teamID string) []*Sandbox {
 	m.mu.Lock()
 	out := make([]*Sandbox, 0, len(m.sandboxes))
 	for _, sb := range m.sandboxes {
-		if sb.TeamID == teamID && listable(sb.State) {
+		if sb.TeamID == teamID && sb.BuildID == "" && listable(sb.State) {
 			out = append(out, clone(sb))
 		}
 	}
@@ -415,7 +236,7 @@ func cmpString(a, b string) int {
 func (m *Manager) Kill(ctx context.Context, teamID, id string) error {
 	m.mu.Lock()
 	sb, ok := m.sandboxes[id]
-	if !ok || (teamID != "" && sb.TeamID != teamID) {
+	if !ok || !visibleTo(sb, teamID) {
 		m.mu.Unlock()
 		return notFound(id)
 	}
@@ -486,7 +307,7 @@ func (m *Manager) Extend(ctx context.Context, teamID, id string, d time.Duration
 func (m *Manager) update(ctx context.Context, teamID, id string, f func(*Sandbox)) error {
 	m.mu.Lock()
 	sb, ok := m.sandboxes[id]
-	if !ok || (teamID != "" && sb.TeamID != teamID) || sb.State != StateRunning {
+	if !ok || !visibleTo(sb, teamID) || sb.State != StateRunning {
 		m.mu.Unlock()
 		return notFound(id)
 	}
@@ -510,6 +331,12 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		if err := json.Unmarshal(r.Doc, &sb); err != nil {
 			m.log.Error("unreadable sandbox record; removing", "sandbox", r.ID, "err", err)
 			sb = Sandbox{ID: r.ID, TeamID: r.TeamID}
+		}
+		if sb.BuildID != "" {
+			// Its build job died with the server; the build reports the failure.
+			sb.State = StateKilling
+			_ = m.destroy(ctx, &sb, "template build step interrupted by a server restart")
+			continue
 		}
 		// Paused sandboxes and interrupted transitions (lifecycle.go).
 		if m.reconcileLifecycle(ctx, &sb, adopted) {

@@ -7,9 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"net/url"
 	"regexp"
 	"slices"
@@ -19,6 +17,7 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 
+	"github.com/agentbox/agentbox/internal/envdclient"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/network"
 )
@@ -37,11 +36,18 @@ type NetworkSpec struct {
 	EgressProxy        *EgressProxy             `json:"egressProxy,omitempty"`
 }
 
-// NetworkRule is E2B's SandboxNetworkRule.
+// NetworkRule is E2B's SandboxNetworkRule. The egress proxy adds the
+// headers only to requests it sends itself to where the rule's domain
+// resolves (never to an address the sandbox chose), over HTTPS verified
+// against the host's roots.
 type NetworkRule struct {
 	Transform *struct {
 		Headers map[string]string `json:"headers,omitempty"`
 	} `json:"transform,omitempty"`
+	// AllowPlainHTTP (an agentbox extension, default false) also adds the
+	// headers to plain-HTTP requests on port 80, where every network on
+	// the way can read them.
+	AllowPlainHTTP bool `json:"allowPlainHTTP,omitempty"`
 }
 
 // EgressProxy is E2B's SandboxEgressProxyConfig. Address is host:port
@@ -127,6 +133,9 @@ func (m *Manager) policy(ctx context.Context, teamID, keyID string, allowInterne
 	sort.Strings(domains)
 	for _, d := range domains {
 		field := "network.rules[" + strconv.Quote(d) + "]"
+		if network.LooksLikeAddress(d) {
+			return p, invalid("%s: rules name a domain, not an address: the proxy sends credentials only where that domain resolves", field)
+		}
 		pattern, err := network.ParseDomain(field, d)
 		if err != nil {
 			return p, err
@@ -134,12 +143,15 @@ func (m *Manager) policy(ctx context.Context, teamID, keyID string, allowInterne
 		dr := network.DomainRules{Pattern: pattern}
 		for i, r := range n.Rules[d] {
 			if r.Transform == nil {
+				if r.AllowPlainHTTP {
+					return p, invalid("%s[%d].allowPlainHTTP: only meaningful with transform.headers", field, i)
+				}
 				continue
 			}
 			if len(r.Transform.Headers) > maxRuleHeaders {
 				return p, invalid("%s[%d].transform.headers: at most %d headers", field, i, maxRuleHeaders)
 			}
-			t := network.HeaderTransform{Headers: map[string]string{}}
+			t := network.HeaderTransform{Headers: map[string]string{}, AllowPlainHTTP: r.AllowPlainHTTP}
 			for k, v := range r.Transform.Headers {
 				hf := fmt.Sprintf("%s[%d].transform.headers[%q]", field, i, k)
 				if !httpguts.ValidHeaderFieldName(k) || slices.Contains(forbiddenHeaders, strings.ToLower(k)) {
@@ -312,6 +324,12 @@ const caBundle = "/etc/ssl/certs/ca-certificates.crt"
 // the system bundle, through envd. Doing it only when rules exist keeps the
 // proxy out of every other TLS session.
 func (m *Manager) installEgressCA(ctx context.Context, sb *Sandbox, pol network.Policy) error {
+	return m.installEgressCAWith(ctx, m.envdOf(sb), sb, pol)
+}
+
+// installEgressCAWith is installEgressCA through c (a restored envd still
+// holds the token of the sandbox it was checkpointed from).
+func (m *Manager) installEgressCAWith(ctx context.Context, c *envdclient.Client, sb *Sandbox, pol network.Policy) error {
 	if len(pol.Rules) == 0 {
 		return nil
 	}
@@ -323,50 +341,21 @@ func (m *Manager) installEgressCA(ctx context.Context, sb *Sandbox, pol network.
 	if err != nil {
 		return fmt.Errorf("egress CA: %w", err)
 	}
-	base := "http://" + net.JoinHostPort(sb.IP.String(), strconv.Itoa(EnvdPort))
-	bundle, err := m.envdFile(ctx, sb, base, http.MethodGet, caBundle, nil)
+	bundle, err := c.ReadFile(ctx, caBundle, "root")
 	if err != nil {
 		bundle = nil // no system bundle in this template: start one
 	}
 	if bytes.Contains(bundle, bytes.TrimSpace(pem)) {
 		return nil
 	}
-	if _, err := m.envdFile(ctx, sb, base, http.MethodPost, caPath, pem); err != nil {
+	if err := c.WriteFile(ctx, caPath, "root", pem); err != nil {
 		return fmt.Errorf("install egress CA: %w", err)
 	}
 	if len(bundle) > 0 && !bytes.HasSuffix(bundle, []byte("\n")) {
 		bundle = append(bundle, '\n')
 	}
-	if _, err := m.envdFile(ctx, sb, base, http.MethodPost, caBundle, append(bundle, pem...)); err != nil {
+	if err := c.WriteFile(ctx, caBundle, "root", append(bundle, pem...)); err != nil {
 		return fmt.Errorf("install egress CA: %w", err)
 	}
 	return nil
-}
-
-// envdFile reads or writes one file in the sandbox as root.
-func (m *Manager) envdFile(ctx context.Context, sb *Sandbox, base, method, path string, body []byte) ([]byte, error) {
-	u := base + "/files?" + url.Values{"path": {path}, "username": {"root"}}.Encode()
-	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	if method == http.MethodPost {
-		req.Header.Set("Content-Type", "application/octet-stream")
-	}
-	if sb.Secure {
-		req.Header.Set("X-Access-Token", m.Token(sb.ID))
-	}
-	resp, err := m.client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	out, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode/100 != 2 {
-		return nil, fmt.Errorf("envd %s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(out))
-	}
-	return out, nil
 }

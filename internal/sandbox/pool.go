@@ -6,8 +6,6 @@ import (
 	"math"
 	"slices"
 	"time"
-
-	"github.com/agentbox/agentbox/internal/network"
 )
 
 // poolTeam owns warm sandboxes until a create claims one; no API key maps
@@ -65,7 +63,7 @@ func (m *Manager) poolTick(ctx context.Context, now time.Time) {
 		if known[ref] {
 			continue
 		}
-		tpl, err := m.templates.Get(ctx, ref)
+		tpl, err := m.templates.Get(ctx, "", ref)
 		if err != nil {
 			continue // not built yet; try at the next tick
 		}
@@ -115,33 +113,34 @@ func (m *Manager) poolTick(ctx context.Context, now time.Time) {
 	}
 }
 
-// claimPooled hands a warm sandbox of the requested template to the
+// poolFits reports whether a warm sandbox can serve req: warm sandboxes
+// have the template's defaults, so requests for other limits, another tier,
+// egress rules or another command cap start cold (which honours them).
+func (m *Manager) poolFits(req CreateRequest) bool {
+	return len(m.life.cfg.Pools) > 0 && req.TeamID != poolTeam && req.Limits == (Limits{}) &&
+		(req.Isolation == "" || req.Isolation == IsolationContainer) && req.Metadata[MetadataIsolation] == "" &&
+		req.Network == nil && req.MaxCommand == 0
+}
+
+// resolvePooled claims a warm sandbox of the requested template for the
 // request: it takes the request's team, env, metadata, network policy,
-// token and lifetime. ok is false on a miss.
-func (m *Manager) claimPooled(ctx context.Context, req CreateRequest, quota Quota) (*Sandbox, bool) {
-	if len(m.life.cfg.Pools) == 0 {
-		return nil, false
-	}
-	// Warm sandboxes have the template's defaults: requests for other
-	// limits, another tier or egress rules start cold.
-	if req.Limits != (Limits{}) || (req.Isolation != "" && req.Isolation != IsolationContainer) ||
-		req.Metadata[MetadataIsolation] != "" || req.Network != nil || req.MaxCommand != 0 {
-		return nil, false
-	}
-	tpl, err := m.templates.Get(ctx, req.Template)
+// token and lifetime. errNoClaim on a miss (the create starts cold).
+func (m *Manager) resolvePooled(ctx context.Context, b *build) error {
+	req := b.req
+	tpl, err := m.templates.Get(ctx, req.TeamID, req.Template)
 	if err != nil {
-		return nil, false
+		return errNoClaim
 	}
 	// A team whose quota is below the template's defaults starts cold,
 	// where the refusal says which limit to lower.
-	if _, err := resolveLimits(Limits{}, tpl, quota); err != nil {
-		return nil, false
+	if _, err := resolveLimits(Limits{}, tpl, b.quota); err != nil {
+		return errNoClaim
 	}
 	m.mu.Lock()
 	p := m.life.pools[tpl.ID]
 	if p == nil {
 		m.mu.Unlock()
-		return nil, false
+		return errNoClaim
 	}
 	p.creates = append(p.creates, time.Now())
 	var sb *Sandbox
@@ -154,37 +153,18 @@ func (m *Manager) claimPooled(ctx context.Context, req CreateRequest, quota Quot
 	if sb == nil || m.checkTimeout(req.Timeout) != nil {
 		p.misses++
 		m.mu.Unlock()
-		return nil, false
+		return errNoClaim
 	}
 	p.hits++
-	// Hidden from the pool and from other claims while it is configured.
+	// Hidden from the pool and from other claims from here on.
 	sb.State = StateCreating
 	sb.TeamID = req.TeamID
-	prev := clone(sb)
+	c := clone(sb)
 	m.mu.Unlock()
-
-	start := time.Now()
-	sctx := context.WithoutCancel(ctx)
-	now := time.Now().UTC()
-	c := clone(prev)
-	c.APIKeyID, c.Metadata, c.EnvVars = req.APIKeyID, maps.Clone(req.Metadata), maps.Clone(req.EnvVars)
-	c.Secure, c.AllowInternet = req.Secure, req.AllowInternet
-	c.StartedAt, c.EndAt, c.Lifecycle = now, now.Add(req.Timeout), req.Lifecycle.apply(req.Timeout)
-	err = nil
-	if !c.AllowInternet {
-		err = m.net.SetPolicy(sctx, c.ID, network.Policy{AllowInternet: false})
-	}
-	if err == nil {
-		// Pooled sandboxes are made secure; their token is derived from the
-		// id, which the claimed sandbox keeps.
-		err = m.reinitEnvd(sctx, c, m.Token(c.ID))
-	}
-	if err == nil {
-		c.State = StateRunning
-		err = m.save(sctx, c)
-	}
-	if err != nil {
-		m.log.Warn("warm sandbox claim failed; cold start instead", "sandbox", c.ID, "err", err)
+	// A claim that fails later leaves a sandbox that is neither warm nor
+	// the team's: it goes.
+	b.undo.Add(StepResolve, func(ctx context.Context) error {
+		c := clone(c)
 		c.State = StateKilling
 		m.mu.Lock()
 		if live := m.sandboxes[c.ID]; live != nil {
@@ -192,20 +172,24 @@ func (m *Manager) claimPooled(ctx context.Context, req CreateRequest, quota Quot
 		}
 		m.mu.Unlock()
 		go func() { _ = m.destroy(context.WithoutCancel(ctx), c, "warm claim failed") }()
-		return nil, false
-	}
-	m.mu.Lock()
-	*m.sandboxes[c.ID] = *clone(c)
-	m.mu.Unlock()
-	m.touch(c.ID)
-	m.log.Info("sandbox created from warm pool", "sandbox", c.ID, "template", c.TemplateID, "team", c.TeamID, "took", time.Since(start).Round(time.Millisecond))
-	return clone(c), true
+		return nil
+	})
+	now := time.Now().UTC()
+	c.APIKeyID, c.Metadata, c.EnvVars = req.APIKeyID, maps.Clone(req.Metadata), maps.Clone(req.EnvVars)
+	c.Secure, c.AllowInternet = req.Secure, req.AllowInternet
+	c.StartedAt, c.EndAt, c.Lifecycle = now, now.Add(req.Timeout), req.Lifecycle.apply(req.Timeout)
+	b.sb = c
+	// Pooled sandboxes are made secure; their token is derived from the
+	// id, which the claimed sandbox keeps.
+	b.fresh, b.envdAuth = false, m.Token(c.ID)
+	b.pol, err = m.policyOf(ctx, c)
+	return err
 }
 
 // pooled reports whether a warm pool is configured for template id.
 func (m *Manager) pooled(ctx context.Context, id string) bool {
 	for ref := range m.life.cfg.Pools {
-		if tpl, err := m.templates.Get(ctx, ref); err == nil && tpl.ID == id {
+		if tpl, err := m.templates.Get(ctx, "", ref); err == nil && tpl.ID == id {
 			return true
 		}
 	}

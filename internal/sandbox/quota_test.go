@@ -17,7 +17,7 @@ import (
 
 type oneTemplate struct{ tpl template.Template }
 
-func (o oneTemplate) Get(_ context.Context, ref string) (*template.Template, error) {
+func (o oneTemplate) Get(_ context.Context, _, ref string) (*template.Template, error) {
 	if ref != o.tpl.ID {
 		return nil, errdefs.ErrNotFound
 	}
@@ -102,7 +102,7 @@ func TestTeamQuotaChecks(t *testing.T) {
 			release, err := m.reserveSandbox(tt.team, q)
 			if err == nil {
 				defer release()
-				tpl, _ := m.templates.Get(ctx, "base")
+				tpl, _ := m.templates.Get(ctx, tt.team, "base")
 				_, err = resolveLimits(tt.limits, tpl, q)
 			}
 			if tt.want == nil {

@@ -57,13 +57,16 @@ type Sandbox struct {
 	TmpMB         int               `json:"tmpMB,omitempty"`
 	Isolation     string            `json:"isolation,omitempty"` // container or gvisor
 	// MaxCommandSeconds caps each command's run time; envd enforces it.
-	MaxCommandSeconds int64     `json:"maxCommandSeconds,omitempty"`
-	Health            string    `json:"health,omitempty"`       // "" (healthy) or "error"
-	HealthReason      string    `json:"healthReason,omitempty"` // why, when Health is "error"
-	DefaultUser       string    `json:"defaultUser"`
-	DefaultWorkdir    string    `json:"defaultWorkdir"`
-	StartedAt         time.Time `json:"startedAt"`
-	EndAt             time.Time `json:"endAt"`
+	MaxCommandSeconds int64 `json:"maxCommandSeconds,omitempty"`
+	// BuildID marks the hidden sandbox a template build's RUN steps run in
+	// (RunSteps): no API call, list or gateway route sees it.
+	BuildID        string    `json:"buildID,omitempty"`
+	Health         string    `json:"health,omitempty"`       // "" (healthy) or "error"
+	HealthReason   string    `json:"healthReason,omitempty"` // why, when Health is "error"
+	DefaultUser    string    `json:"defaultUser"`
+	DefaultWorkdir string    `json:"defaultWorkdir"`
+	StartedAt      time.Time `json:"startedAt"`
+	EndAt          time.Time `json:"endAt"`
 	Lifecycle
 }
 
@@ -77,9 +80,11 @@ type Network interface {
 	DNS() []string
 }
 
-// Templates resolves template references.
+// Templates resolves template references in a team's view: its own
+// templates, then builtins and public ones; team "" (operator config such as
+// warm pools) sees builtins and public templates only.
 type Templates interface {
-	Get(ctx context.Context, ref string) (*template.Template, error)
+	Get(ctx context.Context, team, ref string) (*template.Template, error)
 }
 
 // CreateRequest is a validated create call.

@@ -17,9 +17,7 @@ import (
 	"time"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
-	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/runtime"
-	"github.com/agentbox/agentbox/internal/template"
 )
 
 // Snapshot is a persistent image of a sandbox: its template's layers plus
@@ -79,6 +77,11 @@ type snapshotStore struct {
 func openSnapshotStore(dir string, log *slog.Logger) (*snapshotStore, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot dir: %w", err)
+	}
+	// Snapshots hold memory images and file layers: no other host user may
+	// list or read them, also when an older version made the dir wider.
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("snapshot dir: make private: %w", err)
 	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -179,7 +182,7 @@ func (m *Manager) baseLayers(ctx context.Context, sb *Sandbox) ([]string, error)
 		}
 		return snap.Layers, nil
 	}
-	tpl, err := m.templates.Get(ctx, sb.TemplateID)
+	tpl, err := m.templates.Get(ctx, sb.TeamID, sb.TemplateID)
 	if err != nil {
 		return nil, fmt.Errorf("template %s of sandbox %s: %w", sb.TemplateID, sb.ID, err)
 	}
@@ -383,101 +386,14 @@ func (m *Manager) snapshotGC(ctx context.Context) {
 	}
 }
 
-// createFast serves a create from a snapshot (restore, memory included) or
-// from a warm pool; handled is false when a cold start is needed.
-func (m *Manager) createFast(ctx context.Context, req CreateRequest, quota Quota) (*Sandbox, bool, error) {
-	if req.TeamID == poolTeam {
-		return nil, false, nil
+// teamSnapshot finds the team's snapshot that a create's templateID names.
+// Another team's snapshot is not found, exactly like a missing one: the
+// create then looks for a template of that name and fails as for any.
+func (m *Manager) teamSnapshot(teamID, ref string) (*Snapshot, bool) {
+	if m.life.snaps == nil || teamID == poolTeam {
+		return nil, false
 	}
-	if m.life.snaps != nil {
-		if snap, ok := m.life.snaps.resolve(req.TeamID, req.Template); ok {
-			if err := m.checkTimeout(req.Timeout); err != nil {
-				return nil, true, err
-			}
-			req.EnvVars = mergeEnv(snap.EnvVars, req.EnvVars)
-			sb, err := m.restoreNew(ctx, req, snap, snap.ID, quota)
-			return sb, true, err
-		}
-	}
-	if sb, ok := m.claimPooled(ctx, req, quota); ok {
-		return sb, true, nil
-	}
-	return nil, false, nil
-}
-
-// restoreNew starts a new sandbox from a snapshot's memory image: its own
-// id, writable layer, network namespace, address and token.
-func (m *Manager) restoreNew(ctx context.Context, req CreateRequest, snap *Snapshot, templateID string, quota Quota) (*Sandbox, error) {
-	ck, err := m.checkpointer()
-	if err != nil {
-		return nil, err
-	}
-	// The snapshot's limits are fixed by its memory image; the team's quota
-	// may have been lowered since it was taken.
-	snapLimits := Limits{CPUCount: snap.CPUCount, MemoryMB: snap.MemoryMB, DiskMB: snap.DiskMB, PIDs: snap.PIDs, TmpMB: snap.TmpMB}
-	if _, err := resolveLimits(snapLimits, &template.Template{}, quota); err != nil {
-		return nil, fmt.Errorf("snapshot %s was taken with limits over the team's quota: %w", snap.ID, err)
-	}
-	now := time.Now().UTC()
-	sb := &Sandbox{
-		ID: newID(), TeamID: req.TeamID, APIKeyID: req.APIKeyID, TemplateID: templateID, Alias: snap.Alias, State: StateCreating,
-		Secure: req.Secure, AllowInternet: req.AllowInternet, Metadata: req.Metadata, EnvVars: req.EnvVars,
-		CPUCount: snap.CPUCount, MemoryMB: snap.MemoryMB, DiskMB: snap.DiskMB, PIDs: snap.PIDs, TmpMB: snap.TmpMB,
-		Isolation: snap.Isolation, DefaultUser: snap.DefaultUser, DefaultWorkdir: snap.DefaultWorkdir,
-		StartedAt: now, EndAt: now.Add(req.Timeout), Lifecycle: req.Lifecycle.apply(req.Timeout),
-	}
-	sb.BaseSnapshot = snap.ID
-	if err := m.save(ctx, sb); err != nil {
-		return nil, err
-	}
-	sctx := context.WithoutCancel(ctx)
-	var undo []func()
-	fail := func(err error) (*Sandbox, error) {
-		for _, f := range slices.Backward(undo) {
-			f()
-		}
-		if derr := m.store.DeleteSandbox(sctx, sb.ID); derr != nil {
-			m.log.Error("forget failed sandbox", "sandbox", sb.ID, "err", derr)
-		}
-		return nil, err
-	}
-	ep, err := m.net.Attach(sctx, sb.ID, network.Policy{AllowInternet: sb.AllowInternet})
-	if err != nil {
-		return fail(fmt.Errorf("sandbox %s: network: %w", sb.ID, err))
-	}
-	undo = append(undo, func() { _ = m.net.Detach(context.Background(), sb.ID) })
-	sb.IP = ep.IP
-	spec := runtime.Spec{
-		ID: sb.ID, Layers: snap.Layers, NetNSPath: ep.NetNSPath, DNS: m.net.DNS(),
-		Resources: Limits{CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskMB: sb.DiskMB, PIDs: sb.PIDs, TmpMB: sb.TmpMB}.resources(),
-		Runtime:   runtimeTier(sb.Isolation),
-	}
-	if err := ck.Restore(sctx, spec, runtime.RestoreOptions{ImageDir: m.life.snaps.image(snap.ID), NewNetwork: true, FilesystemOnly: snap.FilesystemOnly}); err != nil {
-		return fail(fmt.Errorf("sandbox %s: restore snapshot %s: %w", sb.ID, snap.ID, err))
-	}
-	undo = append(undo, func() { _ = m.rt.Delete(context.Background(), sb.ID) })
-	oldToken := ""
-	if snap.Secure {
-		oldToken = AccessToken(m.secret, snap.SandboxID)
-	}
-	if snap.FilesystemOnly {
-		err = m.bootInit(sctx, sb)
-	} else {
-		err = m.reinitEnvd(sctx, sb, oldToken)
-	}
-	if err != nil {
-		return fail(fmt.Errorf("sandbox %s: %w", sb.ID, err))
-	}
-	sb.State = StateRunning
-	if err := m.save(sctx, sb); err != nil {
-		return fail(err)
-	}
-	m.mu.Lock()
-	m.sandboxes[sb.ID] = sb
-	m.mu.Unlock()
-	m.touch(sb.ID)
-	m.log.Info("sandbox restored from snapshot", "sandbox", sb.ID, "snapshot", snap.ID, "ip", sb.IP, "took", time.Since(now).Round(time.Millisecond))
-	return clone(sb), nil
+	return m.life.snaps.resolve(teamID, ref)
 }
 
 // ForkResult is one fork's outcome: a sandbox or the error that stopped it.
@@ -507,14 +423,14 @@ func (m *Manager) Fork(ctx context.Context, teamID, id string, count int, timeou
 	if err != nil {
 		return nil, err
 	}
+	// Each copy is the source's twin: its team, key, env, metadata, egress
+	// policy, tier, command cap and lifecycle; the memory image fixes the
+	// limits.
 	req := CreateRequest{
 		TeamID: src.TeamID, APIKeyID: src.APIKeyID, Template: src.TemplateID, Timeout: timeout,
 		Metadata: maps.Clone(src.Metadata), EnvVars: maps.Clone(src.EnvVars), Secure: src.Secure, AllowInternet: src.AllowInternet,
-		Lifecycle: LifecycleRequest{AutoPause: src.AutoPause, AutoResume: src.AutoResume, IdleTimeout: src.IdleTimeout},
-	}
-	quota, err := m.teamQuota(ctx, teamID)
-	if err != nil {
-		return nil, err
+		Network: src.Network, Isolation: src.Isolation, MaxCommand: min(time.Duration(src.MaxCommandSeconds)*time.Second, m.cfg.MaxCommandLifetime),
+		Lifecycle: LifecycleRequest{AutoPause: src.AutoPause, AutoPauseFS: src.AutoPauseFS, AutoResume: src.AutoResume, IdleTimeout: src.IdleTimeout},
 	}
 	out := make([]ForkResult, count)
 	sem := make(chan struct{}, 4)
@@ -523,15 +439,12 @@ func (m *Manager) Fork(ctx context.Context, teamID, id string, count int, timeou
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			// Each copy is a new sandbox of the team: the copies past
-			// maxSandboxes fail on their own, the others are made.
-			release, err := m.reserveSandbox(req.TeamID, quota)
-			if err != nil {
-				out[i] = ForkResult{Err: err}
-				return
-			}
-			defer release()
-			sb, err := m.restoreNew(ctx, req, snap, src.TemplateID, quota)
+			// Each copy is a new sandbox of the team (the pipeline's reserve
+			// step): the copies past maxSandboxes fail on their own, the
+			// others are made.
+			b := newBuild("fork", req)
+			b.snap, b.tplID = snap, src.TemplateID
+			sb, err := m.run(ctx, restoreSnapshot(), b)
 			out[i] = ForkResult{Sandbox: sb, Err: err}
 		})
 	}

@@ -46,8 +46,9 @@ type FakeNet struct {
 	CAPEM  []byte
 	CAPool *x509.CertPool
 
-	mu   sync.Mutex
-	seen []Seen
+	mu      sync.Mutex
+	seen    []Seen
+	queries []string
 }
 
 // Seen is one request a fake server received.
@@ -55,6 +56,7 @@ type Seen struct {
 	Scheme, Method, Host, Path string
 	Header                     http.Header
 	Remote                     string
+	Local                      string // the fake server's address that got it
 }
 
 // Echo is the JSON body the fake HTTP(S) servers answer with.
@@ -192,6 +194,13 @@ func (f *FakeNet) Requests() []Seen {
 	return append([]Seen(nil), f.seen...)
 }
 
+// Queries returns the names the fake nameserver was asked for.
+func (f *FakeNet) Queries() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.queries...)
+}
+
 // Listen opens a listener inside the fake net.
 func (f *FakeNet) Listen(t testing.TB, network, addr string) any {
 	t.Helper()
@@ -212,15 +221,19 @@ func (f *FakeNet) Listen(t testing.TB, network, addr string) any {
 func (f *FakeNet) serve(t testing.TB, a netip.Addr, leaf tls.Certificate) {
 	handler := func(scheme string) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			f.record(Seen{Scheme: scheme, Method: r.Method, Host: r.Host, Path: r.URL.Path, Header: r.Header.Clone(), Remote: r.RemoteAddr})
-			if r.URL.Path == "/big" {
-				w.Header().Set("Content-Type", "application/octet-stream")
-				_, _ = io.CopyN(w, zeroReader{}, 8<<20)
-				return
-			}
 			local := ""
 			if la, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
 				local = la.String()
+			}
+			f.record(Seen{Scheme: scheme, Method: r.Method, Host: r.Host, Path: r.URL.Path, Header: r.Header.Clone(), Remote: r.RemoteAddr, Local: local})
+			switch r.URL.Path {
+			case "/big":
+				w.Header().Set("Content-Type", "application/octet-stream")
+				_, _ = io.CopyN(w, zeroReader{}, 8<<20)
+				return
+			case "/redirect":
+				http.Redirect(w, r, r.URL.Query().Get("to"), http.StatusFound)
+				return
 			}
 			// Credentials come back hashed: a test can check them without
 			// the echo carrying a secret into the sandbox.
@@ -290,6 +303,9 @@ func (f *FakeNet) answer(q []byte) []byte {
 		return nil
 	}
 	name := strings.TrimSuffix(strings.ToLower(qs[0].Name.String()), ".")
+	f.mu.Lock()
+	f.queries = append(f.queries, name)
+	f.mu.Unlock()
 	a, ok := f.Names[name]
 	rh := dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true, RecursionDesired: h.RecursionDesired, RecursionAvailable: true}
 	if !ok {

@@ -1,0 +1,228 @@
+// Package envdclient is the host side's typed client of envd, the daemon
+// inside every sandbox: health, /init, files and the process service, over
+// one http.Client. The sandbox manager is its user; envd's /init handler
+// decodes the same Init type.
+package envdclient
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/agentbox/agentbox/api/gen/process"
+	"github.com/agentbox/agentbox/api/gen/process/processconnect"
+	"github.com/agentbox/agentbox/internal/errdefs"
+)
+
+// Port is the port envd listens on inside every sandbox.
+const Port = 49983
+
+// Per-call bounds for the short calls; process streams are bounded by the
+// caller's context only (a build step may run for minutes).
+const (
+	healthTimeout = 5 * time.Second
+	callTimeout   = 10 * time.Second
+	maxFileBytes  = 8 << 20
+)
+
+// NewHTTPClient is the http.Client every envd call of a server shares. No
+// keep-alive: sandbox addresses are reused by later sandboxes, and a pooled
+// connection to a dead one would hang its successor's start. No proxy: envd
+// is on the host's bridge.
+func NewHTTPClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
+}
+
+// Client talks to the envd of one sandbox.
+type Client struct {
+	hc    *http.Client
+	base  string
+	token string
+	proc  processconnect.ProcessClient
+}
+
+// New returns a client of the envd at ip. token is the sandbox's access
+// token, sent with files and process calls ("" for a sandbox without one).
+func New(hc *http.Client, ip netip.Addr, token string) *Client {
+	base := "http://" + net.JoinHostPort(ip.String(), strconv.Itoa(Port))
+	return &Client{hc: hc, base: base, token: token, proc: processconnect.NewProcessClient(hc, base)}
+}
+
+// URL is envd's base URL.
+func (c *Client) URL() string { return c.base }
+
+// Health asks envd's /health once.
+func (c *Client) Health(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, healthTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/health", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("health answered %s", resp.Status)
+	}
+	return nil
+}
+
+// WaitHealthy polls /health until envd answers, for at most within. envd is
+// usually up within a few ms of the container (or restore) start, so it
+// polls tightly at first: the wait is not rounded up.
+func (c *Client) WaitHealthy(ctx context.Context, within time.Duration) error {
+	start, delay := time.Now(), 2*time.Millisecond
+	for {
+		err := c.Health(ctx)
+		if err == nil {
+			return nil
+		}
+		if time.Since(start) > within || ctx.Err() != nil {
+			return fmt.Errorf("no answer from envd at %s within %s: %w (%w)", c.base, within, err, errdefs.ErrUnavailable)
+		}
+		time.Sleep(delay)
+		if time.Since(start) > 300*time.Millisecond {
+			delay = 20 * time.Millisecond
+		}
+	}
+}
+
+// Init sends envd its /init body. auth authorises the call once envd holds
+// a token (a restored or running envd); a fresh envd takes its first /init
+// without one.
+func (c *Client) Init(ctx context.Context, body Init, auth string) error {
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/init", bytes.NewReader(buf))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if auth != "" {
+		req.Header.Set("X-Access-Token", auth)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("envd /init: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("envd /init answered %s: %s", resp.Status, bytes.TrimSpace(msg))
+	}
+	return nil
+}
+
+// ReadFile reads path in the sandbox as user (at most 8 MiB).
+func (c *Client) ReadFile(ctx context.Context, path, user string) ([]byte, error) {
+	return c.files(ctx, http.MethodGet, path, user, nil)
+}
+
+// WriteFile writes path in the sandbox as user, creating parent directories.
+func (c *Client) WriteFile(ctx context.Context, path, user string, data []byte) error {
+	_, err := c.files(ctx, http.MethodPost, path, user, data)
+	return err
+}
+
+func (c *Client) files(ctx context.Context, method, path, user string, body []byte) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	u := c.base + "/files?" + url.Values{"path": {path}, "username": {user}}.Encode()
+	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	if method == http.MethodPost {
+		req.Header.Set("Content-Type", "application/octet-stream")
+	}
+	if c.token != "" {
+		req.Header.Set("X-Access-Token", c.token)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(io.LimitReader(resp.Body, maxFileBytes))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode/100 != 2 {
+		return nil, fmt.Errorf("envd %s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(out))
+	}
+	return out, nil
+}
+
+// Command is one shell command run through envd's process service.
+type Command struct {
+	Cmd     string            // run as /bin/sh -c Cmd
+	User    string            // "" = envd's default user
+	Workdir string            // "" = envd's default workdir
+	Env     map[string]string // on top of the /init environment
+}
+
+// ErrNoExit is returned by Run when the process stream ended without the
+// process's end event (envd died, the connection broke).
+var ErrNoExit = errors.New("process stream ended without an exit")
+
+// Run runs cmd and streams its stdout and stderr to the writers (either may
+// be nil) until it ends, returning its exit code. ctx bounds the run.
+func (c *Client) Run(ctx context.Context, cmd Command, stdout, stderr io.Writer) (int, error) {
+	stdin := false
+	cfg := &process.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", cmd.Cmd}, Envs: cmd.Env}
+	if cmd.Workdir != "" {
+		cfg.Cwd = &cmd.Workdir
+	}
+	req := connect.NewRequest(&process.StartRequest{Process: cfg, Stdin: &stdin})
+	if cmd.User != "" {
+		// envd takes the user from Basic auth with an empty password, as
+		// E2B's SDKs send it.
+		req.Header().Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(cmd.User+":")))
+	}
+	if c.token != "" {
+		req.Header().Set("X-Access-Token", c.token)
+	}
+	stream, err := c.proc.Start(ctx, req)
+	if err != nil {
+		return -1, err
+	}
+	defer stream.Close()
+	for stream.Receive() {
+		ev := stream.Msg().GetEvent()
+		if d := ev.GetData(); d != nil {
+			if b := d.GetStdout(); len(b) > 0 && stdout != nil {
+				_, _ = stdout.Write(b)
+			}
+			if b := d.GetStderr(); len(b) > 0 && stderr != nil {
+				_, _ = stderr.Write(b)
+			}
+		}
+		if end := ev.GetEnd(); end != nil {
+			return int(end.GetExitCode()), nil
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return -1, err
+	}
+	return -1, ErrNoExit
+}

@@ -1,0 +1,178 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/agentbox/agentbox/internal/audit"
+	"github.com/agentbox/agentbox/internal/envdclient"
+	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/template"
+)
+
+// Build-step sandbox defaults for limits the request leaves zero, each
+// capped at the team's quota: enough for a package install.
+const (
+	buildCPUs     = 2
+	buildMemoryMB = 2048
+	buildDiskMB   = 8192
+)
+
+// RunSteps runs a template build's RUN steps (template.StepRunner) in one
+// hidden sandbox of req.TeamID made by the pipeline's build path: the same
+// runtime, hardening (user namespace, seccomp, capabilities, disk quota on
+// the writable layer), network policy (internet yes; host, loopback,
+// private and metadata addresses no) and team quota as any of the team's
+// sandboxes, and it counts toward maxSandboxes while it runs. Each command
+// runs through envd as its user, in its workdir, with its env; the first
+// that fails ends the batch with an error naming its line. When every
+// command passed, the writable layer is captured into req.UpperDir. The
+// sandbox is destroyed in every case.
+func (m *Manager) RunSteps(ctx context.Context, req template.StepRequest) (err error) {
+	if err := checkStepRequest(req); err != nil {
+		return err
+	}
+	ck, err := m.checkpointer()
+	if err != nil {
+		return fmt.Errorf("build %s: the writable layer of a build step cannot be captured: %w", req.BuildID, err)
+	}
+	b := newBuild("build", CreateRequest{TeamID: req.TeamID, Timeout: m.cfg.MaxTimeout, Secure: true, AllowInternet: true})
+	b.step = &req
+	sb, err := m.run(ctx, buildStep(), b)
+	if err != nil {
+		return fmt.Errorf("build %s: step sandbox: %w", req.BuildID, err)
+	}
+	defer func() {
+		m.mu.Lock()
+		if live := m.sandboxes[sb.ID]; live != nil {
+			live.State = StateKilling
+		}
+		m.mu.Unlock()
+		sb.State = StateKilling
+		why := "template build steps done"
+		if err != nil {
+			why = "template build step failed"
+		}
+		if derr := m.destroy(context.WithoutCancel(ctx), sb, why); derr != nil {
+			err = errors.Join(err, derr)
+		}
+	}()
+	out := req.Output
+	if out == nil {
+		out = io.Discard
+	}
+	c := m.envdOf(sb)
+	for _, cmd := range req.Commands {
+		start := time.Now()
+		user, dir := cmd.User, cmd.Workdir
+		if user == "" {
+			user = "root"
+		}
+		if dir == "" {
+			dir = "/"
+		}
+		code, rerr := c.Run(ctx, envdclient.Command{Cmd: cmd.Cmd, User: user, Workdir: dir, Env: cmd.Env}, out, out)
+		m.auditStep(ctx, sb, cmd, code, rerr, time.Since(start))
+		if rerr != nil {
+			return fmt.Errorf("%s: %w", stepWhere(cmd), rerr)
+		}
+		if code != 0 {
+			return fmt.Errorf("%s: %w", stepWhere(cmd), &template.ExitError{Line: cmd.Line, Cmd: cmd.Cmd, Code: code})
+		}
+	}
+	// Frozen while the layer is copied: one instant of the filesystem,
+	// whatever a step left running in the background.
+	img := filepath.Join(filepath.Dir(req.UpperDir), ".step-image-"+sb.ID)
+	defer os.RemoveAll(img)
+	if err := ck.Checkpoint(context.WithoutCancel(ctx), sb.ID, runtime.CheckpointOptions{
+		ImageDir: img, LeaveRunning: true, UpperCopy: req.UpperDir, FilesystemOnly: true,
+	}); err != nil {
+		_ = os.RemoveAll(req.UpperDir)
+		return fmt.Errorf("build %s: capture the writable layer: %w", req.BuildID, err)
+	}
+	return nil
+}
+
+func stepWhere(c template.StepCommand) string {
+	if c.Line > 0 {
+		return fmt.Sprintf("line %d", c.Line)
+	}
+	return "RUN"
+}
+
+func checkStepRequest(req template.StepRequest) error {
+	switch {
+	case req.TeamID == "":
+		return fmt.Errorf("TeamID: required; a build step runs under its team's quota and policy: %w", errdefs.ErrInvalidArgument)
+	case req.BuildID == "" || len(req.BuildID) > 128:
+		return fmt.Errorf("BuildID: %q must name the build (1-128 bytes): %w", truncateID(req.BuildID), errdefs.ErrInvalidArgument)
+	case len(req.Layers) == 0:
+		return fmt.Errorf("Layers: at least one layer is needed to run a step on: %w", errdefs.ErrInvalidArgument)
+	case len(req.Commands) == 0:
+		return fmt.Errorf("Commands: nothing to run: %w", errdefs.ErrInvalidArgument)
+	case req.UpperDir == "" || !filepath.IsAbs(req.UpperDir):
+		return fmt.Errorf("UpperDir: %q is not an absolute path: %w", req.UpperDir, errdefs.ErrInvalidArgument)
+	}
+	if _, err := os.Lstat(req.UpperDir); !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("UpperDir: %s already exists; the captured layer goes to a new directory: %w", req.UpperDir, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// resolveBuild makes the record of a build step's sandbox: hidden, owned by
+// the build's team, on the build's layers, the default tier, the team's
+// quota, the sandbox network policy with internet access.
+func (m *Manager) resolveBuild(ctx context.Context, b *build) error {
+	req := b.step
+	q := b.quota
+	defaults := &template.Template{
+		CPUCount: capAt(buildCPUs, q.CPUCount), MemoryMB: capAt(buildMemoryMB, q.MemoryMB), DiskMB: capAt(buildDiskMB, q.DiskMB),
+	}
+	limits, err := resolveLimits(Limits{CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, DiskMB: req.DiskMB}, defaults, q)
+	if err != nil {
+		return err
+	}
+	isolation, err := m.resolveIsolation(CreateRequest{}, defaults)
+	if err != nil {
+		return err
+	}
+	sb := b.sb
+	sb.BuildID = req.BuildID
+	m.fillFromRequest(sb, b.req, nil, limits, isolation, m.cfg.MaxCommandLifetime)
+	sb.DefaultUser, sb.DefaultWorkdir = "root", "/"
+	b.layers, b.limits = slices.Clone(req.Layers), limits
+	b.pol, err = m.policyOf(ctx, sb)
+	return err
+}
+
+// capAt is v, or cap when cap is set (> 0) and lower.
+func capAt(v, cap int) int {
+	if cap > 0 && cap < v {
+		return cap
+	}
+	return v
+}
+
+// auditStep records one build command like a process start in any sandbox
+// (the gateway records those; build steps do not pass through it).
+func (m *Manager) auditStep(ctx context.Context, sb *Sandbox, c template.StepCommand, code int, err error, took time.Duration) {
+	if m.audit == nil {
+		return
+	}
+	fields := map[string]any{"cmd": "/bin/sh", "args": []string{"-c", c.Cmd}, "build": sb.BuildID, "line": c.Line, "exitCode": code, "took_ms": took.Milliseconds()}
+	decision, reason := audit.Allowed, ""
+	if err != nil {
+		decision, reason = audit.Denied, err.Error()
+	}
+	m.audit.Record(ctx, audit.Event{SandboxID: sb.ID, TeamID: sb.TeamID, Kind: audit.KindProcess, Action: "start", Decision: decision, Reason: reason, Fields: fields})
+}
+
+var _ template.StepRunner = (*Manager)(nil)

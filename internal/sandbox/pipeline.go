@@ -1,0 +1,542 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/network"
+	"github.com/agentbox/agentbox/internal/rollback"
+	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/template"
+)
+
+// The pipeline: every way a sandbox comes to run is this one ordered list of
+// named steps, with one step swapped per path. A guarantee added to a step
+// (a check, a limit, an audit event) holds on every path that runs it.
+//
+//	step              create (template)  snapshot restore / fork  warm-pool claim   files-only resume  build step
+//	reserve           team quota, maxSandboxes, a create slot (resume: slot only; the paused sandbox already counts)
+//	resolve           template           snapshot                 pooled sandbox    paused sandbox     layers
+//	persist creating  row "creating"     row "creating"           row "creating"    row "resuming"     row "creating"
+//	attach network    netns + policy     netns + policy           set policy        (kept)             netns + policy
+//	start             start container    restore image            claim pooled      boot files         start container
+//	init envd         first /init        re-/init (restored)      re-/init          first /init        first /init
+//	wait ready        ready command      (fresh boots only)       -                 ready command      -
+//	persist running   row "running"
+//	register          visible to the API (a build step's sandbox stays hidden)
+//
+// Each step that makes something pushes its undo onto the build's rollback
+// list; a failing step runs the list newest first, writes a failure audit
+// event naming the step and returns the step's error.
+const (
+	StepReserve         = "reserve"
+	StepResolve         = "resolve"
+	StepPersistCreating = "persist creating"
+	StepAttachNetwork   = "attach network"
+	StepStart           = "start"
+	StepInitEnvd        = "init envd"
+	StepWaitReady       = "wait ready"
+	StepPersistRunning  = "persist running"
+	StepRegister        = "register"
+)
+
+// step is one named stage. run gets the build's context: the request's for
+// the steps before the host is touched (a client that goes away stops the
+// wait for a slot), then one that is not cancelled, so setup is never
+// half-cancelled.
+type step struct {
+	name string // one of the Step names
+	what string // what this path does in it ("restore image"), for logs
+	run  func(m *Manager, ctx context.Context, b *build) error
+}
+
+// pipeline is the ordered list of steps of one path.
+type pipeline []step
+
+// swap returns a copy of p with the step called name replaced by s (a
+// different implementation of the same stage).
+func (p pipeline) swap(name string, what string, run func(m *Manager, ctx context.Context, b *build) error) pipeline {
+	out := slices.Clone(p)
+	for i := range out {
+		if out[i].name == name {
+			out[i] = step{name: name, what: what, run: run}
+			return out
+		}
+	}
+	panic("sandbox: no pipeline step " + name)
+}
+
+// coldStart is the pipeline of a create from a template; every other path
+// is it with steps swapped (below).
+func coldStart() pipeline {
+	return pipeline{
+		{StepReserve, "team quota and a create slot", (*Manager).reserve},
+		{StepResolve, "template", (*Manager).resolveTemplate},
+		{StepPersistCreating, "row creating", (*Manager).persistCreating},
+		{StepAttachNetwork, "netns, address, policy", (*Manager).attachNetwork},
+		{StepStart, "start container", (*Manager).startContainer},
+		{StepInitEnvd, "envd /init", (*Manager).initEnvdStep},
+		{StepWaitReady, "ready command", (*Manager).waitReadyStep},
+		{StepPersistRunning, "row running", (*Manager).persistRunning},
+		{StepRegister, "visible", (*Manager).register},
+	}
+}
+
+// restoreSnapshot starts a new sandbox from a snapshot (a create whose
+// templateID names one of the team's snapshots, and each copy of a fork).
+func restoreSnapshot() pipeline {
+	return coldStart().
+		swap(StepResolve, "snapshot", (*Manager).resolveSnapshot).
+		swap(StepStart, "restore image", (*Manager).restoreImage)
+}
+
+// claimPooled hands a warm sandbox to a create.
+func claimPooled() pipeline {
+	return coldStart().
+		swap(StepResolve, "pooled sandbox", (*Manager).resolvePooled).
+		swap(StepAttachNetwork, "set policy", (*Manager).setPolicy).
+		swap(StepStart, "claim pooled", (*Manager).checkPooled)
+}
+
+// resumeFiles boots a paused sandbox fresh on its files, in place.
+func resumeFiles() pipeline {
+	return coldStart().
+		swap(StepResolve, "paused sandbox", (*Manager).resolvePaused).
+		swap(StepPersistCreating, "row resuming", (*Manager).persistResuming).
+		swap(StepAttachNetwork, "kept", func(*Manager, context.Context, *build) error { return nil }).
+		swap(StepStart, "boot files", (*Manager).bootFiles)
+}
+
+// buildStep starts the hidden sandbox a template build's RUN steps run in.
+func buildStep() pipeline {
+	return coldStart().swap(StepResolve, "build layers", (*Manager).resolveBuild)
+}
+
+// build is one sandbox being made: the request and what the steps found
+// and made so far.
+type build struct {
+	path   string // create, restore, fork, claim, resume, build: logs and audit
+	action string // audit action: "create" or "resume"
+	req    CreateRequest
+	// counts: the sandbox is new to its team (maxSandboxes applies).
+	counts bool
+
+	quota   Quota
+	sb      *Sandbox // the record; its id is known from the start
+	prev    *Sandbox // resume: the record to go back to
+	tplID   string   // restore: the templateID the new sandbox reports
+	snap    *Snapshot
+	step    *template.StepRequest // build: the RUN steps' request
+	layers  []string
+	limits  Limits
+	pol     network.Policy
+	netns   string
+	startup string // template start command (fresh boots)
+	ready   string // template ready command (fresh boots)
+	// fresh: envd boots as a new init and takes its first /init; otherwise
+	// it was restored or claimed and envdAuth authorises its re-/init.
+	fresh    bool
+	envdAuth string
+
+	failed  string // the step that failed, if one did
+	undo    rollback.List
+	release []func() // run when the build ends, whatever happened
+	took    map[string]time.Duration
+}
+
+func newBuild(path string, req CreateRequest) *build {
+	now := time.Now().UTC()
+	return &build{
+		path: path, action: "create", req: req, counts: true, fresh: true,
+		sb:   &Sandbox{ID: newID(), TeamID: req.TeamID, APIKeyID: req.APIKeyID, TemplateID: req.Template, State: StateCreating, StartedAt: now},
+		took: map[string]time.Duration{},
+	}
+}
+
+// errNoClaim: the warm pool cannot serve this request; start cold.
+var errNoClaim = errors.New("no warm sandbox for this request")
+
+// run runs p for b. On failure it undoes what the steps made, writes a
+// failure audit event naming the step, and returns the step's error.
+func (m *Manager) run(ctx context.Context, p pipeline, b *build) (*Sandbox, error) {
+	defer func() {
+		for _, f := range slices.Backward(b.release) {
+			f()
+		}
+	}()
+	start := time.Now()
+	sctx := context.WithoutCancel(ctx)
+	for _, s := range p {
+		c := sctx
+		if s.name == StepReserve || s.name == StepResolve {
+			c = ctx
+		}
+		t := time.Now()
+		err := s.run(m, c, b)
+		b.took[s.name] = time.Since(t)
+		if err == nil && m.stepHook != nil {
+			err = m.stepHook(b.path, s.name)
+		}
+		if err != nil {
+			b.failed = s.name
+			if uerr := b.undo.Run(sctx); uerr != nil {
+				m.log.Error("undo after failed "+b.path, "sandbox", b.sb.ID, "step", s.name, "err", uerr)
+			}
+			if !errors.Is(err, errNoClaim) {
+				m.auditLifecycle(sctx, b.sb, b.action, "denied", err.Error(), map[string]any{"path": b.path, "step": s.name})
+			}
+			return nil, err
+		}
+	}
+	b.undo.Release()
+	sb := b.sb
+	fields := map[string]any{"took_ms": time.Since(start).Milliseconds(), "path": b.path}
+	if sb.BuildID != "" {
+		fields["build"] = sb.BuildID
+	}
+	m.auditLifecycle(sctx, sb, b.action, "allowed", "", fields)
+	m.log.Info("sandbox "+b.path, "sandbox", sb.ID, "template", sb.TemplateID, "ip", sb.IP, "team", sb.TeamID, "took", time.Since(start).Round(time.Millisecond),
+		"network", b.took[StepAttachNetwork].Round(time.Millisecond), "start", b.took[StepStart].Round(time.Millisecond),
+		"envd", (b.took[StepInitEnvd] + b.took[StepWaitReady]).Round(time.Millisecond))
+	return clone(sb), nil
+}
+
+// ---- reserve ----
+
+// reserve reads the team's quota, counts the sandbox against its
+// maxSandboxes (new sandboxes only) and waits for a create slot
+// (admission.go). Both are held until the build ends.
+func (m *Manager) reserve(ctx context.Context, b *build) error {
+	q, err := m.teamQuota(ctx, b.req.TeamID)
+	if err != nil {
+		return err
+	}
+	b.quota = q
+	if b.counts {
+		release, err := m.reserveSandbox(b.req.TeamID, q)
+		if err != nil {
+			return err
+		}
+		b.release = append(b.release, release)
+	}
+	release, err := m.createSlot(ctx)
+	if err != nil {
+		return err
+	}
+	b.release = append(b.release, release)
+	return nil
+}
+
+// ---- resolve: the request against its source; every field is honoured
+// or refused with the field's name ----
+
+// resolveTemplate makes the record of a cold start from req.Template.
+func (m *Manager) resolveTemplate(ctx context.Context, b *build) error {
+	req := b.req
+	tpl, err := m.templates.Get(ctx, req.TeamID, req.Template)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return fmt.Errorf("templateID: template %q not found; list templates with GET /templates or `agentbox template ls`: %w", req.Template, errdefs.ErrInvalidArgument)
+		}
+		return err
+	}
+	if err := m.checkTimeout(req.Timeout); err != nil {
+		return err
+	}
+	isolation, err := m.resolveIsolation(req, tpl)
+	if err != nil {
+		return err
+	}
+	limits, err := resolveLimits(req.Limits, tpl, b.quota)
+	if err != nil {
+		return err
+	}
+	cmdLife, err := m.resolveCommandLifetime(req.MaxCommand)
+	if err != nil {
+		return err
+	}
+	sb := b.sb
+	sb.TemplateID = tpl.ID
+	if len(tpl.Aliases) > 0 {
+		sb.Alias = tpl.Aliases[0]
+	}
+	m.fillFromRequest(sb, req, mergeEnv(tpl.Env, req.EnvVars), limits, isolation, cmdLife)
+	sb.DefaultUser, sb.DefaultWorkdir = tpl.DefaultUser, tpl.DefaultWorkdir
+	b.layers, b.limits = tpl.Layers, limits
+	b.startup, b.ready = tpl.StartCmd, tpl.ReadyCmd
+	b.pol, err = m.policyOf(ctx, sb)
+	return err
+}
+
+// fillFromRequest copies what every new sandbox takes from its request.
+func (m *Manager) fillFromRequest(sb *Sandbox, req CreateRequest, env map[string]string, l Limits, isolation string, cmdLife time.Duration) {
+	sb.Secure, sb.AllowInternet, sb.Network = req.Secure, req.AllowInternet, req.Network
+	sb.Metadata, sb.EnvVars = req.Metadata, env
+	sb.CPUCount, sb.MemoryMB, sb.DiskMB, sb.PIDs, sb.TmpMB = l.CPUCount, l.MemoryMB, l.DiskMB, l.PIDs, l.TmpMB
+	sb.Isolation = isolation
+	sb.MaxCommandSeconds = int64(cmdLife / time.Second)
+	sb.EndAt = sb.StartedAt.Add(req.Timeout)
+	sb.Lifecycle = req.Lifecycle.apply(req.Timeout)
+}
+
+// resolveSnapshot makes the record of a sandbox restored from b.snap. A
+// memory image fixes the limits and the tier it was taken with: a request
+// for others is refused, naming the field. A filesystem-only snapshot boots
+// fresh, so the request's limits and tier apply as on a cold start.
+func (m *Manager) resolveSnapshot(ctx context.Context, b *build) error {
+	if _, err := m.checkpointer(); err != nil {
+		return err
+	}
+	req, snap := b.req, b.snap
+	if err := m.checkTimeout(req.Timeout); err != nil {
+		return err
+	}
+	snapLimits := Limits{CPUCount: snap.CPUCount, MemoryMB: snap.MemoryMB, DiskMB: snap.DiskMB, PIDs: snap.PIDs, TmpMB: snap.TmpMB}
+	isoTpl := &template.Template{Isolation: snap.Isolation}
+	var (
+		limits    Limits
+		isolation string
+		err       error
+	)
+	if snap.FilesystemOnly {
+		merged := snapLimits
+		for _, f := range []struct{ dst, v *int }{
+			{&merged.CPUCount, &req.Limits.CPUCount}, {&merged.MemoryMB, &req.Limits.MemoryMB}, {&merged.DiskMB, &req.Limits.DiskMB},
+			{&merged.PIDs, &req.Limits.PIDs}, {&merged.TmpMB, &req.Limits.TmpMB},
+		} {
+			if *f.v != 0 {
+				*f.dst = *f.v
+			}
+		}
+		if limits, err = resolveLimits(merged, &template.Template{}, b.quota); err != nil {
+			return err
+		}
+		if isolation, err = m.resolveIsolation(req, isoTpl); err != nil {
+			return err
+		}
+	} else {
+		if err := memoryImageFixes(snap, req, snapLimits); err != nil {
+			return err
+		}
+		// The team's quota may have been lowered since it was taken.
+		if limits, err = resolveLimits(snapLimits, &template.Template{}, b.quota); err != nil {
+			return fmt.Errorf("snapshot %s was taken with limits over the team's quota: %w", snap.ID, err)
+		}
+		limits = snapLimits
+		req.Isolation, req.Metadata = snap.Isolation, withoutIsolation(req.Metadata)
+		if isolation, err = m.resolveIsolation(req, isoTpl); err != nil {
+			return err
+		}
+	}
+	cmdLife, err := m.resolveCommandLifetime(req.MaxCommand)
+	if err != nil {
+		return err
+	}
+	sb := b.sb
+	sb.TemplateID, sb.Alias = b.tplID, snap.Alias
+	m.fillFromRequest(sb, req, mergeEnv(snap.EnvVars, req.EnvVars), limits, isolation, cmdLife)
+	// After fillFromRequest, which sets the whole Lifecycle: the snapshot's
+	// layers stay while the sandbox lives (snapshotGC).
+	sb.BaseSnapshot = snap.ID
+	sb.Metadata = b.req.Metadata
+	sb.DefaultUser, sb.DefaultWorkdir = snap.DefaultUser, snap.DefaultWorkdir
+	b.layers, b.limits = snap.Layers, limits
+	if snap.FilesystemOnly {
+		b.startup, b.ready = m.templateCommands(ctx, sb)
+	} else {
+		b.fresh = false
+		if snap.Secure {
+			b.envdAuth = AccessToken(m.secret, snap.SandboxID)
+		}
+	}
+	b.pol, err = m.policyOf(ctx, sb)
+	return err
+}
+
+// memoryImageFixes refuses request fields a memory image cannot honour.
+func memoryImageFixes(snap *Snapshot, req CreateRequest, l Limits) error {
+	for _, f := range []struct {
+		name        string
+		asked, have int
+	}{
+		{"cpuCount", req.Limits.CPUCount, l.CPUCount}, {"memoryMB", req.Limits.MemoryMB, l.MemoryMB},
+		{"diskSizeMB", req.Limits.DiskMB, l.DiskMB}, {"pids", req.Limits.PIDs, l.PIDs}, {"tmpSizeMB", req.Limits.TmpMB, l.TmpMB},
+	} {
+		if f.asked != 0 && f.asked != f.have {
+			return fmt.Errorf("%s: snapshot %s holds a memory image taken with %s %d, and its sandboxes keep it; omit %s or pass %d (a filesystem-only snapshot takes new limits): %w",
+				f.name, snap.ID, f.name, f.have, f.name, f.have, errdefs.ErrInvalidArgument)
+		}
+	}
+	have := snap.Isolation
+	if have == "" {
+		have = IsolationContainer
+	}
+	asked := req.Isolation
+	if asked == "" {
+		asked = req.Metadata[MetadataIsolation]
+	}
+	if asked != "" && asked != have {
+		return fmt.Errorf("isolation: snapshot %s holds a memory image of a %q sandbox, which restores only on that tier; omit isolation or ask for %q (a filesystem-only snapshot boots on any tier): %w",
+			snap.ID, have, have, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func withoutIsolation(md map[string]string) map[string]string {
+	if _, ok := md[MetadataIsolation]; !ok {
+		return md
+	}
+	out := maps.Clone(md)
+	delete(out, MetadataIsolation)
+	return out
+}
+
+// templateCommands returns the start and ready commands of the template sb
+// was made from (through its snapshot), for a fresh boot.
+func (m *Manager) templateCommands(ctx context.Context, sb *Sandbox) (start, ready string) {
+	tplID := sb.TemplateID
+	if sb.BaseSnapshot != "" && m.life.snaps != nil {
+		if snap, err := m.life.snaps.load(sb.BaseSnapshot); err == nil {
+			tplID = snap.TemplateID
+		}
+	}
+	tpl, err := m.templates.Get(ctx, sb.TeamID, tplID)
+	if err != nil {
+		m.log.Warn("fresh boot without the template's start command", "sandbox", sb.ID, "template", tplID, "err", err)
+		return "", ""
+	}
+	return tpl.StartCmd, tpl.ReadyCmd
+}
+
+// ---- persist ----
+
+// persistCreating writes the record before the host is touched: a crash
+// from here on is cleaned up by Reconcile, never leaked.
+func (m *Manager) persistCreating(ctx context.Context, b *build) error {
+	b.sb.State = StateCreating
+	if err := m.save(ctx, b.sb); err != nil {
+		return err
+	}
+	id := b.sb.ID
+	b.undo.Add(StepPersistCreating, func(ctx context.Context) error { return m.store.DeleteSandbox(ctx, id) })
+	m.fault("create:persisted")
+	return nil
+}
+
+// persistRunning marks the sandbox running in the store.
+func (m *Manager) persistRunning(ctx context.Context, b *build) error {
+	b.sb.State = StateRunning
+	return m.save(ctx, b.sb)
+}
+
+// register makes the sandbox visible: the API, the gateway and the reaper
+// see it from now on (a build step's sandbox only the reaper).
+func (m *Manager) register(ctx context.Context, b *build) error {
+	m.mu.Lock()
+	m.sandboxes[b.sb.ID] = clone(b.sb)
+	m.mu.Unlock()
+	m.touch(b.sb.ID)
+	return nil
+}
+
+// ---- attach network ----
+
+// attachNetwork makes the sandbox's network namespace, address and policy.
+func (m *Manager) attachNetwork(ctx context.Context, b *build) error {
+	id := b.sb.ID
+	ep, err := m.net.Attach(ctx, id, b.pol)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: network: %w", id, err)
+	}
+	b.undo.Add(StepAttachNetwork, func(ctx context.Context) error { return m.net.Detach(ctx, id) })
+	b.sb.IP, b.netns = ep.IP, ep.NetNSPath
+	return nil
+}
+
+// setPolicy gives a claimed warm sandbox the request's policy (its team,
+// key and internet access) on the network it already has.
+func (m *Manager) setPolicy(ctx context.Context, b *build) error {
+	if err := m.net.SetPolicy(ctx, b.sb.ID, b.pol); err != nil {
+		return fmt.Errorf("sandbox %s: network policy: %w", b.sb.ID, err)
+	}
+	return nil
+}
+
+// ---- start ----
+
+func (m *Manager) spec(b *build) runtime.Spec {
+	return runtime.Spec{
+		ID: b.sb.ID, Layers: b.layers, NetNSPath: b.netns, DNS: m.net.DNS(),
+		Resources: b.limits.resources(), Runtime: runtimeTier(b.sb.Isolation),
+	}
+}
+
+// startContainer builds the bundle and starts envd as the sandbox's init.
+func (m *Manager) startContainer(ctx context.Context, b *build) error {
+	id := b.sb.ID
+	if err := m.rt.Create(ctx, m.spec(b)); err != nil {
+		return fmt.Errorf("sandbox %s: start container: %w", id, err)
+	}
+	b.undo.Add(StepStart, func(ctx context.Context) error { return m.rt.Delete(ctx, id) })
+	return nil
+}
+
+// restoreImage starts the sandbox from the snapshot's image (memory, or a
+// fresh boot on its layers) in a new bundle and network namespace.
+func (m *Manager) restoreImage(ctx context.Context, b *build) error {
+	ck, err := m.checkpointer()
+	if err != nil {
+		return err
+	}
+	id := b.sb.ID
+	opts := runtime.RestoreOptions{ImageDir: m.life.snaps.image(b.snap.ID), NewNetwork: true, FilesystemOnly: b.snap.FilesystemOnly}
+	if err := ck.Restore(ctx, m.spec(b), opts); err != nil {
+		return fmt.Errorf("sandbox %s: restore snapshot %s: %w", id, b.snap.ID, err)
+	}
+	b.undo.Add(StepStart, func(ctx context.Context) error { return m.rt.Delete(ctx, id) })
+	return nil
+}
+
+// checkPooled confirms the claimed warm sandbox's container still runs.
+func (m *Manager) checkPooled(ctx context.Context, b *build) error {
+	st, err := m.rt.State(ctx, b.sb.ID)
+	if err != nil {
+		return fmt.Errorf("warm sandbox %s: %w", b.sb.ID, err)
+	}
+	if st != runtime.StatusRunning {
+		return fmt.Errorf("warm sandbox %s is %s: %w", b.sb.ID, st, errdefs.ErrUnavailable)
+	}
+	return nil
+}
+
+// ---- envd ----
+
+// initEnvdStep waits for envd and hands it the sandbox's identity: env,
+// default user and workdir, command cap, token, and (on a fresh boot) the
+// template's start command. A restored or claimed envd proves the change
+// with the token it already holds.
+func (m *Manager) initEnvdStep(ctx context.Context, b *build) error {
+	if b.fresh {
+		if err := m.initEnvd(ctx, b.sb, b.startup, b.pol); err != nil {
+			return fmt.Errorf("sandbox %s: envd did not start: %w", b.sb.ID, err)
+		}
+		return nil
+	}
+	if err := m.reinitEnvd(ctx, b.sb, b.envdAuth, b.pol); err != nil {
+		return fmt.Errorf("sandbox %s: %w", b.sb.ID, err)
+	}
+	return nil
+}
+
+// waitReadyStep runs the template's ready command until it passes.
+func (m *Manager) waitReadyStep(ctx context.Context, b *build) error {
+	if err := m.waitReady(ctx, b.sb, b.ready); err != nil {
+		return fmt.Errorf("sandbox %s: template %s not ready: %w", b.sb.ID, b.sb.TemplateID, err)
+	}
+	return nil
+}
