@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/agentbox/agentbox/bench/benchmark"
@@ -30,6 +31,9 @@ func main() {
 	flag.IntVar(&cfg.SizeMB, "size-mb", 100, "upload/download size in MB")
 	flag.IntVar(&cfg.ServerPID, "server-pid", 0, "server pid for RSS (default: the process listening on the API port)")
 	runs := flag.Int("runs", 100, "interpreter: warm runCode samples per language")
+	tiers := flag.String("tiers", "container,gvisor", "isolation: comma-separated isolation tiers to measure")
+	idle := flag.Int("idle", 10, "isolation: idle sandboxes per tier (the memory figure; the neighbour latency needs 4)")
+	echoes := flag.Int("echoes", 30, "isolation: neighbour echo samples per phase")
 	scenario := flag.String("scenario", "server", "server: the server against the raw floor; isolation: start latency, memory per idle sandbox and neighbour latency per isolation tier; interpreter: runCode latency, first context after create and idle kernel memory (--template defaults to code-interpreter-v1, --creates to 5)")
 	flag.Parse()
 	if cfg.APIURL == "" || cfg.APIKey == "" {
@@ -57,7 +61,8 @@ func main() {
 		return
 	}
 	if *scenario == "isolation" {
-		icfg := benchmark.IsolationConfig{APIURL: cfg.APIURL, APIKey: cfg.APIKey, Template: cfg.Template, TemplateDir: cfg.TemplateDir, Creates: cfg.Creates}
+		icfg := benchmark.IsolationConfig{APIURL: cfg.APIURL, APIKey: cfg.APIKey, Template: cfg.Template, TemplateDir: cfg.TemplateDir, Creates: cfg.Creates,
+			Tiers: strings.Split(*tiers, ","), Idle: *idle, Echoes: *echoes}
 		if err := benchmark.RunIsolation(ctx, icfg, os.Stdout, log); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)

@@ -253,7 +253,7 @@ func templateLayers(ctx context.Context, dir, ref string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	t, err := st.Get(ctx, ref)
+	t, err := st.Get(ctx, "", ref)
 	if err != nil {
 		return nil, err
 	}

@@ -29,7 +29,7 @@ type IsolationConfig struct {
 	Tiers       []string // default container, gvisor
 	Creates     int      // sequential creates per tier; default 10
 	Idle        int      // idle sandboxes per tier for the memory figure; default 10
-	Echoes      int      // neighbour echo samples per phase; default 20
+	Echoes      int      // neighbour echo samples per phase; default 30
 	HostMemGiB  float64  // memory to extrapolate "how many fit" to; default this host's
 }
 
@@ -47,7 +47,7 @@ func (c *IsolationConfig) defaults() {
 		c.Idle = 10
 	}
 	if c.Echoes <= 0 {
-		c.Echoes = 20
+		c.Echoes = 30
 	}
 	if c.HostMemGiB <= 0 {
 		c.HostMemGiB = float64(memInfo("MemTotal")) / (1 << 30)
@@ -74,8 +74,9 @@ func memInfo(field string) uint64 {
 // RunIsolation measures, per isolation tier: create → first command
 // latency next to raw `runc run` / `runsc run` of /bin/true; host memory
 // per idle sandbox and how many idle sandboxes fit; and a neighbour's
-// `echo` round trip idle, under a CPU spin and under a fork bomb in
-// another sandbox. It reports, never asserts.
+// `echo` round trip (p50, p99, worst) idle, under a CPU spin, a fork bomb
+// and a memory thrash in other sandboxes, and under all three at once. It
+// reports, never asserts (e2e/outside/neighbour_test.go asserts).
 func RunIsolation(ctx context.Context, cfg IsolationConfig, w io.Writer, log *slog.Logger) error {
 	cfg.defaults()
 	c := wire.New(cfg.APIURL, cfg.APIKey)
@@ -149,46 +150,56 @@ func RunIsolation(ctx context.Context, cfg IsolationConfig, w io.Writer, log *sl
 		}
 
 		// Neighbour latency under abuse: idle[0] is the neighbour,
-		// idle[1] the abuser.
+		// idle[1..3] the abusers, one abuse each, then all at once.
 		if len(idle) >= 2 {
-			nb, bad := idle[0], idle[1]
-			echo := func() time.Duration {
-				var ds []time.Duration
-				for range cfg.Echoes {
-					s := time.Now()
-					if _, err := c.Run(ctx, nb, "", "echo hi"); err != nil {
-						log.Warn("neighbour echo", "err", err)
-					}
-					ds = append(ds, time.Since(s))
+			nb := idle[0]
+			const perCall = 30 * time.Second
+			base := EchoLatency(ctx, c, nb, cfg.Echoes, perCall)
+			fmt.Fprintf(tw, "%s\tneighbour echo p50 / p99 / worst, idle\t%s\t%d samples\n", tier, base, base.Samples)
+			// The abuse must outlast the samples: allow 2 s each.
+			secs := 5 + 2*cfg.Echoes
+			abuses := Abuses()
+			for i, a := range abuses {
+				bad := idle[1+i%(len(idle)-1)]
+				done := runBackground(ctx, c, bad, a.Script(secs))
+				time.Sleep(2 * time.Second)
+				l := EchoLatency(ctx, c, nb, cfg.Echoes, perCall)
+				fmt.Fprintf(tw, "%s\tneighbour echo p50 / p99 / worst, %s next door\t%s\t%s the idle p50\n", tier, a.Name, l, ratio(l.P50, base.P50))
+				_, _ = c.Run(ctx, bad, "root", "pkill -9 -f 'while :|python3|timeout' ; true")
+				<-done
+			}
+			if len(idle) > len(abuses) {
+				var dones []<-chan struct{}
+				for i, a := range abuses {
+					dones = append(dones, runBackground(ctx, c, idle[1+i], a.Script(secs)))
 				}
-				return pct(ds, 50)
+				time.Sleep(2 * time.Second)
+				l := EchoLatency(ctx, c, nb, cfg.Echoes, perCall)
+				fmt.Fprintf(tw, "%s\tneighbour echo p50 / p99 / worst, all three next door\t%s\t%s the idle p50\n", tier, l, ratio(l.P50, base.P50))
+				for i := range abuses {
+					_, _ = c.Run(ctx, idle[1+i], "root", "pkill -9 -f 'while :|python3|timeout' ; true")
+				}
+				for _, d := range dones {
+					<-d
+				}
 			}
-			base := echo()
-			fmt.Fprintf(tw, "%s\tneighbour echo p50, idle\t%s\t\n", tier, round(base))
-			bg := func(script string) {
-				go func() { _, _ = c.Run(ctx, bad, "root", script) }()
-				time.Sleep(time.Second)
-			}
-			bg(`for i in $(seq $(nproc)); do timeout 20 sh -c 'while :; do :; done' & done; wait`)
-			spin := echo()
-			fmt.Fprintf(tw, "%s\tneighbour echo p50, CPU spin next door\t%s\t%s the idle figure\n", tier, round(spin), ratio(spin, base))
-			_, _ = c.Run(ctx, bad, "root", "pkill -9 -f 'while :' ; true")
-			bg(`python3 -c "
-import os, time
-while True:
-    try:
-        if os.fork() == 0:
-            time.sleep(15); os._exit(0)
-    except OSError:
-        time.sleep(0.01)
-"`)
-			fmt.Fprintf(tw, "%s\tneighbour echo p50, fork bomb next door\t%s\tbomb held at the pids limit\n", tier, round(echo()))
 		}
 		for _, sb := range idle {
 			_ = c.Kill(ctx, sb.SandboxID)
 		}
 	}
 	return tw.Flush()
+}
+
+// runBackground runs script as root in sb and closes the channel when it
+// ends (or is killed).
+func runBackground(ctx context.Context, c *wire.Client, sb *wire.Sandbox, script string) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = c.Run(ctx, sb, "root", script)
+	}()
+	return done
 }
 
 // cgroupRSS is the anonymous memory plus kernel memory charged to a

@@ -73,7 +73,7 @@ func benchBuild(ctx context.Context, w io.Writer, srcDir string) error {
 	if err != nil {
 		return err
 	}
-	base, err := src.Get(ctx, "base")
+	base, err := src.Get(ctx, "", "base")
 	if err != nil {
 		return err
 	}
@@ -94,7 +94,9 @@ func benchBuild(ctx context.Context, w io.Writer, srcDir string) error {
 		if err != nil {
 			return 0, err
 		}
-		spec.Name, spec.Tag = "bench-app", "v1"
+		// The operator's runner (chroot per RUN) stands in for the server's,
+		// which runs each RUN step as a sandbox.
+		spec.Name, spec.Tag, spec.Runner = "bench-app", "v1", template.OperatorRunner{}
 		start := time.Now()
 		_, err = s.BuildFromSpec(ctx, *spec, nil)
 		return time.Since(start), err
@@ -112,7 +114,7 @@ func benchBuild(ctx context.Context, w io.Writer, srcDir string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "dockerfile build, cold\t%s\tFROM base, COPY 200 files, 2 RUN (20 MB), runc per RUN\n", cold.Round(time.Millisecond))
+	fmt.Fprintf(w, "dockerfile build, cold\t%s\tFROM base, COPY 200 files, 2 RUN (20 MB), chroot per RUN\n", cold.Round(time.Millisecond))
 	fmt.Fprintf(w, "dockerfile build, cached\t%s\tunchanged rebuild: every step from the layer cache\n", cached.Round(time.Millisecond))
 	fmt.Fprintf(w, "dockerfile build, one file changed\t%s\tCOPY and both RUNs rebuilt\n", partial.Round(time.Millisecond))
 	start := time.Now()

@@ -52,6 +52,7 @@ $AGENTBOX_API_KEY, $E2B_API_KEY, or the file apikey in $AGENTBOX_DATA_DIR
 	root.AddCommand(
 		newServeCmd(),
 		newAPIKeyCmd(),
+		newAuditCmd(),
 		newTeamCmd(),
 		newCreateCmd(),
 		newLsCmd(),
@@ -65,6 +66,7 @@ $AGENTBOX_API_KEY, $E2B_API_KEY, or the file apikey in $AGENTBOX_DATA_DIR
 		newLogsCmd(),
 		newTemplateCmd(),
 		newRunCodeCmd(),
+		newHookCmd(),
 	)
 	return root
 }

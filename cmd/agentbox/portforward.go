@@ -26,7 +26,8 @@ func newPortForwardCmd() *cobra.Command {
 		Short: "Forward local TCP ports to ports inside a sandbox",
 		Long: `Listen on local ports and forward every connection to a port inside the
 sandbox, through the server (any TCP protocol, not only HTTP), like
-kubectl port-forward. LOCAL 0 or omitted picks a free port. Stops on Ctrl-C.`,
+kubectl port-forward. LOCAL 0 or omitted picks a free port. Stops on Ctrl-C.
+envd's port (49983) is not forwarded: reach envd through the data plane.`,
 		Example: `  agentbox port-forward i1a2b3c 8080:8000
   agentbox port-forward i1a2b3c 5432 :6379`,
 		Args: cobra.MinimumNArgs(2),

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -13,20 +14,24 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/internal/api"
 	"github.com/agentbox/agentbox/internal/audit"
+	"github.com/agentbox/agentbox/internal/authlimit"
 	"github.com/agentbox/agentbox/internal/gateway"
 	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/runtime/runc"
 	"github.com/agentbox/agentbox/internal/sandbox"
 	"github.com/agentbox/agentbox/internal/seccomplog"
+	"github.com/agentbox/agentbox/internal/seccomprules"
 	"github.com/agentbox/agentbox/internal/store"
 	"github.com/agentbox/agentbox/internal/template"
 )
@@ -52,8 +57,10 @@ type serveConfig struct {
 	BuildBase       bool
 	LogLevel        string
 	ConfigFile      string
+	TrustedProxies  []string
 	Net             netFlags
 	Lifecycle       lifecycleFlags // serve_lifecycle.go
+	Audit           auditFlags     // audit.go
 }
 
 func newServeCmd() *cobra.Command {
@@ -103,13 +110,33 @@ which wins over the file.`,
 	f.DurationVar(&c.MaxCommandLife, "max-command-lifetime", sandbox.DefaultMaxCommandLifetime, "longest any one command in a sandbox may run; envd kills it then (a create may ask for less with maxCommandSeconds)")
 	f.DurationVar(&c.HealthInterval, "health-interval", 30*time.Second, "how often every sandbox's envd is health-checked")
 	f.StringVar(&c.Runsc, "runsc", "runsc", "gVisor runsc binary for the gvisor isolation tier (the tier is unavailable when it is missing)")
-	f.BoolVar(&c.UserNS, "userns", true, "run container-tier sandboxes in a user namespace that owns their network namespace: sandbox root is host uid 100000 (template layers are shown through idmapped mounts, or uid-shifted copies where the kernel cannot idmap); --userns=false shares the host's user namespace")
+	f.BoolVar(&c.UserNS, "userns", true, "run container-tier sandboxes in a user namespace that owns their network namespace, each with a host uid range of its own (65536 ids from host uid 100000 on), so sandbox root owns nothing of another sandbox (template layers are shown through idmapped mounts, or uid-shifted copies where the kernel cannot idmap); --userns=false shares the host's user namespace")
 	addLifecycleFlags(f, &c.Lifecycle)
 	f.BoolVar(&c.BuildBase, "build-base", true, "build the base template at start if it is missing")
 	f.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&c.ConfigFile, "config", "", "JSON config file with flag names as keys")
+	f.StringSliceVar(&c.TrustedProxies, "trusted-proxy", nil, "addresses or CIDRs of reverse proxies in front of the server, whose X-Forwarded-For names the client; failed API key and token checks are rate limited per client address (20 in a row, then one per 3 s, answered 429 with Retry-After), and without this the proxy's address would count for all its clients")
 	addNetFlags(f, &c.Net)
+	addAuditFlags(f, &c.Audit)
 	return cmd
+}
+
+// parseTrustedProxies parses --trusted-proxy: addresses or CIDRs.
+func parseTrustedProxies(vals []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, v := range vals {
+		v = strings.TrimSpace(v)
+		if p, err := netip.ParsePrefix(v); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(v)
+		if err != nil {
+			return nil, fmt.Errorf("--trusted-proxy: %q is not an address or CIDR (e.g. 10.0.0.5 or 10.0.0.0/24)", v)
+		}
+		out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+	}
+	return out, nil
 }
 
 // applyEnvAndFile fills every flag not given on the command line from
@@ -185,8 +212,9 @@ func findEnvd(explicit string) (string, error) {
 func startSyscallAudit(ctx context.Context, mgr *sandbox.Manager, rt *runc.Runtime, cgroupParent string, log *slog.Logger) {
 	w, err := seccomplog.Open(seccomplog.Config{
 		CgroupParent: cgroupParent,
+		ByCgroup:     rt.SandboxOfCgroup,
 		BySession:    rt.SandboxOfSession,
-		Explain:      runc.SeccompReason,
+		Explain:      seccomprules.Reason,
 		Sink: func(ctx context.Context, d seccomplog.Denial) {
 			sb, err := mgr.Get(ctx, "", d.SandboxID)
 			if err != nil {
@@ -202,6 +230,21 @@ func startSyscallAudit(ctx context.Context, mgr *sandbox.Manager, rt *runc.Runti
 		return
 	}
 	go w.Run(ctx)
+}
+
+// hideRunDir makes the server's run dir and the dirs in it that name
+// sandboxes searchable but not listable by other host users.
+func hideRunDir(runDir string) error {
+	for _, d := range []string{runDir, filepath.Join(runDir, "netns"), filepath.Join(runDir, "netns.addr")} {
+		// netns.addr is otherwise made on the first attach, listable.
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return fmt.Errorf("run dir: %w", err)
+		}
+		if err := os.Chmod(d, 0o711); err != nil {
+			return fmt.Errorf("run dir: %w", err)
+		}
+	}
+	return nil
 }
 
 func listen(ctx context.Context, addr string) (net.Listener, error) {
@@ -230,11 +273,24 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
-		return fmt.Errorf("--data-dir: %w", err)
+	auditOpts, err := c.Audit.options()
+	if err != nil {
+		return err
+	}
+	if !store.ValidTeamName(c.Instance) || strings.ContainsAny(c.Instance, ".") {
+		return fmt.Errorf("--instance %q: use letters, digits, '-' and '_'", c.Instance)
+	}
+	placeServer(c.Instance, log)
+	if err := privateDataDir(c.DataDir); err != nil {
+		return err
 	}
 	if envd, err = pinEnvd(envd, c.DataDir); err != nil { // serve_lifecycle.go
 		return err
+	}
+	// Sandboxes bind-mount envd as their mapped root: the directory may be
+	// searched, not listed (the binary itself is no secret).
+	if err := os.Chmod(filepath.Dir(envd), 0o711); err != nil {
+		return fmt.Errorf("envd: %w", err)
 	}
 	st, err := store.Open(ctx, filepath.Join(c.DataDir, "agentbox.db"))
 	if err != nil {
@@ -251,17 +307,14 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		return err
 	}
 	if c.BuildBase {
-		if _, err := templates.Get(ctx, "base"); err != nil {
+		if _, err := templates.Get(ctx, "", "base"); err != nil {
 			fmt.Fprintln(out, "Building the base template (first start only; about 1-2 minutes)...")
-			if _, err := templates.Build(ctx, template.BuiltinDefinitions()["base"], out); err != nil {
+			if _, err := templates.Build(ctx, template.BuiltinDefinitions()["base"], nil, out); err != nil {
 				return fmt.Errorf("build base template: %w", err)
 			}
 		}
 	}
 
-	if !store.ValidTeamName(c.Instance) || strings.ContainsAny(c.Instance, ".") {
-		return fmt.Errorf("--instance %q: use letters, digits, '-' and '_'", c.Instance)
-	}
 	runDir := filepath.Join("/run", c.Instance)
 	opAllow, err := c.Net.operatorAllow()
 	if err != nil {
@@ -282,6 +335,15 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	if err := nw.Setup(ctx); err != nil {
 		return fmt.Errorf("network setup: %w", err)
 	}
+	// Host users must not list what is named by sandbox id under the run
+	// dir (netns files, address records, runc's state): traversal only.
+	if err := hideRunDir(runDir); err != nil {
+		return err
+	}
+	hookBin, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find the agentbox binary for the runtime's hooks: %w", err)
+	}
 	rt, err := runc.New(runc.Config{
 		StateDir:     filepath.Join(c.DataDir, "sandboxes"),
 		RuncBinary:   c.Runc,
@@ -291,6 +353,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		EnvdPath:     envd,
 		UserNS:       c.UserNS,
 		Net:          nw,
+		HookBinary:   hookBin,
 	}, log)
 	if err != nil {
 		return err
@@ -299,7 +362,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	mgr.SetAudit(audit.New(st))
+	mgr.SetAudit(audit.New(st, append(auditOpts, audit.WithLogger(log))...))
 	if err := enableLifecycle(mgr, c); err != nil {
 		return err
 	}
@@ -313,10 +376,26 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRun()
 	go mgr.Run(runCtx)
+	defer runAudit(runCtx, mgr.Audit())() // audit.go
 	startSyscallAudit(runCtx, mgr, rt, c.Instance, log)
 
 	apiSrv := api.New(log, st, mgr, templates)
-	apiSrv.SetBuildNetwork(buildNetwork(nw))
+	// Build steps run as sandboxes of the team that asked, through the
+	// manager; builds in flight at the last stop are marked failed here.
+	builds, err := template.NewBuilds(ctx, templates, mgr, log)
+	if err != nil {
+		return err
+	}
+	apiSrv.SetBuilds(builds)
+	apiSrv.SetTunneler(gw)
+	proxies, err := parseTrustedProxies(c.TrustedProxies)
+	if err != nil {
+		return err
+	}
+	// One count of failed credential checks per client, API and data plane.
+	guesses := authlimit.New(authlimit.Options{TrustedProxies: proxies})
+	apiSrv.SetAuthLimiter(guesses)
+	gw.SetAuthLimiter(guesses)
 	handler := gw.Handler(apiSrv.Handler())
 
 	ln, err := listen(ctx, c.Listen)
@@ -358,6 +437,74 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	defer cancel()
 	for _, srv := range servers {
 		_ = srv.Shutdown(shutCtx)
+	}
+	return nil
+}
+
+// Server CPU weight: twice the sandboxes' parent (internal/runtime/runc,
+// cgroupparent.go), so the API, gateway and envd traffic keep two thirds of
+// a CPU all sandboxes together contend for.
+const (
+	serverCPUSharesV1 = 2 * runc.ParentCPUSharesV1
+	serverCPUWeightV2 = 2 * runc.ParentCPUWeightV2
+)
+
+// placeServer moves the server process (every thread) into a CPU cgroup of
+// its own, <instance>-server, weighing twice the sandboxes' parent. The
+// commands it starts (runc, CRIU, builds) start there too; runc moves a
+// sandbox into the sandbox's own cgroup. Where that is impossible the
+// server runs on where it is, and says so.
+func placeServer(instance string, log *slog.Logger) {
+	dir, weightFile, weight := filepath.Join("/sys/fs/cgroup/cpu", instance+"-server"), "cpu.shares", serverCPUSharesV1
+	var st unix.Statfs_t
+	if unix.Statfs("/sys/fs/cgroup", &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+		dir, weightFile, weight = filepath.Join("/sys/fs/cgroup", instance+"-server"), "cpu.weight", serverCPUWeightV2
+	}
+	err := os.MkdirAll(dir, 0o755)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, weightFile), []byte(strconv.Itoa(weight)), 0o644)
+	}
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0o644)
+	}
+	if err != nil {
+		log.Warn("the server keeps the CPU weight of the cgroup it was started in; sandboxes may slow it down", "cgroup", dir, "err", err)
+	}
+}
+
+// privateDataDir creates the data dir 0700 and takes group and other bits
+// off what an older version left readable in it: the directory itself (the
+// runtime gives it o+x again when user-namespaced sandboxes must pass
+// through), the API key file and the snapshot store. The database files are
+// store.Open's, the template store's NewStore's.
+func privateDataDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("--data-dir: %w", err)
+	}
+	for _, p := range []struct {
+		name string
+		mode os.FileMode
+	}{{"", 0o700}, {"apikey", 0o600}, {"snapshots", 0o700}} {
+		path := filepath.Join(dir, p.name)
+		stat := os.Lstat
+		if p.name == "" {
+			stat = os.Stat // the data dir itself may be a symlink the operator made
+		}
+		fi, err := stat(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("--data-dir: %w", err)
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			return fmt.Errorf("--data-dir: %s is a symlink; the server's files must be its own", path)
+		}
+		if fi.Mode().Perm()&0o077 != 0 {
+			if err := os.Chmod(path, p.mode); err != nil {
+				return fmt.Errorf("--data-dir: make %s private: %w", path, err)
+			}
+		}
 	}
 	return nil
 }

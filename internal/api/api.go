@@ -6,6 +6,7 @@ package api
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -16,16 +17,18 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentbox/agentbox/internal/authlimit"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/sandbox"
 	"github.com/agentbox/agentbox/internal/store"
 	"github.com/agentbox/agentbox/internal/template"
 )
 
-// Templates is what the API needs from the template store.
+// Templates is what the API needs from the template store: lookups in the
+// view of the calling team (its own templates, builtins, public ones).
 type Templates interface {
-	Get(ctx context.Context, ref string) (*template.Template, error)
-	List(ctx context.Context) ([]*template.Template, error)
+	Get(ctx context.Context, team, ref string) (*template.Template, error)
+	List(ctx context.Context, team string) ([]*template.Template, error)
 }
 
 // Server is the REST control plane.
@@ -34,15 +37,23 @@ type Server struct {
 	store     *store.Store
 	mgr       *sandbox.Manager
 	templates Templates
-	builds    buildRegistry // template builds of the E2B build API
+	builds    *template.Builds // template build jobs (SetBuilds)
+	uploads   uploadGrants     // upload links of the build API
+	tunneler  Tunneler         // port-forward tunnels; nil refuses them
+	guesses   *authlimit.Limiter
 	// MaxBody caps JSON request bodies.
 	MaxBody int64
 }
 
 // New returns a control-plane server.
 func New(log *slog.Logger, st *store.Store, mgr *sandbox.Manager, tpl Templates) *Server {
-	return &Server{log: log, store: st, mgr: mgr, templates: tpl, MaxBody: 1 << 20}
+	return &Server{log: log, store: st, mgr: mgr, templates: tpl, MaxBody: 1 << 20, guesses: authlimit.New(authlimit.Options{})}
 }
+
+// SetAuthLimiter replaces the limiter of failed API key checks, e.g. with
+// one shared with the gateway or configured with trusted proxies. Call
+// before serving.
+func (s *Server) SetAuthLimiter(l *authlimit.Limiter) { s.guesses = l }
 
 type ctxKey struct{}
 
@@ -97,12 +108,23 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			writeError(w, fmt.Errorf("missing API key: send it in the X-API-Key header (see <data-dir>/apikey or `agentbox apikey create`): %w", errdefs.ErrUnauthenticated))
 			return
 		}
+		// A guesser is refused before its key is looked at, so it learns
+		// nothing from the refused attempts. Only wrong keys count.
+		client := s.guesses.Client(r)
+		if wait, failed, ok := s.guesses.Check(client); !ok {
+			authlimit.Refuse(w, client, "API key", wait, failed)
+			return
+		}
 		if len(key) > 256 {
+			s.guesses.Fail(client)
 			writeError(w, fmt.Errorf("invalid API key: %w", errdefs.ErrUnauthenticated))
 			return
 		}
 		k, err := s.store.Authenticate(r.Context(), key)
 		if err != nil {
+			if errors.Is(err, errdefs.ErrUnauthenticated) {
+				s.guesses.Fail(client)
+			}
 			writeError(w, err)
 			return
 		}

@@ -3,12 +3,9 @@ package api
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"golang.org/x/net/http/httpguts"
 
@@ -64,7 +61,7 @@ func networkInfo(n *sandbox.NetworkSpec) *sandbox.NetworkSpec {
 		c.Rules = map[string][]sandbox.NetworkRule{}
 		for d, rules := range n.Rules {
 			for _, r := range rules {
-				out := sandbox.NetworkRule{}
+				out := sandbox.NetworkRule{AllowPlainHTTP: r.AllowPlainHTTP}
 				if r.Transform != nil {
 					out.Transform = &struct {
 						Headers map[string]string `json:"headers,omitempty"`
@@ -118,9 +115,19 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// Tunneler opens `agentbox port-forward` tunnels into sandboxes. The
+// gateway is one: a tunnel gets the data plane's admission and audit.
+type Tunneler interface {
+	Tunnel(w http.ResponseWriter, r *http.Request, sb *sandbox.Sandbox, port int, apiKeyID string)
+}
+
+// SetTunneler sets what serves tunnels; without one they are refused.
+// Call before serving.
+func (s *Server) SetTunneler(t Tunneler) { s.tunneler = t }
+
 // tunnel upgrades the request to a raw TCP stream to a port inside the
 // sandbox, for `agentbox port-forward`. The API key authorises it, like
-// every other call on the team's sandboxes.
+// every other call on the team's sandboxes; the gateway does the rest.
 func (s *Server) tunnel(w http.ResponseWriter, r *http.Request) {
 	port, err := strconv.Atoi(r.PathValue("port"))
 	if err != nil || port < 1 || port > 65535 {
@@ -136,38 +143,11 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	d := net.Dialer{Timeout: 5 * time.Second}
-	up, err := d.DialContext(r.Context(), "tcp4", net.JoinHostPort(sb.IP.String(), strconv.Itoa(port)))
-	if err != nil {
-		writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": sb.ID, "message": "The sandbox is running but port is not open", "port": port, "code": http.StatusBadGateway})
+	if s.tunneler == nil {
+		writeError(w, fmt.Errorf("tunnels are not served here (no data-plane gateway): %w", errdefs.ErrUnavailable))
 		return
 	}
-	c, brw, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		up.Close()
-		writeError(w, fmt.Errorf("tunnel: %v: %w", err, errdefs.ErrUnavailable))
-		return
-	}
-	defer c.Close()
-	defer up.Close()
-	_ = c.SetDeadline(time.Time{})
-	if _, err := io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: agentbox-tcp\r\nConnection: Upgrade\r\n\r\n"); err != nil {
-		return
-	}
-	done := make(chan struct{})
-	go func() {
-		// Bytes the client sent after the request are in brw's buffer.
-		_, _ = io.Copy(up, brw.Reader)
-		if cw, ok := up.(interface{ CloseWrite() error }); ok {
-			_ = cw.CloseWrite()
-		}
-		close(done)
-	}()
-	_, _ = io.Copy(c, up)
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
-	}
-	<-done
+	s.tunneler.Tunnel(w, r, sb, port, keyOf(r.Context()).ID)
 }
 
 const maxSecretValue = 32 << 10

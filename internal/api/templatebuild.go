@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,76 +18,33 @@ import (
 )
 
 // TemplateBuilder is what the build API needs from the template store
-// beyond Templates; the API finds it on the store it was given.
+// beyond Templates; the API finds it on the store it was given. Every call
+// names the team asking.
 type TemplateBuilder interface {
-	BuildFromSpec(ctx context.Context, spec template.BuildSpec, progress io.Writer) (*template.Template, error)
-	Delete(ctx context.Context, id string) error
-	HasUpload(hash string) bool
-	PutUpload(hash string, r io.Reader, maxBytes int64) error
-	GC(ctx context.Context) (template.GCResult, error)
-	DiskUsage(ctx context.Context) (template.Usage, error)
+	Delete(ctx context.Context, team, ref string) error
+	HasUpload(team, hash string) bool
+	PutUpload(team, hash string, r io.Reader, maxBytes int64, digestMustMatch bool) (template.Upload, error)
 }
 
 // Limits of the build API.
-const (
-	maxUploadBytes = 1 << 30 // one COPY context archive
-	maxBuildTime   = 2 * time.Hour
-	maxLogEntries  = 20000 // per build; older entries are dropped first
-	uploadTokenTTL = time.Hour
-	buildsKept     = 200 // finished builds remembered for status queries
-)
+const uploadTokenTTL = time.Hour
 
-// buildRegistry tracks template builds requested through the E2B API. Builds
-// live in memory: a server restart forgets them, but a template records the
-// ID of the build that made it, so a successful build still reports "ready"
-// (without its logs; see finishedBuild).
-type buildRegistry struct {
-	mu      sync.Mutex
-	builds  map[string]*apiBuild // by build ID
-	order   []string
-	uploads map[string]uploadGrant // by token
-	network template.NetworkFunc
+// uploadGrants are the one-time upload links handed out: each is for one
+// team and one files hash.
+type uploadGrants struct {
+	mu     sync.Mutex
+	grants map[string]uploadGrant // by token
 }
 
 type uploadGrant struct {
-	hash    string
-	expires time.Time
+	team, hash string
+	verify     bool // the hash must be the SHA-256 of the bytes (agentbox clients)
+	expires    time.Time
 }
 
-type apiBuild struct {
-	templateID, buildID, name, tag string
-	tags                           []string
-	cpuCount, memoryMB             int
-
-	mu      sync.Mutex
-	status  string // waiting, building, ready, error
-	logs    []buildLogEntry
-	dropped int
-	step    string
-	reason  *buildReason
-	partial string
-}
-
-type buildLogEntry struct {
-	Timestamp time.Time `json:"timestamp"`
-	Level     string    `json:"level"`
-	Message   string    `json:"message"`
-	Step      string    `json:"step,omitempty"`
-}
-
-type buildReason struct {
-	Message    string          `json:"message"`
-	Step       string          `json:"step,omitempty"`
-	LogEntries []buildLogEntry `json:"logEntries"`
-}
-
-// SetBuildNetwork gives RUN steps of API builds their network namespace
-// (builds are untrusted input, like sandboxes). Call before serving.
-func (s *Server) SetBuildNetwork(fn template.NetworkFunc) {
-	s.builds.mu.Lock()
-	defer s.builds.mu.Unlock()
-	s.builds.network = fn
-}
+// SetBuilds gives the API the builder's job runner (template.Builds).
+// Without it the build API answers 503. Call before serving.
+func (s *Server) SetBuilds(b *template.Builds) { s.builds = b }
 
 func (s *Server) builder() (TemplateBuilder, error) {
 	b, ok := s.templates.(TemplateBuilder)
@@ -98,8 +54,23 @@ func (s *Server) builder() (TemplateBuilder, error) {
 	return b, nil
 }
 
+func (s *Server) jobs() (*template.Builds, error) {
+	if s.builds == nil {
+		return nil, fmt.Errorf("this server cannot build templates: %w", errdefs.ErrUnavailable)
+	}
+	return s.builds, nil
+}
+
+// operatorOnly answers a store-wide route that is not a team's to call.
+func operatorOnly(cmd string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, fmt.Errorf("%s %s acts on every team's templates: it is an operator command now, run `agentbox %s` on the server: %w",
+			r.Method, r.URL.Path, cmd, errdefs.ErrNotFound))
+	}
+}
+
 // templateBuildRoutes registers the E2B template build API and template
-// deletion, plus agentbox's GC and disk usage.
+// deletion. Store-wide GC and disk usage are operator commands, not routes.
 func (s *Server) templateBuildRoutes(mux *http.ServeMux, auth func(string, http.HandlerFunc)) {
 	auth("POST /v3/templates", s.requestBuild)
 	auth("GET /templates/{id}/files/{hash}", s.fileUploadLink)
@@ -107,8 +78,8 @@ func (s *Server) templateBuildRoutes(mux *http.ServeMux, auth func(string, http.
 	auth("GET /templates/{id}/builds/{buildID}/status", s.buildStatus)
 	auth("GET /templates/{id}/builds/{buildID}/logs", s.buildLogs)
 	auth("DELETE /templates/{id}", s.deleteTemplate)
-	auth("POST /templates/gc", s.templateGC)
-	auth("GET /templates/usage", s.templateUsage)
+	auth("POST /templates/gc", operatorOnly("template gc"))
+	auth("GET /templates/usage", operatorOnly("template usage"))
 	s.templateTagRoutes(auth)
 	// The upload URL carries a one-time token instead of the API key: the
 	// SDK PUTs to it without its usual headers.
@@ -116,13 +87,6 @@ func (s *Server) templateBuildRoutes(mux *http.ServeMux, auth func(string, http.
 }
 
 var aliasPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
-
-func newBuildID() string {
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	h := hex.EncodeToString(b)
-	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
-}
 
 type requestBuildBody struct {
 	Name     string   `json:"name"`
@@ -133,6 +97,11 @@ type requestBuildBody struct {
 }
 
 func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request) {
+	jobs, err := s.jobs()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	var b requestBuildBody
 	if err := decodeBody(w, r, s.MaxBody, false, &b); err != nil {
 		writeError(w, err)
@@ -160,46 +129,26 @@ func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request) {
 		writeError(w, invalid("cpuCount/memoryMB out of range"))
 		return
 	}
-	bd := &apiBuild{templateID: template.NamedID(name, tag), buildID: newBuildID(), name: name, tag: tag, tags: b.Tags,
-		cpuCount: b.CPUCount, memoryMB: b.MemoryMB, status: "waiting"}
-	s.builds.mu.Lock()
-	if s.builds.builds == nil {
-		s.builds.builds = map[string]*apiBuild{}
+	team := keyOf(r.Context()).TeamID
+	j, err := jobs.Request(r.Context(), team, template.BuildRequest{Name: name, Tag: tag, Tags: b.Tags, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB})
+	if err != nil {
+		writeError(w, fmt.Errorf("name: %w", err))
+		return
 	}
-	s.builds.builds[bd.buildID] = bd
-	s.builds.order = append(s.builds.order, bd.buildID)
-	for len(s.builds.order) > buildsKept {
-		old := s.builds.builds[s.builds.order[0]]
-		if old != nil {
-			old.mu.Lock()
-			done := old.status == "ready" || old.status == "error"
-			old.mu.Unlock()
-			if !done {
-				break
-			}
-		}
-		delete(s.builds.builds, s.builds.order[0])
-		s.builds.order = s.builds.order[1:]
-	}
-	s.builds.mu.Unlock()
-	tags := append([]string{tag}, b.Tags...)
 	writeJSON(w, http.StatusAccepted, map[string]any{
-		"templateID": bd.templateID, "buildID": bd.buildID, "names": []string{name + ":" + tag},
-		"tags": tags, "aliases": []string{name}, "public": false,
+		"templateID": j.TemplateID, "buildID": j.BuildID, "names": []string{name + ":" + tag},
+		"tags": append([]string{tag}, b.Tags...), "aliases": []string{name}, "public": false,
 	})
 }
 
-func (s *Server) lookupBuild(r *http.Request) (*apiBuild, error) {
-	s.builds.mu.Lock()
-	bd := s.builds.builds[r.PathValue("buildID")]
-	s.builds.mu.Unlock()
-	if bd == nil {
-		bd = s.finishedBuild(r.Context(), r.PathValue("id"), r.PathValue("buildID"))
+// ownsTemplateID reports whether team owns template id or has a build
+// under way for it (the first build of a name has no template yet).
+func (s *Server) ownsTemplateID(r *http.Request, id string) bool {
+	team := keyOf(r.Context()).TeamID
+	if t, err := s.templates.Get(r.Context(), team, id); err == nil && t.ID == id && t.OwnedBy(team) {
+		return true
 	}
-	if bd == nil || bd.templateID != r.PathValue("id") {
-		return nil, fmt.Errorf("build %q of template %q: %w", r.PathValue("buildID"), r.PathValue("id"), errdefs.ErrNotFound)
-	}
-	return bd, nil
+	return s.builds != nil && s.builds.HasTemplate(team, id)
 }
 
 func (s *Server) fileUploadLink(w http.ResponseWriter, r *http.Request) {
@@ -208,30 +157,35 @@ func (s *Server) fileUploadLink(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	hash := r.PathValue("hash")
+	id, hash := r.PathValue("id"), r.PathValue("hash")
+	if !s.ownsTemplateID(r, id) {
+		writeError(w, fmt.Errorf("template %q: %w", id, errdefs.ErrNotFound))
+		return
+	}
 	if len(hash) != 64 || strings.Trim(hash, "0123456789abcdef") != "" {
 		writeError(w, invalid("hash: want the 64 hex digit SHA-256 of the files"))
 		return
 	}
-	if b.HasUpload(hash) {
+	team := keyOf(r.Context()).TeamID
+	if b.HasUpload(team, hash) {
 		writeJSON(w, http.StatusCreated, map[string]any{"present": true})
 		return
 	}
 	tok := make([]byte, 24)
 	_, _ = rand.Read(tok)
 	token := hex.EncodeToString(tok)
-	s.builds.mu.Lock()
-	if s.builds.uploads == nil {
-		s.builds.uploads = map[string]uploadGrant{}
+	s.uploads.mu.Lock()
+	if s.uploads.grants == nil {
+		s.uploads.grants = map[string]uploadGrant{}
 	}
 	now := time.Now()
-	for k, g := range s.builds.uploads {
+	for k, g := range s.uploads.grants {
 		if now.After(g.expires) {
-			delete(s.builds.uploads, k)
+			delete(s.uploads.grants, k)
 		}
 	}
-	s.builds.uploads[token] = uploadGrant{hash: hash, expires: now.Add(uploadTokenTTL)}
-	s.builds.mu.Unlock()
+	s.uploads.grants[token] = uploadGrant{team: team, hash: hash, verify: r.URL.Query().Get("verify") == "sha256", expires: now.Add(uploadTokenTTL)}
+	s.uploads.mu.Unlock()
 	scheme := "http"
 	if r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https" {
 		scheme = "https"
@@ -248,15 +202,15 @@ func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	token := r.PathValue("token")
-	s.builds.mu.Lock()
-	g, ok := s.builds.uploads[token]
-	delete(s.builds.uploads, token)
-	s.builds.mu.Unlock()
+	s.uploads.mu.Lock()
+	g, ok := s.uploads.grants[token]
+	delete(s.uploads.grants, token)
+	s.uploads.mu.Unlock()
 	if !ok || time.Now().After(g.expires) {
 		writeError(w, fmt.Errorf("upload URL is unknown or expired; ask GET /templates/{id}/files/{hash} again: %w", errdefs.ErrNotFound))
 		return
 	}
-	if err := b.PutUpload(g.hash, http.MaxBytesReader(w, r.Body, maxUploadBytes+1), maxUploadBytes); err != nil {
+	if _, err := b.PutUpload(g.team, g.hash, http.MaxBytesReader(w, r.Body, template.MaxUploadBytes+1), template.MaxUploadBytes, g.verify); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -288,12 +242,7 @@ type startBuildBody struct {
 const e2bBaseImage = "e2bdev/base"
 
 func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
-	b, err := s.builder()
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	bd, err := s.lookupBuild(r)
+	jobs, err := s.jobs()
 	if err != nil {
 		writeError(w, err)
 		return
@@ -303,48 +252,23 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	spec, err := buildSpecOf(body, bd)
+	spec, err := buildSpecOf(body)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	for _, st := range spec.Steps {
-		if st.FilesHash != "" && !b.HasUpload(st.FilesHash) {
-			writeError(w, invalid("steps: COPY %s: files %s were not uploaded", strings.Join(st.Src, " "), st.FilesHash))
-			return
-		}
-	}
-	s.builds.mu.Lock()
-	spec.Network = s.builds.network
-	s.builds.mu.Unlock()
-	bd.mu.Lock()
-	if bd.status != "waiting" {
-		bd.mu.Unlock()
-		writeError(w, fmt.Errorf("build %s was started already: %w", bd.buildID, errdefs.ErrConflict))
+	if err := jobs.Start(r.Context(), keyOf(r.Context()).TeamID, r.PathValue("id"), r.PathValue("buildID"), spec); err != nil {
+		writeError(w, err)
 		return
 	}
-	bd.status = "building"
-	bd.mu.Unlock()
-	// The build outlives the request.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), maxBuildTime)
-	go func() {
-		defer cancel()
-		bd.log("info", fmt.Sprintf("Building template %s:%s (%s)", bd.name, bd.tag, bd.templateID))
-		tpl, err := b.BuildFromSpec(ctx, spec, bd)
-		bd.finish(tpl, err)
-		if err != nil {
-			s.log.Warn("template build failed", "template", bd.templateID, "build", bd.buildID, "err", err)
-		}
-	}()
 	w.WriteHeader(http.StatusAccepted)
 }
 
-// buildSpecOf maps an E2B build request onto the builder's steps.
-func buildSpecOf(body startBuildBody, bd *apiBuild) (template.BuildSpec, error) {
+// buildSpecOf maps an E2B build request onto the builder's steps; the
+// builder adds the job's name, team and IDs.
+func buildSpecOf(body startBuildBody) (template.BuildSpec, error) {
 	spec := template.BuildSpec{
-		Name: bd.name, Tag: bd.tag, Tags: bd.tags, ID: bd.templateID, Force: body.Force,
-		StartCmd: body.StartCmd, ReadyCmd: body.ReadyCmd, CPUCount: bd.cpuCount, MemoryMB: bd.memoryMB,
-		Source: "e2b build API", BuildID: bd.buildID,
+		Force: body.Force, StartCmd: body.StartCmd, ReadyCmd: body.ReadyCmd, Source: "e2b build API",
 	}
 	switch {
 	case body.FromTemplate != "" && body.FromImage != "":
@@ -393,6 +317,24 @@ func buildSpecOf(body startBuildBody, bd *apiBuild) (template.BuildSpec, error) 
 				return spec, bad("want key, value pairs")
 			}
 			step.Op, step.Args = template.OpEnv, st.Args
+		// agentbox extensions (the CLI's Dockerfile builds): EXPOSE ports;
+		// CMD and ENTRYPOINT as argv (shell form as /bin/sh -c); READY one
+		// shell command (HEALTHCHECK CMD).
+		case "EXPOSE":
+			if len(st.Args) == 0 {
+				return spec, bad("want ports")
+			}
+			step.Op, step.Args = template.OpExpose, st.Args
+		case "CMD", "ENTRYPOINT":
+			if len(st.Args) == 0 {
+				return spec, bad("want a command as argv")
+			}
+			step.Op, step.Args, step.Exec = st.Type, st.Args, true
+		case "READY":
+			if len(st.Args) != 1 || strings.TrimSpace(st.Args[0]) == "" {
+				return spec, bad("want one shell command")
+			}
+			step.Op, step.Args = template.OpReady, st.Args
 		case "WORKDIR", "USER":
 			if len(st.Args) != 1 || st.Args[0] == "" {
 				return spec, bad("want one value")
@@ -406,104 +348,38 @@ func buildSpecOf(body startBuildBody, bd *apiBuild) (template.BuildSpec, error) 
 	return spec, nil
 }
 
-// Write receives the builder's progress output and turns it into log entries.
-func (bd *apiBuild) Write(p []byte) (int, error) {
-	bd.mu.Lock()
-	text := bd.partial + string(p)
-	bd.mu.Unlock()
-	lines := strings.Split(text, "\n")
-	bd.mu.Lock()
-	bd.partial = lines[len(lines)-1]
-	bd.mu.Unlock()
-	for _, l := range lines[:len(lines)-1] {
-		if rest, ok := strings.CutPrefix(l, "==> ["); ok {
-			if n, _, ok := strings.Cut(rest, "/"); ok {
-				bd.mu.Lock()
-				bd.step = n
-				bd.mu.Unlock()
-			}
-		}
-		bd.log("info", l)
-	}
-	return len(p), nil
-}
-
-func (bd *apiBuild) log(level, msg string) {
-	bd.mu.Lock()
-	defer bd.mu.Unlock()
-	bd.logs = append(bd.logs, buildLogEntry{Timestamp: time.Now().UTC(), Level: level, Message: msg, Step: bd.step})
-	if over := len(bd.logs) - maxLogEntries; over > 0 {
-		bd.logs = bd.logs[over:]
-		bd.dropped += over
-	}
-}
-
-func (bd *apiBuild) finish(tpl *template.Template, err error) {
-	if err == nil {
-		bd.log("info", fmt.Sprintf("Template %s:%s is ready (%s)", bd.name, bd.tag, tpl.ID))
-	} else {
-		bd.log("error", "Build failed: "+err.Error())
-	}
-	bd.mu.Lock()
-	defer bd.mu.Unlock()
-	if err == nil {
-		bd.status = "ready"
-		return
-	}
-	bd.status = "error"
-	reason := &buildReason{Message: err.Error(), LogEntries: []buildLogEntry{}}
-	var be *template.BuildError
-	if errors.As(err, &be) {
-		reason.Step = strconv.Itoa(be.Step)
-	}
-	reason.LogEntries = append(reason.LogEntries, bd.logs[max(0, len(bd.logs)-20):]...)
-	bd.reason = reason
-}
-
 func (s *Server) buildStatus(w http.ResponseWriter, r *http.Request) {
-	bd, err := s.lookupBuild(r)
+	jobs, err := s.jobs()
 	if err != nil {
 		writeError(w, err)
 		return
 	}
 	offset, _ := strconv.Atoi(r.URL.Query().Get("logsOffset"))
 	limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
-	if limit <= 0 || limit > 1000 {
-		limit = 1000
-	}
-	level := r.URL.Query().Get("level")
-	bd.mu.Lock()
-	defer bd.mu.Unlock()
-	entries := []buildLogEntry{}
-	// Offsets count every entry ever logged, also dropped ones.
-	for i := max(offset-bd.dropped, 0); i < len(bd.logs) && len(entries) < limit; i++ {
-		if level == "" || bd.logs[i].Level == level {
-			entries = append(entries, bd.logs[i])
-		}
-	}
-	out := map[string]any{
-		"templateID": bd.templateID, "buildID": bd.buildID, "status": bd.status,
-		"logEntries": entries, "logs": []string{},
-	}
-	if bd.reason != nil {
-		out["reason"] = bd.reason
-	}
-	writeJSON(w, http.StatusOK, out)
-}
-
-func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request) {
-	bd, err := s.lookupBuild(r)
+	st, err := jobs.Status(r.Context(), keyOf(r.Context()).TeamID, r.PathValue("id"), r.PathValue("buildID"), offset, limit, r.URL.Query().Get("level"))
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	bd.mu.Lock()
-	defer bd.mu.Unlock()
-	writeJSON(w, http.StatusOK, map[string]any{"logs": append([]buildLogEntry{}, bd.logs...)})
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request) {
+	jobs, err := s.jobs()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	logs, err := jobs.Logs(r.Context(), keyOf(r.Context()).TeamID, r.PathValue("id"), r.PathValue("buildID"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"logs": logs})
 }
 
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
-	if s.deleteSnapshot(w, r) { // snapshots are templates to the SDK (lifecycle.go)
+	if s.mgr != nil && s.deleteSnapshot(w, r) { // snapshots are templates to the SDK (lifecycle.go)
 		return
 	}
 	b, err := s.builder()
@@ -511,42 +387,9 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	t, err := s.templates.Get(r.Context(), r.PathValue("id"))
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	if err := b.Delete(r.Context(), t.ID); err != nil {
+	if err := b.Delete(r.Context(), keyOf(r.Context()).TeamID, r.PathValue("id")); err != nil {
 		writeError(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
-}
-
-func (s *Server) templateGC(w http.ResponseWriter, r *http.Request) {
-	b, err := s.builder()
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	res, err := b.GC(r.Context())
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, res)
-}
-
-func (s *Server) templateUsage(w http.ResponseWriter, r *http.Request) {
-	b, err := s.builder()
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	u, err := b.DiskUsage(r.Context())
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, u)
 }

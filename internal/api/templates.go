@@ -41,14 +41,14 @@ type templateJSON struct {
 	BuildSeconds   float64           `json:"buildSeconds,omitempty"`
 }
 
-func templateOut(t *template.Template) templateJSON {
+func templateOut(t *template.Template, team string) templateJSON {
 	aliases := t.Aliases
 	if aliases == nil {
 		aliases = []string{}
 	}
 	out := templateJSON{
 		TemplateID: t.ID, BuildID: template.BuildRef(t), BuildStatus: "ready", CPUCount: t.CPUCount, MemoryMB: t.MemoryMB, DiskSizeMB: t.DiskMB,
-		EnvdVersion: sandbox.EnvdVersion, Public: true, Aliases: aliases, Names: aliases, CreatedAt: t.CreatedAt.UTC(), UpdatedAt: t.CreatedAt.UTC(),
+		EnvdVersion: sandbox.EnvdVersion, Public: !t.OwnedBy(team), Aliases: aliases, Names: aliases, CreatedAt: t.CreatedAt.UTC(), UpdatedAt: t.CreatedAt.UTC(),
 		BuildCount: 1, SizeBytes: t.SizeBytes,
 		Tags: t.Tags, DefaultUser: t.DefaultUser, DefaultWorkdir: t.DefaultWorkdir, Env: t.Env, StartCmd: t.StartCmd,
 		ReadyCmd: t.ReadyCmd, ExposedPorts: t.ExposedPorts, Isolation: t.Isolation, Layers: t.LayerIDs, Source: t.Source,
@@ -61,32 +61,37 @@ func templateOut(t *template.Template) templateJSON {
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
-	ts, err := s.templates.List(r.Context())
+	team := keyOf(r.Context()).TeamID
+	ts, err := s.templates.List(r.Context(), team)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
 	out := make([]templateJSON, 0, len(ts))
 	for _, t := range ts {
-		out = append(out, templateOut(t))
+		out = append(out, templateOut(t, team))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
 
+// getTemplate shows a template the team may use: its own, a builtin or a
+// public one; another team's private template is a 404.
 func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
-	t, err := s.templates.Get(r.Context(), r.PathValue("id"))
+	team := keyOf(r.Context()).TeamID
+	t, err := s.templates.Get(r.Context(), team, r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, templateOut(t))
+	writeJSON(w, http.StatusOK, templateOut(t, team))
 }
 
 func (s *Server) templateAlias(w http.ResponseWriter, r *http.Request) {
-	t, err := s.templates.Get(r.Context(), r.PathValue("alias"))
+	team := keyOf(r.Context()).TeamID
+	t, err := s.templates.Get(r.Context(), team, r.PathValue("alias"))
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"templateID": t.ID, "public": true})
+	writeJSON(w, http.StatusOK, map[string]any{"templateID": t.ID, "public": !t.OwnedBy(team)})
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/template"
@@ -14,8 +13,8 @@ import (
 // TemplateTagger moves tags between templates of one name (the E2B tag
 // API). *template.Store implements it.
 type TemplateTagger interface {
-	AssignTags(ctx context.Context, target string, tags []string) (*template.Template, error)
-	RemoveTags(ctx context.Context, name string, tags []string) error
+	AssignTags(ctx context.Context, team, target string, tags []string) (*template.Template, error)
+	RemoveTags(ctx context.Context, team, name string, tags []string) error
 }
 
 // templateTagRoutes registers the E2B tag endpoints.
@@ -60,7 +59,7 @@ func (s *Server) assignTemplateTags(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	t, err := tg.AssignTags(r.Context(), b.Target, b.Tags)
+	t, err := tg.AssignTags(r.Context(), keyOf(r.Context()).TeamID, b.Target, b.Tags)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -88,7 +87,7 @@ func (s *Server) deleteTemplateTags(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if err := tg.RemoveTags(r.Context(), name, b.Tags); err != nil {
+	if err := tg.RemoveTags(r.Context(), keyOf(r.Context()).TeamID, name, b.Tags); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -99,7 +98,7 @@ func (s *Server) deleteTemplateTags(w http.ResponseWriter, r *http.Request) {
 // a name (each template is one build).
 func (s *Server) listTemplateTags(w http.ResponseWriter, r *http.Request) {
 	ref := r.PathValue("id")
-	all, err := s.templates.List(r.Context())
+	all, err := s.templates.List(r.Context(), keyOf(r.Context()).TeamID)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -129,23 +128,4 @@ func (s *Server) listTemplateTags(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, out)
-}
-
-// finishedBuild stands in for a build the registry no longer holds (it
-// lives in memory) when the template it made records its ID: the build
-// succeeded, before a restart or long enough ago to be forgotten. Its logs
-// are gone; failed builds leave no template and stay unknown.
-func (s *Server) finishedBuild(ctx context.Context, templateID, buildID string) *apiBuild {
-	t, err := s.templates.Get(ctx, templateID)
-	if err != nil || t.ID != templateID || t.BuildID == "" || t.BuildID != buildID {
-		return nil
-	}
-	name := ""
-	if len(t.Aliases) > 0 {
-		name = t.Aliases[0]
-	}
-	return &apiBuild{
-		templateID: t.ID, buildID: buildID, name: name, status: "ready",
-		logs: []buildLogEntry{{Timestamp: t.CreatedAt, Level: "info", Message: fmt.Sprintf("Template %s was built at %s", t.ID, t.CreatedAt.Format(time.RFC3339))}},
-	}
 }

@@ -32,15 +32,21 @@ func TestTemplateTagsAndFinishedBuilds(t *testing.T) {
 	}
 	now := time.Now().UTC()
 	for _, x := range []*template.Template{
-		{ID: "tapp1", Aliases: []string{"app"}, Tags: []string{"default", "v1"}, CreatedAt: now.Add(-time.Minute), BuildID: "11111111-2222-3333-4444-555555555555"},
-		{ID: "tapp2", Aliases: []string{"app"}, Tags: []string{"v2"}, CreatedAt: now},
+		{ID: "tapp1", TeamID: team.ID, Aliases: []string{"app"}, Tags: []string{"default", "v1"}, CreatedAt: now.Add(-time.Minute), BuildID: "11111111-2222-3333-4444-555555555555"},
+		{ID: "tapp2", TeamID: team.ID, Aliases: []string{"app"}, Tags: []string{"v2"}, CreatedAt: now},
 	} {
 		if err := tpl.Register(ctx, x); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// A fresh Server: its build registry is empty, as after a restart.
-	h := New(slog.New(slog.DiscardHandler), st, nil, tpl).Handler()
+	// A fresh build registry: it never saw these builds.
+	srv := New(slog.New(slog.DiscardHandler), st, nil, tpl)
+	builds, err := template.NewBuilds(ctx, tpl, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.SetBuilds(builds)
+	h := srv.Handler()
 	do := func(method, path, body string) (int, string) {
 		t.Helper()
 		r := httptest.NewRequest(method, path, strings.NewReader(body))

@@ -20,12 +20,15 @@ import (
 	"github.com/agentbox/agentbox/internal/errdefs"
 )
 
-// Build builds def into the store with mmdebstrap and returns the template.
-// The template ID is the hash of def, so when that template exists already
-// Build returns it without building. progress receives human-readable build
-// output (nil discards it). Builds are serialized per store directory, also
-// across processes, with a lock file.
-func (s *Store) Build(ctx context.Context, def Definition, progress io.Writer) (*Template, error) {
+// Build builds the operator's definition def into the store with
+// mmdebstrap and returns the template (owned by no team: a builtin). The
+// template ID is the hash of def, so when that template exists already
+// Build returns it without building. A definition with a Base is built as
+// layers over it whose commands run through runner (see OperatorRunner).
+// progress receives human-readable build output (nil discards it).
+// Bootstraps are serialized per store directory, also across processes,
+// with a lock file that only other bootstraps take.
+func (s *Store) Build(ctx context.Context, def Definition, runner StepRunner, progress io.Writer) (*Template, error) {
 	if progress == nil {
 		progress = io.Discard
 	}
@@ -42,11 +45,9 @@ func (s *Store) Build(ctx context.Context, def Definition, progress io.Writer) (
 		return t, nil
 	}
 	if def.Base != nil {
-		return s.buildLayered(ctx, def, id, progress)
+		return s.buildLayered(ctx, def, id, runner, progress)
 	}
 
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	unlock, err := s.lockDir(ctx)
 	if err != nil {
 		return nil, err
@@ -57,21 +58,16 @@ func (s *Store) Build(ctx context.Context, def Definition, progress io.Writer) (
 		fmt.Fprintf(progress, "template %s (%s) is cached\n", def.Name, id)
 		return t, nil
 	}
-	// Holding the lock, no build is running: leftovers are from crashes.
-	s.removeLeftovers(ctx)
-
-	work := filepath.Join(s.dir, buildPrefix+id+"-"+randomSuffix())
-	if err := os.Mkdir(work, 0o755); err != nil {
+	bw, err := s.newBuildWork(ctx, id)
+	if err != nil {
 		return nil, fmt.Errorf("build %s: %w", def.Name, err)
 	}
-	done := false
-	defer func() {
-		if !done {
-			if err := removeTree(work); err != nil {
-				s.log.WarnContext(ctx, "build cleanup incomplete", "dir", work, "err", err)
-			}
-		}
-	}()
+	defer bw.close(ctx)
+	// The template dir is made inside the work dir and renamed out.
+	work := filepath.Join(bw.dir, id)
+	if err := os.Mkdir(work, 0o700); err != nil {
+		return nil, fmt.Errorf("build %s: %w", def.Name, err)
+	}
 
 	start := time.Now()
 	s.log.InfoContext(ctx, "template build started", "name", def.Name, "id", id, "packages", len(def.Packages))
@@ -130,7 +126,6 @@ func (s *Store) Build(ctx context.Context, def Definition, progress io.Writer) (
 	if err := os.Rename(work, final); err != nil {
 		return nil, fmt.Errorf("build %s: install: %w", def.Name, err)
 	}
-	done = true
 	t.Layers = []string{filepath.Join(final, rootfsDir)}
 	fmt.Fprintf(progress, "built %s (%s) in %.0fs, %d MB\n", def.Name, id, t.BuildSeconds, size/1e6)
 	s.log.InfoContext(ctx, "template built", "name", def.Name, "id", id,
@@ -276,55 +271,10 @@ func hasGroup(rootfs, name string) bool {
 	return false
 }
 
-// lockDir takes an exclusive flock on the store's lock file, waiting until
-// ctx ends.
+// lockDir serializes bootstraps of builtins (operator builds) per store
+// directory, also across processes. Team builds never take it.
 func (s *Store) lockDir(ctx context.Context) (func(), error) {
-	f, err := os.OpenFile(filepath.Join(s.dir, lockFile), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("template lock: %w", err)
-	}
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("template lock: %w", err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-}
-
-func (s *Store) removeLeftovers(ctx context.Context) {
-	entries, err := os.ReadDir(s.dir)
-	if err != nil {
-		return
-	}
-	layerEntries, _ := os.ReadDir(s.layersRoot())
-	for _, e := range layerEntries {
-		if strings.HasPrefix(e.Name(), layerTmp) {
-			p := filepath.Join(s.layersRoot(), e.Name())
-			s.log.InfoContext(ctx, "removing leftover of an interrupted layer build", "dir", p)
-			if err := removeTree(p); err != nil {
-				s.log.WarnContext(ctx, "leftover removal incomplete", "dir", p, "err", err)
-			}
-		}
-	}
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), buildPrefix) || strings.HasPrefix(e.Name(), trashPrefix) {
-			p := filepath.Join(s.dir, e.Name())
-			s.log.InfoContext(ctx, "removing leftover of an interrupted build", "dir", p)
-			if err := removeTree(p); err != nil {
-				s.log.WarnContext(ctx, "leftover removal incomplete", "dir", p, "err", err)
-			}
-		}
-	}
+	return flockFile(ctx, filepath.Join(s.dir, lockFile), unix.LOCK_EX)
 }
 
 // removeTree detaches any mount left below dir (a killed mmdebstrap can

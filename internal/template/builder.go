@@ -57,19 +57,25 @@ type Step struct {
 
 // BuildSpec is a build request: a base plus steps.
 type BuildSpec struct {
-	Name string   // alias, e.g. "my-app"
-	Tag  string   // e.g. "v1"; "" means "default"
-	Tags []string // extra tags
+	// TeamID owns the template: FROM resolves in its view, the name is its
+	// own, and its steps' cache is its own. "" is the operator (builtins).
+	TeamID string
+	Name   string   // alias, e.g. "my-app"
+	Tag    string   // e.g. "v1"; "" means "default"
+	Tags   []string // extra tags
 	// ID fixes the template ID (the E2B API hands it out before the build);
-	// default: derived from Name and Tag, so a rebuild replaces the template.
+	// default: NamedID(TeamID, Name, Tag), so a rebuild replaces the
+	// team's template and no other team can name the same ID.
 	ID string
-	// From is "scratch", a template (ID, alias, alias:tag — snapshots are
-	// templates too) or an image: a registry reference, "oci:<dir>" or
-	// "docker-archive:<file>". FromImage skips the template lookup.
-	From      string
-	FromImage bool
-	Auth      *RegistryAuth
-	Steps     []Step
+	// From is "scratch", a template the team may use (ID, alias,
+	// alias:tag) or an image reference. FromImage skips the template
+	// lookup. Images on this host's disk ("oci:<dir>",
+	// "docker-archive:<file>") need LocalImages.
+	From        string
+	FromImage   bool
+	LocalImages bool // operator builds only: From may read host paths
+	Auth        *RegistryAuth
+	Steps       []Step
 	// StartCmd/ReadyCmd override what the steps and the base set.
 	StartCmd, ReadyCmd         *string
 	CPUCount, MemoryMB, DiskMB int
@@ -79,20 +85,18 @@ type BuildSpec struct {
 	// ("root" for Dockerfiles); "" keeps the base's default user. The
 	// template's default user stays the base's unless a USER step sets it.
 	StepUser string
-	// Network gives RUN steps a network namespace; nil runs them in the
-	// host's (trusted local builds only).
-	Network NetworkFunc
-	// BuildMemoryMB limits RUN steps (default 4096).
-	BuildMemoryMB int
+	// Runner runs the RUN steps, each as a short-lived sandbox of TeamID
+	// (the sandbox manager); a spec with RUN steps and no runner is refused.
+	Runner StepRunner
+	// BuildMemoryMB and BuildDiskMB size RUN step sandboxes (0 = the
+	// team's defaults).
+	BuildMemoryMB, BuildDiskMB int
 	// Definition is kept with the template (builtins built as layers).
 	Definition *Definition
-	// BuildID is kept with the template (see Template.BuildID).
+	// BuildID names the build (step sandboxes, logs) and is kept with the
+	// template (see Template.BuildID).
 	BuildID string
 }
-
-// NetworkFunc attaches a build's RUN steps to a network namespace and
-// returns its path, the nameservers to use and a release function.
-type NetworkFunc func(ctx context.Context, buildID string) (netns string, dns []string, release func(), err error)
 
 // buildState is the image as built so far.
 type buildState struct {
@@ -151,13 +155,27 @@ func (e *BuildError) Error() string {
 
 func (e *BuildError) Unwrap() []error { return []error{e.Err, errdefs.ErrInvalidArgument} }
 
-// NamedID is the template ID a named build gets: stable per name:tag, so
-// rebuilding replaces the template while its layers stay cached.
-func NamedID(name, tag string) string {
+// NamedID is the template ID team's build of name:tag gets: stable per
+// team, name and tag, so rebuilding replaces the team's template while its
+// layers stay cached, and another team building the same name gets another
+// ID (it cannot overwrite this one).
+func NamedID(team, name, tag string) string {
 	if tag == "" {
 		tag = "default"
 	}
-	return "t" + LayerKey("named-template", name, tag)[:19]
+	return "t" + LayerKey("named-template", team, name, tag)[:19]
+}
+
+// CheckName refuses a template name team may not build: malformed, or a
+// builtin's (reserved: a team's "base" would shadow the server's for it).
+func CheckName(team, name string) error {
+	if !namePattern.MatchString(name) {
+		return fmt.Errorf("template name %q: want lowercase letters, digits, '.', '_' or '-': %w", name, errdefs.ErrInvalidArgument)
+	}
+	if team != "" && ReservedName(name) {
+		return fmt.Errorf("template name %q is reserved for the server's builtin template; choose another name: %w", name, errdefs.ErrInvalidArgument)
+	}
+	return nil
 }
 
 // finalizeLayerID is the small layer every template from an image gets: the
@@ -185,17 +203,19 @@ func (s *Store) ensureFinalizeLayer(ctx context.Context) error {
 }
 
 // BuildFromSpec builds spec into a template: a layer per RUN, COPY and
-// WORKDIR step, each cached under the hash of its parent and its inputs, so
-// an unchanged rebuild only writes the template's config. Builds hold the
-// store lock (one at a time per store). On failure nothing of the build is
-// left but the layers of steps that succeeded (cached for the next try, and
-// collected by GC otherwise).
+// WORKDIR step, each cached under the hash of the team, its parent and its
+// inputs, so an unchanged rebuild only writes the template's config. RUN
+// steps run as sandboxes through spec.Runner; COPY and WORKDIR write the
+// step's layer here, confined to it. Builds take no store-wide lock: only
+// the template they install is locked, for the rename. On failure nothing of
+// the build is left but the layers of steps that succeeded (cached for the
+// next try, and collected by GC otherwise).
 func (s *Store) BuildFromSpec(ctx context.Context, spec BuildSpec, progress io.Writer) (*Template, error) {
 	if progress == nil {
 		progress = io.Discard
 	}
-	if !namePattern.MatchString(spec.Name) {
-		return nil, fmt.Errorf("template name %q: want lowercase letters, digits, '.', '_' or '-': %w", spec.Name, errdefs.ErrInvalidArgument)
+	if err := CheckName(spec.TeamID, spec.Name); err != nil {
+		return nil, err
 	}
 	if spec.Tag == "" {
 		spec.Tag = "default"
@@ -207,32 +227,36 @@ func (s *Store) BuildFromSpec(ctx context.Context, spec BuildSpec, progress io.W
 	}
 	id := spec.ID
 	if id == "" {
-		id = NamedID(spec.Name, spec.Tag)
+		id = NamedID(spec.TeamID, spec.Name, spec.Tag)
 	}
 	if !validID(id) || validLayerID(id) {
 		return nil, fmt.Errorf("template id %q: %w", id, errdefs.ErrInvalidArgument)
 	}
+	if old, err := s.load(id); err == nil && old.TeamID != spec.TeamID {
+		return nil, fmt.Errorf("template %s: %w", id, errdefs.ErrNotFound)
+	}
+	if spec.BuildID == "" {
+		spec.BuildID = "b" + randomSuffix() + randomSuffix()
+	}
 	start := time.Now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	unlock, err := s.lockDir(ctx)
+	work, err := s.newBuildWork(ctx, spec.BuildID)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
+	defer work.close(ctx)
 
 	st, err := s.resolveBase(ctx, spec, progress)
 	if err != nil {
 		return nil, err
 	}
-	key := LayerKey(append([]string{"base"}, st.LayerIDs...)...)
-	buildID := "b" + randomSuffix() + randomSuffix()
-	var net *buildNet
-	defer func() {
-		if net != nil {
-			net.release()
-		}
-	}()
+	if err := work.hold(ctx, true, st.LayerIDs...); err != nil {
+		return nil, err
+	}
+	// The team opens the chain: a step's layer is found again only by the
+	// team that built it, so no team can obtain another's RUN output (made
+	// with its network policy and credentials) by repeating its inputs.
+	key := LayerKey(append([]string{"base", "team:" + spec.TeamID}, st.LayerIDs...)...)
+	contexts := map[string]string{} // files hash -> extracted upload
 	for i, step := range spec.Steps {
 		n := i + 1
 		fmt.Fprintf(progress, "==> [%d/%d] %s\n", n, len(spec.Steps), describeStep(step))
@@ -244,6 +268,17 @@ func (s *Store) BuildFromSpec(ctx context.Context, spec BuildSpec, progress io.W
 				return nil, be
 			}
 			return nil, &BuildError{Step: n, Line: step.Line, Op: step.Op, ExitCode: -1, Err: err}
+		}
+		if step.Op == OpCopy && step.FilesHash != "" {
+			dir, ok := contexts[step.FilesHash]
+			if !ok {
+				dir = filepath.Join(work.dir, "context-"+step.FilesHash)
+				if err := s.extractUpload(ctx, spec.TeamID, step.FilesHash, dir); err != nil {
+					return fail(err)
+				}
+				contexts[step.FilesHash] = dir
+			}
+			step.ContextDir = dir
 		}
 		desc, err := s.stepKey(step, st)
 		if err != nil {
@@ -288,18 +323,22 @@ func (s *Store) BuildFromSpec(ctx context.Context, spec BuildSpec, progress io.W
 			}
 			st.Workdir = path.Clean(wd)
 		case OpRun:
-			if net == nil {
-				if net, err = s.setupBuildNet(ctx, spec.Network, buildID); err != nil {
-					return fail(err)
-				}
+			if spec.Runner == nil {
+				return fail(fmt.Errorf("RUN steps run as sandboxes and this build has no step runner (build through the server: `agentbox template build -f` or the E2B build API): %w", errdefs.ErrUnavailable))
 			}
 		case OpCopy:
 		default:
 			return fail(fmt.Errorf("unsupported instruction %s", step.Op))
 		}
-		// Layer steps.
+		// Layer steps. Held before the commit is looked up, so GC keeps it.
+		if err := work.hold(ctx, false, key); err != nil {
+			return fail(err)
+		}
 		cached, err := s.CreateLayer(ctx, key, fmt.Sprintf("%s: %s", spec.Name, describeStep(step)), func(ctx context.Context, upper string) error {
-			return s.runLayerStep(ctx, spec, step, st, upper, net, buildID, progress)
+			if step.Op == OpRun {
+				return s.runStep(ctx, spec, step, st, upper, progress)
+			}
+			return s.writeStep(step, st, upper, progress)
 		})
 		if err != nil {
 			return fail(err)
@@ -318,11 +357,11 @@ func (s *Store) BuildFromSpec(ctx context.Context, spec BuildSpec, progress io.W
 		return nil, err
 	}
 	t.BuildSeconds = time.Since(start).Seconds()
-	if err := s.install(t); err != nil {
+	if err := s.install(ctx, t); err != nil {
 		return nil, err
 	}
 	fmt.Fprintf(progress, "built %s:%s (%s) in %.1fs: %d layers, %.1f MB\n", spec.Name, spec.Tag, id, t.BuildSeconds, len(t.LayerIDs), float64(t.SizeBytes)/1e6)
-	s.log.InfoContext(ctx, "template built", "name", spec.Name, "tag", spec.Tag, "id", id, "seconds", t.BuildSeconds, "layers", len(t.LayerIDs))
+	s.log.InfoContext(ctx, "template built", "name", spec.Name, "tag", spec.Tag, "id", id, "team", spec.TeamID, "seconds", t.BuildSeconds, "layers", len(t.LayerIDs))
 	return s.load(id)
 }
 
@@ -337,7 +376,7 @@ func (s *Store) resolveBase(ctx context.Context, spec BuildSpec, progress io.Wri
 		}
 		return &buildState{LayerIDs: []string{finalizeLayerID}}, nil
 	case !spec.FromImage:
-		t, err := s.Get(ctx, from)
+		t, err := s.Get(ctx, spec.TeamID, from)
 		if err == nil {
 			fmt.Fprintf(progress, "==> base: template %s (%s)\n", from, t.ID)
 			st := &buildState{
@@ -358,6 +397,9 @@ func (s *Store) resolveBase(ctx context.Context, spec BuildSpec, progress io.Wri
 		if !errors.Is(err, errdefs.ErrNotFound) {
 			return nil, err
 		}
+	}
+	if !spec.LocalImages && (strings.HasPrefix(from, "oci:") || strings.HasPrefix(from, "docker-archive:")) {
+		return nil, fmt.Errorf("FROM %s: images on the server's disk (oci:, docker-archive:) are for operator builds only; name a template or a registry image: %w", from, errdefs.ErrInvalidArgument)
 	}
 	fmt.Fprintf(progress, "==> base: image %s\n", from)
 	st, err := s.importImage(ctx, from, spec.Auth, progress)
@@ -404,7 +446,7 @@ func (s *Store) stepKey(step Step, st *buildState) (string, error) {
 
 func (s *Store) templateFromState(spec BuildSpec, id string, st *buildState) (*Template, error) {
 	t := &Template{
-		ID: id, Aliases: []string{spec.Name}, LayerIDs: st.LayerIDs,
+		ID: id, TeamID: spec.TeamID, Aliases: []string{spec.Name}, LayerIDs: st.LayerIDs,
 		CPUCount: DefaultCPUCount, MemoryMB: DefaultMemoryMB, DiskMB: DefaultDiskMB,
 		DefaultUser: st.User, DefaultWorkdir: st.Workdir, StartCmd: st.StartCmd, ReadyCmd: st.ReadyCmd,
 		ExposedPorts: slices.Compact(slices.Sorted(slices.Values(st.Exposed))),
@@ -470,12 +512,22 @@ func (s *Store) templateFromState(spec BuildSpec, id string, st *buildState) (*T
 	return t, nil
 }
 
-// install writes t's config, replacing a template with the same ID.
-// Layers live outside the template dir, so sandboxes running on the old
-// version are not disturbed.
-func (s *Store) install(t *Template) error {
-	work := filepath.Join(s.dir, buildPrefix+t.ID+"-"+randomSuffix())
-	if err := os.Mkdir(work, 0o755); err != nil {
+// install writes t's config, replacing a template with the same ID of the
+// same owner (never another's). Layers live outside the template dir, so
+// sandboxes running on the old version are not disturbed.
+func (s *Store) install(ctx context.Context, t *Template) error {
+	unlock := s.locks.lock("template/" + t.ID)
+	defer unlock()
+	if old, err := s.load(t.ID); err == nil && old.TeamID != t.TeamID {
+		return fmt.Errorf("template %s: %w", t.ID, errdefs.ErrNotFound)
+	}
+	gcUnlock, err := s.gcLock(ctx, false) // its layers become referenced atomically
+	if err != nil {
+		return err
+	}
+	defer gcUnlock()
+	work := filepath.Join(s.dir, trashPrefix+"new-"+t.ID+"-"+randomSuffix())
+	if err := os.Mkdir(work, 0o700); err != nil {
 		return err
 	}
 	if err := writeMeta(work, t); err != nil {
@@ -498,7 +550,8 @@ func (s *Store) install(t *Template) error {
 	return os.Rename(work, final)
 }
 
-// Register stores a template made of existing layers (snapshots use it).
+// Register stores a template made of existing layers (tests and tools use
+// it; t.TeamID names its owner).
 func (s *Store) Register(ctx context.Context, t *Template) error {
 	if !validID(t.ID) || validLayerID(t.ID) {
 		return fmt.Errorf("template id %q: %w", t.ID, errdefs.ErrInvalidArgument)
@@ -511,12 +564,10 @@ func (s *Store) Register(ctx context.Context, t *Template) error {
 			return fmt.Errorf("template %s: layer %s: %w", t.ID, ref, errdefs.ErrNotFound)
 		}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	if t.CreatedAt.IsZero() {
 		t.CreatedAt = time.Now().UTC()
 	}
-	return s.install(t)
+	return s.install(ctx, t)
 }
 
 func describeStep(st Step) string {

@@ -54,9 +54,9 @@ WORKDIR $APP_HOME
 COPY src/ ./src/
 COPY --chown=app:app --chmod=0600 secret.txt /etc/secret.txt
 ADD notes.txt .
-RUN echo "$GREETING from $(id -u) in $(pwd)" > greeting.txt && ls src > listing.txt
+RUN fake-write greeting.txt {env:GREETING} from {user} in {wd} with {env:LANG}
 USER app
-RUN id -u > /home/app/uid.txt
+RUN fake-write /home/app/uid.txt {user}
 EXPOSE 8080 9090/tcp
 LABEL purpose=test
 HEALTHCHECK CMD test -f /tmp/ready
@@ -64,13 +64,14 @@ ENTRYPOINT ["/bin/sh", "-c"]
 CMD ["echo serving"]
 `
 
-func buildDockerfile(t *testing.T, s *Store, ctxDir, dockerfile string, args map[string]string) (*Template, string, error) {
+func buildDockerfile(t *testing.T, s *Store, runner StepRunner, ctxDir, dockerfile string, args map[string]string) (*Template, string, error) {
 	t.Helper()
 	spec, err := ParseDockerfile(strings.NewReader(dockerfile), ctxDir, args)
 	if err != nil {
 		return nil, "", err
 	}
-	spec.Name, spec.Tag = "app", "v1"
+	spec.Name, spec.Tag, spec.TeamID, spec.LocalImages = "app", "v1", "team-a", true
+	spec.Runner = runner
 	var log bytes.Buffer
 	tpl, err := s.BuildFromSpec(context.Background(), *spec, &log)
 	return tpl, log.String(), err
@@ -85,15 +86,15 @@ func TestDockerfileBuild(t *testing.T) {
 		"secret.txt": "s3cret", "notes.txt": "notes", ".dockerignore": "src/ignored.txt\n*.log\n",
 	})
 	args := map[string]string{"BASE": busyboxArchive(t)}
-	tpl, log, err := buildDockerfile(t, s, ctxDir, fullDockerfile, args)
+	runner := &fakeRunner{}
+	tpl, log, err := buildDockerfile(t, s, runner, ctxDir, fullDockerfile, args)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log)
 	}
 	files := map[string]string{
-		"app/greeting.txt": "hello from 0 in /app\n",
-		"app/listing.txt":  "a.txt\nsub\n",
+		"app/greeting.txt": "hello from root in /app with C.UTF-8\n",
 		"app/src/a.txt":    "a", "app/src/sub/b.txt": "b", "app/notes.txt": "notes",
-		"home/app/uid.txt": "1000\n",
+		"home/app/uid.txt": "app\n",
 	}
 	for p, want := range files {
 		if got, _, ok := readInTemplate(t, tpl, p); !ok || got != want {
@@ -112,15 +113,21 @@ func TestDockerfileBuild(t *testing.T) {
 		!slices.Equal(tpl.Aliases, []string{"app"}) || !slices.Equal(tpl.Tags, []string{"v1"}) {
 		t.Errorf("config: %+v", tpl)
 	}
-	if got, err := s.Get(context.Background(), "app:v1"); err != nil || got.ID != tpl.ID {
+	if got, err := s.Get(context.Background(), "team-a", "app:v1"); err != nil || got.ID != tpl.ID {
 		t.Errorf("Get(app:v1) = %v, %v", got, err)
 	}
-	if _, err := s.Get(context.Background(), "app:v2"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := s.Get(context.Background(), "team-a", "app:v2"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Get(app:v2) = %v, want not found", err)
+	}
+	// The step sandboxes were asked for with the team, the build's layers
+	// and the step's user, workdir and env.
+	if len(runner.reqs) != 2 || runner.reqs[0].TeamID != "team-a" || runner.reqs[0].Commands[0].User != "root" ||
+		runner.reqs[1].Commands[0].User != "app" || runner.reqs[0].Commands[0].Workdir != "/app" || len(runner.reqs[1].Layers) <= len(runner.reqs[0].Layers) {
+		t.Errorf("step requests: %+v", runner.reqs)
 	}
 
 	// Unchanged: every layer step is cached and the template is the same.
-	again, log2, err := buildDockerfile(t, s, ctxDir, fullDockerfile, args)
+	again, log2, err := buildDockerfile(t, s, runner, ctxDir, fullDockerfile, args)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log2)
 	}
@@ -129,7 +136,7 @@ func TestDockerfileBuild(t *testing.T) {
 	}
 	// A changed source rebuilds that COPY and what follows, not what precedes.
 	writeFiles(t, ctxDir, map[string]string{"src/a.txt": "changed"})
-	third, log3, err := buildDockerfile(t, s, ctxDir, fullDockerfile, args)
+	third, log3, err := buildDockerfile(t, s, runner, ctxDir, fullDockerfile, args)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log3)
 	}
@@ -168,10 +175,10 @@ func TestDockerfileBadInput(t *testing.T) {
 		{"no from", "RUN true\n", []string{"line 1", "before FROM"}},
 		{"missing source", "FROM " + base + "\nCOPY nope.txt /\n", []string{"line 2", "nope.txt"}},
 		{"escaping source", "FROM " + base + "\nCOPY ../../etc/passwd /\n", []string{"line 2", "outside the build context"}},
-		{"failing run", "FROM " + base + "\nRUN echo first ok\nRUN echo failing-output; exit 3\n", []string{"line 3", "exit code 3", "failing-output"}},
+		{"failing run", "FROM " + base + "\nRUN fake-write first ok\nRUN fake-fail 3 failing-output\n", []string{"line 3", "exit code 3", "failing-output"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, log, err := buildDockerfile(t, s, ctxDir, tc.dockerfile, nil)
+			_, log, err := buildDockerfile(t, s, &fakeRunner{}, ctxDir, tc.dockerfile, nil)
 			if !errors.Is(err, errdefs.ErrInvalidArgument) {
 				t.Fatalf("err = %v, want ErrInvalidArgument\n%s", err, log)
 			}
@@ -187,7 +194,7 @@ func TestDockerfileBadInput(t *testing.T) {
 		})
 	}
 	// No half template and no work dirs are left.
-	if ts, _ := s.List(context.Background()); len(ts) != 0 {
+	if ts, _ := s.ListAll(context.Background()); len(ts) != 0 {
 		t.Errorf("failed builds left templates: %v", ts)
 	}
 	entries, _ := os.ReadDir(s.layersRoot())

@@ -175,7 +175,7 @@ func TestImageSources(t *testing.T) {
 	for _, src := range []string{SourceOCILayout + layoutDir, SourceDockerArchive + archive, ref} {
 		t.Run(strings.SplitN(src, ":", 2)[0], func(t *testing.T) {
 			var log bytes.Buffer
-			tpl, err := s.BuildFromSpec(ctx, BuildSpec{Name: "img", Tag: strings.NewReplacer(":", "-", "/", "-", ".", "-").Replace(src)[:20], From: src, FromImage: true}, &log)
+			tpl, err := s.BuildFromSpec(ctx, BuildSpec{Name: "img", Tag: strings.NewReplacer(":", "-", "/", "-", ".", "-").Replace(src)[:20], From: src, FromImage: true, LocalImages: true}, &log)
 			if err != nil {
 				t.Fatalf("%v\n%s", err, log.String())
 			}
@@ -211,7 +211,7 @@ func TestUnreachableRegistry(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "127.0.0.1:1") {
 		t.Fatalf("got %v, want ErrUnavailable naming the registry", err)
 	}
-	if ts, _ := s.List(ctx); len(ts) != 0 {
+	if ts, _ := s.ListAll(ctx); len(ts) != 0 {
 		t.Errorf("failed build left templates: %v", ts)
 	}
 }

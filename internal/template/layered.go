@@ -14,9 +14,9 @@ import (
 // command. The base is built first if needed; its rootfs stays one copy
 // however many templates sit on it. The template gets def's ID, so
 // builtins keep content-derived IDs whether layered or not.
-func (s *Store) buildLayered(ctx context.Context, def Definition, id string, progress io.Writer) (*Template, error) {
+func (s *Store) buildLayered(ctx context.Context, def Definition, id string, runner StepRunner, progress io.Writer) (*Template, error) {
 	fmt.Fprintf(progress, "==> base template %s\n", def.Base.Name)
-	base, err := s.Build(ctx, *def.Base, progress)
+	base, err := s.Build(ctx, *def.Base, runner, progress)
 	if err != nil {
 		return nil, fmt.Errorf("build %s: base: %w", def.Name, err)
 	}
@@ -36,6 +36,7 @@ func (s *Store) buildLayered(ctx context.Context, def Definition, id string, pro
 		StepUser: "root", StartCmd: &startCmd, ReadyCmd: &readyCmd,
 		CPUCount: def.CPUCount, MemoryMB: def.MemoryMB, DiskMB: def.DiskMB,
 		Source: "builtin " + def.Name + " on " + def.Base.Name, Definition: &def,
+		Runner: runner, BuildMemoryMB: 4096,
 	}, progress)
 	if err != nil {
 		return nil, fmt.Errorf("build %s: %w", def.Name, err)

@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -87,10 +89,11 @@ func (s *Store) CreateLayer(ctx context.Context, id, source string, fill func(ct
 	if s.HasLayer(id) {
 		return true, nil
 	}
-	tmp, err := s.newLayerWork(id)
+	tmp, release, err := s.newLayerWork(ctx, id)
 	if err != nil {
 		return false, err
 	}
+	defer release()
 	defer func() {
 		if err != nil {
 			if rerr := removeTree(tmp); rerr != nil {
@@ -105,25 +108,48 @@ func (s *Store) CreateLayer(ctx context.Context, id, source string, fill func(ct
 	if err := fill(ctx, rootfs); err != nil {
 		return false, err
 	}
+	// Shared: other builds commit beside this one; GC waits for the rename.
+	unlock, err := s.gcLock(ctx, false)
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
 	return false, s.commitLayer(tmp, id, source)
 }
 
 // newLayerWork makes a fresh work dir for layer id inside the layer store
-// (same filesystem, so committing is a rename).
-func (s *Store) newLayerWork(id string) (string, error) {
+// (same filesystem, so committing is a rename), with a lock file held until
+// release: GC leaves work dirs whose lock is held alone.
+func (s *Store) newLayerWork(ctx context.Context, id string) (string, func(), error) {
+	unlock, err := s.gcLock(ctx, false)
+	if err != nil {
+		return "", nil, err
+	}
+	defer unlock()
 	if err := os.MkdirAll(s.layersRoot(), 0o700); err != nil {
-		return "", fmt.Errorf("layer store: %w", err)
+		return "", nil, fmt.Errorf("layer store: %w", err)
 	}
 	// Keep layers out of reach of unprivileged host users, also when the
 	// directory existed with a wider mode.
 	if err := os.Chmod(s.layersRoot(), 0o700); err != nil {
-		return "", fmt.Errorf("layer store: %w", err)
+		return "", nil, fmt.Errorf("layer store: %w", err)
 	}
 	tmp := filepath.Join(s.layersRoot(), layerTmp+id[:12]+"-"+randomSuffix())
 	if err := os.Mkdir(tmp, 0o700); err != nil {
-		return "", fmt.Errorf("layer store: %w", err)
+		return "", nil, fmt.Errorf("layer store: %w", err)
 	}
-	return tmp, nil
+	f, err := os.OpenFile(filepath.Join(tmp, leaseFile), os.O_CREATE|os.O_RDWR, 0o600)
+	if err == nil {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	}
+	if err != nil {
+		if f != nil {
+			f.Close()
+		}
+		_ = removeTree(tmp)
+		return "", nil, fmt.Errorf("layer work lock: %w", err)
+	}
+	return tmp, func() { f.Close() }, nil
 }
 
 // commitLayer measures tmp/rootfs, writes the layer's metadata and renames
@@ -145,7 +171,7 @@ func (s *Store) commitLayer(tmp, id, source string) error {
 		return fmt.Errorf("layer %s: measure: %w", id[:12], err)
 	}
 	b, _ := json.MarshalIndent(Layer{ID: id, Source: source, SizeBytes: size, CreatedAt: time.Now().UTC()}, "", "  ")
-	if err := os.WriteFile(filepath.Join(tmp, layerMetaFile), append(b, '\n'), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(tmp, layerMetaFile), append(b, '\n'), 0o600); err != nil {
 		return err
 	}
 	final := filepath.Join(s.layersRoot(), id)
@@ -206,7 +232,7 @@ type GCResult struct {
 // sandbox started from a template deleted since keeps its layers until it
 // is gone.
 func (s *Store) referenced(ctx context.Context) (map[string]bool, int, error) {
-	ts, err := s.List(ctx)
+	ts, err := s.listAll(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -252,7 +278,7 @@ func (s *Store) DiskUsage(ctx context.Context) (Usage, error) {
 			u.UnusedBytes += l.SizeBytes
 		}
 	}
-	ts, _ := s.List(ctx)
+	ts, _ := s.listAll(ctx)
 	for _, t := range ts {
 		if len(t.LayerIDs) == 0 || slices.Contains(t.LayerIDs, t.ID) {
 			u.TemplateRootfs += t.SizeBytes
@@ -261,21 +287,22 @@ func (s *Store) DiskUsage(ctx context.Context) (Usage, error) {
 	return u, nil
 }
 
-// GC removes every layer no template references and no mounted overlay
-// uses, and leftovers of interrupted builds. It holds the store lock, so it
-// never races a build that has made layers but not yet its template.
+// GC removes every layer no template references, no build in flight holds
+// (gc.go) and no mounted overlay uses, and leftovers of interrupted builds:
+// the operator's `agentbox template gc`, across every team.
 func (s *Store) GC(ctx context.Context) (GCResult, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	unlock, err := s.lockDir(ctx)
+	unlock, err := s.gcLock(ctx, true)
 	if err != nil {
 		return GCResult{}, err
 	}
 	defer unlock()
-	s.removeLeftovers(ctx)
+	leased := s.liveLeases(ctx)
 	refs, _, err := s.referenced(ctx)
 	if err != nil {
 		return GCResult{}, err
+	}
+	for id := range leased {
+		refs[id] = true
 	}
 	layers, err := s.ListLayers(ctx)
 	if err != nil {

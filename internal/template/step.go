@@ -3,17 +3,14 @@ package template
 import (
 	"bufio"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
 	"slices"
@@ -21,7 +18,6 @@ import (
 	"strings"
 	"sync"
 
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
@@ -29,35 +25,81 @@ import (
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-// buildNet is the network RUN steps of one build share.
-type buildNet struct {
-	netns   string // "" = the host's network namespace
-	dns     []string
-	release func()
-}
-
-func (s *Store) setupBuildNet(ctx context.Context, fn NetworkFunc, buildID string) (*buildNet, error) {
-	if fn == nil {
-		return &buildNet{release: func() {}}, nil
-	}
-	ns, dns, release, err := fn(ctx, buildID)
+// runStep runs a RUN step as a sandbox through spec.Runner: the step's
+// layers below, upper (the new layer) receiving its writable layer.
+func (s *Store) runStep(ctx context.Context, spec BuildSpec, step Step, st *buildState, upper string, progress io.Writer) error {
+	lowers, err := s.layerPaths(st.LayerIDs)
 	if err != nil {
-		return nil, fmt.Errorf("build network: %w", err)
+		return err
 	}
-	return &buildNet{netns: ns, dns: dns, release: release}, nil
+	user := step.User
+	if user == "" {
+		user = st.User
+	}
+	if user == "" {
+		user = "root"
+	}
+	env := map[string]string{"PATH": defaultPath}
+	for _, kv := range st.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	cmd := strings.Join(step.Args, " ")
+	if step.Exec {
+		cmd = commandString(step.Args)
+	}
+	wd := st.Workdir
+	if wd == "" {
+		wd = "/"
+	}
+	// The runner makes UpperDir itself (it must not exist).
+	if err := os.Remove(upper); err != nil {
+		return err
+	}
+	tail := &tailWriter{out: progress, max: 10}
+	err = spec.Runner.RunSteps(ctx, StepRequest{
+		TeamID: spec.TeamID, BuildID: spec.BuildID, Layers: lowers,
+		Commands: []StepCommand{{Line: step.Line, Cmd: cmd, User: user, Workdir: wd, Env: env}},
+		UpperDir: upper, MemoryMB: spec.BuildMemoryMB, DiskMB: spec.BuildDiskMB, Output: tail,
+	})
+	tail.flush()
+	if err != nil {
+		code := -1
+		var ec interface{ ExitCode() int }
+		if errors.As(err, &ec) {
+			code = ec.ExitCode()
+		}
+		return &BuildError{ExitCode: code, Output: strings.Join(tail.lines, "\n"), Err: err}
+	}
+	if _, err := os.Lstat(upper); errors.Is(err, fs.ErrNotExist) {
+		return os.Mkdir(upper, 0o755) // the step changed nothing
+	} else if err != nil {
+		return err
+	}
+	return nil
 }
 
-// runLayerStep runs one RUN, COPY or WORKDIR step on an overlay of the
-// current layers with upper as the new, empty upper layer.
-func (s *Store) runLayerStep(ctx context.Context, spec BuildSpec, step Step, st *buildState, upper string, net *buildNet, buildID string, progress io.Writer) error {
-	work := filepath.Dir(upper)
-	lowers := make([]string, 0, len(st.LayerIDs))
-	for _, ref := range st.LayerIDs {
+func (s *Store) layerPaths(ids []string) ([]string, error) {
+	out := make([]string, 0, len(ids))
+	for _, ref := range ids {
 		p, err := s.layerRefPath(ref)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		lowers = append(lowers, p)
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// writeStep writes a COPY or WORKDIR step's layer on the host: the layers
+// below and upper are mounted as an overlay in a work dir of the layer, and
+// every write goes through an os.Root of the merged tree, so neither the
+// context's nor the image's symlinks lead out of it.
+func (s *Store) writeStep(step Step, st *buildState, upper string, progress io.Writer) error {
+	work := filepath.Dir(upper)
+	lowers, err := s.layerPaths(st.LayerIDs)
+	if err != nil {
+		return err
 	}
 	merged, unmount, err := mountOverlay(work, lowers, upper)
 	if err != nil {
@@ -76,13 +118,6 @@ func (s *Store) runLayerStep(ctx context.Context, spec BuildSpec, step Step, st 
 		}
 		return nil
 	case OpCopy:
-		if step.FilesHash != "" {
-			dir := filepath.Join(work, "context")
-			if err := s.extractUpload(ctx, step.FilesHash, dir); err != nil {
-				return err
-			}
-			step.ContextDir = dir
-		}
 		uid, gid := 0, 0
 		if step.User != "" {
 			u, err := lookupUser(root, step.User)
@@ -109,8 +144,6 @@ func (s *Store) runLayerStep(ctx context.Context, spec BuildSpec, step Step, st 
 		}
 		fmt.Fprintf(progress, "    copied %d files\n", n)
 		return nil
-	case OpRun:
-		return runStepInRootfs(ctx, spec, step, st, merged, root, work, net, buildID, progress)
 	}
 	return fmt.Errorf("not a layer step: %s", step.Op)
 }
@@ -144,150 +177,6 @@ func mountOverlay(work string, lowers []string, upper string) (string, func(), e
 	return merged, func() {
 		once.Do(func() { _ = unix.Unmount(merged, unix.MNT_DETACH) })
 	}, nil
-}
-
-// runStepInRootfs runs a RUN step with runc in its own namespaces (the build
-// network's, or the host's for trusted local builds) and cgroup.
-func runStepInRootfs(ctx context.Context, spec BuildSpec, step Step, st *buildState, merged string, root *os.Root, work string, net *buildNet, buildID string, progress io.Writer) error {
-	runc, err := exec.LookPath("runc")
-	if err != nil {
-		return fmt.Errorf("runc is not installed: %w", errdefs.ErrUnavailable)
-	}
-	userSpec := step.User
-	if userSpec == "" {
-		userSpec = st.User
-	}
-	u := userInfo{home: "/root"}
-	if userSpec != "" {
-		if u, err = lookupUser(root, userSpec); err != nil {
-			return err
-		}
-	}
-	cwd := st.Workdir
-	if cwd == "" {
-		cwd = "/"
-	}
-	_ = root.MkdirAll(strings.TrimPrefix(cwd, "/"), 0o755)
-	env := []string{"PATH=" + defaultPath, "HOME=" + u.home}
-	for _, kv := range st.Env {
-		k, _, _ := strings.Cut(kv, "=")
-		env = slices.DeleteFunc(env, func(e string) bool { return strings.HasPrefix(e, k+"=") })
-		env = append(env, kv)
-	}
-	args := shellOrExec(step)
-
-	bundle := filepath.Join(work, "bundle")
-	if err := os.MkdirAll(bundle, 0o700); err != nil {
-		return err
-	}
-	resolv := "/etc/resolv.conf"
-	if net.netns != "" {
-		resolv = filepath.Join(bundle, "resolv.conf")
-		var b strings.Builder
-		for _, d := range net.dns {
-			fmt.Fprintf(&b, "nameserver %s\n", d)
-		}
-		if err := os.WriteFile(resolv, []byte(b.String()), 0o644); err != nil {
-			return err
-		}
-	}
-	memMB := spec.BuildMemoryMB
-	if memMB == 0 {
-		memMB = 4096
-	}
-	id := buildID + "-" + randomSuffix()
-	cfg := buildSpecJSON(merged, args, env, cwd, u, net.netns, resolv, id, memMB)
-	b, err := json.Marshal(cfg)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
-		return err
-	}
-	runcRoot := "/run/agentbox-build/runc"
-	if err := os.MkdirAll(runcRoot, 0o700); err != nil {
-		return err
-	}
-	defer func() {
-		_ = exec.Command(runc, "--root", runcRoot, "delete", "--force", id).Run()
-	}()
-	cmd := exec.CommandContext(ctx, runc, "--root", runcRoot, "run", "--bundle", bundle, id)
-	cmd.Stdin = nil
-	tail := &tailWriter{out: progress, max: 10}
-	cmd.Stdout, cmd.Stderr = tail, tail
-	err = cmd.Run()
-	tail.flush()
-	if err != nil {
-		code := -1
-		if ee, ok := errors.AsType[*exec.ExitError](err); ok {
-			code = ee.ExitCode()
-		}
-		return &BuildError{ExitCode: code, Output: strings.Join(tail.lines, "\n"), Err: err}
-	}
-	return nil
-}
-
-// buildSpecJSON is the runc config of one RUN step: the sandbox profile
-// (Docker's default capabilities, masked /proc paths, device allowlist)
-// with the step's process.
-func buildSpecJSON(rootfs string, args, env []string, cwd string, u userInfo, netns, resolv, id string, memMB int) *specs.Spec {
-	caps := []string{
-		"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
-		"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
-		"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
-	}
-	var devices []specs.LinuxDevice
-	rules := []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}}
-	mode := os.FileMode(0o666)
-	zero := uint32(0)
-	for _, d := range []struct {
-		path         string
-		major, minor int64
-	}{{"/dev/null", 1, 3}, {"/dev/zero", 1, 5}, {"/dev/full", 1, 7}, {"/dev/random", 1, 8}, {"/dev/urandom", 1, 9}, {"/dev/tty", 5, 0}} {
-		devices = append(devices, specs.LinuxDevice{Path: d.path, Type: "c", Major: d.major, Minor: d.minor, FileMode: &mode, UID: &zero, GID: &zero})
-		rules = append(rules, specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &d.major, Minor: &d.minor, Access: "rwm"})
-	}
-	ptmx, pts := int64(5), int64(136)
-	two := int64(2)
-	rules = append(rules, specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &ptmx, Minor: &two, Access: "rwm"},
-		specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &pts, Access: "rwm"})
-	limit := int64(memMB) << 20
-	pids := int64(4096)
-	ns := []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace}, {Type: specs.MountNamespace}}
-	if netns != "" {
-		ns = append(ns, specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: netns})
-	}
-	return &specs.Spec{
-		Version:  "1.0.2",
-		Hostname: "build",
-		Root:     &specs.Root{Path: rootfs},
-		Process: &specs.Process{
-			Args: args, Env: env, Cwd: cwd,
-			User:         specs.User{UID: u.uid, GID: u.gid, AdditionalGids: u.groups},
-			Capabilities: &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps},
-		},
-		Mounts: []specs.Mount{
-			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
-			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
-			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
-			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=256m"}},
-			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
-			{Destination: "/etc/resolv.conf", Type: "bind", Source: resolv, Options: []string{"bind", "ro", "nosuid", "nodev"}},
-		},
-		Linux: &specs.Linux{
-			Namespaces:  ns,
-			Devices:     devices,
-			CgroupsPath: "agentbox-build/" + id,
-			Resources: &specs.LinuxResources{
-				Devices: rules,
-				Memory:  &specs.LinuxMemory{Limit: &limit, Swap: &limit},
-				Pids:    &specs.LinuxPids{Limit: &pids},
-			},
-			MaskedPaths: []string{"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
-				"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi"},
-			ReadonlyPaths: []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
-		},
-	}
 }
 
 // tailWriter streams lines to out, indented, and keeps the last max lines.
@@ -608,80 +497,4 @@ func copyFileInRoot(from *os.Root, src string, to *os.Root, dst string, perm fs.
 		err = cerr
 	}
 	return err
-}
-
-// Uploaded COPY contexts (E2B API): <dir>/.uploads/<sha256>.tar.gz.
-const uploadsDir = ".uploads"
-
-func validFilesHash(h string) bool { return validLayerID(h) }
-
-func (s *Store) uploadPath(hash string) string {
-	return filepath.Join(s.dir, uploadsDir, hash+".tar.gz")
-}
-
-// HasUpload reports whether the files with this hash were uploaded.
-func (s *Store) HasUpload(hash string) bool {
-	if !validFilesHash(hash) {
-		return false
-	}
-	_, err := os.Stat(s.uploadPath(hash))
-	return err == nil
-}
-
-// PutUpload stores an uploaded (gzipped or plain) tar of COPY sources under
-// the hash the client computed for them, at most maxBytes long.
-func (s *Store) PutUpload(hash string, r io.Reader, maxBytes int64) error {
-	if !validFilesHash(hash) {
-		return fmt.Errorf("files hash %q: want 64 hex digits: %w", hash, errdefs.ErrInvalidArgument)
-	}
-	dir := filepath.Join(s.dir, uploadsDir)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	f, err := os.CreateTemp(dir, ".part-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	n, err := io.Copy(f, io.LimitReader(r, maxBytes+1))
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("upload %s: %w", hash[:12], err)
-	}
-	if n > maxBytes {
-		return fmt.Errorf("upload %s: more than %d bytes: %w", hash[:12], maxBytes, errdefs.ErrTooLarge)
-	}
-	return os.Rename(f.Name(), s.uploadPath(hash))
-}
-
-// extractUpload unpacks upload hash into dir with the layer unpacker (so
-// its paths cannot escape either).
-func (s *Store) extractUpload(ctx context.Context, hash, dir string) error {
-	if !s.HasUpload(hash) {
-		return fmt.Errorf("files %s were not uploaded: %w", hash, errdefs.ErrNotFound)
-	}
-	f, err := os.Open(s.uploadPath(hash))
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	br := bufio.NewReader(f)
-	var r io.Reader = br
-	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
-		zr, err := gzip.NewReader(br)
-		if err != nil {
-			return fmt.Errorf("upload %s: %w", hash[:12], err)
-		}
-		defer zr.Close()
-		r = zr
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	if _, err := unpackLayer(ctx, r, dir); err != nil {
-		return fmt.Errorf("upload %s: %w", hash[:12], err)
-	}
-	return nil
 }

@@ -32,10 +32,15 @@ const (
 // Store keeps built templates on disk, one directory per template:
 // <dir>/<id>/rootfs and <dir>/<id>/template.json. It reads the disk on every
 // lookup, so templates built by another process (the CLI) show up at once.
+//
+// Templates belong to a team (Template.TeamID); every lookup names the team
+// asking. There is no store-wide lock: a build, tag or delete locks the
+// names it changes (per team), and garbage collection, an operator command,
+// excludes only the layer commits of builds in flight (gc.go).
 type Store struct {
-	dir string
-	log *slog.Logger
-	mu  sync.Mutex // serializes builds and deletes within this process
+	dir   string
+	log   *slog.Logger
+	locks keyedMutex
 }
 
 // NewStore opens (creating if needed) the template directory dir.
@@ -47,8 +52,8 @@ func NewStore(dir string, log *slog.Logger) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("template dir %s: %w", dir, err)
 	}
-	if err := os.MkdirAll(abs, 0o755); err != nil {
-		return nil, fmt.Errorf("template dir: %w", err)
+	if err := privateStore(abs); err != nil {
+		return nil, err
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -56,42 +61,119 @@ func NewStore(dir string, log *slog.Logger) (*Store, error) {
 	return &Store{dir: abs, log: log.With("component", "template")}, nil
 }
 
+// privateStore creates dir and keeps other host users out of it: the
+// directory may be searched, not listed (0711, so a build's sandbox, whose
+// mapped root is an unprivileged host uid, can reach its own work dir by
+// its unguessable name), each template's directory is 0700 and its
+// metadata 0600. It also tightens what an older version made wider; the
+// contents of a rootfs keep their modes (they are the sandbox's files).
+func privateStore(dir string) error {
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return fmt.Errorf("template dir: %w", err)
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return fmt.Errorf("template dir %s: make private: %w", dir, err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("template dir: %w", err)
+	}
+	for _, e := range entries {
+		p := filepath.Join(dir, e.Name())
+		switch {
+		case e.Name() == lockFile:
+			err = os.Chmod(p, 0o600)
+		case e.IsDir() && validID(e.Name()):
+			if err = os.Chmod(p, 0o700); err == nil {
+				if err = os.Chmod(filepath.Join(p, metaFile), 0o600); errors.Is(err, fs.ErrNotExist) {
+					err = nil
+				}
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("template dir: make %s private: %w", p, err)
+		}
+	}
+	return nil
+}
+
 // Dir is the directory the store keeps templates in.
 func (s *Store) Dir() string { return s.dir }
 
-// Get resolves ref: a template ID, an alias, or "alias:tag". Without a tag,
-// or with the tags "default" and "latest", the newest template carrying the
-// alias wins; any other tag must be one the template was built with.
-func (s *Store) Get(ctx context.Context, ref string) (*Template, error) {
+// Get resolves ref for team: a template ID, an alias, or "alias:tag".
+// Names resolve among the team's own templates first, then among the
+// builtins and public templates; another team's template is ErrNotFound,
+// as if it did not exist. Without a tag, or with the tags "default" and
+// "latest", the newest template carrying the alias wins; any other tag must
+// be one the template was built with. team "" (the operator's internal
+// lookups: warm pools, the base check at start) sees builtins and public
+// templates only.
+func (s *Store) Get(ctx context.Context, team, ref string) (*Template, error) {
 	name, tag, _ := strings.Cut(ref, ":")
 	if name == "" {
 		return nil, fmt.Errorf("template %q: %w", ref, errdefs.ErrNotFound)
 	}
 	if validID(name) {
 		t, err := s.load(name)
-		if err == nil {
+		if err == nil && t.VisibleTo(team) {
 			return t, nil
 		}
-		if !errors.Is(err, errdefs.ErrNotFound) {
+		if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return nil, err
 		}
 	}
-	all, err := s.List(ctx)
+	all, err := s.listAll(ctx)
 	if err != nil {
 		return nil, err
 	}
 	anyTag := tag == "" || tag == "default" || tag == "latest"
+	match := func(t *Template) bool {
+		return slices.Contains(t.Aliases, name) && (anyTag || slices.Contains(t.Tags, tag))
+	}
 	for _, t := range all { // newest first
-		if slices.Contains(t.Aliases, name) && (anyTag || slices.Contains(t.Tags, tag)) {
+		if t.OwnedBy(team) && match(t) {
+			return t, nil
+		}
+	}
+	for _, t := range all {
+		if (t.Builtin() || t.Public) && match(t) {
 			return t, nil
 		}
 	}
 	return nil, fmt.Errorf("template %q: %w", ref, errdefs.ErrNotFound)
 }
 
-// List returns every built template, newest first. Unreadable entries are
-// logged and skipped so one broken template does not hide the others.
-func (s *Store) List(ctx context.Context) ([]*Template, error) {
+// GetOwned resolves ref like Get and also requires team to own the
+// template: what build-over, tag, untag and delete need. A builtin or public
+// template is refused with a reason; another team's is ErrNotFound.
+func (s *Store) GetOwned(ctx context.Context, team, ref string) (*Template, error) {
+	t, err := s.Get(ctx, team, ref)
+	if err != nil {
+		return nil, err
+	}
+	if !t.OwnedBy(team) {
+		return nil, fmt.Errorf("template %q is a builtin or public template of the server: only its owner (the operator) can change or delete it: %w", ref, errdefs.ErrInvalidArgument)
+	}
+	return t, nil
+}
+
+// List returns the templates team may use (its own, the builtins and the
+// public ones), newest first.
+func (s *Store) List(ctx context.Context, team string) ([]*Template, error) {
+	all, err := s.listAll(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(all, func(t *Template) bool { return !t.VisibleTo(team) }), nil
+}
+
+// ListAll returns every template of every team, newest first: the
+// operator's view (`agentbox template usage`).
+func (s *Store) ListAll(ctx context.Context) ([]*Template, error) { return s.listAll(ctx) }
+
+// listAll returns every built template, newest first. Unreadable entries
+// are logged and skipped so one broken template does not hide the others.
+func (s *Store) listAll(ctx context.Context) ([]*Template, error) {
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
 		return nil, fmt.Errorf("list templates: %w", err)
@@ -116,14 +198,27 @@ func (s *Store) List(ctx context.Context) ([]*Template, error) {
 	return out, nil
 }
 
-// Delete removes the template with ID id. Sandboxes still running on it keep
-// their open files, but new ones cannot start from it.
-func (s *Store) Delete(ctx context.Context, id string) error {
-	if !validID(id) {
-		return fmt.Errorf("template %q: %w", id, errdefs.ErrNotFound)
+// Delete removes team's template ref (ID or name). Sandboxes still running
+// on it keep their open files, but new ones cannot start from it.
+func (s *Store) Delete(ctx context.Context, team, ref string) error {
+	t, err := s.GetOwned(ctx, team, ref)
+	if err != nil {
+		return err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	return s.remove(ctx, t.ID)
+}
+
+// Remove deletes template id whoever owns it: the operator's command.
+func (s *Store) Remove(ctx context.Context, id string) error {
+	if _, err := s.load(id); err != nil {
+		return err
+	}
+	return s.remove(ctx, id)
+}
+
+func (s *Store) remove(ctx context.Context, id string) error {
+	unlock := s.locks.lock("template/" + id)
+	defer unlock()
 	dir := filepath.Join(s.dir, id)
 	if _, err := os.Stat(filepath.Join(dir, metaFile)); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -133,7 +228,7 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	}
 	// A template built before the layer store keeps its rootfs in its own
 	// dir; templates built on top of it reference that dir.
-	if all, err := s.List(ctx); err == nil {
+	if all, err := s.listAll(ctx); err == nil {
 		for _, o := range all {
 			if o.ID != id && slices.Contains(o.LayerIDs, id) {
 				return fmt.Errorf("template %s is the base of template %s; delete that first: %w", id, o.ID, errdefs.ErrConflict)
@@ -151,6 +246,24 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 	}
 	s.log.InfoContext(ctx, "template deleted", "id", id)
 	return nil
+}
+
+// SetPublic marks template id public (usable by every team) or private
+// again: the operator's `agentbox template publish|unpublish`. Only the
+// flag changes; owner, names and tags stay.
+func (s *Store) SetPublic(ctx context.Context, id string, public bool) (*Template, error) {
+	unlock := s.locks.lock("template/" + id)
+	defer unlock()
+	t, err := s.load(id)
+	if err != nil {
+		return nil, err
+	}
+	t.Public = public
+	if err := writeMeta(filepath.Join(s.dir, id), t); err != nil {
+		return nil, err
+	}
+	s.log.InfoContext(ctx, "template visibility changed", "id", id, "public", public)
+	return t, nil
 }
 
 func (s *Store) load(id string) (*Template, error) {
@@ -189,7 +302,7 @@ func writeMeta(dir string, t *Template) error {
 		return fmt.Errorf("encode %s: %w", metaFile, err)
 	}
 	tmp := filepath.Join(dir, metaFile+".tmp")
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
 		return err
 	}
 	return os.Rename(tmp, filepath.Join(dir, metaFile))
@@ -200,6 +313,41 @@ func writeMeta(dir string, t *Template) error {
 func validID(id string) bool {
 	return id != "" && len(id) <= 128 && !strings.HasPrefix(id, ".") &&
 		!strings.ContainsAny(id, `/\:`) && filepath.IsLocal(id)
+}
+
+// keyedMutex hands out one mutex per key (a template ID, a team's name), so
+// work on one template or team never waits for another's.
+type keyedMutex struct {
+	mu    sync.Mutex
+	locks map[string]*keyedLock
+}
+
+type keyedLock struct {
+	mu   sync.Mutex
+	refs int
+}
+
+func (k *keyedMutex) lock(key string) (unlock func()) {
+	k.mu.Lock()
+	if k.locks == nil {
+		k.locks = map[string]*keyedLock{}
+	}
+	l := k.locks[key]
+	if l == nil {
+		l = &keyedLock{}
+		k.locks[key] = l
+	}
+	l.refs++
+	k.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		k.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(k.locks, key)
+		}
+		k.mu.Unlock()
+	}
 }
 
 func randomSuffix() string {

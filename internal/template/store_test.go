@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -85,7 +86,7 @@ func TestStoreEmpty(t *testing.T) {
 	}
 	ctx := context.Background()
 	for _, ref := range []string{"base", "tdeadbeef", "base:default", "../etc", ""} {
-		_, err := s.Get(ctx, ref)
+		_, err := s.Get(ctx, "team-a", ref)
 		if !errors.Is(err, errdefs.ErrNotFound) {
 			t.Errorf("Get(%q) = %v, want ErrNotFound", ref, err)
 		}
@@ -93,10 +94,10 @@ func TestStoreEmpty(t *testing.T) {
 			t.Errorf("Get(%q) error %q does not name the ref", ref, err)
 		}
 	}
-	if err := s.Delete(ctx, "tnope"); !errors.Is(err, errdefs.ErrNotFound) {
+	if err := s.Delete(ctx, "team-a", "tnope"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Delete unknown = %v, want ErrNotFound", err)
 	}
-	list, err := s.List(ctx)
+	list, err := s.List(ctx, "team-a")
 	if err != nil || len(list) != 0 {
 		t.Errorf("List = %v, %v; want empty", list, err)
 	}
@@ -109,7 +110,7 @@ func TestBuild(t *testing.T) {
 		t.Skip("mmdebstrap build in -short mode")
 	}
 	dir := t.TempDir()
-	// A crashed earlier build leaves a work dir; Build must clear it.
+	// A crashed earlier build leaves a work dir (no held lease); GC clears it.
 	stale := filepath.Join(dir, buildPrefix+"tcrashed-0000")
 	if err := os.MkdirAll(filepath.Join(stale, "rootfs"), 0o755); err != nil {
 		t.Fatal(err)
@@ -122,9 +123,12 @@ func TestBuild(t *testing.T) {
 	defer cancel()
 	def := Definition{Name: "tiny", Packages: []string{"bash", "coreutils", "sudo"}, Env: map[string]string{"FOO": "bar"}}
 	var out bytes.Buffer
-	tpl, err := s.Build(ctx, def, &out)
+	tpl, err := s.Build(ctx, def, nil, &out)
 	if err != nil {
 		t.Fatalf("build: %v\n%s", err, out.String())
+	}
+	if _, err := s.GC(ctx); err != nil {
+		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "built tiny ("+tpl.ID+")") {
 		t.Errorf("progress lacks the summary line:\n%s", out.String())
@@ -161,7 +165,7 @@ func TestBuild(t *testing.T) {
 
 	// template.json round-trips through Get by id, alias and alias:tag.
 	for _, ref := range []string{tpl.ID, "tiny", "tiny:default"} {
-		got, err := s.Get(ctx, ref)
+		got, err := s.Get(ctx, "", ref)
 		if err != nil {
 			t.Fatalf("Get(%q): %v", ref, err)
 		}
@@ -171,14 +175,14 @@ func TestBuild(t *testing.T) {
 			t.Errorf("Get(%q) = %s, want %s", ref, a, b)
 		}
 	}
-	list, err := s.List(ctx)
+	list, err := s.List(ctx, "any-team")
 	if err != nil || len(list) != 1 || list[0].ID != tpl.ID {
 		t.Errorf("List = %v, %v", list, err)
 	}
 
 	// Same definition again: a cache hit, no build.
 	out.Reset()
-	again, err := s.Build(ctx, def, &out)
+	again, err := s.Build(ctx, def, nil, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,19 +190,71 @@ func TestBuild(t *testing.T) {
 		t.Errorf("second build was not a cache hit: %+v\n%s", again, out.String())
 	}
 
-	if err := s.Delete(ctx, tpl.ID); err != nil {
+	// A builtin is the operator's: a team cannot delete it.
+	if err := s.Delete(ctx, "team-a", tpl.ID); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("team Delete of a builtin = %v", err)
+	}
+	if err := s.Remove(ctx, tpl.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Get(ctx, "tiny"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := s.Get(ctx, "", "tiny"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Get after Delete = %v", err)
 	}
-	if err := s.Delete(ctx, tpl.ID); !errors.Is(err, errdefs.ErrNotFound) {
+	if err := s.Remove(ctx, tpl.ID); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("second Delete = %v", err)
 	}
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
-		if e.Name() != lockFile {
+		if e.Name() != lockFile && e.Name() != gcLockFile {
 			t.Errorf("left behind: %s", e.Name())
+		}
+	}
+}
+
+// TestStoreIsPrivate: an older version's world-readable store is tightened
+// on open (template dirs 0700, metadata 0600, the store dir searchable but
+// not listable), and what the store writes later is private too. The
+// files of a template's rootfs keep their modes.
+func TestStoreIsPrivate(t *testing.T) {
+	dir := t.TempDir()
+	old := syscall.Umask(0)
+	defer syscall.Umask(old)
+	// What an older version left: 0755 dirs, 0644 metadata and lock.
+	tdir := filepath.Join(dir, "abc123")
+	for _, d := range []string{dir, tdir, filepath.Join(tdir, rootfsDir, "etc")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		_ = os.Chmod(d, 0o755)
+	}
+	for _, f := range []string{filepath.Join(tdir, metaFile), filepath.Join(dir, lockFile), filepath.Join(tdir, rootfsDir, "etc", "hostname")} {
+		if err := os.WriteFile(f, []byte("{}"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := NewStore(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeMeta(tdir, &Template{ID: "abc123"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.lockDir(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]os.FileMode{
+		dir:                           0o711,
+		tdir:                          0o700,
+		filepath.Join(tdir, metaFile): 0o600,
+		filepath.Join(dir, lockFile):  0o600,
+		filepath.Join(tdir, rootfsDir, "etc", "hostname"): 0o644, // the sandbox's file
+	} {
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != want {
+			t.Errorf("%s: mode %v, want %v", path, fi.Mode().Perm(), want)
 		}
 	}
 }

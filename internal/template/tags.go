@@ -12,11 +12,12 @@ import (
 	"github.com/agentbox/agentbox/internal/errdefs"
 )
 
-// AssignTags points tags of a template name at the template target names
-// ("name:tag", "name" or an ID): target gets them, and every other template
-// of that name loses them, so "name:tag" resolves to target from now on.
-// It returns the updated target.
-func (s *Store) AssignTags(ctx context.Context, target string, tags []string) (*Template, error) {
+// AssignTags points tags of one of team's template names at the template
+// target names ("name:tag", "name" or an ID): target gets them, and every
+// other template of that name in the team loses them, so "name:tag"
+// resolves to target from now on. It returns the updated target. Only the
+// owner may tag: another team's template is ErrNotFound.
+func (s *Store) AssignTags(ctx context.Context, team, target string, tags []string) (*Template, error) {
 	if len(tags) == 0 {
 		return nil, fmt.Errorf("no tags to assign: %w", errdefs.ErrInvalidArgument)
 	}
@@ -24,14 +25,7 @@ func (s *Store) AssignTags(ctx context.Context, target string, tags []string) (*
 	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	unlock, err := s.lockDir(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	t, err := s.Get(ctx, target)
+	t, err := s.GetOwned(ctx, team, target)
 	if err != nil {
 		return nil, err
 	}
@@ -43,12 +37,17 @@ func (s *Store) AssignTags(ctx context.Context, target string, tags []string) (*
 		}
 		name = t.Aliases[0]
 	}
-	all, err := s.List(ctx)
+	unlock := s.locks.lock("name/" + team + "/" + name)
+	defer unlock()
+	if t, err = s.GetOwned(ctx, team, t.ID); err != nil { // re-read under the lock
+		return nil, err
+	}
+	all, err := s.listAll(ctx)
 	if err != nil {
 		return nil, err
 	}
 	for _, o := range all {
-		if o.ID == t.ID || !slices.Contains(o.Aliases, name) {
+		if o.ID == t.ID || !o.OwnedBy(team) || !slices.Contains(o.Aliases, name) {
 			continue
 		}
 		if kept := slices.DeleteFunc(slices.Clone(o.Tags), func(x string) bool { return slices.Contains(tags, x) }); len(kept) != len(o.Tags) {
@@ -65,28 +64,24 @@ func (s *Store) AssignTags(ctx context.Context, target string, tags []string) (*
 	return t, nil
 }
 
-// RemoveTags takes tags away from every template named name. Templates stay
-// reachable by ID and name. Tags nothing of that name has are not an error,
-// but a name no template has is ErrNotFound.
-func (s *Store) RemoveTags(ctx context.Context, name string, tags []string) error {
+// RemoveTags takes tags away from every template of team named name.
+// Templates stay reachable by ID and name. Tags nothing of that name has are
+// not an error, but a name the team has no template of is ErrNotFound (also
+// when another team, a builtin or a public template has it).
+func (s *Store) RemoveTags(ctx context.Context, team, name string, tags []string) error {
 	tags, err := normalizeTags(tags)
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	unlock, err := s.lockDir(ctx)
-	if err != nil {
-		return err
-	}
+	unlock := s.locks.lock("name/" + team + "/" + name)
 	defer unlock()
-	all, err := s.List(ctx)
+	all, err := s.listAll(ctx)
 	if err != nil {
 		return err
 	}
 	found := false
 	for _, t := range all {
-		if !slices.Contains(t.Aliases, name) {
+		if !t.OwnedBy(team) || !slices.Contains(t.Aliases, name) {
 			continue
 		}
 		found = true

@@ -12,7 +12,16 @@ import "time"
 
 // Template is a built, launchable template.
 type Template struct {
-	ID      string   `json:"templateID"`
+	ID string `json:"templateID"`
+	// TeamID owns the template: its names, tags and builds resolve only
+	// inside that team. "" is the operator's: builtins (Definition set) and
+	// templates an operator registered; teams see those only when they are
+	// builtins or Public.
+	TeamID string `json:"teamID,omitempty"`
+	// Public makes a template usable (create, FROM, GET) by every team; only
+	// the operator sets it (`agentbox template publish`). Tags, builds and
+	// deletion stay the owner's.
+	Public  bool     `json:"public,omitempty"`
 	Aliases []string `json:"aliases"`        // e.g. ["base"]; the create API accepts id or alias
 	Tags    []string `json:"tags,omitempty"` // "alias:tag" resolves to the newest template with both
 	// LayerIDs are the layers in the store, lowest first. An entry that is a
@@ -47,4 +56,26 @@ type Template struct {
 	BuildSeconds float64     `json:"buildSeconds"` // how long the build took
 	CreatedAt    time.Time   `json:"createdAt"`
 	Definition   *Definition `json:"definition,omitempty"` // what it was built from, if built here
+}
+
+// Builtin reports whether t is one of the server's builtins, built by the
+// operator from a Definition.
+func (t *Template) Builtin() bool { return t.TeamID == "" && t.Definition != nil }
+
+// VisibleTo reports whether team may use t: its own, a builtin, or public.
+// The empty team (the operator's internal lookups) sees builtins and public
+// templates only.
+func (t *Template) VisibleTo(team string) bool {
+	return (team != "" && t.TeamID == team) || t.Builtin() || t.Public
+}
+
+// OwnedBy reports whether team owns t (and may build over, tag, untag or
+// delete it).
+func (t *Template) OwnedBy(team string) bool { return team != "" && t.TeamID == team }
+
+// ReservedName reports whether name belongs to a builtin template, which no
+// team may build, tag or own.
+func ReservedName(name string) bool {
+	_, ok := BuiltinDefinitions()[name]
+	return ok
 }

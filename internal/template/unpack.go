@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
 )
 
 // OCI whiteout names (image-spec layer.md).
@@ -47,7 +49,21 @@ func (u *unpackStats) reject(name, why string) {
 //     markers become the trusted.overlay.opaque xattr, so the layer stacks
 //     as an overlay lower dir.
 func unpackLayer(ctx context.Context, r io.Reader, dir string) (unpackStats, error) {
+	return unpackLimited(ctx, r, dir, unpackLimits{})
+}
+
+// unpackLimits bounds what an archive may unpack to; zero fields are
+// unlimited.
+type unpackLimits struct {
+	bytes int64 // file content, in total
+	files int   // entries
+}
+
+// unpackLimited is unpackLayer within limits: past them it stops with
+// errdefs.ErrTooLarge.
+func unpackLimited(ctx context.Context, r io.Reader, dir string, lim unpackLimits) (unpackStats, error) {
 	var st unpackStats
+	var written int64
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return st, err
@@ -71,6 +87,9 @@ func unpackLayer(ctx context.Context, r io.Reader, dir string) (unpackStats, err
 			return st, fmt.Errorf("read layer tar: %w", err)
 		}
 		st.Entries++
+		if lim.files > 0 && st.Entries > lim.files {
+			return st, fmt.Errorf("more than %d entries: %w", lim.files, errdefs.ErrTooLarge)
+		}
 		name, ok := cleanEntryName(hdr.Name)
 		if !ok {
 			st.reject(hdr.Name, "path leaves the layer")
@@ -140,12 +159,20 @@ func unpackLayer(ctx context.Context, r io.Reader, dir string) (unpackStats, err
 				st.reject(hdr.Name, err.Error())
 				continue
 			}
-			_, err = io.Copy(f, tr)
+			var src io.Reader = tr
+			if lim.bytes > 0 {
+				src = io.LimitReader(tr, lim.bytes-written+1)
+			}
+			n, err := io.Copy(f, src)
+			written += n
 			if cerr := f.Close(); err == nil {
 				err = cerr
 			}
 			if err != nil {
 				return st, fmt.Errorf("write %s: %w", hdr.Name, err)
+			}
+			if lim.bytes > 0 && written > lim.bytes {
+				return st, fmt.Errorf("%s: the files unpack to more than %d bytes: %w", hdr.Name, lim.bytes, errdefs.ErrTooLarge)
 			}
 		case tar.TypeSymlink:
 			if err := root.Symlink(hdr.Linkname, name); err != nil {
