@@ -18,7 +18,28 @@ import (
 	"github.com/agentbox/agentbox/internal/envd"
 )
 
+// nonDumpable says whether envd's processes make themselves non-dumpable
+// (see main). Known gap while false.
+const nonDumpable = false
+
 func main() {
+	if len(os.Args) > 2 && os.Args[1] == "reap" && os.Args[2] == "--" {
+		// A command's reaper (internal/envd/reaper_linux.go); no flags. It
+		// holds no secret and runs as the command's user, who may kill it
+		// anyway; left dumpable, CRIU can checkpoint it across pauses.
+		os.Exit(envd.RunReaper(os.Args[3:]))
+	}
+	// First: until this returns, sandbox root could ptrace every envd
+	// process (init, server, interpreter) and read its token. Off for now:
+	// with it, CRIU cannot dump a sandbox whose PTY survived one pause
+	// ("Can't open <pid>/ns/net on procfs: Permission denied"), so a second
+	// pause fails. Known gap, tracked in the boundaries issue.
+	if nonDumpable {
+		if err := envd.SetNonDumpable(); err != nil {
+			fmt.Fprintln(os.Stderr, "envd:", err)
+			os.Exit(1)
+		}
+	}
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "envd:", err)
 		os.Exit(1)

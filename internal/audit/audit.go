@@ -2,6 +2,12 @@
 // process start and end, file change through the API, egress decision and
 // limit hit of a sandbox, stored durably in the server's SQLite database and
 // delivered live to followers.
+//
+// The log is bounded and honest: each sandbox may add events of one kind at
+// a limited rate (limit.go), and what it sends beyond that is counted and
+// written as one "suppressed" event per kind and window instead of being
+// dropped silently; retention (retention.go) removes rows past an age, a
+// row count and a database size.
 package audit
 
 import (
@@ -9,7 +15,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
@@ -24,6 +32,7 @@ const (
 	KindEgress    = "egress"
 	KindLimit     = "limit"
 	KindSyscall   = "syscall" // a syscall the sandbox's seccomp policy refused
+	KindIngress   = "ingress" // traffic into a sandbox that bypasses the data plane's HTTP routing (port-forward tunnels)
 )
 
 // Decisions.
@@ -36,7 +45,7 @@ const (
 // ValidKind reports whether k is a known event kind.
 func ValidKind(k string) bool {
 	switch k {
-	case KindLifecycle, KindProcess, KindFile, KindEgress, KindLimit, KindSyscall:
+	case KindLifecycle, KindProcess, KindFile, KindEgress, KindLimit, KindSyscall, KindIngress:
 		return true
 	}
 	return false
@@ -68,12 +77,18 @@ type Query struct {
 
 // Log is the audit log of one server. Safe for concurrent use.
 type Log struct {
-	st      *store.Store
-	initErr error
-	log     *slog.Logger
+	st        *store.Store
+	initErr   error
+	log       *slog.Logger
+	limits    Limits
+	retention Retention
 
 	mu   sync.Mutex
 	subs map[string]map[*subscriber]bool // sandbox id ("" = all) → followers
+
+	lim     limiter       // per sandbox and kind rate limit (limit.go)
+	kick    chan struct{} // wakes retention early when many rows came in
+	appends atomic.Int64  // rows appended since retention last ran
 }
 
 type subscriber struct {
@@ -84,15 +99,50 @@ type subscriber struct {
 // some; the durable log still has them.
 const subBuffer = 256
 
-// New returns the audit log kept in st, creating its table if needed.
-func New(st *store.Store) *Log {
-	return &Log{
-		st: st, initErr: st.InitAudit(context.Background()), log: slog.Default().With("component", "audit"),
-		subs: map[string]map[*subscriber]bool{},
-	}
+// Option configures a Log.
+type Option func(*Log)
+
+// WithLimits sets the per-sandbox rate limit; unset fields take the
+// defaults (DefaultRate, DefaultBurst, DefaultWindow).
+func WithLimits(lim Limits) Option { return func(l *Log) { l.limits = lim } }
+
+// WithRetention sets what RunRetention and Prune remove; without it the log
+// keeps DefaultMaxAge, DefaultMaxRows and DefaultMaxBytes.
+func WithRetention(r Retention) Option { return func(l *Log) { l.retention = r } }
+
+// WithLogger sets where the log reports its own failures.
+func WithLogger(log *slog.Logger) Option {
+	return func(l *Log) { l.log = log.With("component", "audit") }
 }
 
+// New returns the audit log kept in st, creating its table if needed.
+func New(st *store.Store, opts ...Option) *Log {
+	l := &Log{
+		st: st, initErr: st.InitAudit(context.Background()), log: slog.Default().With("component", "audit"),
+		retention: Retention{MaxAge: DefaultMaxAge, MaxRows: DefaultMaxRows, MaxBytes: DefaultMaxBytes},
+		subs:      map[string]map[*subscriber]bool{},
+		kick:      make(chan struct{}, 1),
+	}
+	for _, o := range opts {
+		o(l)
+	}
+	l.limits = l.limits.withDefaults()
+	l.lim.buckets = map[bucketKey]*bucket{}
+	return l
+}
+
+// Size caps of one stored event: what a sandbox chooses (command lines,
+// paths, host names) cannot make a row large.
+const (
+	maxActionBytes = 64
+	maxReasonBytes = 1024
+	maxFieldsBytes = 8192
+)
+
 // Append stores e (setting Time if zero and Seq) and hands it to followers.
+// An event over its sandbox's rate limit is not stored but counted, and the
+// count is written as a "suppressed" event (see Limits); Append returns nil
+// for it.
 func (l *Log) Append(ctx context.Context, e Event) error {
 	if l.initErr != nil {
 		return l.initErr
@@ -107,6 +157,14 @@ func (l *Log) Append(ctx context.Context, e Event) error {
 	if e.Decision == "" {
 		e.Decision = Info
 	}
+	if !l.admit(e) {
+		return nil
+	}
+	return l.store(ctx, e)
+}
+
+// store writes e without asking the rate limiter.
+func (l *Log) store(ctx context.Context, e Event) error {
 	fields := "{}"
 	if len(e.Fields) > 0 {
 		b, err := json.Marshal(e.Fields)
@@ -115,6 +173,12 @@ func (l *Log) Append(ctx context.Context, e Event) error {
 		}
 		fields = string(b)
 	}
+	if len(fields) > maxFieldsBytes {
+		e.Fields = map[string]any{"truncated": true, "bytes": len(fields), "prefix": truncate(fields, maxFieldsBytes/2)}
+		b, _ := json.Marshal(e.Fields)
+		fields = string(b)
+	}
+	e.Action, e.Reason = truncate(e.Action, maxActionBytes), truncate(e.Reason, maxReasonBytes)
 	// An audit record must not be lost because the request that caused it
 	// was cancelled a moment later.
 	seq, err := l.st.AppendAudit(context.WithoutCancel(ctx), store.AuditRow{
@@ -125,8 +189,22 @@ func (l *Log) Append(ctx context.Context, e Event) error {
 		return err
 	}
 	e.Seq = seq
+	if l.appends.Add(1) >= l.retention.kickEvery() {
+		select {
+		case l.kick <- struct{}{}:
+		default:
+		}
+	}
 	l.publish(e)
 	return nil
+}
+
+// truncate cuts s to at most n bytes on a UTF-8 boundary, marking the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n-len("…")], "") + "…"
 }
 
 // Record appends e and logs (instead of returning) a failure: for callers

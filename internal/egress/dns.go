@@ -18,9 +18,11 @@ import (
 )
 
 // The resolver answers a sandbox only for names it may connect to: names
-// in allowOut, anything when its default is to allow, and otherwise names
-// whose addresses an allowOut range covers. Everything else gets NXDOMAIN
-// at once, so programs fail fast instead of waiting for timeouts.
+// in allowOut, or anything when its default is to allow. Every other name
+// gets NXDOMAIN at once, without a query upstream: a name is data, and a
+// sandbox without internet must not be able to send it anywhere (no DNS
+// tunnel through the host's resolvers). An allowOut address range opens
+// addresses, not names.
 
 func (s *Server) serveDNSUDP(pc net.PacketConn) {
 	buf := make([]byte, 4096)
@@ -32,10 +34,23 @@ func (s *Server) serveDNSUDP(pc net.PacketConn) {
 			}
 			continue
 		}
-		q := append([]byte(nil), buf[:n]...)
 		src, _ := netip.ParseAddrPort(from.String())
+		b := s.lookup(src.Addr().Unmap())
+		if b == nil {
+			continue
+		}
+		q := append([]byte(nil), buf[:n]...)
+		// Refusals over the sandbox's limits are answered here, without a
+		// goroutine: a flood costs this loop, not the server's memory.
+		if why := s.dnsLimited(b); why != "" {
+			if out := s.refuseQuery(b, q, why); out != nil {
+				_, _ = pc.WriteTo(out, from)
+			}
+			continue
+		}
 		go func() {
-			if out := s.query(context.Background(), src.Addr().Unmap(), q, "udp"); out != nil {
+			defer b.q.dnsBusy.Add(-1)
+			if out := s.query(context.Background(), b, q, "udp"); out != nil {
 				_, _ = pc.WriteTo(out, from)
 			}
 		}()
@@ -45,6 +60,11 @@ func (s *Server) serveDNSUDP(pc net.PacketConn) {
 func (s *Server) serveDNSTCP(c net.Conn) {
 	defer c.Close()
 	src, _ := netip.ParseAddrPort(c.RemoteAddr().String())
+	b := s.lookup(src.Addr().Unmap())
+	if b == nil || !acquire(&b.q.conns, s.cfg.Limits.Conns) {
+		return
+	}
+	defer b.q.conns.Add(-1)
 	for {
 		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
 		var l [2]byte
@@ -55,7 +75,13 @@ func (s *Server) serveDNSTCP(c net.Conn) {
 		if _, err := io.ReadFull(c, q); err != nil {
 			return
 		}
-		out := s.query(context.Background(), src.Addr().Unmap(), q, "tcp")
+		var out []byte
+		if why := s.dnsLimited(b); why != "" {
+			out = s.refuseQuery(b, q, why)
+		} else {
+			out = s.query(context.Background(), b, q, "tcp")
+			b.q.dnsBusy.Add(-1)
+		}
 		if out == nil {
 			return
 		}
@@ -66,11 +92,39 @@ func (s *Server) serveDNSTCP(c net.Conn) {
 	}
 }
 
-// query answers one DNS message from a sandbox; nil means no answer.
-func (s *Server) query(ctx context.Context, src netip.Addr, q []byte, transport string) []byte {
-	b := s.lookup(src)
-	if b == nil {
+// dnsLimited takes one of b's in-flight query slots, or says which limit
+// refuses the query.
+func (s *Server) dnsLimited(b *binding) string {
+	if !b.q.dns.allow() {
+		return fmt.Sprintf("limit: %.0f DNS queries per second per sandbox", s.cfg.Limits.DNSRate)
+	}
+	if !acquire(&b.q.dnsBusy, s.cfg.Limits.DNSInFlight) {
+		return fmt.Sprintf("limit: %d DNS queries in flight per sandbox", s.cfg.Limits.DNSInFlight)
+	}
+	return ""
+}
+
+// refuseQuery answers q with REFUSED and records why.
+func (s *Server) refuseQuery(b *binding, q []byte, why string) []byte {
+	var p dnsmessage.Parser
+	h, err := p.Start(q)
+	if err != nil {
 		return nil
+	}
+	qs, _ := p.AllQuestions()
+	name, typ := "", dnsmessage.Type(0)
+	if len(qs) > 0 {
+		name, typ = strings.TrimSuffix(strings.ToLower(qs[0].Name.String()), "."), qs[0].Type
+	}
+	s.recordDNS(context.Background(), b, name, typ, false, why)
+	return reply(h, qs, dnsmessage.RCodeRefused)
+}
+
+// query answers one DNS message from a sandbox; nil means no answer.
+func (s *Server) query(ctx context.Context, b *binding, q []byte, transport string) []byte {
+	// The newest policy: b may predate a policy change.
+	if cur := s.lookup(b.ip); cur != nil && cur.id == b.id {
+		b = cur
 	}
 	var p dnsmessage.Parser
 	h, err := p.Start(q)
@@ -83,22 +137,14 @@ func (s *Server) query(ctx context.Context, src netip.Addr, q []byte, transport 
 	}
 	name := strings.TrimSuffix(strings.ToLower(qs[0].Name.String()), ".")
 	pol := b.policy
-	_, named := pol.AllowsDomain(name)
-	// Neither allowed by name nor by default: only an answer whose address
-	// allowOut covers may go back.
-	filter := !named && !defaultAllows(pol)
-	if filter && len(pol.AllowOut) == 0 {
-		s.recordDNS(ctx, b, name, qs[0].Type, false, pol.DecideIP(netip.IPv4Unspecified()).Rule)
+	if _, named := pol.AllowsDomain(name); !named && !defaultAllows(pol) {
+		s.recordDNS(ctx, b, name, qs[0].Type, false, "not in allowOut: "+pol.DecideIP(netip.IPv4Unspecified()).Rule)
 		return reply(h, qs, dnsmessage.RCodeNameError)
 	}
 	out, err := s.forward(ctx, q, transport)
 	if err != nil {
 		s.log.Debug("dns upstream", "name", name, "err", err)
 		return reply(h, qs, dnsmessage.RCodeServerFailure)
-	}
-	if filter && !answerAllowed(pol, out) {
-		s.recordDNS(ctx, b, name, qs[0].Type, false, "no address of the name is in allowOut")
-		return reply(h, qs, dnsmessage.RCodeNameError)
 	}
 	return out
 }
@@ -115,37 +161,6 @@ func defaultAllows(p network.Policy) bool {
 		}
 	}
 	return true
-}
-
-// answerAllowed reports whether an upstream answer holds an address p
-// allows.
-func answerAllowed(p network.Policy, msg []byte) bool {
-	var ps dnsmessage.Parser
-	if _, err := ps.Start(msg); err != nil {
-		return false
-	}
-	if err := ps.SkipAllQuestions(); err != nil {
-		return false
-	}
-	for {
-		h, err := ps.AnswerHeader()
-		if err != nil {
-			return false
-		}
-		if h.Type != dnsmessage.TypeA {
-			if err := ps.SkipAnswer(); err != nil {
-				return false
-			}
-			continue
-		}
-		a, err := ps.AResource()
-		if err != nil {
-			return false
-		}
-		if p.DecideIP(netip.AddrFrom4(a.A)).Allow {
-			return true
-		}
-	}
 }
 
 func reply(h dnsmessage.Header, qs []dnsmessage.Question, rcode dnsmessage.RCode) []byte {
@@ -230,7 +245,7 @@ func (s *Server) recordDNS(ctx context.Context, b *binding, name string, t dnsme
 	if allow {
 		decision = audit.Allowed
 	}
-	s.enqueue(audit.Event{
+	s.emit(b, audit.Event{
 		Time: time.Now(), SandboxID: b.id, TeamID: b.policy.TeamID, APIKeyID: b.policy.APIKeyID,
 		Kind: audit.KindEgress, Action: "dns", Decision: decision, Reason: rule,
 		Fields: map[string]any{"host": name, "type": fmt.Sprint(t), "dst": "dns"},

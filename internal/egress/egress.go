@@ -19,11 +19,13 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/internal/audit"
@@ -58,6 +60,8 @@ type Config struct {
 	// PeekTimeout bounds the wait for a client's first bytes (TLS
 	// ClientHello, HTTP request line) on ports 80 and 443. Default 10 s.
 	PeekTimeout time.Duration
+	// Limits bound each sandbox's connections, queries and audit records.
+	Limits Limits
 }
 
 // Server is the egress proxy and DNS resolver.
@@ -68,6 +72,7 @@ type Server struct {
 	proxyLn net.Listener
 	dnsTCP  net.Listener
 	dnsUDP  net.PacketConn
+	nflog   *netlink.Conn
 
 	plainHTTP *connServer // port-80 connections, one request at a time
 	mitmHTTP  *connServer // terminated TLS for domains with header rules
@@ -77,6 +82,8 @@ type Server struct {
 
 	auditQ       chan audit.Event
 	auditDropped atomic.Uint64
+
+	stop chan struct{}
 
 	mu    sync.RWMutex
 	byIP  map[netip.Addr]*binding
@@ -90,10 +97,13 @@ type binding struct {
 	id     string
 	ip     netip.Addr
 	policy network.Policy
-	// transport carries the sandbox's proxied HTTP requests; one per
-	// sandbox so pooled connections (and the upstream proxy they went
-	// through) are never shared with another sandbox.
-	transport *http.Transport
+	q      *quota
+	// direct and named carry the sandbox's proxied HTTP requests; one
+	// pair per sandbox so pooled connections (and the upstream proxy they
+	// went through) are never shared with another sandbox. direct's
+	// connections are keyed by the address dialled; named's by a name the
+	// proxy resolved itself, the only ones that may carry credentials.
+	direct, named *http.Transport
 
 	caOnce sync.Once
 	ca     *authority
@@ -111,10 +121,23 @@ func New(cfg Config, log *slog.Logger) *Server {
 	if log == nil {
 		log = slog.Default()
 	}
+	cfg.Limits.setDefaults()
 	s := &Server{cfg: cfg, log: log.With("component", "egress"), byIP: map[netip.Addr]*binding{}, byID: map[string]*binding{},
-		auditQ: make(chan audit.Event, 8192)}
+		auditQ: make(chan audit.Event, 8192), stop: make(chan struct{})}
 	s.resolver = &net.Resolver{PreferGo: true, Dial: s.dialNameserver}
 	go s.auditWriter()
+	go func() {
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				s.flushAll()
+			case <-s.stop:
+				return
+			}
+		}
+	}()
 	return s
 }
 
@@ -157,14 +180,22 @@ func (s *Server) Start(ctx context.Context) (network.EgressPorts, error) {
 		return network.EgressPorts{}, fmt.Errorf("egress resolver listen: %w", err)
 	}
 	s.proxyLn, s.dnsTCP, s.dnsUDP = ln, tl, ul
+	var group uint16
+	if c, g, err := openNFLog(gw + "/" + s.cfg.Subnet.String()); err != nil {
+		s.log.Warn("no audit of traffic refused in the kernel or of UDP flows", "err", err)
+	} else {
+		s.nflog, group = c, g
+		s.wg.Add(1)
+		go func() { defer s.wg.Done(); s.watchNFLog(c) }()
+	}
 	s.plainHTTP = newConnServer(s.serveHTTP)
 	s.mitmHTTP = newConnServer(s.serveHTTP)
 	s.wg.Add(3)
 	go func() { defer s.wg.Done(); s.acceptLoop(ln, s.handle) }()
 	go func() { defer s.wg.Done(); s.acceptLoop(tl, s.serveDNSTCP) }()
 	go func() { defer s.wg.Done(); s.serveDNSUDP(ul) }()
-	ports := network.EgressPorts{Proxy: uint16(ln.Addr().(*net.TCPAddr).Port), DNS: uint16(tl.Addr().(*net.TCPAddr).Port)}
-	s.log.Info("egress proxy listening", "addr", gw, "proxy", ports.Proxy, "dns", ports.DNS, "nameservers", s.cfg.Nameservers)
+	ports := network.EgressPorts{Proxy: uint16(ln.Addr().(*net.TCPAddr).Port), DNS: uint16(tl.Addr().(*net.TCPAddr).Port), LogGroup: group}
+	s.log.Info("egress proxy listening", "addr", gw, "proxy", ports.Proxy, "dns", ports.DNS, "nflogGroup", group, "nameservers", s.cfg.Nameservers)
 	return ports, nil
 }
 
@@ -179,9 +210,17 @@ func (s *Server) Close() error {
 			errs = append(errs, c.Close())
 		}
 	}
+	if s.nflog != nil {
+		s.nflog.Close()
+	}
 	s.plainHTTP.close()
 	s.mitmHTTP.close()
 	s.wg.Wait()
+	select {
+	case <-s.stop:
+	default:
+		close(s.stop)
+	}
 	return errors.Join(errs...)
 }
 
@@ -210,10 +249,12 @@ func (s *Server) Bind(id string, ip netip.Addr, p network.Policy) error {
 		}
 	}
 	b := &binding{id: id, ip: ip, policy: p}
-	b.transport = s.newTransport(b)
+	b.direct, b.named = s.newTransports(b)
 	s.mu.Lock()
 	old := s.byID[id]
+	b.q = newQuota(s.cfg.Limits)
 	if old != nil {
+		b.q = old.q
 		// Keep the CA: the sandbox already trusts it.
 		b.ca, b.caErr = old.ca, old.caErr
 		if old.ca != nil || old.caErr != nil {
@@ -225,7 +266,7 @@ func (s *Server) Bind(id string, ip netip.Addr, p network.Policy) error {
 	s.byID[id] = b
 	s.mu.Unlock()
 	if old != nil {
-		old.transport.CloseIdleConnections()
+		old.closeIdle()
 	}
 	return nil
 }
@@ -242,8 +283,14 @@ func (s *Server) Unbind(id string) {
 	}
 	s.mu.Unlock()
 	if b != nil {
-		b.transport.CloseIdleConnections()
+		b.closeIdle()
+		s.flushSuppressed(b.q, audit.Event{SandboxID: b.id, TeamID: b.policy.TeamID, APIKeyID: b.policy.APIKeyID})
 	}
+}
+
+func (b *binding) closeIdle() {
+	b.direct.CloseIdleConnections()
+	b.named.CloseIdleConnections()
 }
 
 func (s *Server) lookup(ip netip.Addr) *binding {
@@ -273,22 +320,69 @@ func (s *Server) authority(b *binding) (*authority, error) {
 	return b.ca, b.caErr
 }
 
-func (s *Server) newTransport(b *binding) *http.Transport {
-	return &http.Transport{
-		Proxy: nil,
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			t, ok := ctx.Value(targetKey{}).(*target)
-			if !ok {
-				return nil, errors.New("egress: request without a target")
-			}
-			return s.dial(ctx, b, t.addr)
-		},
-		TLSClientConfig:     &tls.Config{RootCAs: s.cfg.RootCAs},
-		MaxIdleConnsPerHost: 16,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true,
-		ForceAttemptHTTP2:   false,
+func (s *Server) newTransports(b *binding) (direct, named *http.Transport) {
+	base := func(dial func(ctx context.Context, network, addr string) (net.Conn, error)) *http.Transport {
+		return &http.Transport{
+			Proxy:       nil,
+			DialContext: dial,
+			// Upstream certificates are verified against the host's roots
+			// (or RootCAs); nothing turns verification off.
+			TLSClientConfig:     &tls.Config{RootCAs: s.cfg.RootCAs, MinVersion: tls.VersionTLS12},
+			MaxIdleConnsPerHost: 16,
+			IdleConnTimeout:     90 * time.Second,
+			DisableCompression:  true,
+			ForceAttemptHTTP2:   false,
+		}
 	}
+	direct = base(func(ctx context.Context, _, addr string) (net.Conn, error) {
+		a, err := netip.ParseAddrPort(addr)
+		if err != nil {
+			return nil, fmt.Errorf("egress: direct dial of %q, not an address", addr)
+		}
+		return s.dial(ctx, b, a)
+	})
+	named = base(func(ctx context.Context, _, addr string) (net.Conn, error) {
+		host, p, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, err
+		}
+		// The address serveHTTP resolved for this very name, or a fresh
+		// resolution: never one the sandbox chose.
+		if t, ok := ctx.Value(targetKey{}).(*target); ok && t.name == host {
+			return s.dial(ctx, b, t.addr)
+		}
+		port, _ := strconv.Atoi(p)
+		t, v, err := s.ruleTarget(ctx, b, host, uint16(port))
+		if err != nil {
+			return nil, err
+		}
+		if !v.Allow {
+			return nil, fmt.Errorf("%s is not allowed for this sandbox: %s", host, v.Rule)
+		}
+		return s.dial(ctx, b, t)
+	})
+	return direct, named
+}
+
+// ruleTarget resolves name and picks the address to send its credentials
+// to, with the policy's verdict on it. A name with any address the
+// platform closes (private, host, metadata) is refused outright: its
+// credentials must not go near those networks.
+func (s *Server) ruleTarget(ctx context.Context, b *binding, name string, port uint16) (netip.AddrPort, network.Verdict, error) {
+	addrs, err := s.resolve(ctx, name)
+	if err != nil {
+		return netip.AddrPort{}, network.Verdict{}, err
+	}
+	for _, a := range addrs {
+		if why := s.platformDenied(a); why != "" {
+			return netip.AddrPort{}, network.Verdict{}, fmt.Errorf("%s resolves to %s (%s); refused", name, a, why)
+		}
+	}
+	if len(addrs) == 0 {
+		return netip.AddrPort{}, network.Verdict{}, fmt.Errorf("%s has no IPv4 address", name)
+	}
+	v, _ := b.policy.DecideName(name, addrs[0])
+	return netip.AddrPortFrom(addrs[0], port), v, nil
 }
 
 // platformDenied says why dst is never reachable from a sandbox, or "".

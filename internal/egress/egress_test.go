@@ -13,9 +13,9 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -258,18 +258,14 @@ func TestEgressPolicy(t *testing.T) {
 		wantBlocked(t, "by address", r, err, took)
 		r, _, err, took = try("https://198.18.2.10/")
 		wantBlocked(t, "https by address", r, err, took)
-		if conn, err := e.dial(ctx, "198.18.2.10:7"); err == nil {
-			// The proxy accepts, then resets at once.
-			conn.SetReadDeadline(time.Now().Add(2 * time.Second))
-			if _, err := conn.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
-				t.Errorf("denied TCP: read %v, want a reset", err)
+		// Refused at the SYN: connect() fails, no socket opens and resets.
+		if conn, err := e.dial(ctx, "198.18.2.10:7"); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("denied TCP: connect %v, want ECONNREFUSED", err)
+			if conn != nil {
+				conn.Close()
 			}
-			conn.Close()
 		}
 		evs := e.events(t)
-		if ev := findEvent(evs, audit.Denied, "198.18.2.10:80"); ev == nil || !strings.Contains(ev.Reason, "internet access denied") {
-			t.Errorf("audit for the denied request: %+v", ev)
-		}
 		if ev := findEvent(evs, audit.Denied, "allowed.test"); ev == nil || ev.Action != "dns" {
 			t.Errorf("audit for the denied lookup: %+v", ev)
 		}
@@ -294,20 +290,32 @@ func TestEgressPolicy(t *testing.T) {
 		if echo.Local != "198.18.2.10:80" {
 			t.Errorf("forged Host reached %s, want allowed.test's 198.18.2.10:80", echo.Local)
 		}
-		r, _, err, took = try("http://198.18.2.12/", "Host", "other.test")
-		wantBlocked(t, "denied Host by address", r, err, took)
-		if err == nil {
-			t.Errorf("denied Host: %s, want a reset", r.Status)
+		// A denied Host gets the proxy's 403 saying why.
+		req, _ := http.NewRequest(http.MethodGet, "http://198.18.2.12/", nil)
+		req.Host = "other.test"
+		if r, err := c.Do(req); err != nil {
+			t.Errorf("denied Host: %v, want the proxy's 403", err)
+		} else {
+			b, _ := io.ReadAll(r.Body)
+			r.Body.Close()
+			if r.StatusCode != http.StatusForbidden || !strings.Contains(string(b), "denyOut ALL_TRAFFIC") {
+				t.Errorf("denied Host: %s %q, want 403 naming the rule", r.Status, b)
+			}
 		}
-		// SNI-based deny of HTTPS, without terminating TLS.
+		// SNI-based deny of HTTPS, without terminating TLS: an
+		// access_denied alert.
 		conn, err := e.dial(ctx, "198.18.2.12:443")
 		if err == nil {
 			tc := tls.Client(conn, &tls.Config{ServerName: "other.test", RootCAs: e.fake.CAPool})
 			err = tc.Handshake()
 			tc.Close()
 		}
-		if err == nil {
-			t.Error("TLS to other.test by address: handshake succeeded, want reset")
+		if err == nil || !strings.Contains(err.Error(), "access denied") {
+			t.Errorf("TLS to other.test by address: %v, want an access_denied alert", err)
+		}
+		// Other ports need no name: refused at the SYN.
+		if _, err := e.dial(ctx, "198.18.2.12:7"); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("port 7 with domain rules: %v, want ECONNREFUSED", err)
 		}
 		evs := e.events(t)
 		if ev := findEvent(evs, audit.Denied, "other.test"); ev == nil || ev.Reason != "denyOut ALL_TRAFFIC" {
@@ -320,9 +328,13 @@ func TestEgressPolicy(t *testing.T) {
 
 	t.Run("allow by CIDR, deny wins over the default", func(t *testing.T) {
 		set(t, network.Policy{AllowOut: []netip.Prefix{netip.MustParsePrefix("198.18.2.12/32")}, DenyOut: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0")}})
-		r, _, err, _ := try("http://other.test/")
-		wantOK(t, "CIDR by name", r, err)
-		r, _, err, took := try("http://198.18.2.10/")
+		r, _, err, _ := try("http://198.18.2.12/")
+		wantOK(t, "CIDR by address", r, err)
+		// An address range opens addresses, not names: with the internet
+		// off the resolver answers only names in allowOut.
+		r, _, err, took := try("http://other.test/")
+		wantBlocked(t, "name resolving into the CIDR", r, err, took)
+		r, _, err, took = try("http://198.18.2.10/")
 		wantBlocked(t, "outside the CIDR", r, err, took)
 		r, _, err, took = try("http://allowed.test/")
 		wantBlocked(t, "name outside the CIDR", r, err, took)
@@ -387,10 +399,18 @@ func TestEgressPolicy(t *testing.T) {
 		if err == nil && !strings.HasPrefix(r.TLS.PeerCertificates[0].Issuer.CommonName, "agentbox egress CA") {
 			t.Errorf("not terminated by the sandbox CA: issuer %q", r.TLS.PeerCertificates[0].Issuer.CommonName)
 		}
+		// Plain HTTP carries no credentials unless the rule opts in.
 		r, echo, err = e.get(t, c, "http://api.allowed.test/v1")
 		wantOK(t, "http with rules", r, err)
+		if got := echo.Headers["Authorization"]; len(got) != 0 {
+			t.Errorf("upstream saw Authorization %q over plain HTTP without allowPlainHTTP", got)
+		}
+		set(t, network.Policy{AllowInternet: true, Rules: []network.DomainRules{{Pattern: "api.allowed.test",
+			Transforms: []network.HeaderTransform{{Headers: map[string]string{"Authorization": "Bearer " + secret}, AllowPlainHTTP: true}}}}})
+		r, echo, err = e.get(t, c, "http://api.allowed.test/v1")
+		wantOK(t, "http with allowPlainHTTP", r, err)
 		if got := strings.Join(echo.Headers["Authorization"], ","); got != testutil.HashSecret("Bearer "+secret) {
-			t.Errorf("upstream saw Authorization %q over HTTP", got)
+			t.Errorf("upstream saw Authorization %q over HTTP with allowPlainHTTP", got)
 		}
 		r, echo, err = e.get(t, c, "https://allowed.test/")
 		wantOK(t, "https without rules", r, err)

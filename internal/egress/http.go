@@ -2,7 +2,6 @@ package egress
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -12,18 +11,18 @@ import (
 	"net/http/httputil"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
 
 // connInfo is what the proxy knows about a connection it serves as HTTP.
 type connInfo struct {
-	b      *binding
-	dst    netip.AddrPort
-	tls    bool
-	sni    string
-	target netip.AddrPort // for TLS: where the ClientHello's name was sent
-	start  time.Time
+	b     *binding
+	dst   netip.AddrPort
+	tls   bool
+	sni   string
+	start time.Time
 
 	mu       sync.Mutex
 	lastHost string
@@ -34,12 +33,25 @@ type infoKey struct{}
 
 type targetKey struct{}
 
-type target struct{ addr netip.AddrPort }
+// target is where the proxy decided to send a request: addr, chosen for
+// name.
+type target struct {
+	name string
+	addr netip.AddrPort
+}
 
-// infoConn carries connInfo from the accept path into the HTTP server.
+// infoConn carries connInfo from the accept path into the HTTP server,
+// and tells serve when the server is done with the connection.
 type infoConn struct {
 	net.Conn
-	info *connInfo
+	info   *connInfo
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (c *infoConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return c.Conn.Close()
 }
 
 // connServer is an http.Server fed connections one by one instead of
@@ -67,12 +79,17 @@ func newConnServer(h http.HandlerFunc) *connServer {
 	return &connServer{srv: srv, ln: ln}
 }
 
+// serve hands c to the HTTP server and returns when the server has closed
+// it, so the caller's connection slot is held for as long as c is open.
 func (cs *connServer) serve(c net.Conn, info *connInfo) {
+	ic := &infoConn{Conn: c, info: info, closed: make(chan struct{})}
 	select {
-	case cs.ln.ch <- &infoConn{Conn: c, info: info}:
+	case cs.ln.ch <- ic:
 	case <-cs.ln.done:
 		c.Close()
+		return
 	}
+	<-ic.closed
 }
 
 func (cs *connServer) close() {
@@ -156,6 +173,11 @@ func deny(w http.ResponseWriter, status int, msg string) {
 
 // serveHTTP handles one request from a sandbox: plain HTTP on port 80, or
 // HTTPS the proxy terminated for a domain with header rules.
+//
+// Header rules put credentials only into requests whose destination the
+// proxy chose: it resolves the request's name itself and connects there
+// (never to the address the sandbox dialled), over TLS verified against
+// the host's roots, or plain HTTP when the rule says allowPlainHTTP.
 func (s *Server) serveHTTP(rw http.ResponseWriter, r *http.Request) {
 	info := r.Context().Value(infoKey{}).(*connInfo)
 	ctx := r.Context()
@@ -166,7 +188,7 @@ func (s *Server) serveHTTP(rw http.ResponseWriter, r *http.Request) {
 		deny(rw, http.StatusBadGateway, "agentbox egress: the sandbox is gone")
 		return
 	}
-	host := hostname(r.Host)
+	host := canonicalName(hostname(r.Host))
 	e := &connEvent{start: time.Now(), b: b, dst: info.dst, name: host, proto: "http"}
 	if info.tls {
 		e.proto = "https"
@@ -179,34 +201,63 @@ func (s *Server) serveHTTP(rw http.ResponseWriter, r *http.Request) {
 	fields := map[string]any{"method": r.Method, "path": r.URL.Path}
 	defer func() {
 		e.sent, e.received = body.n, w.n
-		if _, reset := fields["status"]; !reset {
-			fields["status"] = w.status
-		}
+		fields["status"] = w.status
 		s.record(ctx, e, "request", fields)
 	}()
+	if r.Method == http.MethodConnect {
+		// A CONNECT tunnel would carry bytes the proxy cannot see to a
+		// destination the sandbox names.
+		e.rule = "CONNECT is not proxied"
+		deny(w, http.StatusMethodNotAllowed, "agentbox egress: CONNECT is not proxied; connect to the destination directly")
+		return
+	}
 	if info.tls && host != info.sni {
 		e.rule = "Host header " + strconv.Quote(host) + " differs from the TLS server name " + strconv.Quote(info.sni)
 		deny(w, http.StatusMisdirectedRequest, "agentbox egress: "+e.rule)
 		return
 	}
-	v, byName := b.policy.DecideName(host, info.dst.Addr())
-	e.allow, e.rule = v.Allow, v.Rule
-	if !v.Allow {
-		// Refuse like every other denied connection (a reset, not an HTTP
-		// answer a client could take for the server's).
-		fields["status"] = "reset"
-		if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
-			hardClose(c)
+	port := info.dst.Port()
+	inject := b.policy.InjectFor(host, info.tls)
+	if !info.tls && len(inject) == 0 && len(b.policy.RulesFor(host)) > 0 {
+		fields["notInjected"] = "plain HTTP; the rule does not set allowPlainHTTP"
+	}
+	var (
+		addr    netip.AddrPort
+		tr      *http.Transport
+		urlHost string
+	)
+	if info.tls || len(inject) > 0 {
+		t, v, err := s.ruleTarget(ctx, b, host, port)
+		if err != nil {
+			e.err = err.Error()
+			e.rule = "credentials are sent only where the rule's domain resolves"
+			deny(w, http.StatusBadGateway, "agentbox egress: "+err.Error())
 			return
 		}
-		deny(w, http.StatusForbidden, fmt.Sprintf("agentbox egress: %s is not allowed for this sandbox (%s)", host, v.Rule))
-		return
-	}
-	addr, err := s.requestTarget(ctx, info, e, byName)
-	if err != nil {
-		e.allow, e.err = false, err.Error()
-		deny(w, http.StatusBadGateway, "agentbox egress: "+err.Error())
-		return
+		e.allow, e.rule = v.Allow, v.Rule
+		if !v.Allow {
+			deny(w, http.StatusForbidden, fmt.Sprintf("agentbox egress: %s (%s) is not allowed for this sandbox: %s", host, t.Addr(), v.Rule))
+			return
+		}
+		// The transport's connections are keyed by this name and dialled
+		// only to where the proxy resolved it.
+		addr, tr, urlHost = t, b.named, net.JoinHostPort(host, strconv.Itoa(int(port)))
+	} else {
+		v, byName := b.policy.DecideName(host, info.dst.Addr())
+		e.allow, e.rule = v.Allow, v.Rule
+		if !v.Allow {
+			deny(w, http.StatusForbidden, fmt.Sprintf("agentbox egress: %s (%s) is not allowed for this sandbox: %s", host, info.dst, v.Rule))
+			return
+		}
+		t, err := s.requestTarget(ctx, info, e, byName)
+		if err != nil {
+			e.allow, e.err = false, err.Error()
+			deny(w, http.StatusBadGateway, "agentbox egress: "+err.Error())
+			return
+		}
+		// Keyed by the address dialled: a pooled connection never serves
+		// a request meant for another destination.
+		addr, tr, urlHost = t, b.direct, t.String()
 	}
 	if addr != info.dst {
 		e.upstream = addr.String()
@@ -214,9 +265,8 @@ func (s *Server) serveHTTP(rw http.ResponseWriter, r *http.Request) {
 	if up := b.policy.Upstream; up != nil {
 		e.upstream = up.Scheme + "://" + up.Address + " → " + addr.String()
 	}
-	transforms := b.policy.RulesFor(host)
-	if len(transforms) > 0 {
-		fields["injected"] = len(transforms)
+	if len(inject) > 0 {
+		fields["injected"] = len(inject)
 	}
 	scheme := "http"
 	if info.tls {
@@ -225,15 +275,15 @@ func (s *Server) serveHTTP(rw http.ResponseWriter, r *http.Request) {
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = scheme
-			pr.Out.URL.Host = net.JoinHostPort(host, strconv.Itoa(int(info.dst.Port())))
+			pr.Out.URL.Host = urlHost
 			pr.Out.Host = pr.In.Host
-			for _, t := range transforms {
+			for _, t := range inject {
 				for k, v := range t.Headers {
 					pr.Out.Header.Set(k, v)
 				}
 			}
 		},
-		Transport:     b.transport,
+		Transport:     tr,
 		FlushInterval: -1,
 		ErrorLog:      log.New(io.Discard, "", 0),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -244,17 +294,18 @@ func (s *Server) serveHTTP(rw http.ResponseWriter, r *http.Request) {
 			deny(w, http.StatusBadGateway, "agentbox egress: "+err.Error())
 		},
 	}
-	rp.ServeHTTP(w, r.WithContext(context.WithValue(ctx, targetKey{}, &target{addr: addr})))
+	rp.ServeHTTP(w, r.WithContext(context.WithValue(ctx, targetKey{}, &target{name: host, addr: addr})))
 }
+
+// canonicalName is the form names are matched in: lower case, no
+// trailing dot.
+func canonicalName(h string) string { return strings.TrimSuffix(strings.ToLower(h), ".") }
 
 // requestTarget is target() with a one-entry cache per connection: a
 // keep-alive connection usually repeats its Host.
 func (s *Server) requestTarget(ctx context.Context, info *connInfo, e *connEvent, byName bool) (netip.AddrPort, error) {
 	if !byName {
 		return info.dst, nil
-	}
-	if info.tls && info.target.IsValid() {
-		return info.target, nil
 	}
 	info.mu.Lock()
 	if info.lastHost == e.name {
@@ -271,25 +322,4 @@ func (s *Server) requestTarget(ctx context.Context, info *connInfo, e *connEvent
 	info.lastHost, info.lastAddr = e.name, a
 	info.mu.Unlock()
 	return a, nil
-}
-
-// hardClose resets the sandbox's TCP connection under c.
-func hardClose(c net.Conn) {
-	for {
-		switch v := c.(type) {
-		case *infoConn:
-			c = v.Conn
-		case *tls.Conn:
-			c = v.NetConn()
-		case *replayConn:
-			reset(v.TCPConn)
-			return
-		case *net.TCPConn:
-			reset(v)
-			return
-		default:
-			c.Close()
-			return
-		}
-	}
 }

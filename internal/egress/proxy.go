@@ -17,7 +17,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/internal/audit"
-	"github.com/agentbox/agentbox/internal/network"
 )
 
 // connEvent accumulates one audit record.
@@ -59,17 +58,24 @@ func (s *Server) record(ctx context.Context, e *connEvent, action string, extra 
 	if e.allow {
 		decision = audit.Allowed
 	}
-	s.enqueue(audit.Event{
+	s.emit(e.b, audit.Event{
 		Time: e.start, SandboxID: e.b.id, TeamID: e.b.policy.TeamID, APIKeyID: e.b.policy.APIKeyID,
 		Kind: audit.KindEgress, Action: action, Decision: decision, Reason: e.rule, Fields: fields,
 	})
 }
 
-// enqueue hands an event to the audit writer without waiting for the
+// emit queues ev of sandbox b for the audit log, within b's audit rate.
+func (s *Server) emit(b *binding, ev audit.Event) {
+	if s.admit(b.q, ev) {
+		s.push(ev)
+	}
+}
+
+// push hands an event to the audit writer without waiting for the
 // database: the record of a request must not delay its response. When the
 // writer falls behind by more than the queue, events are counted and
 // dropped rather than stalling sandbox traffic.
-func (s *Server) enqueue(ev audit.Event) {
+func (s *Server) push(ev audit.Event) {
 	select {
 	case s.auditQ <- ev:
 	default:
@@ -141,6 +147,13 @@ func (s *Server) handle(nc net.Conn) {
 		return
 	}
 	e := &connEvent{start: time.Now(), b: b, dst: dst, proto: "tcp"}
+	if !acquire(&b.q.conns, s.cfg.Limits.Conns) {
+		e.rule = fmt.Sprintf("limit: %d concurrent connections per sandbox", s.cfg.Limits.Conns)
+		reset(c)
+		s.record(ctx, e, "connect", nil)
+		return
+	}
+	defer b.q.conns.Add(-1)
 	if why := s.platformDenied(dst.Addr()); why != "" {
 		e.rule = why
 		reset(c)
@@ -263,27 +276,51 @@ func (s *Server) handlePort443(ctx context.Context, c *net.TCPConn, e *connEvent
 		s.splice(ctx, c, head, e, e.dst)
 		return
 	}
+	sni = canonicalName(sni)
 	e.proto, e.name = "tls", sni
+	if sni != "" && len(pol.RulesFor(sni)) > 0 {
+		// Credentials for sni: the proxy ends this TLS session and sends
+		// each request to where sni resolves, whatever address the
+		// sandbox dialled.
+		t, v, err := s.ruleTarget(ctx, e.b, sni, e.dst.Port())
+		if err != nil {
+			e.err = err.Error()
+		} else {
+			e.allow, e.rule, e.upstream = v.Allow, v.Rule, t.String()
+		}
+		if !e.allow {
+			refuseTLS(c)
+			s.record(ctx, e, "connect", nil)
+			return
+		}
+		s.terminate(ctx, c, head, e)
+		return
+	}
 	v, byName := pol.DecideName(sni, e.dst.Addr())
 	e.allow, e.rule = v.Allow, v.Rule
 	if !v.Allow {
-		reset(c)
+		refuseTLS(c)
 		s.record(ctx, e, "connect", nil)
 		return
 	}
 	target, err := s.target(ctx, e, byName)
 	if err != nil {
 		e.allow, e.err = false, err.Error()
-		reset(c)
+		refuseTLS(c)
 		s.record(ctx, e, "connect", nil)
-		return
-	}
-	if sni != "" && len(pol.RulesFor(sni)) > 0 {
-		s.terminate(ctx, c, head, e, target)
 		return
 	}
 	// No rules for this name: the TLS session passes through untouched.
 	s.splice(ctx, c, head, e, target)
+}
+
+// refuseTLS answers a ClientHello with a fatal access_denied alert and
+// closes: the client reports a refusal, not a network error.
+func refuseTLS(c *net.TCPConn) {
+	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = c.Write([]byte{21, 3, 3, 0, 2, 2, 49}) // alert record: fatal, access_denied
+	_ = c.CloseWrite()
+	c.Close()
 }
 
 // target picks the address to dial for an allowed connection. When only the
@@ -329,7 +366,7 @@ func (s *Server) resolve(ctx context.Context, name string) ([]netip.Addr, error)
 
 // terminate ends the sandbox's TLS session with a certificate from its own
 // CA and serves the requests inside it, with the header rules applied.
-func (s *Server) terminate(ctx context.Context, c *net.TCPConn, head []byte, e *connEvent, target netip.AddrPort) {
+func (s *Server) terminate(ctx context.Context, c *net.TCPConn, head []byte, e *connEvent) {
 	a, err := s.authority(e.b)
 	if err != nil {
 		e.allow, e.err = false, err.Error()
@@ -342,7 +379,7 @@ func (s *Server) terminate(ctx context.Context, c *net.TCPConn, head []byte, e *
 		GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return a.leaf(e.name) },
 		NextProtos:     []string{"http/1.1"},
 	})
-	s.mitmHTTP.serve(tc, &connInfo{b: e.b, dst: e.dst, sni: e.name, target: target, tls: true, start: e.start})
+	s.mitmHTTP.serve(tc, &connInfo{b: e.b, dst: e.dst, sni: e.name, tls: true, start: e.start})
 }
 
 // handlePort80 serves plain HTTP request by request, so every request's
@@ -380,6 +417,3 @@ func looksLikeHTTP(b []byte) bool {
 	}
 	return true
 }
-
-// policyOf is a shorthand used by the HTTP path.
-func policyOf(b *binding) network.Policy { return b.policy }

@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/agentbox/agentbox/api/gen/filesystem/filesystemconnect"
 	"github.com/agentbox/agentbox/api/gen/process/processconnect"
+	"github.com/agentbox/agentbox/internal/envdclient"
 	"github.com/agentbox/agentbox/internal/errdefs"
 )
 
@@ -44,6 +46,15 @@ type Options struct {
 	// StartLogDir receives start.log, the template start command's output;
 	// empty means /.agentbox/log.
 	StartLogDir string
+	// LocalInit accepts POST /init from this machine's own addresses.
+	// Inside a sandbox those are the sandbox's code, so envd refuses them
+	// by default: only the agentbox server, which reaches envd over the
+	// sandbox's network link, configures it. For tests.
+	LocalInit bool
+	// Reaper is the envd binary that runs each command under "envd reap"
+	// (reaper_linux.go) [this executable]; "-" runs commands directly,
+	// without whole-tree kills.
+	Reaper string
 }
 
 // Server holds envd's state: the /init configuration and the running
@@ -66,6 +77,8 @@ type Server struct {
 
 	startOnce   sync.Once // the template start command runs once per sandbox
 	startLogDir string
+	localInit   bool
+	reaper      string // envd binary for "envd reap"; "" = none
 }
 
 // NewServer returns a Server with no /init configuration: no token, user root.
@@ -89,6 +102,15 @@ func NewServer(opts Options) *Server {
 		s.users.group = opts.GroupFile
 	}
 	s.startLogDir = opts.StartLogDir
+	s.localInit = opts.LocalInit
+	switch s.reaper = opts.Reaper; s.reaper {
+	case "-":
+		s.reaper = ""
+	case "":
+		if exe, err := os.Executable(); err == nil {
+			s.reaper = exe
+		}
+	}
 	if s.startLogDir == "" {
 		s.startLogDir = StartLogDir
 	}
@@ -107,27 +129,18 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	mux.HandleFunc("POST /init", s.handleInit)
 	mux.HandleFunc("GET /envs", s.handleEnvs)
+	// The code interpreter asks here whether a request's token is this
+	// sandbox's (the middleware has judged it by then).
+	mux.HandleFunc("GET /auth", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	mux.HandleFunc("GET /metrics", s.handleMetrics)
 	mux.HandleFunc("GET /files", s.handleDownload)
 	mux.HandleFunc("POST /files", s.handleUpload)
 	return s.authMiddleware(mux)
 }
 
-// initRequest is the body of POST /init; unknown fields are ignored.
-type initRequest struct {
-	EnvVars        map[string]string `json:"envVars"`
-	AccessToken    *string           `json:"accessToken"`
-	DefaultUser    string            `json:"defaultUser"`
-	DefaultWorkdir string            `json:"defaultWorkdir"`
-	// StartCmd is the template's start command (agentbox extension).
-	StartCmd string `json:"startCmd"`
-	// MaxCommandSeconds caps the lifetime of every process started
-	// afterwards (agentbox extension); 0 keeps the current cap.
-	MaxCommandSeconds int64 `json:"maxCommandSeconds"`
-}
-
 func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
-	var req initRequest
+	// One definition with the manager that sends it.
+	var req envdclient.Init
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil && !errors.Is(err, io.EOF) {
 		writeJSONError(w, http.StatusBadRequest, fmt.Sprintf("invalid init body: %v", err))
 		return
@@ -189,9 +202,17 @@ func (s *Server) defaults() (user, workdir string) {
 }
 
 // authMiddleware enforces the access token on everything but /health, /init
-// (which checks it itself) and /files (which also accepts signatures).
+// (which checks it itself) and /files (which also accepts signatures), and
+// keeps /init for the server: from inside the sandbox (loopback or one of
+// the sandbox's own addresses) it is refused, so sandbox code cannot lift
+// its command lifetime cap, set the token of a sandbox created without
+// one, or change the environment of later commands.
 func (s *Server) authMiddleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/init" && !s.localInit && fromThisHost(r.RemoteAddr) {
+			writeJSONError(w, http.StatusForbidden, "POST /init configures envd for the agentbox server only; it is refused from inside the sandbox")
+			return
+		}
 		exempt := (r.Method == http.MethodGet && r.URL.Path == "/health") ||
 			(r.Method == http.MethodPost && r.URL.Path == "/init") ||
 			((r.Method == http.MethodGet || r.Method == http.MethodPost) && r.URL.Path == "/files")
@@ -203,6 +224,33 @@ func (s *Server) authMiddleware(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// fromThisHost reports whether a peer address is loopback or one of this
+// network namespace's own addresses, i.e. a process on this side of the
+// sandbox's link. Unknown answers count as local (refused).
+func fromThisHost(remote string) bool {
+	host, _, err := net.SplitHostPort(remote)
+	if err != nil {
+		return true
+	}
+	ip := net.ParseIP(host)
+	if ip == nil {
+		return true
+	}
+	if ip.IsLoopback() || ip.IsUnspecified() {
+		return true
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return true
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip) {
+			return true
+		}
+	}
+	return false
 }
 
 func tokenEqual(got, want string) bool {

@@ -266,7 +266,7 @@ func TestFilesUserPermissions(t *testing.T) {
 		code               int
 	}{
 		{"nobody reads root-only file", "GET", "/files?username=nobody&path=" + secret + "/f", 403},
-		{"tester reads /root", "GET", "/files?path=/root/.bashrc", 403},
+		{"tester reads root's home", "GET", "/files?path=" + e.rootHome + "/.bashrc", 403},
 		{"tester writes /etc", "POST", "/files?path=/etc/envd-test-should-not-exist", 403},
 		{"nobody writes into root-only dir", "POST", "/files?username=nobody&path=" + secret + "/g", 403},
 		{"traversal to /etc", "POST", "/files?path=../../../../../../../../etc/envd-test-should-not-exist", 403},

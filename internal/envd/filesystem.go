@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"connectrpc.com/connect"
@@ -180,6 +181,10 @@ func (s *Server) walk(ctx context.Context, shown, dir string, depth int, out *[]
 }
 
 func (fsvc *filesystemService) Remove(ctx context.Context, req *connect.Request[filesystem.RemoveRequest]) (*connect.Response[filesystem.RemoveResponse], error) {
+	// An empty path resolves to the user's home: never remove it by omission.
+	if strings.TrimSpace(req.Msg.GetPath()) == "" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("path: empty; name the file or directory to remove"))
+	}
 	u, path, err := fsvc.resolve(req.Header(), req.Msg.GetPath())
 	if err != nil {
 		return nil, err

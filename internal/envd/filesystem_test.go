@@ -119,8 +119,8 @@ func TestFilesystemPermissions(t *testing.T) {
 			_, err := c.Stat(ctx, connect.NewRequest(&filesystem.StatRequest{Path: secret + "/f"}))
 			return err
 		}, connect.CodePermissionDenied},
-		{"list /root", func() error {
-			_, err := c.ListDir(ctx, connect.NewRequest(&filesystem.ListDirRequest{Path: "/root"}))
+		{"list root's home", func() error {
+			_, err := c.ListDir(ctx, connect.NewRequest(&filesystem.ListDirRequest{Path: e.rootHome}))
 			return err
 		}, connect.CodePermissionDenied},
 		{"mkdir in /etc", func() error {
@@ -135,8 +135,8 @@ func TestFilesystemPermissions(t *testing.T) {
 			_, err := c.Stat(ctx, connect.NewRequest(&filesystem.StatRequest{Path: "a\x00b"}))
 			return err
 		}, connect.CodeInvalidArgument},
-		{"traversal from home into /root", func() error {
-			_, err := c.ListDir(ctx, connect.NewRequest(&filesystem.ListDirRequest{Path: "../../../../../../root"}))
+		{"traversal from home into root's home", func() error {
+			_, err := c.ListDir(ctx, connect.NewRequest(&filesystem.ListDirRequest{Path: "../../roothome"}))
 			return err
 		}, connect.CodePermissionDenied},
 	}

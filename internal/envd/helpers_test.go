@@ -33,7 +33,11 @@ type testEnv struct {
 	srv  *Server
 	url  string
 	home string
-	root string // scratch dir, world-traversable
+	// rootHome is root's home in the test's user database: root-only
+	// (0700) like a host's /root, but the test's own, so no test depends
+	// on the state of the host's /root.
+	rootHome string
+	root     string // scratch dir, world-traversable
 }
 
 func newTestEnv(t *testing.T, token string) *testEnv {
@@ -51,14 +55,19 @@ func newTestEnv(t *testing.T, token string) *testEnv {
 	if err := os.Chown(home, testUID, testUID); err != nil {
 		t.Fatal(err)
 	}
+	rootHome := filepath.Join(root, "roothome")
+	if err := os.Mkdir(rootHome, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(rootHome, ".bashrc"), "# root's\n")
 	passwd := filepath.Join(root, "passwd")
 	group := filepath.Join(root, "group")
-	writeFile(t, passwd, fmt.Sprintf("root:x:0:0:root:/root:/bin/bash\ntester:x:%d:%d::%s:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n", testUID, testUID, home))
+	writeFile(t, passwd, fmt.Sprintf("root:x:0:0:root:%s:/bin/bash\ntester:x:%d:%d::%s:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n", rootHome, testUID, testUID, home))
 	writeFile(t, group, fmt.Sprintf("root:x:0:\ntester:x:%d:\nextra:x:23456:tester\nnogroup:x:65534:\n", testUID))
-	srv := NewServer(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), PasswdFile: passwd, GroupFile: group, StartLogDir: filepath.Join(root, "log")})
+	srv := NewServer(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), PasswdFile: passwd, GroupFile: group, StartLogDir: filepath.Join(root, "log"), LocalInit: true, Reaper: testReaper})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(func() { ts.Close(); srv.Close() })
-	e := &testEnv{t: t, srv: srv, url: ts.URL, home: home, root: root}
+	e := &testEnv{t: t, srv: srv, url: ts.URL, home: home, rootHome: rootHome, root: root}
 	body := map[string]any{"envVars": map[string]string{"SANDBOX_VAR": "sv"}, "defaultUser": "tester", "defaultWorkdir": home}
 	if token != "" {
 		body["accessToken"] = token

@@ -1,6 +1,7 @@
 package envd
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -182,6 +184,10 @@ func (s *Server) startProcess(ctx context.Context, u *User, req *process.StartRe
 	life, cancel, capped := s.processLifetime(ctx)
 
 	cmd := exec.Command(cfg.GetCmd(), cfg.GetArgs()...)
+	if cmd.Err != nil {
+		cancel()
+		return nil, nil, startError(cfg.GetCmd(), cmd.Err)
+	}
 	cmd.Dir = cwd
 	cmd.Env = s.processEnv(u, cfg.GetEnvs())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -189,6 +195,40 @@ func (s *Server) startProcess(ctx context.Context, u *User, req *process.StartRe
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
 	}
 	p := &proc{config: cfg, tag: req.Tag, cmd: cmd, subs: map[*subscriber]struct{}{}, done: make(chan struct{}), lifetimeCap: capped}
+	s.mu.RLock()
+	if s.maxCommand > 0 {
+		p.capAt = time.Now().Add(s.maxCommand)
+	}
+	s.mu.RUnlock()
+	var statusW, controlR *os.File
+	if s.reaper != "" {
+		// Under the reaper (reaper_linux.go), which leads the session.
+		var err error
+		if p.statusF, statusW, err = os.Pipe(); err != nil {
+			cancel()
+			return nil, nil, err
+		}
+		if controlR, p.control, err = os.Pipe(); err != nil {
+			p.statusF.Close()
+			statusW.Close()
+			cancel()
+			return nil, nil, err
+		}
+		p.status = bufio.NewReader(p.statusF)
+		cmd.ExtraFiles = []*os.File{statusW, controlR}
+		cmd.Args = append([]string{s.reaper, "reap", "--", cmd.Path}, cmd.Args[1:]...)
+		cmd.Path = s.reaper
+	}
+	closeReaperPipes := func(all bool) {
+		if statusW != nil {
+			statusW.Close()
+			controlR.Close()
+			if all {
+				p.statusF.Close()
+				p.control.Close()
+			}
+		}
+	}
 
 	var readers []io.ReadCloser
 	var kinds []string
@@ -201,6 +241,7 @@ func (s *Server) startProcess(ctx context.Context, u *User, req *process.StartRe
 		cmd.SysProcAttr.Setctty = true
 		tty, err := pty.StartWithAttrs(cmd, ws, cmd.SysProcAttr)
 		if err != nil {
+			closeReaperPipes(true)
 			cancel()
 			return nil, nil, startError(cfg.GetCmd(), err)
 		}
@@ -209,12 +250,37 @@ func (s *Server) startProcess(ctx context.Context, u *User, req *process.StartRe
 	} else {
 		files, err := s.startPiped(cmd, req.Stdin == nil || *req.Stdin, p)
 		if err != nil {
+			closeReaperPipes(true)
 			cancel()
 			return nil, nil, err
 		}
 		readers, kinds = files, []string{"stdout", "stderr"}
 	}
 	p.pid = uint32(cmd.Process.Pid)
+	if statusW != nil {
+		closeReaperPipes(false)
+		p.reaperPid = cmd.Process.Pid
+		pid, err := reaperStarted(p.status)
+		if err != nil {
+			// The reaper could not start the command: no process to report.
+			_ = cmd.Wait()
+			for _, r := range readers {
+				r.Close()
+			}
+			if p.stdin != nil {
+				p.stdin.Close()
+			}
+			p.statusF.Close()
+			p.control.Close()
+			cancel()
+			code := errdefs.ErrInvalidArgument
+			if strings.Contains(err.Error(), "no such file") {
+				code = errdefs.ErrNotFound
+			}
+			return nil, nil, fmt.Errorf("start %s: %v: %w", cfg.GetCmd(), err, code)
+		}
+		p.pid = uint32(pid)
+	}
 	sub, _ := p.subscribe()
 	s.procs.add(p)
 	s.log.Info("process started", "pid", p.pid, "cmd", cfg.GetCmd(), "user", u.Name, "pty", req.Pty != nil, "tag", req.GetTag())
@@ -279,7 +345,6 @@ func startError(cmd string, err error) error {
 // superviseProcess pumps output, kills the process group when life ends,
 // waits for the exit and publishes the end event.
 func (s *Server) superviseProcess(life context.Context, cancel context.CancelFunc, p *proc, readers []io.ReadCloser, kinds []string) {
-	defer cancel()
 	var outMu sync.Mutex // one publish at a time keeps each stream in order
 	var wg sync.WaitGroup
 	for i, r := range readers {
@@ -302,6 +367,11 @@ func (s *Server) superviseProcess(life context.Context, cancel context.CancelFun
 		}()
 	}
 
+	if p.control != nil {
+		s.superviseReaped(life, cancel, p, readers, &wg)
+		return
+	}
+	defer cancel()
 	waited := make(chan error, 1)
 	go func() { waited <- p.cmd.Wait() }()
 	var waitErr error
@@ -314,23 +384,7 @@ func (s *Server) superviseProcess(life context.Context, cancel context.CancelFun
 		waitErr = <-waited
 	}
 
-	readersDone := make(chan struct{})
-	go func() { wg.Wait(); close(readersDone) }()
-	select {
-	case <-readersDone:
-	case <-time.After(drainGrace):
-	}
-	for _, r := range readers {
-		r.Close()
-	}
-	<-readersDone
-	p.stdinMu.Lock()
-	if p.stdin != nil {
-		p.stdin.Close()
-		p.stdin = nil
-	}
-	p.stdinMu.Unlock()
-
+	drain(p, readers, &wg)
 	end := &process.ProcessEvent_EndEvent{}
 	if st := p.cmd.ProcessState; st != nil {
 		end.ExitCode = int32(st.ExitCode())
@@ -353,6 +407,100 @@ func (s *Server) superviseProcess(life context.Context, cancel context.CancelFun
 	p.finish(end)
 	s.log.Info("process ended", "pid", p.pid, "status", end.Status, "timeout", killed, "lifetimeCap", p.lifetimeCap)
 	time.AfterFunc(retainExited, func() { s.procs.remove(p) })
+}
+
+// drain waits for the output readers (a little, if descendants hold the
+// pipes open), closes them and the process's stdin.
+func drain(p *proc, readers []io.ReadCloser, wg *sync.WaitGroup) {
+	readersDone := make(chan struct{})
+	go func() { wg.Wait(); close(readersDone) }()
+	select {
+	case <-readersDone:
+	case <-time.After(drainGrace):
+	}
+	for _, r := range readers {
+		r.Close()
+	}
+	<-readersDone
+	p.stdinMu.Lock()
+	if p.stdin != nil {
+		p.stdin.Close()
+		p.stdin = nil
+	}
+	p.stdinMu.Unlock()
+}
+
+// superviseReaped is superviseProcess for a command under a reaper: the
+// command's end comes from the reaper's status pipe, and the reaper lives
+// on while the command's background descendants do. When life ends while
+// the command runs, or the lifetime cap passes while descendants remain,
+// the reaper kills the whole tree.
+func (s *Server) superviseReaped(life context.Context, cancel context.CancelFunc, p *proc, readers []io.ReadCloser, wg *sync.WaitGroup) {
+	type exit struct {
+		ws syscall.WaitStatus
+		ok bool
+	}
+	exited := make(chan exit, 1)
+	go func() {
+		// The reaper's exit closes the pipe, so this ends either way.
+		ws, ok := reaperExit(p.status)
+		p.statusF.Close()
+		exited <- exit{ws, ok}
+	}()
+	reaperDone := make(chan struct{})
+	go func() {
+		_ = p.cmd.Wait()
+		close(reaperDone)
+	}()
+	var e exit
+	killed := false
+	select {
+	case e = <-exited:
+	case <-life.Done():
+		killed = true
+		p.killTree()
+		e = <-exited
+	}
+	drain(p, readers, wg)
+	end := &process.ProcessEvent_EndEvent{}
+	if e.ok {
+		end.ExitCode, end.Exited, end.Status = int32(exitCode(e.ws)), e.ws.Exited(), statusString(e.ws)
+	} else {
+		<-reaperDone
+		end.ExitCode, end.Status = -1, "signal: killed"
+		msg := "the command's reaper was killed before the command ended; the command's processes were left to envd's init"
+		end.Error = &msg
+	}
+	if killed {
+		msg := context.DeadlineExceeded.Error()
+		if p.lifetimeCap > 0 {
+			msg = capExceededError(p.lifetimeCap)
+		}
+		end.Error = &msg
+	}
+	p.finish(end)
+	s.log.Info("process ended", "pid", p.pid, "status", end.Status, "timeout", killed, "lifetimeCap", p.lifetimeCap)
+	time.AfterFunc(retainExited, func() { s.procs.remove(p) })
+
+	// Descendants the command left running (a server started with &) keep
+	// running, as in E2B, but not past the command lifetime cap.
+	go func() {
+		defer cancel()
+		defer p.control.Close()
+		var capC <-chan time.Time
+		if !p.capAt.IsZero() {
+			t := time.NewTimer(time.Until(p.capAt))
+			defer t.Stop()
+			capC = t.C
+		}
+		select {
+		case <-reaperDone:
+		case <-capC:
+			s.log.Info("command lifetime cap: ending what the command left running", "pid", p.pid)
+			p.killTree()
+			<-reaperDone
+		}
+	}()
 }
 
 func dataEvent(kind string, b []byte) *process.ProcessEvent {

@@ -97,7 +97,7 @@ func TestStart(t *testing.T) {
 				{name: "default workdir", req: startReq("pwd"), wantOut: e.home + "\n", wantStatus: "exit status 0"},
 				{name: "relative cwd", req: startReq("pwd", func(r *process.StartRequest) { c := "."; r.Process.Cwd = &c }), wantOut: e.home + "\n", wantStatus: "exit status 0"},
 				{name: "absolute cwd", req: startReq("pwd", func(r *process.StartRequest) { c := "/tmp"; r.Process.Cwd = &c }), wantOut: "/tmp\n", wantStatus: "exit status 0"},
-				{name: "root via basic auth", req: withHeader(startReq("id -u; echo $HOME"), "Authorization", "Basic cm9vdDo="), wantOut: "0\n/root\n", wantStatus: "exit status 0"},
+				{name: "root via basic auth", req: withHeader(startReq("id -u; echo $HOME"), "Authorization", "Basic cm9vdDo="), wantOut: "0\n" + e.rootHome + "\n", wantStatus: "exit status 0"},
 				{name: "killed by signal", req: startReq("kill -9 $$"), wantCode: -1, wantStatus: "signal: killed"},
 			}
 			for _, tt := range tests {

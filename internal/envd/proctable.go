@@ -1,6 +1,7 @@
 package envd
 
 import (
+	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
@@ -96,6 +97,15 @@ type proc struct {
 	tty     *os.File // pty master, nil without a PTY
 
 	lifetimeCap time.Duration // set when the command lifetime cap ends it
+
+	// The command runs under a reaper (reaper_linux.go); nil control means
+	// none (the process is cmd itself).
+	reaperPid int
+	control   *os.File // a byte written here kills the command's whole tree
+	status    *bufio.Reader
+	statusF   *os.File
+	killOnce  sync.Once
+	capAt     time.Time // when the lifetime cap ends what the command left running; zero: never
 
 	mu   sync.Mutex
 	subs map[*subscriber]struct{}
@@ -217,12 +227,32 @@ func (p *proc) resize(size *process.PTY_Size) error {
 	return pty.Setsize(p.tty, &pty.Winsize{Cols: uint16(size.Cols), Rows: uint16(size.Rows)})
 }
 
-// signal sends sig to the process group (the process leads its own session).
+// killTree ends everything the command started: its reaper kills the
+// whole tree, setsid children and double-forked daemons included.
+func (p *proc) killTree() {
+	if p.control == nil {
+		_ = syscall.Kill(-int(p.pid), syscall.SIGKILL)
+		return
+	}
+	p.killOnce.Do(func() { _, _ = p.control.Write([]byte{'k'}) })
+}
+
+// signal sends sig to the command's process group (its reaper leads its
+// own session and passes signals on to the command); SIGKILL ends the
+// command's whole tree, like its lifetime cap.
 func (p *proc) signal(sig syscall.Signal) error {
 	if p.isDone() {
 		return fmt.Errorf("process %d has exited: %w", p.pid, errdefs.ErrNotFound)
 	}
-	if err := syscall.Kill(-int(p.pid), sig); err != nil {
+	if sig == syscall.SIGKILL {
+		p.killTree()
+		return nil
+	}
+	group := int(p.pid)
+	if p.reaperPid != 0 {
+		group = p.reaperPid
+	}
+	if err := syscall.Kill(-group, sig); err != nil {
 		if err == syscall.ESRCH {
 			return fmt.Errorf("process %d: %w", p.pid, errdefs.ErrNotFound)
 		}

@@ -16,12 +16,14 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/agentbox/agentbox/internal/authlimit"
 	"github.com/agentbox/agentbox/internal/sandbox"
 )
 
@@ -35,26 +37,32 @@ type Resolver interface {
 
 // Gateway routes data-plane requests.
 type Gateway struct {
-	res   Resolver
-	log   *slog.Logger
-	proxy *httputil.ReverseProxy
-	tap   *auditTap // nil: no audit log
-	opts  Options
+	res     Resolver
+	log     *slog.Logger
+	proxy   *httputil.ReverseProxy
+	tap     *auditTap // nil: no audit log
+	opts    Options
+	guesses *authlimit.Limiter
 }
+
+// InterpreterPort is the code interpreter's port in interpreter templates;
+// like envd's, it answers a wrong access token with 401.
+const InterpreterPort = 49999
 
 type targetKey struct{}
 
 type target struct {
-	id   string
-	port int
-	addr string
-	tls  bool   // the port serves HTTPS (network.httpsPorts)
-	host string // Host sent to the sandbox (network.maskRequestHost); "" keeps the client's
+	client netip.Prefix // counted for failed token checks
+	id     string
+	port   int
+	addr   string
+	tls    bool   // the port serves HTTPS (network.httpsPorts)
+	host   string // Host sent to the sandbox (network.maskRequestHost); "" keeps the client's
 }
 
 // New returns a gateway resolving sandboxes through res.
 func New(res Resolver, log *slog.Logger) *Gateway {
-	g := &Gateway{res: res, log: log}
+	g := &Gateway{res: res, log: log, guesses: authlimit.New(authlimit.Options{})}
 	transport := &http.Transport{
 		// Never via an HTTP proxy from the environment: targets are local.
 		Proxy:               nil,
@@ -82,6 +90,18 @@ func New(res Resolver, log *slog.Logger) *Gateway {
 		},
 		Transport:     transport,
 		FlushInterval: -1, // stream every write: process output, SSE, NDJSON
+		ModifyResponse: func(resp *http.Response) error {
+			// envd and the interpreter judge access tokens; a wrong one
+			// they refuse is a guess like a wrong API key. A request
+			// without a token is not counted (clients that never send
+			// one, e.g. for interpreter contexts, are not guessing).
+			t := resp.Request.Context().Value(targetKey{}).(target)
+			if resp.StatusCode == http.StatusUnauthorized && (t.port == sandbox.EnvdPort || t.port == InterpreterPort) &&
+				resp.Request.Header.Get("X-Access-Token") != "" {
+				g.guesses.Fail(t.client)
+			}
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			t := r.Context().Value(targetKey{}).(target)
 			if r.Context().Err() != nil {
@@ -194,16 +214,20 @@ type Waker interface {
 	Wake(ctx context.Context, id string) (sb *sandbox.Sandbox, done func(), ok bool)
 }
 
-func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port int) {
-	var sb *sandbox.Sandbox
-	var ok bool
+// wake finds the running sandbox id for traffic, waking it if the resolver
+// can; done must be called when the traffic ends.
+func (g *Gateway) wake(ctx context.Context, id string) (sb *sandbox.Sandbox, done func(), ok bool) {
 	if wk, isWaker := g.res.(Waker); isWaker {
-		var done func()
-		if sb, done, ok = wk.Wake(r.Context(), id); ok {
-			defer done()
-		}
-	} else {
-		sb, ok = g.res.Lookup(id)
+		return wk.Wake(ctx, id)
+	}
+	sb, ok = g.res.Lookup(id)
+	return sb, func() {}, ok
+}
+
+func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port int) {
+	sb, done, ok := g.wake(r.Context(), id)
+	if ok {
+		defer done()
 	}
 	if !ok {
 		notFound(w, id)
@@ -218,7 +242,13 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port 
 	// drains and closes the request body when the response starts, which
 	// fails the upstream write and cuts the response short.
 	_ = http.NewResponseController(w).EnableFullDuplex()
-	t := target{id: id, port: port, addr: net.JoinHostPort(sb.IP.String(), strconv.Itoa(port))}
+	t := target{client: g.guesses.Client(r), id: id, port: port, addr: net.JoinHostPort(sb.IP.String(), strconv.Itoa(port))}
+	if presentsCredential(r) {
+		if wait, failed, ok := g.guesses.Check(t.client); !ok {
+			authlimit.Refuse(w, t.client, "access token", wait, failed)
+			return
+		}
+	}
 	if !g.admit(w, r, sb, port, &t) {
 		return
 	}
@@ -237,6 +267,11 @@ func (g *Gateway) serveSigned(w http.ResponseWriter, r *http.Request) {
 		op = "write"
 	}
 	sig := q.Get("signature")
+	client := g.guesses.Client(r)
+	if wait, failed, ok := g.guesses.Check(client); !ok {
+		authlimit.Refuse(w, client, "signed URL", wait, failed)
+		return
+	}
 	for _, sb := range g.res.Running() {
 		if !sb.Secure {
 			continue
@@ -247,7 +282,18 @@ func (g *Gateway) serveSigned(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	g.guesses.Fail(client)
 	writeJSON(w, http.StatusUnauthorized, map[string]any{"code": http.StatusUnauthorized, "message": "invalid signature: no running sandbox issued this URL (it may have been killed)"})
+}
+
+// SetAuthLimiter replaces the limiter of failed token checks, e.g. with
+// the API's, so one client's guesses count together. Call before serving.
+func (g *Gateway) SetAuthLimiter(l *authlimit.Limiter) { g.guesses = l }
+
+// presentsCredential reports whether r carries a token the gateway or the
+// sandbox will check; only such requests are refused to a guesser.
+func presentsCredential(r *http.Request) bool {
+	return r.Header.Get("X-Access-Token") != "" || r.Header.Get(TrafficTokenHeader) != "" || r.URL.Query().Get("signature") != ""
 }
 
 // Signature is E2B's file URL signature:

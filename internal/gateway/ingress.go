@@ -90,6 +90,9 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, sb *sandbox.Sand
 		want := g.res.TrafficToken(sb.ID)
 		got := r.Header.Get(TrafficTokenHeader)
 		if subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
+			if got != "" {
+				g.guesses.Fail(t.client)
+			}
 			writeJSON(w, http.StatusForbidden, map[string]any{"sandboxId": sb.ID, "code": http.StatusForbidden,
 				"message": "this sandbox's ports need its traffic access token in the " + TrafficTokenHeader + " header"})
 			return false

@@ -2,56 +2,63 @@ package interpreter
 
 import (
 	"context"
-	"crypto/subtle"
 	"io"
 	"net/http"
-	"sync"
 	"time"
 )
 
-// tokenCache checks /execute's X-Access-Token the way E2B's interpreter
-// does: envd, which holds the sandbox's token, judges it (GET /envs answers
-// 401 to a wrong token and 200 to any in a sandbox without one). A token
-// envd accepted is remembered, since a sandbox's token never changes.
-type tokenCache struct {
-	mu   sync.Mutex
-	good []string
-}
+// Every route but GET /health needs the sandbox's access token in
+// X-Access-Token, as in E2B's interpreter: creating, listing, restarting
+// and deleting contexts are as much the sandbox owner's business as running
+// code. envd, which holds the token, judges it (GET /auth answers 204 to the
+// right token, and to any in a sandbox created without one). Nothing is
+// remembered: a fork or restore gets a new token from /init, and the old
+// one must stop working at once.
 
 var envdClient = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{Proxy: nil}}
 
-func (c *tokenCache) check(ctx context.Context, envdURL, token string) (int, string) {
-	c.mu.Lock()
-	for _, g := range c.good {
-		if subtle.ConstantTimeCompare([]byte(g), []byte(token)) == 1 {
-			c.mu.Unlock()
-			return http.StatusOK, ""
-		}
+// requireToken wraps next with the token check when envdURL is set.
+func requireToken(envdURL string, next http.Handler) http.Handler {
+	if envdURL == "" {
+		return next
 	}
-	c.mu.Unlock()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, envdURL+"/envs", nil)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && r.URL.Path == "/health" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if code, msg := checkToken(r.Context(), envdURL, r.Header.Values("X-Access-Token")); code != http.StatusOK {
+			w.Header().Set("Cache-Control", "no-store")
+			http.Error(w, msg, code)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func checkToken(ctx context.Context, envdURL string, tokens []string) (int, string) {
+	const need = "unauthorized: this sandbox's code interpreter needs the sandbox's access token (envdAccessToken) in one X-Access-Token header on every route but GET /health"
+	if len(tokens) > 1 {
+		return http.StatusUnauthorized, need
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, envdURL+"/auth", nil)
 	if err != nil {
 		return http.StatusInternalServerError, err.Error()
 	}
-	if token != "" {
-		req.Header.Set("X-Access-Token", token)
+	if len(tokens) == 1 && tokens[0] != "" {
+		req.Header.Set("X-Access-Token", tokens[0])
 	}
 	resp, err := envdClient.Do(req)
 	if err != nil {
 		return http.StatusServiceUnavailable, "cannot verify the access token with envd: " + err.Error()
 	}
 	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	switch {
-	case resp.StatusCode == http.StatusOK:
-		c.mu.Lock()
-		if len(c.good) < 8 {
-			c.good = append(c.good, token)
-		}
-		c.mu.Unlock()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+	switch resp.StatusCode {
+	case http.StatusNoContent, http.StatusOK:
 		return http.StatusOK, ""
-	case resp.StatusCode == http.StatusUnauthorized:
-		return http.StatusUnauthorized, "unauthorized: /execute needs the sandbox's access token in X-Access-Token"
+	case http.StatusUnauthorized:
+		return http.StatusUnauthorized, need
 	}
 	return http.StatusServiceUnavailable, "cannot verify the access token with envd: " + resp.Status
 }

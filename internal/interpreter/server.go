@@ -46,8 +46,9 @@ type Options struct {
 	// DefaultLanguages get a context each at Start [python, javascript].
 	DefaultLanguages []string
 	// EnvdURL is the sandbox's envd (e.g. http://127.0.0.1:49983). When
-	// set, /execute requires the X-Access-Token envd accepts, so in a
-	// secure sandbox only holders of its token run code. Empty: no check.
+	// set, every route but GET /health requires the X-Access-Token envd
+	// accepts, so in a secure sandbox only holders of its token run code or
+	// touch contexts. Empty: no check.
 	EnvdURL string
 }
 
@@ -60,8 +61,6 @@ type Server struct {
 	mu       sync.Mutex
 	contexts []*codeContext          // creation order, which GET /contexts keeps
 	defaults map[string]*codeContext // language → default context
-
-	tokens tokenCache
 }
 
 // New prepares a server; Start boots the default contexts.
@@ -219,7 +218,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /contexts", s.handleListContexts)
 	mux.HandleFunc("POST /contexts/{id}/restart", s.handleRestartContext)
 	mux.HandleFunc("DELETE /contexts/{id}", s.handleRemoveContext)
-	return mux
+	return requireToken(s.opts.EnvdURL, mux)
 }
 
 // ListenAndServe serves on addr until ctx ends, then kills the kernels.
@@ -282,12 +281,6 @@ func (s *Server) handleExecute(w http.ResponseWriter, r *http.Request) {
 	if req.ContextID != "" && req.Language != "" {
 		http.Error(w, "Only one of context_id or language can be provided", http.StatusBadRequest)
 		return
-	}
-	if s.opts.EnvdURL != "" {
-		if code, msg := s.tokens.check(r.Context(), s.opts.EnvdURL, r.Header.Get("X-Access-Token")); code != http.StatusOK {
-			http.Error(w, msg, code)
-			return
-		}
 	}
 	if err := validEnv(req.EnvVars); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)

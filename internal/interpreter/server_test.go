@@ -5,11 +5,14 @@ import (
 	"context"
 	"encoding/base64"
 	"image/png"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agentbox/agentbox/internal/envd"
 )
 
 func TestProtocolErrors(t *testing.T) {
@@ -406,44 +409,72 @@ func TestEnvCode(t *testing.T) {
 	}
 }
 
-func TestExecuteNeedsTheTokenEnvdAccepts(t *testing.T) {
-	calls := 0
-	envd := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		calls++
-		if r.URL.Path != "/envs" || r.Header.Get("X-Access-Token") != "good" {
-			w.WriteHeader(http.StatusUnauthorized)
-			return
+// TestEveryRouteNeedsTheToken attacks each route of the interpreter without
+// the sandbox's token, with a wrong one and with two, in front of a real
+// envd that holds the token; only GET /health is open. A new token from a
+// later /init (a fork) must replace the old one at once.
+func TestEveryRouteNeedsTheToken(t *testing.T) {
+	e := envd.NewServer(envd.Options{Logger: slog.New(slog.DiscardHandler), LocalInit: true})
+	envdHS := httptest.NewServer(e.Handler())
+	defer envdHS.Close()
+	initEnvd := func(token, auth string) {
+		req, _ := http.NewRequestWithContext(t.Context(), "POST", envdHS.URL+"/init", strings.NewReader(`{"accessToken":"`+token+`"}`))
+		if auth != "" {
+			req.Header.Set("X-Access-Token", auth)
 		}
-		w.Write([]byte("{}"))
-	}))
-	defer envd.Close()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != http.StatusNoContent {
+			t.Fatalf("init: %v %v", err, resp)
+		}
+		resp.Body.Close()
+	}
+	initEnvd("good", "")
 	s, hs := newTestServer(t)
-	s.opts.EnvdURL = envd.URL
-	exec := func(token string) int {
-		req, _ := http.NewRequestWithContext(t.Context(), "POST", hs.URL+"/execute", strings.NewReader(`{"code":"true","language":"bash"}`))
-		if token != "" {
-			req.Header.Set("X-Access-Token", token)
+	s.opts.EnvdURL = envdHS.URL
+	hs.Config.Handler = s.Handler()
+	call := func(method, path, body string, tokens ...string) int {
+		req, _ := http.NewRequestWithContext(t.Context(), method, hs.URL+path, strings.NewReader(body))
+		for _, tok := range tokens {
+			req.Header.Add("X-Access-Token", tok)
 		}
 		resp, err := hs.Client().Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
-		if resp.StatusCode == http.StatusOK {
+		if resp.StatusCode == http.StatusOK && path == "/execute" {
 			readExecution(t, resp.Body)
 		}
 		return resp.StatusCode
 	}
-	for _, tt := range []struct {
-		token string
-		want  int
-	}{{"", 401}, {"bad", 401}, {"good", 200}, {"good", 200}} {
-		if got := exec(tt.token); got != tt.want {
-			t.Errorf("token %q: %d, want %d", tt.token, got, tt.want)
+	routes := []struct{ method, path, body string }{
+		{"POST", "/execute", `{"code":"true","language":"bash"}`},
+		{"POST", "/contexts", `{"language":"bash"}`},
+		{"GET", "/contexts", ""},
+		{"POST", "/contexts/nope/restart", ""},
+		{"DELETE", "/contexts/nope", ""},
+		{"GET", "/nope", ""},
+	}
+	for _, rt := range routes {
+		for _, bad := range [][]string{nil, {""}, {"bad"}, {"bad", "good"}, {"good", "good"}} {
+			if got := call(rt.method, rt.path, rt.body, bad...); got != http.StatusUnauthorized {
+				t.Errorf("%s %s with tokens %q: %d, want 401", rt.method, rt.path, bad, got)
+			}
+		}
+		if got := call(rt.method, rt.path, rt.body, "good"); got == http.StatusUnauthorized {
+			t.Errorf("%s %s with the token: 401", rt.method, rt.path)
 		}
 	}
-	if calls != 3 {
-		t.Errorf("envd asked %d times, want 3 (an accepted token is remembered)", calls)
+	if got := call("GET", "/health", ""); got != http.StatusOK {
+		t.Errorf("GET /health without a token: %d, want 200", got)
+	}
+	// A fork's envd gets its own token; the source's stops working.
+	initEnvd("forked", "good")
+	if got := call("GET", "/contexts", "", "good"); got != http.StatusUnauthorized {
+		t.Errorf("old token after a new /init: %d, want 401", got)
+	}
+	if got := call("GET", "/contexts", "", "forked"); got != http.StatusOK {
+		t.Errorf("new token: %d, want 200", got)
 	}
 }
 

@@ -2,14 +2,21 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
 )
 
 // auditSchema is the append-only audit table. The triggers make the
 // append-only promise hold for every writer of the database, not only for
-// this package: rows can be added, never changed or removed.
+// this package: rows can be added, never changed, and removed only by
+// retention (PruneAudit). A delete passes only while audit_prune names a
+// sequence number at or above the row's, which PruneAudit sets inside its
+// own transaction and clears before committing; no other code path writes
+// that table, and everything a sandbox causes only ever inserts.
 const auditSchema = `
 CREATE TABLE IF NOT EXISTS audit (
 	seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -27,8 +34,17 @@ CREATE INDEX IF NOT EXISTS audit_sandbox ON audit(sandbox_id, seq);
 CREATE INDEX IF NOT EXISTS audit_team ON audit(team_id, seq);
 CREATE TRIGGER IF NOT EXISTS audit_no_update BEFORE UPDATE ON audit
 	BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
-CREATE TRIGGER IF NOT EXISTS audit_no_delete BEFORE DELETE ON audit
-	BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+CREATE TABLE IF NOT EXISTS audit_prune (
+	id INTEGER PRIMARY KEY CHECK (id = 1),
+	max_seq INTEGER NOT NULL -- rows up to this seq may be deleted; 0: none
+);
+INSERT OR IGNORE INTO audit_prune(id, max_seq) VALUES(1, 0);
+DROP TRIGGER IF EXISTS audit_no_delete;
+CREATE TRIGGER IF NOT EXISTS audit_delete_only_retention BEFORE DELETE ON audit
+	WHEN OLD.seq > (SELECT max_seq FROM audit_prune WHERE id = 1)
+	BEGIN SELECT RAISE(ABORT, 'the audit log is append-only; rows are removed only by retention (agentbox audit prune)'); END;
+CREATE TRIGGER IF NOT EXISTS audit_prune_one_row BEFORE DELETE ON audit_prune
+	BEGIN SELECT RAISE(ABORT, 'audit_prune keeps its one row'); END;
 `
 
 // AuditRow is one stored audit event. Fields is JSON.
@@ -131,4 +147,97 @@ func (s *Store) QueryAudit(ctx context.Context, f AuditFilter) ([]AuditRow, erro
 		out[i], out[j] = out[j], out[i]
 	}
 	return out, nil
+}
+
+// PruneFilter selects the audit rows retention removes: rows matching every
+// set field. At least one field must be set.
+type PruneFilter struct {
+	Before    time.Time // rows older than this
+	SandboxID string    // rows of this sandbox
+	KeepRows  int64     // everything but the newest KeepRows rows
+}
+
+func (f PruneFilter) where() (string, []any) {
+	var where []string
+	var args []any
+	if !f.Before.IsZero() {
+		where, args = append(where, "time < ?"), append(args, f.Before.UnixNano())
+	}
+	if f.SandboxID != "" {
+		where, args = append(where, "sandbox_id = ?"), append(args, f.SandboxID)
+	}
+	if f.KeepRows > 0 {
+		// The (KeepRows+1)-th newest row and everything before it; seq
+		// has gaps after a prune by sandbox, so no arithmetic on it.
+		where, args = append(where, "seq <= (SELECT seq FROM audit ORDER BY seq DESC LIMIT 1 OFFSET ?)"), append(args, f.KeepRows)
+	}
+	return strings.Join(where, " AND "), args
+}
+
+// PruneAudit deletes the rows f selects, oldest first, at most limit of them
+// (0: all), and returns how many it removed. It is the only delete path the
+// table's triggers let through: it opens the guard up to the highest
+// sequence number it means to delete and closes it again in the same
+// transaction, so the guard is never open outside it.
+func (s *Store) PruneAudit(ctx context.Context, f PruneFilter, limit int) (int64, error) {
+	where, args := f.where()
+	if where == "" {
+		return 0, fmt.Errorf("audit prune: no filter (age, sandbox or row cap): %w", errdefs.ErrInvalidArgument)
+	}
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("audit prune: %w", err)
+	}
+	defer tx.Rollback()
+	sel := "SELECT seq FROM audit WHERE " + where + " ORDER BY seq"
+	if limit > 0 {
+		sel += fmt.Sprintf(" LIMIT %d", limit)
+	}
+	var maxSeq sql.NullInt64
+	if err := tx.QueryRowContext(ctx, "SELECT MAX(seq) FROM ("+sel+")", args...).Scan(&maxSeq); err != nil {
+		return 0, fmt.Errorf("audit prune: %w", err)
+	}
+	if !maxSeq.Valid {
+		return 0, nil
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE audit_prune SET max_seq = ? WHERE id = 1`, maxSeq.Int64); err != nil {
+		return 0, fmt.Errorf("audit prune: open guard: %w", err)
+	}
+	res, err := tx.ExecContext(ctx, "DELETE FROM audit WHERE seq IN ("+sel+")", args...)
+	if err != nil {
+		return 0, fmt.Errorf("audit prune: %w", err)
+	}
+	n, _ := res.RowsAffected()
+	if _, err := tx.ExecContext(ctx, `UPDATE audit_prune SET max_seq = 0 WHERE id = 1`); err != nil {
+		return 0, fmt.Errorf("audit prune: close guard: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("audit prune: %w", err)
+	}
+	return n, nil
+}
+
+// AuditRows is how many rows the audit table holds.
+func (s *Store) AuditRows(ctx context.Context) (int64, error) {
+	var n int64
+	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM audit`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count audit rows: %w", err)
+	}
+	return n, nil
+}
+
+// UsedBytes is how many bytes of the database file hold data (pages not on
+// the free list): what retention bounds. Freed pages are reused before the
+// file grows, so the file stays near the high-water mark of this figure.
+func (s *Store) UsedBytes(ctx context.Context) (int64, error) {
+	var pages, free, size int64
+	for _, q := range []struct {
+		pragma string
+		v      *int64
+	}{{"page_count", &pages}, {"freelist_count", &free}, {"page_size", &size}} {
+		if err := s.db.QueryRowContext(ctx, "PRAGMA "+q.pragma).Scan(q.v); err != nil {
+			return 0, fmt.Errorf("database size: %s: %w", q.pragma, err)
+		}
+	}
+	return (pages - free) * size, nil
 }

@@ -12,6 +12,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"strings"
 	"time"
 
@@ -64,8 +66,14 @@ CREATE TABLE IF NOT EXISTS team_quotas (
 );
 `
 
-// Open opens (creating if needed) the database at path.
+// Open opens (creating if needed) the database at path. The database holds
+// every team's secrets and the server secret every sandbox token derives
+// from, so it and its WAL, shared-memory and journal files are made 0600,
+// also when an older version created them wider.
 func Open(ctx context.Context, path string) (*Store, error) {
+	if err := makePrivate(path); err != nil {
+		return nil, err
+	}
 	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)"
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
@@ -78,7 +86,39 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("init schema in %s: %w", path, err)
 	}
+	// SQLite gives new WAL and -shm files the database file's mode; this
+	// also covers ones left over from an older version.
+	if err := makePrivate(path); err != nil {
+		db.Close()
+		return nil, err
+	}
 	return &Store{db: db}, nil
+}
+
+// makePrivate creates the database file 0600 if it is missing and takes
+// group and other bits off it and its companion files.
+func makePrivate(path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return fmt.Errorf("open database %s: %w", path, err)
+	}
+	f.Close()
+	for _, suf := range []string{"", "-wal", "-shm", "-journal"} { // what SQLite keeps next to a database
+		p := path + suf
+		fi, err := os.Stat(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("database file %s: %w", p, err)
+		}
+		if fi.Mode().Perm()&0o077 != 0 {
+			if err := os.Chmod(p, fi.Mode().Perm()&0o700); err != nil {
+				return fmt.Errorf("make database file %s private (0600): %w", p, err)
+			}
+		}
+	}
+	return nil
 }
 
 // Close closes the database.

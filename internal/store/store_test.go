@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"path/filepath"
 	"regexp"
+	"syscall"
 	"testing"
 	"time"
 
@@ -125,5 +127,39 @@ func TestSandboxRecords(t *testing.T) {
 	rs, _ = s.ListSandboxes(ctx)
 	if len(rs) != 1 {
 		t.Fatalf("after delete: %d records", len(rs))
+	}
+}
+
+// TestOpenPrivate checks that the database and its WAL and shared-memory
+// files are unreadable to other host users, also when an older version left
+// them world-readable.
+func TestOpenPrivate(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "a.db")
+	old := syscall.Umask(0)
+	defer syscall.Umask(old)
+	for round := range 2 {
+		s, err := Open(ctx, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Secret(ctx, "token"); err != nil {
+			t.Fatal(err)
+		}
+		for _, suf := range []string{"", "-wal", "-shm"} {
+			fi, err := os.Stat(path + suf)
+			if err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+			if fi.Mode().Perm()&0o077 != 0 {
+				t.Errorf("round %d: %s has mode %v, want no group/other bits", round, path+suf, fi.Mode().Perm())
+			}
+		}
+		s.Close()
+		// An older version's files: world-readable. Open must tighten them.
+		for _, suf := range []string{"", "-wal", "-shm"} {
+			_ = os.Chmod(path+suf, 0o666)
+		}
 	}
 }

@@ -1,0 +1,141 @@
+package egress
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/agentbox/agentbox/internal/audit"
+)
+
+// Limits bound what one sandbox can make the egress proxy and resolver
+// hold or write, so a connection or DNS flood from it exhausts neither the
+// server's descriptors and memory nor the audit log's disk. Zero values
+// take the defaults.
+type Limits struct {
+	// Conns caps a sandbox's concurrent connections through the proxy
+	// (DNS over TCP included); past it new ones are reset. Default 512.
+	Conns int
+	// DNSRate is the queries per second a sandbox's resolver answers
+	// (burst: twice as many); past it queries get REFUSED. Default 100.
+	DNSRate float64
+	// DNSInFlight caps a sandbox's queries waiting on an upstream
+	// nameserver. Default 32.
+	DNSInFlight int
+	// AuditRate is the egress and DNS audit records per second kept per
+	// sandbox (burst: ten times as many). Past it records are counted and
+	// one "suppressed" record with the count follows. Default 20.
+	AuditRate float64
+}
+
+func (l *Limits) setDefaults() {
+	if l.Conns <= 0 {
+		l.Conns = 512
+	}
+	if l.DNSRate <= 0 {
+		l.DNSRate = 100
+	}
+	if l.DNSInFlight <= 0 {
+		l.DNSInFlight = 32
+	}
+	if l.AuditRate <= 0 {
+		l.AuditRate = 20
+	}
+}
+
+// bucket is a token bucket.
+type bucket struct {
+	mu     sync.Mutex
+	rate   float64
+	burst  float64
+	tokens float64
+	last   time.Time
+}
+
+func newBucket(rate, burst float64) *bucket {
+	return &bucket{rate: rate, burst: burst, tokens: burst, last: time.Now()}
+}
+
+func (b *bucket) allow() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := time.Now()
+	b.tokens = min(b.burst, b.tokens+now.Sub(b.last).Seconds()*b.rate)
+	b.last = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// quota is one sandbox's share of the limits. It outlives policy changes
+// (a new binding keeps its predecessor's quota).
+type quota struct {
+	conns     atomic.Int64
+	dnsBusy   atomic.Int64
+	dns       *bucket
+	audit     *bucket
+	dropped   atomic.Uint64 // audit records suppressed since the last summary
+	firstDrop atomic.Int64  // unix nanoseconds of the first of them
+}
+
+func newQuota(l Limits) *quota {
+	return &quota{dns: newBucket(l.DNSRate, 2*l.DNSRate), audit: newBucket(l.AuditRate, 10*l.AuditRate)}
+}
+
+// acquire takes one of n slots; release gives it back.
+func acquire(c *atomic.Int64, n int) bool {
+	if c.Add(1) > int64(n) {
+		c.Add(-1)
+		return false
+	}
+	return true
+}
+
+// admit applies the sandbox's audit rate to ev: it reports whether ev
+// may be written, and first queues a summary of what was suppressed
+// before it, so the log says how much is missing and when.
+func (s *Server) admit(q *quota, ev audit.Event) bool {
+	if !q.audit.allow() {
+		if q.dropped.Add(1) == 1 {
+			q.firstDrop.Store(time.Now().UnixNano())
+		}
+		return false
+	}
+	s.flushSuppressed(q, ev)
+	return true
+}
+
+// flushSuppressed queues one record for the audit records q suppressed,
+// labelled like like.
+func (s *Server) flushSuppressed(q *quota, like audit.Event) {
+	n := q.dropped.Swap(0)
+	if n == 0 {
+		return
+	}
+	since := time.Unix(0, q.firstDrop.Load())
+	s.push(audit.Event{
+		Time: time.Now(), SandboxID: like.SandboxID, TeamID: like.TeamID, APIKeyID: like.APIKeyID,
+		Kind: audit.KindEgress, Action: "suppressed", Decision: audit.Denied,
+		Reason: fmt.Sprintf("%d more egress records suppressed (over %.0f per second for this sandbox)", n, s.cfg.Limits.AuditRate),
+		Fields: map[string]any{"suppressed": n, "since": since.UTC().Format(time.RFC3339Nano)},
+	})
+}
+
+// flushAll writes the pending summaries of every bound sandbox; a flood
+// that stopped still gets its count recorded.
+func (s *Server) flushAll() {
+	s.mu.RLock()
+	bs := make([]*binding, 0, len(s.byID))
+	for _, b := range s.byID {
+		bs = append(bs, b)
+	}
+	s.mu.RUnlock()
+	for _, b := range bs {
+		if b.q.dropped.Load() > 0 && b.q.audit.allow() {
+			s.flushSuppressed(b.q, audit.Event{SandboxID: b.id, TeamID: b.policy.TeamID, APIKeyID: b.policy.APIKeyID})
+		}
+	}
+}

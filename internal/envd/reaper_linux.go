@@ -1,0 +1,238 @@
+package envd
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// A command's lifetime cap (and an explicit kill) must end everything the
+// command started, including children that left its process group with
+// setsid or double-forked away from it. envd runs every command under a
+// reaper, "envd reap -- argv...": a child subreaper, so every process the
+// command starts stays its descendant whatever it does, orphans included.
+// The reaper reports the command's own exit to envd on fd 3 and stays until
+// the last descendant is gone (a command's background daemons keep running
+// after it returns, as in E2B); a byte on fd 4 makes it stop and kill the
+// whole tree. If sandbox code kills a reaper, its descendants fall to envd,
+// a subreaper too, which kills them (adopt.go).
+//
+// Messages on fd 3, one per line: "pid <n>" once the command started, or
+// "err <message>" if it could not; then "exit <wait status>".
+
+// reaperStatusFD and reaperControlFD are the reaper's pipes to envd.
+const (
+	reaperStatusFD  = 3
+	reaperControlFD = 4
+)
+
+// RunReaper is "envd reap -- argv...". It returns the reaper's exit code.
+func RunReaper(argv []string) int {
+	status := os.NewFile(reaperStatusFD, "status")
+	control := os.NewFile(reaperControlFD, "control")
+	if len(argv) == 0 || status == nil || control == nil {
+		fmt.Fprintln(os.Stderr, "envd reap: usage: envd reap -- command [args...] (started by envd with its pipes on fd 3 and 4)")
+		return 2
+	}
+	unix.CloseOnExec(reaperStatusFD)
+	unix.CloseOnExec(reaperControlFD)
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		fmt.Fprintf(status, "err become a child subreaper: %v\n", err)
+		return 127
+	}
+	// Signals envd (or a terminal) sends the command's group reach the
+	// reaper too; it passes them on instead of dying. Handled signals are
+	// reset to their defaults in the command by execve.
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
+	p, err := os.StartProcess(argv[0], argv, &os.ProcAttr{Env: os.Environ(), Files: []*os.File{os.Stdin, os.Stdout, os.Stderr}})
+	if err != nil {
+		fmt.Fprintf(status, "err %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+		return 127
+	}
+	main := p.Pid
+	// The command has its own copies of stdin, stdout and stderr; the
+	// reaper's must not keep the output streams open after the command
+	// ends while its background processes live on.
+	if null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0); err == nil {
+		for fd := range 3 {
+			_ = unix.Dup2(int(null.Fd()), fd)
+		}
+		null.Close()
+	}
+	fmt.Fprintf(status, "pid %d\n", main)
+	go func() {
+		for s := range sigs {
+			_ = syscall.Kill(main, s.(syscall.Signal))
+		}
+	}()
+	go func() {
+		b := make([]byte, 1)
+		if n, _ := control.Read(b); n == 1 {
+			killDescendants(os.Getpid())
+		}
+	}()
+	reported := false
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if err != nil { // ECHILD: the whole tree is gone
+			break
+		}
+		if pid == main && !reported {
+			fmt.Fprintf(status, "exit %d\n", uint32(ws))
+			status.Close()
+			reported = true
+		}
+	}
+	return 0
+}
+
+// killDescendants ends every descendant of pid: it stops them until no new
+// one appears (a stopped process cannot fork), then kills them all.
+func killDescendants(pid int) {
+	stopped := map[int]bool{}
+	for range 1000 {
+		fresh := 0
+		for _, d := range descendants(pid) {
+			if !stopped[d] {
+				_ = syscall.Kill(d, syscall.SIGSTOP)
+				stopped[d] = true
+				fresh++
+			}
+		}
+		if fresh == 0 {
+			break
+		}
+	}
+	for d := range stopped {
+		_ = syscall.Kill(d, syscall.SIGKILL)
+	}
+	// Anything that slipped through the last scan.
+	for range 100 {
+		ds := descendants(pid)
+		if len(ds) == 0 {
+			return
+		}
+		for _, d := range ds {
+			_ = syscall.Kill(d, syscall.SIGKILL)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// descendants lists the live descendants of pid from /proc.
+func descendants(pid int) []int {
+	children := map[int][]int{}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if pp, ok := parentOf(p); ok {
+			children[pp] = append(children[pp], p)
+		}
+	}
+	var out []int
+	queue := []int{pid}
+	for len(queue) > 0 {
+		c := children[queue[0]]
+		queue = append(queue[1:], c...)
+		out = append(out, c...)
+	}
+	return out
+}
+
+// parentOf reads a live process's parent pid from /proc/<pid>/stat; zombies
+// count as gone.
+func parentOf(pid int) (int, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 2 || f[0] == "Z" || f[0] == "X" {
+		return 0, false
+	}
+	pp, err := strconv.Atoi(f[1])
+	return pp, err == nil
+}
+
+// reaperStatus reads the reaper's first message: the command's pid, or why
+// it did not start.
+func reaperStarted(r *bufio.Reader) (int, error) {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return 0, fmt.Errorf("the command's reaper ended before starting it: %w", err)
+	}
+	line = strings.TrimSpace(line)
+	if msg, ok := strings.CutPrefix(line, "err "); ok {
+		return 0, errors.New(msg)
+	}
+	if n, ok := strings.CutPrefix(line, "pid "); ok {
+		if pid, err := strconv.Atoi(n); err == nil {
+			return pid, nil
+		}
+	}
+	return 0, fmt.Errorf("reaper: unexpected message %q", line)
+}
+
+// reaperExit reads the command's wait status; ok is false if the reaper
+// died without reporting one.
+func reaperExit(r *bufio.Reader) (syscall.WaitStatus, bool) {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return 0, false
+	}
+	n, ok := strings.CutPrefix(strings.TrimSpace(line), "exit ")
+	if !ok {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(n, 10, 32)
+	return syscall.WaitStatus(v), err == nil
+}
+
+// statusString formats a wait status the way Go's ProcessState.String does
+// ("exit status 1", "signal: killed"), which E2B clients show.
+func statusString(ws syscall.WaitStatus) string {
+	switch {
+	case ws.Exited():
+		return "exit status " + strconv.Itoa(ws.ExitStatus())
+	case ws.Signaled():
+		s := "signal: " + ws.Signal().String()
+		if ws.CoreDump() {
+			s += " (core dumped)"
+		}
+		return s
+	}
+	return "unknown"
+}
+
+// exitCode is ProcessState.ExitCode: -1 for a signal.
+func exitCode(ws syscall.WaitStatus) int {
+	if ws.Exited() {
+		return ws.ExitStatus()
+	}
+	return -1
+}
