@@ -1,11 +1,16 @@
 GOBIN ?= $(shell go env GOPATH)/bin
 BUF_VERSION ?= v1.75.0
 
-.PHONY: generate envd tools
+.PHONY: generate check-generated envd tools
 
 # generate regenerates the protobuf and Connect code under api/gen.
 generate: tools
 	cd api && PATH="$(GOBIN):$$PATH" buf generate
+
+# check-generated fails when api/gen or go.mod/go.sum are stale (regenerates
+# them and compares).
+check-generated:
+	bash scripts/check-generated.sh
 
 tools:
 	@test -x $(GOBIN)/buf || go install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
@@ -22,9 +27,11 @@ envd:
 build: envd
 	go build -trimpath -o bin/agentbox ./cmd/agentbox
 
-# test is what CI runs: vet, formatting, then every test (unit and end-to-end,
-# which start the real server; root-only tests fail instead of skipping).
-test:
+# test is what CI runs: generated code and go.mod up to date, vet,
+# formatting, then every test (unit and end-to-end, which start the real
+# server, and the outside-attack suite e2e/outside; root-only tests fail
+# instead of skipping).
+test: check-generated
 	go vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	AGENTBOX_REQUIRE_ROOT=1 go test -count=1 -timeout 60m ./...

@@ -19,7 +19,7 @@ func TestCLI(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	run := func(stdin []byte, args ...string) (string, string, error) {
-		cmd := exec.CommandContext(ctx, s.bin, args...)
+		cmd := exec.CommandContext(ctx, s.Bin, args...)
 		cmd.Env = s.env()
 		cmd.Stdin = bytes.NewReader(stdin)
 		var out, errb bytes.Buffer

@@ -20,8 +20,8 @@ func TestMaxCommandLifetime(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	create := func(body string) (*http.Response, map[string]any) {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.url()+"/sandboxes", bytes.NewBufferString(body))
-		req.Header.Set("X-API-Key", s.apiKey)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+"/sandboxes", bytes.NewBufferString(body))
+		req.Header.Set("X-API-Key", s.APIKey)
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -41,7 +41,7 @@ func TestMaxCommandLifetime(t *testing.T) {
 		t.Fatalf("create: %d %v", resp.StatusCode, out)
 	}
 	id := out["sandboxID"].(string)
-	c := agentbox.New(agentbox.WithAPIURL(s.url()), agentbox.WithSandboxURL(s.url()), agentbox.WithAPIKey(s.apiKey))
+	c := agentbox.New(agentbox.WithAPIURL(s.URL), agentbox.WithSandboxURL(s.URL), agentbox.WithAPIKey(s.APIKey))
 	sbx, err := c.Connect(ctx, id, 0)
 	if err != nil {
 		t.Fatal(err)

@@ -18,7 +18,7 @@ func TestGoSDK(t *testing.T) {
 	s := need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	c := agentbox.New(agentbox.WithAPIURL(s.url()), agentbox.WithSandboxURL(s.url()), agentbox.WithAPIKey(s.apiKey))
+	c := agentbox.New(agentbox.WithAPIURL(s.URL), agentbox.WithSandboxURL(s.URL), agentbox.WithAPIKey(s.APIKey))
 
 	sbx, err := c.Create(ctx, agentbox.CreateOptions{
 		Template: "base",

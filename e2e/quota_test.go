@@ -19,13 +19,10 @@ func TestTeamQuota(t *testing.T) {
 	s := need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	key, err := s.createKey(ctx, "quota-e2e")
-	if err != nil {
-		t.Fatal(err)
-	}
+	key := s.NewKey(t, "quota-e2e")
 	team := func(args ...string) string {
 		t.Helper()
-		out, err := exec.CommandContext(ctx, s.bin, append(append([]string{"team"}, args...), "--data-dir", s.dataDir)...).CombinedOutput()
+		out, err := exec.CommandContext(ctx, s.Bin, append(append([]string{"team"}, args...), "--data-dir", s.DataDir)...).CombinedOutput()
 		if err != nil {
 			t.Fatalf("agentbox team %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
@@ -39,7 +36,7 @@ func TestTeamQuota(t *testing.T) {
 
 	create := func(key, body string) (int, map[string]any) {
 		t.Helper()
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.url()+"/sandboxes", bytes.NewBufferString(body))
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+"/sandboxes", bytes.NewBufferString(body))
 		req.Header.Set("X-API-Key", key)
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)

@@ -7,11 +7,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/agentbox/agentbox/e2e/harness"
 	"github.com/agentbox/agentbox/e2e/wire"
+	"github.com/agentbox/agentbox/internal/runtime/runc"
 )
 
 // TestRestartKeepsSandboxes kills the server with SIGKILL, starts it again on
@@ -39,12 +40,8 @@ func TestRestartKeepsSandboxes(t *testing.T) {
 	}
 	sleeperPID := strings.TrimSpace(r.Stdout)
 
-	if err := s.stop(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.start(ctx); err != nil {
-		t.Fatalf("restart: %v\n%s", err, s.logTail(100))
-	}
+	s.Kill9(t)
+	s.Launch(t)
 	c = s.client()
 
 	r, err = c.Run(ctx, sb, "user", "cat /tmp/mark; kill -0 "+sleeperPID+" && echo alive")
@@ -64,11 +61,11 @@ func TestRestartKeepsSandboxes(t *testing.T) {
 
 	// The leak checks below must be able to see a live sandbox, else they
 	// prove nothing.
-	if len(runcContainers(s.instance, sb.SandboxID)) == 0 {
-		t.Errorf("runc --root /run/%s/runc list does not show running sandbox %s", s.instance, sb.SandboxID)
+	if len(runcContainers(s.Instance, sb.SandboxID)) == 0 {
+		t.Errorf("runc --root /run/%s/runc list does not show running sandbox %s", s.Instance, sb.SandboxID)
 	}
-	if len(cgroupDirs(s.instance, sb.SandboxID)) == 0 {
-		t.Errorf("no cgroup dir /sys/fs/cgroup/<ctrl>/%s/%s for running sandbox", s.instance, sb.SandboxID)
+	if len(cgroupDirs(s, sb.SandboxID)) == 0 {
+		t.Errorf("no cgroup dir /sys/fs/cgroup/<ctrl>/%s/%s for running sandbox", s.Instance, sb.SandboxID)
 	}
 
 	if err := c.Kill(ctx, sb.SandboxID); err != nil {
@@ -101,16 +98,12 @@ func TestRestartKeepsGVisorSandboxes(t *testing.T) {
 		t.Fatalf("run before restart: %v %+v (want a gVisor kernel)", err, r)
 	}
 	sleeperPID := strings.TrimSpace(strings.Split(strings.TrimSpace(r.Stdout), "\n")[1])
-	if err := s.stop(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.start(ctx); err != nil {
-		t.Fatalf("restart: %v\n%s", err, s.logTail(100))
-	}
+	s.Kill9(t)
+	s.Launch(t)
 	c = s.client()
 	r, err = c.Run(ctx, sb, "user", "cat /tmp/mark; kill -0 "+sleeperPID+" && echo alive")
 	if err != nil || r.Stdout != "before\nalive\n" {
-		t.Fatalf("after restart: %v %+v; want the file and the background process\n%s", err, r, s.logTail(50))
+		t.Fatalf("after restart: %v %+v; want the file and the background process\n%s", err, r, s.LogTail(50))
 	}
 	if err := c.Kill(ctx, sb.SandboxID); err != nil {
 		t.Fatalf("kill: %v", err)
@@ -129,15 +122,11 @@ func TestGracefulShutdownKeepsSandboxes(t *testing.T) {
 		t.Fatalf("create: %v", err)
 	}
 	defer func() { _ = s.client().Kill(context.Background(), sb.SandboxID) }()
-	if err := s.stop(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if st := s.cmd.ProcessState; st == nil || !st.Success() {
+	s.Terminate(t)
+	if st := s.ProcessState(); st == nil || !st.Success() {
 		t.Errorf("serve after SIGTERM: %v, want exit 0", st)
 	}
-	if err := s.start(ctx); err != nil {
-		t.Fatalf("restart: %v\n%s", err, s.logTail(100))
-	}
+	s.Launch(t)
 	c = s.client()
 	r, err := c.Run(ctx, sb, "", "echo still-here")
 	if err != nil || r.Stdout != "still-here\n" {
@@ -162,9 +151,9 @@ func assertNoLeaks(t *testing.T, s *server, id string) {
 			m, _ := mountsMatching(func(line string) bool { return strings.Contains(line, id) })
 			return m
 		}},
-		{"network namespace files", func() []string { return netnsFiles(s.instance, id) }},
-		{"runc containers", func() []string { return runcContainers(s.instance, id) }},
-		{"cgroup directories", func() []string { return cgroupDirs(s.instance, id) }},
+		{"network namespace files", func() []string { return netnsFiles(s.Instance, id) }},
+		{"runc containers", func() []string { return runcContainers(s.Instance, id) }},
+		{"cgroup directories", func() []string { return cgroupDirs(s, id) }},
 	}
 	for _, c := range checks {
 		var left []string
@@ -188,7 +177,7 @@ func TestNothingLeaksUnderDataDir(t *testing.T) {
 	s := need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	for _, key := range []string{s.apiKey, s.otherKey} {
+	for _, key := range []string{s.APIKey, s.otherKey} {
 		c := s.client()
 		c.APIKey = key
 		list, err := c.List(ctx, nil)
@@ -205,14 +194,14 @@ func TestNothingLeaksUnderDataDir(t *testing.T) {
 	var left []string
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		left, _ = mountsUnder(s.dataDir)
+		left, _ = harness.MountsUnder(s.DataDir)
 		if len(left) == 0 || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
 	if len(left) > 0 {
-		t.Errorf("no sandbox left, but mounted under %s:\n  %s", s.dataDir, strings.Join(left, "\n  "))
+		t.Errorf("no sandbox left, but mounted under %s:\n  %s", s.DataDir, strings.Join(left, "\n  "))
 	}
 }
 
@@ -238,21 +227,6 @@ func mountsMatching(match func(line string) bool) ([]string, error) {
 		}
 	}
 	return out, sc.Err()
-}
-
-func mountsUnder(dir string) ([]string, error) {
-	real, err := filepath.EvalSymlinks(dir)
-	if err != nil {
-		real = dir
-	}
-	return mountsMatching(func(line string) bool {
-		fields := strings.Fields(line)
-		if len(fields) < 5 {
-			return false
-		}
-		mp := fields[4]
-		return mp == real || strings.HasPrefix(mp, real+"/") || mp == dir || strings.HasPrefix(mp, dir+"/")
-	})
 }
 
 func netnsFiles(instance, id string) []string {
@@ -282,10 +256,16 @@ func runcContainers(instance, id string) []string {
 	return left
 }
 
-func cgroupDirs(instance, id string) []string {
+// cgroupDirs lists sandbox id's cgroup directories, which are named by its
+// host key, not its id.
+func cgroupDirs(s *server, id string) []string {
+	key, err := runc.HostKey(filepath.Join(s.DataDir, "sandboxes"), id)
+	if err != nil {
+		return []string{"(no host key: " + err.Error() + ")"}
+	}
 	var left []string
 	for _, ctrl := range []string{"memory/", "pids/", "cpu/", "freezer/", "unified/", ""} {
-		p := "/sys/fs/cgroup/" + ctrl + instance + "/" + id
+		p := "/sys/fs/cgroup/" + ctrl + s.Instance + "/" + key
 		if _, err := os.Stat(p); err == nil {
 			left = append(left, p)
 		}

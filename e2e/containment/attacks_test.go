@@ -73,14 +73,16 @@ func noHostFile(glob string) func(e *env) error {
 }
 
 func attacks() []attack {
-	return []attack{
+	return append(envdAttacks(), []attack{
 		// ---- host files ----
 		{name: "read host /etc/shadow", script: `[ "$(sha256sum /etc/shadow | cut -d' ' -f1)" != "$HOST_SHADOW_SHA" ]`},
 		{name: "read host canary file", script: refused(`cat "$CANARY"`) + ` && ! grep -rqs "$CANARY_TOKEN" /tmp /root /var/tmp`},
 		{name: "read server data dir", script: `[ ! -e "$DATA_DIR/agentbox.db" ] && [ ! -e "$DATA_DIR/apikey" ]`},
 		{name: "read server API key file", script: refused(`cat "$DATA_DIR/apikey"`)},
 		{name: "find host processes", script: `! ps -eo comm | grep -Eqx 'agentbox|runc|runsc|runsc-gofer|runsc-sandbox|systemd|sshd|containerd|dockerd|kubelet|node'`},
-		{name: "/proc/1/root is the sandbox", script: `[ "$(cat /proc/1/root/etc/hostname)" = "$(hostname)" ] && [ "$(hostname)" != "$HOST_HOSTNAME" ]`},
+		// envd (PID 1) is not dumpable, so its root link is closed to
+		// sandbox root; if it can be read, it must be the sandbox's.
+		{name: "/proc/1/root is the sandbox or closed", script: `if h=$(cat /proc/1/root/etc/hostname 2>/dev/null); then [ "$h" = "$(hostname)" ]; else ! ls /proc/1/root/ >/dev/null 2>&1; fi && [ "$(hostname)" != "$HOST_HOSTNAME" ]`},
 		{name: "write outside the sandbox", script: `touch /ab-probe-$PROBE /tmp/ab-probe-$PROBE 2>/dev/null; true`, host: noHostFile("/ab-probe-PROBE")},
 		{name: "chroot breakout (classic ..)", script: `python3 - <<'EOF'
 import hashlib, os
@@ -240,7 +242,7 @@ open("/opt/ct/ino.count", "w").write(str(len(fds)))
 time.sleep(15)
 EOF
 (python3 /opt/ct/ino.py >/dev/null 2>&1 &); for i in $(seq 50); do [ -e /opt/ct/ino.count ] && break; sleep 0.2; done; echo "instances held: $(cat /opt/ct/ino.count)"; true`, host: hostInotifyOK},
-	}
+	}...)
 }
 
 func hostForwardIntact(e *env) error {

@@ -29,7 +29,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/agentbox/agentbox/internal/testutil"
+	"github.com/agentbox/agentbox/e2e/harness"
+	"github.com/agentbox/agentbox/internal/runtime/runc"
 	agentbox "github.com/agentbox/agentbox/sdk/go"
 )
 
@@ -70,12 +71,11 @@ func randHex(n int) string {
 }
 
 func TestContainment(t *testing.T) {
-	testutil.RequireRoot(t)
+	harness.RequireRoot(t)
 	if testing.Short() {
 		t.Skip("containment suite is long")
 	}
 	srv := startServer(t)
-	defer srv.stop()
 	client := agentbox.New(agentbox.WithAPIURL(srv.url), agentbox.WithAPIKey(srv.key))
 
 	// CONTAINMENT_ONLY (a regexp of attack names) runs a focused subset.
@@ -346,7 +346,11 @@ func (e *env) checkLimits() error {
 	if e.srv.instance == "" {
 		return nil
 	}
-	id := e.attacker.ID
+	// Cgroup directories are named by the sandbox's host key.
+	id, err := runc.HostKey(filepath.Join(e.srv.dataDir, "sandboxes"), e.attacker.ID)
+	if err != nil {
+		return fmt.Errorf("host key of %s: %w", e.attacker.ID, err)
+	}
 	for _, c := range []struct{ file, want string }{
 		{"/sys/fs/cgroup/memory/" + e.srv.instance + "/" + id + "/memory.limit_in_bytes", strconv.Itoa(e.attackerI.MemoryMB << 20)},
 		{"/sys/fs/cgroup/pids/" + e.srv.instance + "/" + id + "/pids.max", strconv.Itoa(e.attackerI.PIDs)},

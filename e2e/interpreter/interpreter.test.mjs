@@ -36,10 +36,40 @@ async function raw(sbx, path, body, token = sbx.envdAccessToken) {
   return { status: res.status, text: await res.text() }
 }
 
+// withToken makes the SDK's own fetch calls send the sandbox's access token
+// on every interpreter route, as E2B's current interpreter (and agentbox's)
+// requires. @e2b/code-interpreter 2.8.0 sends it with /execute only, so its
+// context calls are refused (401) on a secure sandbox without this.
+async function withToken(sbx, fn) {
+  const plain = globalThis.fetch
+  globalThis.fetch = (url, init = {}) => {
+    const h = new Headers(init.headers)
+    if (h.get('E2b-Sandbox-Port') === '49999' && !h.has('X-Access-Token')) h.set('X-Access-Token', sbx.envdAccessToken)
+    return plain(url, { ...init, headers: h })
+  }
+  try {
+    return await fn()
+  } finally {
+    globalThis.fetch = plain
+  }
+}
+
 describe('code interpreter (@e2b/code-interpreter 2.8.0)', { timeout: 30 * MIN }, () => {
   let sbx
   before(async () => {
     sbx = await Sandbox.create({ timeoutMs: 20 * MIN })
+  })
+
+  it('refuses context calls without the access token (SDK 2.8.0 omits it there)', async () => {
+    await assert.rejects(sbx.listCodeContexts(), (err) => /401|nauthori/.test(String(err)))
+    for (const [method, path] of [['GET', '/contexts'], ['POST', '/contexts'], ['POST', '/contexts/x/restart']]) {
+      const res = await fetch(process.env.E2B_SANDBOX_URL + path, {
+        method,
+        headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '49999', 'Content-Type': 'application/json' },
+        body: method === 'POST' ? '{}' : undefined,
+      })
+      assert.equal(res.status, 401, `${method} ${path}`)
+    }
   })
   after(async () => {
     await sbx?.kill()
@@ -170,7 +200,7 @@ plt.show()`)
     assert.equal(f.error.name, 'ExitError')
   })
 
-  it('creates, lists, restarts and removes contexts with a cwd', async () => {
+  it('creates, lists, restarts and removes contexts with a cwd', () => withToken(sbx, async () => {
     const ctx = await sbx.createCodeContext({ language: 'python', cwd: '/tmp' })
     assert.equal(ctx.cwd, '/tmp')
     assert.equal((await sbx.runCode('import os; os.getcwd()', { context: ctx })).text, '/tmp')
@@ -190,7 +220,7 @@ plt.show()`)
     const js = await sbx.createCodeContext({ language: 'js', cwd: '/etc' })
     assert.equal((await sbx.runCode('process.cwd()', { context: js })).text, '/etc')
     await assert.rejects(sbx.runCode('1', { context: js, language: 'python' }))
-  })
+  }))
 
   it('sets env vars per execution and restores them', async () => {
     for (const [language, code, after] of [
@@ -217,7 +247,7 @@ plt.show()`)
     assert.equal((await sbx.runCode('jsKept', { language: 'js', timeoutMs: 15_000 })).text, '5')
   })
 
-  it('reports a kernel killed from inside, names the dead context, and restarts it', async () => {
+  it('reports a kernel killed from inside, names the dead context, and restarts it', () => withToken(sbx, async () => {
     const ctx = await sbx.createCodeContext()
     await sbx.runCode('z = 1', { context: ctx })
     const died = await sbx.runCode('import os, signal; os.kill(os.getpid(), signal.SIGKILL)', { context: ctx })
@@ -228,7 +258,7 @@ plt.show()`)
     assert.match(dead.error.value, new RegExp(`context ${ctx.id}.*restart`))
     await sbx.restartCodeContext(ctx)
     assert.equal((await sbx.runCode('z = 2; z', { context: ctx })).text, '2')
-  })
+  }))
 
   it('rejects bad input with useful answers', async () => {
     const lang = await raw(sbx, '/execute', { code: '1', language: 'cobol' })

@@ -10,11 +10,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"image/png"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,160 +19,59 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
+	"sync"
 	"testing"
 	"time"
 
-	"github.com/agentbox/agentbox/internal/testutil"
+	"github.com/agentbox/agentbox/e2e/harness"
 	agentbox "github.com/agentbox/agentbox/sdk/go"
 )
 
-const (
-	defaultTemplateDir = "/var/cache/agentbox/templates"
-	templateName       = "code-interpreter-v1"
-)
+const templateName = "code-interpreter-v1"
 
-// server is the `agentbox serve` under test (a trimmed copy of e2e's,
-// whose helpers live in that package's test files).
-type server struct {
-	root, bin, dataDir, logPath, addr, apiKey string
-	cmd                                       *exec.Cmd
-	exited                                    chan struct{}
+// suite is the package's one server; its first user builds the template.
+var suite = harness.NewSuite("interpreter")
+
+func TestMain(m *testing.M) { os.Exit(suite.Run(m)) }
+
+type server struct{ *harness.Server }
+
+var tpl struct {
+	once sync.Once
+	err  error
 }
 
-var (
-	srv    *server
-	srvErr error
-)
-
-func TestMain(m *testing.M) {
-	flag.Parse()
-	if testing.Short() || os.Geteuid() != 0 {
-		os.Exit(m.Run()) // tests skip themselves
-	}
-	srv, srvErr = setup()
-	code := m.Run()
-	if srv != nil {
-		teardown(srv)
-		if code != 0 {
-			b, _ := os.ReadFile(srv.logPath)
-			lines := strings.Split(string(b), "\n")
-			fmt.Fprintf(os.Stderr, "\n----- serve log (%s), last lines -----\n%s\n", srv.logPath, strings.Join(lines[max(0, len(lines)-200):], "\n"))
-		}
-	}
-	os.Exit(code)
-}
-
-func setup() (*server, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
-	defer cancel()
-	wd, err := os.Getwd()
-	if err != nil {
-		return nil, err
-	}
-	root := filepath.Dir(filepath.Dir(wd)) // e2e/interpreter → repo root
-	if out, err := exec.CommandContext(ctx, "make", "-C", root, "build").CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("make build: %w\n%s", err, out)
-	}
-	tdir := cmpOr(os.Getenv("AGENTBOX_TEMPLATE_DIR"), defaultTemplateDir)
-	s := &server{root: root, bin: filepath.Join(root, "bin", "agentbox")}
-	// The CLI builds the template (or finds it cached) and prints its build
-	// time and size.
-	build := exec.CommandContext(ctx, s.bin, "template", "build", templateName, "--template-dir", tdir)
-	out, err := build.CombinedOutput()
-	if err != nil {
-		return nil, fmt.Errorf("template build: %w\n%s", err, out)
-	}
-	fmt.Fprintf(os.Stderr, "template build: %s\n", lastLine(string(out)))
-	if s.dataDir, err = os.MkdirTemp("", "agentbox-e2e-interp-data-"); err != nil {
-		return nil, err
-	}
-	logf, err := os.CreateTemp("", "agentbox-e2e-interp-serve-*.log")
-	if err != nil {
-		return nil, err
-	}
-	s.logPath = logf.Name()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	s.addr = l.Addr().String()
-	l.Close()
-	s.cmd = exec.Command(s.bin, "serve", "--data-dir", s.dataDir, "--listen", s.addr, "--template-dir", tdir,
-		"--envd", filepath.Join(root, "bin", "envd"),
-		// Own instance, bridge and subnet: never touches other servers' sandboxes.
-		"--instance", "agentbox-e2e-interp", "--bridge", "abe2ei0", "--subnet", "10.215.0.0/16")
-	s.cmd.Stdout, s.cmd.Stderr = logf, logf
-	if err := s.cmd.Start(); err != nil {
-		return nil, err
-	}
-	s.exited = make(chan struct{})
-	go func() { _ = s.cmd.Wait(); logf.Close(); close(s.exited) }()
-	deadline := time.Now().Add(15 * time.Minute)
-	for {
-		select {
-		case <-s.exited:
-			return s, fmt.Errorf("serve exited: %v", s.cmd.ProcessState)
-		case <-time.After(300 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return s, errors.New("serve not healthy after 15 minutes")
-		}
-		key, err := os.ReadFile(filepath.Join(s.dataDir, "apikey"))
-		if err != nil {
-			continue
-		}
-		s.apiKey = strings.TrimSpace(string(key))
-		if resp, err := http.Get("http://" + s.addr + "/health"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode < 300 {
-				return s, nil
-			}
-		}
-	}
-}
-
-func teardown(s *server) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if s.cmd != nil && s.cmd.ProcessState == nil && s.apiKey != "" {
-		c := s.client()
-		if list, err := c.List(ctx, agentbox.ListOptions{}); err == nil {
-			for _, sb := range list {
-				_ = c.Kill(ctx, sb.SandboxID)
-			}
-		}
-		_ = s.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-s.exited:
-		case <-time.After(2 * time.Minute):
-			_ = s.cmd.Process.Kill()
-		}
-	}
-	_ = os.RemoveAll(s.dataDir)
-}
-
-func (s *server) url() string { return "http://" + s.addr }
-
-func (s *server) client() *agentbox.Client {
-	return agentbox.New(agentbox.WithAPIURL(s.url()), agentbox.WithSandboxURL(s.url()), agentbox.WithAPIKey(s.apiKey))
-}
-
-func (s *server) env() []string {
-	return append(os.Environ(), "E2B_API_URL="+s.url(), "E2B_SANDBOX_URL="+s.url(), "E2B_API_KEY="+s.apiKey)
-}
-
+// need builds the template (with the CLI, cached in the shared template
+// dir; it prints its build time and size) and returns the running server.
 func need(t *testing.T) *server {
 	t.Helper()
-	testutil.RequireRoot(t)
+	harness.RequireRoot(t)
 	if testing.Short() {
 		t.Skip("end-to-end tests skipped in -short mode")
 	}
-	if srvErr != nil {
-		t.Fatalf("server setup: %v", srvErr)
+	bin, _ := harness.Binaries(t)
+	tpl.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+		defer cancel()
+		tdir := cmpOr(os.Getenv("AGENTBOX_TEMPLATE_DIR"), harness.DefaultTemplateDir)
+		out, err := exec.CommandContext(ctx, bin, "template", "build", templateName, "--template-dir", tdir).CombinedOutput()
+		if err != nil {
+			tpl.err = fmt.Errorf("template build: %w\n%s", err, out)
+			return
+		}
+		fmt.Fprintf(os.Stderr, "template build: %s\n", lastLine(string(out)))
+	})
+	if tpl.err != nil {
+		t.Fatal(tpl.err)
 	}
-	return srv
+	return &server{suite.Server(t)}
 }
+
+func (s *server) client() *agentbox.Client {
+	return agentbox.New(agentbox.WithAPIURL(s.URL), agentbox.WithSandboxURL(s.URL), agentbox.WithAPIKey(s.APIKey))
+}
+
+func (s *server) env() []string { return s.Env(s.APIKey) }
 
 // TestCodeInterpreterSDK runs interpreter.test.mjs with the official
 // @e2b/code-interpreter SDK.
@@ -183,14 +79,8 @@ func TestCodeInterpreterSDK(t *testing.T) {
 	s := need(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 40*time.Minute)
 	defer cancel()
-	dir := filepath.Join(s.root, "e2e", "interpreter")
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@e2b", "code-interpreter")); err != nil {
-		npm := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund")
-		npm.Dir = dir
-		if out, err := npm.CombinedOutput(); err != nil {
-			t.Fatalf("npm ci: %v\n%s", err, out)
-		}
-	}
+	dir := filepath.Join(s.Root, "e2e", "interpreter")
+	harness.NPMInstall(t, dir)
 	cmd := exec.CommandContext(ctx, "node", "--test", "--test-reporter=spec", "interpreter.test.mjs")
 	cmd.Dir = dir
 	cmd.Env = s.env()
@@ -236,8 +126,8 @@ func TestGoSDKAndCLI(t *testing.T) {
 	}
 
 	out := t.TempDir()
-	cli := exec.CommandContext(ctx, s.bin, "run-code", sbx.ID, "--lang", "python", "--out-dir", out, "-")
-	cli.Env = append(os.Environ(), "AGENTBOX_API_URL="+s.url(), "AGENTBOX_API_KEY="+s.apiKey, "E2B_SANDBOX_URL="+s.url())
+	cli := exec.CommandContext(ctx, s.Bin, "run-code", sbx.ID, "--lang", "python", "--out-dir", out, "-")
+	cli.Env = append(os.Environ(), "AGENTBOX_API_URL="+s.URL, "AGENTBOX_API_KEY="+s.APIKey, "E2B_SANDBOX_URL="+s.URL)
 	cli.Stdin = strings.NewReader("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2]); plt.show()\nprint('plotted')\nv + 1\n")
 	b, err := cli.CombinedOutput()
 	if err != nil {
@@ -255,8 +145,8 @@ func TestGoSDKAndCLI(t *testing.T) {
 	if _, err := png.Decode(f); err != nil {
 		t.Fatalf("saved PNG: %v", err)
 	}
-	cli = exec.CommandContext(ctx, s.bin, "run-code", sbx.ID, "1/0")
-	cli.Env = append(os.Environ(), "AGENTBOX_API_URL="+s.url(), "AGENTBOX_API_KEY="+s.apiKey, "E2B_SANDBOX_URL="+s.url())
+	cli = exec.CommandContext(ctx, s.Bin, "run-code", sbx.ID, "1/0")
+	cli.Env = append(os.Environ(), "AGENTBOX_API_URL="+s.URL, "AGENTBOX_API_KEY="+s.APIKey, "E2B_SANDBOX_URL="+s.URL)
 	b, err = cli.CombinedOutput()
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !bytes.Contains(b, []byte("ZeroDivisionError: division by zero")) {

@@ -7,127 +7,49 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/agentbox/agentbox/internal/testutil"
+	"github.com/agentbox/agentbox/e2e/harness"
 )
 
-// server is one `agentbox serve` on its own instance, bridge and subnet.
+// server is the harness's server with the test whose failures it reports
+// (set to the subtest in table tests).
 type server struct {
-	t       *testing.T
-	root    string
-	dataDir string
-	addr    string
-	logPath string
-	key     string
-	cmd     *exec.Cmd
-	exited  chan struct{}
+	*harness.Server
+	t *testing.T
 }
 
-func templateDir() string {
-	if d := os.Getenv("AGENTBOX_TEMPLATE_DIR"); d != "" {
-		return d
-	}
-	return "/var/cache/agentbox/templates"
-}
-
+// newServer starts a server for t; tests restart it with their own flags.
 func newServer(t *testing.T) *server {
 	t.Helper()
-	testutil.RequireRoot(t)
-	if testing.Short() {
-		t.Skip("end-to-end tests skipped in -short mode")
-	}
-	wd, _ := os.Getwd()
-	root := filepath.Dir(filepath.Dir(wd)) // tests run in e2e/lifecycle
-	build := exec.Command("make", "build")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("make build: %v\n%s", err, out)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	s := &server{t: t, root: root, dataDir: t.TempDir(), addr: addr}
-	s.logPath = filepath.Join(s.dataDir, "serve.log")
-	t.Cleanup(func() {
-		if s.cmd != nil && s.cmd.ProcessState == nil {
-			// A start without --pool drains the warm pool.
-			s.stop(syscall.SIGTERM)
-			s.start()
-			s.killAll()
-			s.stop(syscall.SIGTERM)
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(s.logPath)
-			lines := strings.Split(string(b), "\n")
-			t.Logf("serve log (last 80 lines):\n%s", strings.Join(lines[max(0, len(lines)-80):], "\n"))
-		}
-	})
-	return s
+	return &server{Server: harness.Start(t), t: t}
 }
 
-func (s *server) url() string { return "http://" + s.addr }
-
-// start runs the server; extra flags (e.g. --fault-step) apply to this run.
+// start launches the stopped server; extra flags (e.g. --fault-step) apply
+// to this run.
 func (s *server) start(extra ...string) {
 	s.t.Helper()
-	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	args := append([]string{"serve", "--data-dir", s.dataDir, "--listen", s.addr, "--template-dir", templateDir(),
-		"--instance", "able2e", "--bridge", "able2e0", "--subnet", "10.225.0.0/16"}, extra...)
-	s.cmd = exec.Command(filepath.Join(s.root, "bin", "agentbox"), args...)
-	s.cmd.Stdout, s.cmd.Stderr = logf, logf
-	if err := s.cmd.Start(); err != nil {
-		s.t.Fatal(err)
-	}
-	s.exited = make(chan struct{})
-	go func() { _ = s.cmd.Wait(); logf.Close(); close(s.exited) }()
-	for deadline := time.Now().Add(15 * time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		select {
-		case <-s.exited:
-			s.t.Fatalf("serve exited before it was ready: %v", s.cmd.ProcessState)
-		default:
-		}
-		key, err := os.ReadFile(filepath.Join(s.dataDir, "apikey"))
-		if err != nil {
-			continue
-		}
-		s.key = strings.TrimSpace(string(key))
-		if resp, err := http.Get(s.url() + "/health"); err == nil {
-			resp.Body.Close()
-			return
-		}
-	}
-	s.t.Fatal("serve not healthy")
+	s.Launch(s.t, extra...)
 }
 
 func (s *server) stop(sig syscall.Signal) {
-	_ = s.cmd.Process.Signal(sig)
-	select {
-	case <-s.exited:
-	case <-time.After(time.Minute):
-		_ = s.cmd.Process.Kill()
-		<-s.exited
+	s.t.Helper()
+	if sig == syscall.SIGKILL {
+		s.Kill9(s.t)
+		return
 	}
+	s.Terminate(s.t)
 }
 
 // waitExit waits for a fault-injected exit.
 func (s *server) waitExit(d time.Duration) bool {
 	select {
-	case <-s.exited:
+	case <-s.Exited():
 		return true
 	case <-time.After(d):
 		return false
@@ -141,8 +63,8 @@ func (s *server) do(method, path string, body any, hdr map[string]string) (int, 
 		b, _ := json.Marshal(body)
 		rd = bytes.NewReader(b)
 	}
-	req, _ := http.NewRequest(method, s.url()+path, rd)
-	req.Header.Set("X-API-Key", s.key)
+	req, _ := http.NewRequest(method, s.URL+path, rd)
+	req.Header.Set("X-API-Key", s.APIKey)
 	req.Header.Set("Content-Type", "application/json")
 	for k, v := range hdr {
 		req.Header.Set(k, v)
@@ -193,22 +115,13 @@ func (s *server) envs(c created) (map[string]string, int) {
 	return m, st
 }
 
-func (s *server) killAll() {
-	_, b := s.do("GET", "/v2/sandboxes", nil, nil)
-	var list []created
-	_ = json.Unmarshal(b, &list)
-	for _, c := range list {
-		s.do("DELETE", "/sandboxes/"+c.SandboxID, nil, nil)
-	}
-}
-
 // TestSDK runs the official e2b SDK against a server with a warm pool.
 func TestSDK(t *testing.T) {
 	s := newServer(t)
-	s.start("--pool", "base=1")
+	s.Restart(t, "--pool", "base=1")
 	time.Sleep(3 * time.Second) // let the pool fill
 	cmd := exec.Command("node", "--test", "--test-reporter=spec", "sdk.test.mjs")
-	cmd.Env = append(os.Environ(), "E2B_API_URL="+s.url(), "E2B_SANDBOX_URL="+s.url(), "E2B_API_KEY="+s.key)
+	cmd.Env = append(os.Environ(), "E2B_API_URL="+s.URL, "E2B_SANDBOX_URL="+s.URL, "E2B_API_KEY="+s.APIKey)
 	out, err := cmd.CombinedOutput()
 	t.Logf("%s", out)
 	if err != nil {
@@ -222,7 +135,6 @@ func TestSDK(t *testing.T) {
 // one boots fresh with the env it was created with.
 func TestPausedSurvivesRestart(t *testing.T) {
 	s := newServer(t)
-	s.start()
 	cases := []struct {
 		name      string
 		isolation string
@@ -268,6 +180,7 @@ func TestPausedSurvivesRestart(t *testing.T) {
 // a half, and that the sandbox is usable afterwards.
 func TestFaultInjection(t *testing.T) {
 	s := newServer(t)
+	s.stop(syscall.SIGTERM) // each step launches its own
 	for _, tc := range []struct {
 		step    string
 		prepare func(c created) // brings the sandbox to the transition's start

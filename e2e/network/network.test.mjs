@@ -76,7 +76,9 @@ try {
   {
     const sb = await create({ network: { allowOut: [`${C}/32`], denyOut: ['ALL_TRAFFIC'] } })
     ok(reached(await curl(sb, `http://${C}/`)), 'CIDR: allowed address reachable')
-    ok(reached(await curl(sb, 'http://other.test/')), 'CIDR: a name resolving into the range reachable')
+    // With the internet off the resolver answers only names in allowOut:
+    // a range opens addresses, not names (no DNS tunnel).
+    ok(blocked(await curl(sb, 'http://other.test/')), 'CIDR: a name resolving into the range is not resolved (internet off)')
     ok(blocked(await curl(sb, `http://${A}/`)), 'CIDR: address outside blocked')
     ok(blocked(await curl(sb, 'http://allowed.test/')), 'CIDR: name outside blocked')
     const t = await sh(sb, `timeout 3 bash -c 'exec 3<>/dev/tcp/${C}/7; echo hi >&3; read -t 2 x <&3; echo "[$x]"'`)
@@ -165,7 +167,13 @@ except PermissionError:
     ok(neither.stdout.trim().startsWith('rejected'), 'inject: without the CA Node rejects the proxy certificate (control)', neither.stdout.trim())
     const plain = await curl(sb, 'http://api.allowed.test/v1/models')
     const pj = (() => { try { return JSON.parse(plain.body) } catch { return {} } })()
-    ok(pj.headers?.Authorization?.[0] === hashed, 'inject: HTTP request carries the secret')
+    ok(reached(plain) && pj.headers?.Authorization === undefined, 'inject: plain HTTP carries no secret without allowPlainHTTP', plain.body.slice(0, 200))
+    // A Host header naming the rule's domain, sent to another address:
+    // the proxy sends it where the domain resolves, never to the
+    // sandbox's choice.
+    const spoof = await curl(sb, `https://api.allowed.test/v1/spoof`, `--resolve api.allowed.test:443:${A}`)
+    const sj = (() => { try { return JSON.parse(spoof.body) } catch { return {} } })()
+    ok(sj.local === `${B}:443` && sj.headers?.Authorization?.[0] === hashed, 'inject: SNI spoofed to another address goes to the domain\'s own address', spoof.body.slice(0, 200))
     const untouched = await curl(sb, 'https://allowed.test/')
     ok(untouched.rc === 60, 'inject: a domain without rules is not terminated (the sandbox does not trust the fake CA)', `rc=${untouched.rc}`)
     // The secret is nowhere inside: env, files, process memory.
@@ -229,6 +237,13 @@ print('hits', sorted(set(hits)))`)
       // this Node trust the proxy.
       const after = await sh(live, `env ${hidden} node -e "fetch('https://api.allowed.test/v1/models').then(r => r.text()).then(t => console.log(t), e => console.log('rejected', e.cause?.code))"`)
       ok(authOf(after.stdout) === hashed, 'live rules: node fetch after PUT network trusts the CA and carries the secret', (after.stdout + after.stderr).slice(0, 300))
+      // The SDK's updateNetwork drops fields it does not know: the
+      // agentbox extension goes through the REST call itself.
+      const put = await api('PUT', `/sandboxes/${live.sandboxId}/network`, { allowOut: ['api.allowed.test'], denyOut: ['ALL_TRAFFIC'], rules: { 'api.allowed.test': [{ transform: { headers: { Authorization: 'Bearer ${secrets.E2E_TOKEN}' } }, allowPlainHTTP: true }] } })
+      ok(put.status === 204, 'live rules: PUT network with allowPlainHTTP', put.text)
+      const optIn = await curl(live, 'http://api.allowed.test/v1/plain')
+      const oj = (() => { try { return JSON.parse(optIn.body) } catch { return {} } })()
+      ok(oj.headers?.Authorization?.[0] === hashed, 'inject: plain HTTP carries the secret with allowPlainHTTP', optIn.body.slice(0, 200))
     }
     const del = await api('DELETE', '/secrets/E2E_TOKEN')
     ok(del.status === 204, 'secrets: deleted')

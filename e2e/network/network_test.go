@@ -10,51 +10,32 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"math/big"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/agentbox/agentbox/e2e/harness"
 	"github.com/agentbox/agentbox/internal/testutil"
 )
 
+// server is the harness's server with a Host-routing TLS listener.
 type server struct {
-	addr, dataDir, apiKey, bin string
-	tlsAddr, tlsCA             string // the Host-routing TLS listener and the CA of its certificate
-	cmd                        *exec.Cmd
-	log                        string
+	*harness.Server
+	tlsAddr, tlsCA string // the TLS listener and the CA of its certificate
 }
 
-func root(t *testing.T) string {
-	wd, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return filepath.Dir(filepath.Dir(wd)) // e2e/network → repo root
-}
-
-func startServer(t *testing.T, repo string, fake *testutil.FakeNet) *server {
+// startServer starts a server whose egress resolves and trusts the fake
+// internet, and which routes <port>-<id>.sbx.test over TLS.
+func startServer(t *testing.T, fake *testutil.FakeNet) *server {
 	t.Helper()
-	// Own binaries: the other end-to-end packages build bin/ at the same time.
-	bin := t.TempDir()
-	for _, b := range []struct{ out, pkg string }{{"agentbox", "./cmd/agentbox"}, {"envd", "./cmd/envd"}} {
-		cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(bin, b.out), b.pkg)
-		cmd.Dir = repo
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", b.pkg, err, out)
-		}
-	}
 	dir := t.TempDir()
 	tlsCert, tlsKey, tlsCA := wildcardCert(t, dir, "sbx.test")
 	tl, err := net.Listen("tcp", "127.0.0.1:0")
@@ -67,95 +48,11 @@ func startServer(t *testing.T, repo string, fake *testutil.FakeNet) *server {
 	if err := os.WriteFile(caFile, fake.CAPEM, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	tpl := os.Getenv("AGENTBOX_TEMPLATE_DIR")
-	if tpl == "" {
-		tpl = "/var/cache/agentbox/templates"
-	}
-	s := &server{addr: addr, tlsAddr: tlsAddr, tlsCA: tlsCA, dataDir: filepath.Join(dir, "data"), log: filepath.Join(dir, "serve.log")}
-	logf, err := os.Create(s.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.bin = filepath.Join(bin, "agentbox")
-	s.cmd = exec.Command(s.bin, "serve",
-		"--data-dir", s.dataDir, "--listen", addr, "--template-dir", tpl,
-		"--envd", filepath.Join(bin, "envd"),
-		// Own instance, bridge and subnet: never touches other servers.
-		"--instance", "e2enet", "--bridge", "abe2enet", "--subnet", "10.122.0.0/16",
+	s := harness.Start(t, harness.Args(
 		"--egress-dns", fake.DNS.String(), "--egress-ca-file", caFile,
 		"--domain", "sbx.test", "--log-level", "debug",
-		"--tls-cert", tlsCert, "--tls-key", tlsKey, "--tls-listen", tlsAddr)
-	s.cmd.Stdout, s.cmd.Stderr = logf, logf
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		// Kill whatever sandboxes a failed test left before the server and
-		// its host setup go: nothing may outlive the test.
-		if s.apiKey != "" {
-			killAll("http://"+addr, s.apiKey)
-		}
-		_ = s.cmd.Process.Signal(os.Interrupt)
-		_ = s.cmd.Wait()
-		logf.Close()
-		// The server leaves its host setup for sandboxes that outlive it;
-		// this one's are all gone.
-		for _, fam := range []string{"inet", "bridge"} {
-			_ = exec.Command("nft", "delete", "table", fam, "e2enet").Run()
-		}
-		_ = exec.Command("ip", "link", "del", "abe2enet").Run()
-		_ = os.RemoveAll("/run/e2enet")
-		if t.Failed() {
-			b, _ := os.ReadFile(s.log)
-			lines := strings.Split(string(b), "\n")
-			t.Logf("server log (tail):\n%s", strings.Join(lines[max(0, len(lines)-60):], "\n"))
-		}
-	})
-	deadline := time.Now().Add(15 * time.Minute)
-	for time.Now().Before(deadline) {
-		time.Sleep(300 * time.Millisecond)
-		k, err := os.ReadFile(filepath.Join(s.dataDir, "apikey"))
-		if err != nil {
-			continue
-		}
-		if resp, err := http.Get("http://" + addr + "/health"); err == nil {
-			resp.Body.Close()
-			s.apiKey = strings.TrimSpace(string(k))
-			return s
-		}
-	}
-	t.Fatal("server did not become healthy")
-	return nil
-}
-
-// killAll deletes every sandbox the key's team has on the server at base.
-func killAll(base, key string) {
-	req, _ := http.NewRequest(http.MethodGet, base+"/v2/sandboxes", nil)
-	req.Header.Set("X-API-Key", key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return
-	}
-	defer resp.Body.Close()
-	var list []struct {
-		SandboxID string `json:"sandboxID"`
-	}
-	if json.NewDecoder(resp.Body).Decode(&list) != nil {
-		return
-	}
-	for _, sb := range list {
-		del, _ := http.NewRequest(http.MethodDelete, base+"/sandboxes/"+sb.SandboxID, nil)
-		del.Header.Set("X-API-Key", key)
-		if r, err := http.DefaultClient.Do(del); err == nil {
-			r.Body.Close()
-		}
-	}
+		"--tls-cert", tlsCert, "--tls-key", tlsKey, "--tls-listen", tlsAddr))
+	return &server{Server: s, tlsAddr: tlsAddr, tlsCA: tlsCA}
 }
 
 // sink counts UDP datagrams by payload on the fake internet.
@@ -168,11 +65,11 @@ func TestNetworkE2E(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end tests skipped in -short mode")
 	}
-	testutil.RequireRoot(t)
+	harness.RequireRoot(t)
 	if _, err := exec.LookPath("node"); err != nil {
 		t.Skip("node is not installed")
 	}
-	repo := root(t)
+	repo := harness.RepoRoot(t)
 	fake := testutil.NewFakeNet(t, "e2n", netip.MustParsePrefix("198.18.3.0/24"), 3, map[string]netip.Addr{
 		"allowed.test":     netip.MustParseAddr("198.18.3.10"),
 		"api.allowed.test": netip.MustParseAddr("198.18.3.11"),
@@ -194,16 +91,17 @@ func TestNetworkE2E(t *testing.T) {
 			sk.mu.Unlock()
 		}
 	}()
-	s := startServer(t, repo, fake)
+	harness.NPMInstall(t, filepath.Join(repo, "e2e", "js")) // network.test.mjs imports its e2b
+	s := startServer(t, fake)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "node", filepath.Join(repo, "e2e/network/network.test.mjs"))
 	cmd.Dir = filepath.Join(repo, "e2e/network")
 	cmd.Env = append(os.Environ(),
-		"E2B_API_URL=http://"+s.addr, "E2B_SANDBOX_URL=http://"+s.addr, "E2B_API_KEY="+s.apiKey,
+		"E2B_API_URL="+s.URL, "E2B_SANDBOX_URL="+s.URL, "E2B_API_KEY="+s.APIKey,
 		"E2E_FAKE_A=198.18.3.10", "E2E_FAKE_B=198.18.3.11", "E2E_FAKE_C=198.18.3.12",
-		"E2E_SINK=198.18.3.10:9", "E2E_DOMAIN=sbx.test", "E2E_AGENTBOX="+s.bin,
+		"E2E_SINK=198.18.3.10:9", "E2E_DOMAIN=sbx.test", "E2E_AGENTBOX="+s.Bin,
 		"E2E_TLS="+s.tlsAddr, "E2E_TLS_CA="+s.tlsCA,
 	)
 	out, err := cmd.CombinedOutput()

@@ -117,7 +117,7 @@ func TestBuiltinBrowser(t *testing.T) {
 	id := e.create(t, "browser")
 	// The sandbox's lower layers include base's own rootfs: one copy of
 	// the base files serves base, browser, desktop and interpreter alike.
-	if lower, _ := overlayOf(t, id); !strings.Contains(lower, filepath.Join(e.tplDir, baseID(t, e.tplDir), "rootfs")) {
+	if lower, _ := overlayOf(t, e.dataDir, id); !strings.Contains(lower, filepath.Join(e.tplDir, baseID(t, e.tplDir), "rootfs")) {
 		t.Errorf("browser sandbox does not sit on base's rootfs: lowerdir %s", lower)
 	}
 	code, body := e.port(t, id, "9222", "/json/version")

@@ -14,7 +14,8 @@ import (
 )
 
 // TestE2BTemplateTags drives the tag endpoints with Template.assignTags,
-// getTags and removeTags from the official e2b npm SDK, on the base template.
+// getTags and removeTags from the official e2b npm SDK, on a template of the
+// team (builtins such as base are the operator's and refused).
 func TestE2BTemplateTags(t *testing.T) {
 	e := setup(t)
 	node, err := exec.LookPath("node")
@@ -25,7 +26,7 @@ func TestE2BTemplateTags(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, "tags.mjs")
 	cmd.Env = append(os.Environ(), "E2B_API_URL=http://"+e.addr, "E2B_API_KEY="+e.key,
-		"E2B_MODULE="+filepath.Join(e.root, "e2e/js/node_modules/e2b/dist/index.mjs"), "TEMPLATE_NAME=base")
+		"E2B_MODULE="+filepath.Join(e.root, "e2e/js/node_modules/e2b/dist/index.mjs"), "TEMPLATE_NAME=e2e-tags")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -44,6 +45,7 @@ func TestE2BTemplateTags(t *testing.T) {
 		Exists       bool
 		AfterRemove  []string
 		UnknownError string
+		BuiltinError string
 	}
 	if err := json.Unmarshal(bytes.TrimSpace(out), &r); err != nil {
 		t.Fatalf("%v: %s", err, out)
@@ -63,10 +65,13 @@ func TestE2BTemplateTags(t *testing.T) {
 		t.Errorf("getTags = %v", listed)
 	}
 	if !r.Exists {
-		t.Error("base:e2e-stable does not exist after assigning it")
+		t.Error("e2e-tags:e2e-stable does not exist after assigning it")
 	}
 	if !slices.Equal(r.AfterRemove, []string{"default", "e2e-stable"}) {
 		t.Errorf("tags after removing e2e-canary: %v", r.AfterRemove)
+	}
+	if !strings.Contains(r.BuiltinError, "400") {
+		t.Errorf("a team tagging the builtin base: %q, want a 400", r.BuiltinError)
 	}
 	if !strings.Contains(r.UnknownError, "404") {
 		t.Errorf("assigning to an unknown template: %q", r.UnknownError)

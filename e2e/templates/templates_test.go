@@ -8,8 +8,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/agentbox/agentbox/internal/runtime/runc"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentbox/agentbox/internal/testutil"
+	"github.com/agentbox/agentbox/e2e/harness"
 )
 
 type env struct {
@@ -56,26 +56,12 @@ func (e *env) api(t *testing.T, method, path string, body any, out any) int {
 // setup builds the binaries, links the base template into a fresh template
 // dir (hard links: no copy) and starts a server on its own instance.
 func setup(t *testing.T) *env {
-	testutil.RequireRoot(t)
+	harness.RequireRoot(t)
 	if testing.Short() {
 		t.Skip("e2e")
 	}
-	wd, _ := os.Getwd()
-	e := &env{root: filepath.Dir(filepath.Dir(wd)), dataDir: t.TempDir(), tplDir: t.TempDir()}
-	bin := t.TempDir()
-	e.bin = filepath.Join(bin, "agentbox")
-	for _, b := range []struct{ out, pkg string }{{e.bin, "./cmd/agentbox"}, {filepath.Join(bin, "envd"), "./cmd/envd"}} {
-		cmd := exec.Command("go", "build", "-o", b.out, b.pkg)
-		cmd.Dir = e.root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v\n%s", b.pkg, err, out)
-		}
-	}
-	src := os.Getenv("AGENTBOX_TEMPLATE_DIR")
-	if src == "" {
-		src = "/var/cache/agentbox/templates"
-	}
+	tplDir := t.TempDir()
+	src := cmpOr(os.Getenv("AGENTBOX_TEMPLATE_DIR"), harness.DefaultTemplateDir)
 	entries, _ := os.ReadDir(src)
 	linked := false
 	for _, ent := range entries {
@@ -86,54 +72,23 @@ func setup(t *testing.T) *env {
 		if err != nil || json.Unmarshal(b, &meta) != nil || !slices.Contains(meta.Aliases, "base") {
 			continue
 		}
-		linkStoreDir(t, filepath.Join(src, ent.Name()), filepath.Join(e.tplDir, ent.Name()))
+		linkStoreDir(t, filepath.Join(src, ent.Name()), filepath.Join(tplDir, ent.Name()))
 		linked = true
 		break
 	}
 	if !linked {
 		t.Skipf("no base template in %s (build it with `agentbox template build`)", src)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	s := harness.Start(t, harness.TemplateDir(tplDir), harness.Args("--build-base=false"))
+	harness.NPMInstall(t, filepath.Join(s.Root, "e2e", "js")) // the SDK scripts import its e2b
+	return &env{root: s.Root, bin: s.Bin, dataDir: s.DataDir, tplDir: tplDir, addr: s.Addr, key: s.APIKey}
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
 	}
-	e.addr = l.Addr().String()
-	l.Close()
-	logf, _ := os.Create(filepath.Join(e.dataDir, "serve.log"))
-	cmd := exec.Command(e.bin, "serve", "--data-dir", e.dataDir, "--template-dir", e.tplDir, "--listen", e.addr,
-		"--instance", "abtpl-e2e", "--bridge", "abtple0", "--subnet", "10.214.0.0/16", "--build-base=false")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		var list []struct{ SandboxID string }
-		e.api(t, "GET", "/sandboxes", nil, &list)
-		for _, s := range list {
-			e.api(t, "DELETE", "/sandboxes/"+s.SandboxID, nil, nil)
-		}
-		_ = cmd.Process.Signal(os.Interrupt)
-		_, _ = cmd.Process.Wait()
-		logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("serve log:\n%s", b[max(0, len(b)-8000):])
-		}
-	})
-	for deadline := time.Now().Add(60 * time.Second); ; {
-		if b, err := os.ReadFile(filepath.Join(e.dataDir, "apikey")); err == nil {
-			e.key = strings.TrimSpace(string(b))
-			if resp, err := http.Get("http://" + e.addr + "/health"); err == nil {
-				resp.Body.Close()
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("server did not start")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	return e
+	return b
 }
 
 type sdkResult struct {
@@ -213,8 +168,8 @@ func TestE2BTemplateBuild(t *testing.T) {
 			t.Fatalf("create: %d", code)
 		}
 	}
-	la, ua := overlayOf(t, a.SandboxID)
-	lb, ub := overlayOf(t, b.SandboxID)
+	la, ua := overlayOf(t, e.dataDir, a.SandboxID)
+	lb, ub := overlayOf(t, e.dataDir, b.SandboxID)
 	if la != lb || ua == ub || !strings.Contains(la, "/layers/") {
 		t.Errorf("sandboxes do not share their lower layers or share an upper:\n%s %s\n%s %s", la, ua, lb, ub)
 	}
@@ -234,26 +189,46 @@ func TestE2BTemplateBuild(t *testing.T) {
 	if code := e.api(t, "DELETE", "/templates/sdk-built", nil, nil); code != 204 {
 		t.Fatalf("delete template: %d", code)
 	}
-	var gc struct{ RemovedLayers []string }
-	e.api(t, "POST", "/templates/gc", nil, &gc)
-	for _, l := range gc.RemovedLayers {
-		if strings.Contains(la, l) {
+	// GC is the operator's command on the store, not a team's API call.
+	if code := e.api(t, "POST", "/templates/gc", nil, nil); code != 404 {
+		t.Errorf("POST /templates/gc answered %d, want 404 pointing at the CLI", code)
+	}
+	removedLayers := func() int {
+		t.Helper()
+		out, err := exec.Command(e.bin, "template", "gc", "--template-dir", e.tplDir).CombinedOutput()
+		if err != nil {
+			t.Fatalf("template gc: %v\n%s", err, out)
+		}
+		var n int
+		if _, err := fmt.Sscanf(string(out), "removed %d layers", &n); err != nil {
+			t.Fatalf("template gc output: %s", out)
+		}
+		return n
+	}
+	removedLayers()
+	for _, l := range strings.Split(la, ":") {
+		if _, err := os.Stat(l); err != nil {
 			t.Errorf("gc removed layer %s, which running sandboxes use", l)
 		}
 	}
 	for _, id := range []string{a.SandboxID, b.SandboxID} {
 		e.api(t, "DELETE", "/sandboxes/"+id, nil, nil)
 	}
-	e.api(t, "POST", "/templates/gc", nil, &gc)
-	if len(gc.RemovedLayers) < 3 {
-		t.Errorf("gc after the sandboxes are gone removed %d layers, want the template's 3", len(gc.RemovedLayers))
+	if n := removedLayers(); n < 3 {
+		t.Errorf("gc after the sandboxes are gone removed %d layers, want the template's 3", n)
 	}
 }
 
 // overlayOf returns the lowerdir and upperdir options of sandbox id's
 // overlay mount.
-func overlayOf(t *testing.T, id string) (lower, upper string) {
+func overlayOf(t *testing.T, dataDir, id string) (lower, upper string) {
 	t.Helper()
+	// Host paths are named by the sandbox's host key, not its id.
+	key, err := runc.HostKey(filepath.Join(dataDir, "sandboxes"), id)
+	if err != nil {
+		t.Fatalf("host key of %s: %v", id, err)
+	}
+	id = key
 	b, _ := os.ReadFile("/proc/self/mountinfo")
 	for line := range strings.Lines(string(b)) {
 		f := strings.Fields(line)
@@ -353,7 +328,7 @@ func TestCLIDockerfileBuild(t *testing.T) {
 	if code := e.api(t, "GET", "/templates/cli-app", nil, nil); code != 404 {
 		t.Errorf("template still there after rm: %d", code)
 	}
-	if gc := run("template", "gc", "--api-url", "http://"+e.addr); !strings.Contains(gc, "removed") {
+	if gc := run("template", "gc", "--template-dir", e.tplDir); !strings.Contains(gc, "removed") {
 		t.Errorf("gc output: %s", gc)
 	}
 }

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Fails when generated code (api/gen) or go.mod/go.sum are stale: it
+# regenerates them (make generate, go mod tidy) and compares the result with
+# what was there before. On a difference the regenerated files stay in place,
+# ready to commit.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+before=$(mktemp -d)
+trap 'rm -rf "$before"' EXIT
+cp -a api/gen "$before/gen"
+cp go.mod go.sum "$before/"
+make -s generate
+go mod tidy
+stale=0
+if ! diff -r "$before/gen" api/gen >"$before/gen.diff"; then
+	echo "check-generated: api/gen is stale; run 'make generate' and commit:" >&2
+	head -40 "$before/gen.diff" >&2
+	stale=1
+fi
+for f in go.mod go.sum; do
+	if ! diff -u "$before/$f" "$f" >&2; then
+		echo "check-generated: $f is not tidy; run 'go mod tidy' and commit" >&2
+		stale=1
+	fi
+done
+exit "$stale"
