@@ -88,7 +88,9 @@ func newEnv(t testing.TB, p network.Policy) *env {
 // dial opens a TCP connection from inside the sandbox netns.
 func (e *env) dial(ctx context.Context, addr string) (net.Conn, error) {
 	return testutil.InNetNS(e.ep.NetNSPath, func() (net.Conn, error) {
-		d := net.Dialer{Timeout: 3 * time.Second}
+		// Generous: on a loaded machine the new veth can take a second or
+		// two to pass its first SYN.
+		d := net.Dialer{Timeout: 10 * time.Second}
 		d.SetMultipathTCP(false)
 		return d.DialContext(ctx, "tcp4", addr)
 	})
