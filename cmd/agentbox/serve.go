@@ -232,11 +232,11 @@ func startSyscallAudit(ctx context.Context, mgr *sandbox.Manager, rt *runc.Runti
 	go w.Run(ctx)
 }
 
-// hideRunDir makes the server's run dir and the dirs in it that name
-// sandboxes searchable but not listable by other host users.
+// hideRunDir makes the server's run dir and its netns pin dir searchable
+// but not listable by other host users (the network manager keeps its
+// address records in netns.addr, 0700).
 func hideRunDir(runDir string) error {
-	for _, d := range []string{runDir, filepath.Join(runDir, "netns"), filepath.Join(runDir, "netns.addr")} {
-		// netns.addr is otherwise made on the first attach, listable.
+	for _, d := range []string{runDir, filepath.Join(runDir, "netns")} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return fmt.Errorf("run dir: %w", err)
 		}

@@ -133,11 +133,6 @@ func TestRuntimeHostFiles(t *testing.T) {
 			for _, id := range []string{a.SandboxID, b.SandboxID} {
 				if i := strings.Index(string(out), id); i >= 0 {
 					line := string(out)[max(0, i-80):min(len(out), i+len(id)+20)]
-					// The network's netns pins are still named by the
-					// sandbox id (issue 11, property 4: open).
-					if strings.Contains(line, "/netns/"+id) {
-						return gap("%s shows %s through the netns pin: …%s…", p.name, id, oneLine(line))
-					}
 					return crossed("%s shows %s: …%s…", p.name, id, oneLine(line))
 				}
 			}

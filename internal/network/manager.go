@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -30,8 +29,9 @@ type Config struct {
 	// Subnet holds the gateway (its first address) and every sandbox
 	// address. IPv4 only. Default 10.11.0.0/16.
 	Subnet netip.Prefix
-	// NetNSDir holds one bind-mounted netns file per sandbox, named by id.
-	// Default /run/agentbox/netns.
+	// NetNSDir holds one bind-mounted netns file per sandbox, named by an
+	// opaque key of its id (hostnames.go); NetNSDir+".addr" holds their
+	// address records. Default /run/agentbox/netns.
 	NetNSDir string
 	// Table is the nftables table (family inet) the Manager owns and
 	// rewrites. Default "agentbox".
@@ -91,6 +91,8 @@ type Manager struct {
 
 	egress      Egress
 	egressPorts EgressPorts
+
+	secret []byte // keys host names of sandboxes (hostnames.go)
 }
 
 // Egress is the host-side egress proxy and resolver: it learns every
@@ -142,6 +144,11 @@ func New(cfg Config, log *slog.Logger) (*Manager, error) {
 		ipChains:  map[string]bool{},
 	}
 	m.dns = m.hostDNS()
+	secret, err := loadKeySecret(m.recordDir())
+	if err != nil {
+		return nil, err
+	}
+	m.secret = secret
 	if err := m.relearn(); err != nil {
 		return nil, err
 	}
@@ -210,8 +217,6 @@ func (m *Manager) hostDNS() []string {
 	return out
 }
 
-func (m *Manager) nsPath(id string) string { return filepath.Join(m.cfg.NetNSDir, id) }
-
 // hostVeth names the host side of a sandbox's veth pair. Interface names are
 // at most 15 bytes, so the id is hashed rather than truncated: truncation
 // collides for ids with a common prefix.
@@ -220,21 +225,18 @@ func hostVeth(id string) string {
 	return "ab" + hex.EncodeToString(h[:])[:12]
 }
 
-// relearn reads eth0's address in every netns file left by an earlier process.
+// relearn reads the address of every sandbox an earlier process attached:
+// from its record, or from eth0 for sandboxes attached before records
+// existed.
 func (m *Manager) relearn() error {
-	entries, err := os.ReadDir(m.cfg.NetNSDir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
+	pins, err := m.pinned()
 	if err != nil {
-		return fmt.Errorf("read netns dir: %w", err)
+		return err
 	}
 	denied, named := m.addrSet(noInternetSet), m.addrSet(byNameSet)
-	for _, e := range entries {
-		id := e.Name()
+	for id := range pins {
 		ip, err := m.readAddr(id)
 		if err != nil {
-			// Sandboxes attached before address records existed.
 			ip, err = readNSAddr(m.nsPath(id))
 		}
 		if err != nil {
@@ -251,34 +253,6 @@ func (m *Manager) relearn() error {
 		}
 	}
 	return nil
-}
-
-// addrPath is the record of a sandbox's address, in a directory next to the
-// netns files (so List, which reads NetNSDir, sees only namespaces).
-func (m *Manager) addrPath(id string) string {
-	return filepath.Join(m.cfg.NetNSDir+".addr", id)
-}
-
-func (m *Manager) writeAddr(id string, ip netip.Addr) error {
-	if err := os.MkdirAll(filepath.Dir(m.addrPath(id)), 0o755); err != nil {
-		return fmt.Errorf("address record: %w", err)
-	}
-	if err := os.WriteFile(m.addrPath(id), []byte(ip.String()), 0o644); err != nil {
-		return fmt.Errorf("address record: %w", err)
-	}
-	return nil
-}
-
-func (m *Manager) readAddr(id string) (netip.Addr, error) {
-	b, err := os.ReadFile(m.addrPath(id))
-	if err != nil {
-		return netip.Addr{}, err
-	}
-	ip, err := netip.ParseAddr(strings.TrimSpace(string(b)))
-	if err != nil || !m.cfg.Subnet.Contains(ip) {
-		return netip.Addr{}, fmt.Errorf("address record of %s: %q is not in %s", id, b, m.cfg.Subnet)
-	}
-	return ip, nil
 }
 
 func readNSAddr(path string) (netip.Addr, error) {
@@ -585,16 +559,13 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 // List returns the ids that have a netns file, attached by this process or
 // an earlier one.
 func (m *Manager) List(ctx context.Context) ([]string, error) {
-	entries, err := os.ReadDir(m.cfg.NetNSDir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
+	pins, err := m.pinned()
 	if err != nil {
-		return nil, fmt.Errorf("read netns dir: %w", err)
+		return nil, err
 	}
-	ids := make([]string, 0, len(entries))
-	for _, e := range entries {
-		ids = append(ids, e.Name())
+	ids := make([]string, 0, len(pins))
+	for id := range pins {
+		ids = append(ids, id)
 	}
 	sort.Strings(ids)
 	return ids, nil

@@ -9,8 +9,10 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	goruntime "runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -279,6 +281,52 @@ func TestIsolation(t *testing.T) {
 		}
 		if err := m2.Detach(ctx, "sbc"); err != nil {
 			t.Fatal(err)
+		}
+	})
+
+	t.Run("host names hide the id", func(t *testing.T) {
+		// Pins are mount points: their paths are in every host user's
+		// /proc/self/mountinfo, so they must not name the sandbox.
+		mounts, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, dir := range []string{cfg.NetNSDir, m.recordDir()} {
+			entries, err := os.ReadDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range entries {
+				if strings.Contains(e.Name(), "sba") || strings.Contains(e.Name(), "sbb") {
+					t.Errorf("%s/%s is named after a sandbox", dir, e.Name())
+				}
+			}
+		}
+		if strings.Contains(string(mounts), filepath.Join(cfg.NetNSDir, "sba")) {
+			t.Error("mountinfo shows a netns pin named after its sandbox")
+		}
+		fi, err := os.Stat(m.recordDir())
+		if err != nil || fi.Mode().Perm() != 0o700 {
+			t.Errorf("record dir mode = %v, %v; want 0700", fi.Mode(), err)
+		}
+		if fi, err := os.Stat(m.addrPath("sba")); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("record mode = %v, %v; want 0600", fi.Mode(), err)
+		}
+		// A keyed pin whose record is gone cannot be mapped back to a
+		// sandbox: a restarted manager removes it.
+		orphan := filepath.Join(cfg.NetNSDir, strings.Repeat("ab", 16))
+		if err := placeholder(orphan); err != nil {
+			t.Fatal(err)
+		}
+		m2, err := New(cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ids, _ := m2.List(ctx); !slices.Equal(ids, []string{"sba", "sbb"}) {
+			t.Errorf("List with an orphaned pin = %v", ids)
+		}
+		if _, err := os.Stat(orphan); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("orphaned pin left: %v", err)
 		}
 	})
 
