@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/agentbox/agentbox/internal/runtime"
 )
 
 // Each container-tier sandbox runs in an audit session of its own: runc is
@@ -53,3 +55,5 @@ func (s *Store) SandboxOfSession(ses uint32) (string, bool) {
 	}
 	return found, found != ""
 }
+
+var _ runtime.SandboxResolver = (*Store)(nil)

@@ -10,11 +10,10 @@ import (
 	"path/filepath"
 	"time"
 
+	gorunc "github.com/containerd/go-runc"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
-
-	gorunc "github.com/containerd/go-runc"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/runtime"
