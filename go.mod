@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	connectrpc.com/connect v1.21.1
+	github.com/containerd/go-runc v1.2.1
 	github.com/creack/pty v1.1.24
 	github.com/evanw/esbuild v0.28.2
 	github.com/fsnotify/fsnotify v1.10.1
@@ -26,6 +27,7 @@ require (
 )
 
 require (
+	github.com/containerd/console v1.0.5 // indirect
 	github.com/containerd/typeurl/v2 v2.2.3 // indirect
 	github.com/docker/cli v29.7.2+incompatible // indirect
 	github.com/docker/docker-credential-helpers v0.9.3 // indirect

@@ -12,7 +12,7 @@ import (
 
 	"github.com/agentbox/agentbox/e2e/harness"
 	"github.com/agentbox/agentbox/e2e/wire"
-	"github.com/agentbox/agentbox/internal/runtime/runc"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
 )
 
 // TestRestartKeepsSandboxes kills the server with SIGKILL, starts it again on
@@ -259,7 +259,7 @@ func runcContainers(instance, id string) []string {
 // cgroupDirs lists sandbox id's cgroup directories, which are named by its
 // host key, not its id.
 func cgroupDirs(s *server, id string) []string {
-	key, err := runc.HostKey(filepath.Join(s.DataDir, "sandboxes"), id)
+	key, err := bundle.HostKey(filepath.Join(s.DataDir, "sandboxes"), id)
 	if err != nil {
 		return []string{"(no host key: " + err.Error() + ")"}
 	}

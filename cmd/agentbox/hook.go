@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/agentbox/agentbox/internal/network"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
 	"github.com/agentbox/agentbox/internal/runtime/runc"
 	// Joins a sandbox's user namespace before the Go runtime starts, for
 	// the hooks that run inside one (as `runc init` does).
@@ -37,13 +38,13 @@ func runHook(name string, args []string) error {
 		return network.RunPlugHook(args, os.Stdin)
 	case runc.UserNSLimitsHook:
 		return runc.RunUserNSLimitsHook(args, nsjoin.Joined())
-	case runc.HoldHook:
+	case bundle.HoldHook:
 		if len(args) > 0 {
-			return fmt.Errorf("%s hook takes no arguments", runc.HoldHook)
+			return fmt.Errorf("%s hook takes no arguments", bundle.HoldHook)
 		}
-		return runc.RunHoldHook(os.Stdin)
+		return bundle.RunHoldHook(os.Stdin)
 	case "":
 		return errors.New("__hook: name a hook")
 	}
-	return fmt.Errorf("__hook: unknown hook %q (want %s, %s or %s)", name, network.PlugHookName, runc.UserNSLimitsHook, runc.HoldHook)
+	return fmt.Errorf("__hook: unknown hook %q (want %s, %s or %s)", name, network.PlugHookName, runc.UserNSLimitsHook, bundle.HoldHook)
 }

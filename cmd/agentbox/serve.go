@@ -28,7 +28,10 @@ import (
 	"github.com/agentbox/agentbox/internal/authlimit"
 	"github.com/agentbox/agentbox/internal/gateway"
 	"github.com/agentbox/agentbox/internal/network"
+	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
 	"github.com/agentbox/agentbox/internal/runtime/runc"
+	"github.com/agentbox/agentbox/internal/runtime/runsc"
 	"github.com/agentbox/agentbox/internal/sandbox"
 	"github.com/agentbox/agentbox/internal/seccomplog"
 	"github.com/agentbox/agentbox/internal/seccomprules"
@@ -206,14 +209,47 @@ func findEnvd(explicit string) (string, error) {
 	return "", errors.New("envd binary not found next to agentbox; build it with `make build` or pass --envd")
 }
 
+// newRuntime registers the server's isolation tiers over one bundle store:
+// runc (the default) and runsc. The registry is the runtime the sandbox
+// manager uses; it routes each sandbox to its tier's driver.
+func newRuntime(c *serveConfig, runDir, envd, hookBin string, nw *network.Manager, log *slog.Logger) (*bundle.Store, *runtime.Tiers, error) {
+	runcRoot := filepath.Join(runDir, "runc")
+	bundles, err := bundle.New(bundle.Config{
+		StateDir:     filepath.Join(c.DataDir, "sandboxes"),
+		CgroupParent: c.Instance,
+		EnvdPath:     envd,
+		UserNS:       c.UserNS,
+		// Beside runc's state, on a tmpfs, so a reboot forgets them with
+		// everything else.
+		IdmapDir:   runcRoot + "-idmap",
+		HookBinary: hookBin,
+	}, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	rc, err := runc.New(runc.Config{Bundles: bundles, Binary: c.Runc, Root: runcRoot, Net: nw}, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	rs, err := runsc.New(runsc.Config{Bundles: bundles, Binary: c.Runsc, Root: runcRoot + "-runsc", Net: nw}, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	tiers, err := runtime.NewTiers(rc.Tier(), rs.Tier())
+	if err != nil {
+		return nil, nil, err
+	}
+	return bundles, tiers, nil
+}
+
 // startSyscallAudit reports the syscalls the container tier's seccomp policy
 // refuses as "syscall" audit events of the sandbox that made them. Without
 // kernel audit support the server runs on and says so.
-func startSyscallAudit(ctx context.Context, mgr *sandbox.Manager, rt *runc.Runtime, cgroupParent string, log *slog.Logger) {
+func startSyscallAudit(ctx context.Context, mgr *sandbox.Manager, bundles *bundle.Store, cgroupParent string, log *slog.Logger) {
 	w, err := seccomplog.Open(seccomplog.Config{
 		CgroupParent: cgroupParent,
-		ByCgroup:     rt.SandboxOfCgroup,
-		BySession:    rt.SandboxOfSession,
+		ByCgroup:     bundles.SandboxOfCgroup,
+		BySession:    bundles.SandboxOfSession,
 		Explain:      seccomprules.Reason,
 		Sink: func(ctx context.Context, d seccomplog.Denial) {
 			sb, err := mgr.Get(ctx, "", d.SandboxID)
@@ -344,17 +380,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("find the agentbox binary for the runtime's hooks: %w", err)
 	}
-	rt, err := runc.New(runc.Config{
-		StateDir:     filepath.Join(c.DataDir, "sandboxes"),
-		RuncBinary:   c.Runc,
-		RuncRoot:     filepath.Join(runDir, "runc"),
-		CgroupParent: c.Instance,
-		RunscBinary:  c.Runsc,
-		EnvdPath:     envd,
-		UserNS:       c.UserNS,
-		Net:          nw,
-		HookBinary:   hookBin,
-	}, log)
+	bundles, rt, err := newRuntime(&c, runDir, envd, hookBin, nw, log)
 	if err != nil {
 		return err
 	}
@@ -377,7 +403,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	defer cancelRun()
 	go mgr.Run(runCtx)
 	defer runAudit(runCtx, mgr.Audit())() // audit.go
-	startSyscallAudit(runCtx, mgr, rt, c.Instance, log)
+	startSyscallAudit(runCtx, mgr, bundles, c.Instance, log)
 
 	apiSrv := api.New(log, st, mgr, templates)
 	// Build steps run as sandboxes of the team that asked, through the
@@ -441,12 +467,12 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	return nil
 }
 
-// Server CPU weight: twice the sandboxes' parent (internal/runtime/runc,
+// Server CPU weight: twice the sandboxes' parent (internal/runtime/bundle,
 // cgroupparent.go), so the API, gateway and envd traffic keep two thirds of
 // a CPU all sandboxes together contend for.
 const (
-	serverCPUSharesV1 = 2 * runc.ParentCPUSharesV1
-	serverCPUWeightV2 = 2 * runc.ParentCPUWeightV2
+	serverCPUSharesV1 = 2 * bundle.ParentCPUSharesV1
+	serverCPUWeightV2 = 2 * bundle.ParentCPUWeightV2
 )
 
 // placeServer moves the server process (every thread) into a CPU cgroup of

@@ -30,7 +30,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/e2e/harness"
-	"github.com/agentbox/agentbox/internal/runtime/runc"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
 	agentbox "github.com/agentbox/agentbox/sdk/go"
 )
 
@@ -347,7 +347,7 @@ func (e *env) checkLimits() error {
 		return nil
 	}
 	// Cgroup directories are named by the sandbox's host key.
-	id, err := runc.HostKey(filepath.Join(e.srv.dataDir, "sandboxes"), e.attacker.ID)
+	id, err := bundle.HostKey(filepath.Join(e.srv.dataDir, "sandboxes"), e.attacker.ID)
 	if err != nil {
 		return fmt.Errorf("host key of %s: %w", e.attacker.ID, err)
 	}

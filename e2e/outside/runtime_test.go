@@ -17,7 +17,7 @@ import (
 
 	"github.com/agentbox/agentbox/e2e/harness"
 	"github.com/agentbox/agentbox/e2e/wire"
-	"github.com/agentbox/agentbox/internal/runtime/runc"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
 )
 
 // TestRuntimeHostFiles attacks the runtime's host files from two sides:
@@ -49,7 +49,7 @@ func TestRuntimeHostFiles(t *testing.T) {
 	}
 	stateDir := filepath.Join(s.DataDir, "sandboxes")
 	bundle := func(id string) string {
-		key, err := runc.HostKey(stateDir, id)
+		key, err := bundle.HostKey(stateDir, id)
 		if err != nil {
 			t.Fatal(err)
 		}

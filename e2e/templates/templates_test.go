@@ -8,7 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/agentbox/agentbox/internal/runtime/runc"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
 	"io"
 	"net/http"
 	"os"
@@ -224,7 +224,7 @@ func TestE2BTemplateBuild(t *testing.T) {
 func overlayOf(t *testing.T, dataDir, id string) (lower, upper string) {
 	t.Helper()
 	// Host paths are named by the sandbox's host key, not its id.
-	key, err := runc.HostKey(filepath.Join(dataDir, "sandboxes"), id)
+	key, err := bundle.HostKey(filepath.Join(dataDir, "sandboxes"), id)
 	if err != nil {
 		t.Fatalf("host key of %s: %v", id, err)
 	}

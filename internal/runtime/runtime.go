@@ -1,6 +1,6 @@
 // Package runtime defines how agentbox runs one sandbox as an isolated
-// container. Drivers (runc today, runsc and microVMs later) implement Runtime;
-// the sandbox manager only talks to this interface.
+// container. Drivers (runc, runsc; a microVM later) implement Runtime and
+// register as tiers (tiers.go); the sandbox manager talks to the registry.
 package runtime
 
 import (
@@ -151,4 +151,18 @@ type Checkpointer interface {
 	// A checkpointing driver freezes too: snapshots freeze the sandbox
 	// while its writable layer is copied.
 	Freezer
+}
+
+// NetPlugger is the network side of sandboxes whose netns the runtime
+// makes (network.Manager implements it).
+type NetPlugger interface {
+	// Plug pins and configures the netns of process pid (0: make one in
+	// the host's user namespace) as sandbox id's.
+	Plug(ctx context.Context, id string, pid int) error
+	// Unplug lets go of the netns of a sandbox whose processes are gone.
+	Unplug(ctx context.Context, id string) error
+	// PlugHook returns the arguments of `agentbox __hook` that, given the
+	// sandbox's OCI state on stdin, wire a just-restored netns up (run as
+	// an OCI hook).
+	PlugHook(ctx context.Context, id string) ([]string, error)
 }

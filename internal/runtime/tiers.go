@@ -9,8 +9,9 @@ import (
 )
 
 // Tier is one isolation tier a server can run sandboxes on: a registered
-// entry with a name (Spec.Runtime), a check that it can run here, and the
-// driver that runs it. A microVM tier is one more entry.
+// entry with a name (Spec.Runtime), a check that it can run here, the
+// driver that runs it and how to tell its sandboxes. A microVM tier is one
+// more entry.
 type Tier struct {
 	Name string
 	// Available reports nil when the tier can run here, else an error
@@ -18,10 +19,15 @@ type Tier struct {
 	// needs. Nil means always available.
 	Available func() error
 	Driver    Runtime
+	// Owns reports whether sandbox id runs on this tier (its state on
+	// disk says so, also after a restart). Sandboxes no tier owns go to
+	// the default tier. Nil owns none.
+	Owns func(id string) bool
 }
 
 // Tiers is the registry of a server's tiers; the first is the default.
-// It implements TierChecker.
+// It implements TierChecker, and Runtime with its optional capabilities by
+// routing each call to the driver of the sandbox's tier (route.go).
 type Tiers struct{ list []Tier }
 
 // NewTiers registers tiers; names must be unique and non-empty.

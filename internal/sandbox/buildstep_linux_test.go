@@ -19,6 +19,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/internal/network"
+	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
 	"github.com/agentbox/agentbox/internal/runtime/runc"
 	"github.com/agentbox/agentbox/internal/store"
 	"github.com/agentbox/agentbox/internal/template"
@@ -87,10 +89,18 @@ func realStack(t *testing.T) (*Manager, *template.Template, netip.Addr) {
 		}
 		_ = os.RemoveAll(filepath.Dir(runcRoot))
 	})
-	rt, err := runc.New(runc.Config{
-		StateDir: filepath.Join(tmp, "sandboxes"), RuncRoot: runcRoot, CgroupParent: "agentbox-pipeline-test",
-		EnvdPath: envd, UserNS: true, Net: nw, HookBinary: hookBin,
+	bundles, err := bundle.New(bundle.Config{
+		StateDir: filepath.Join(tmp, "sandboxes"), IdmapDir: runcRoot + "-idmap", CgroupParent: "agentbox-pipeline-test",
+		EnvdPath: envd, UserNS: true, HookBinary: hookBin,
 	}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := runc.New(runc.Config{Bundles: bundles, Root: runcRoot, Net: nw}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := runtime.NewTiers(rc.Tier())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -82,7 +82,7 @@ func (e *env) useCounterInit(t *testing.T) {
 	if err := os.WriteFile(src, []byte(counterInit), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	build := exec.Command("go", "build", "-o", e.rt.cfg.EnvdPath, src)
+	build := exec.Command("go", "build", "-o", e.envd, src)
 	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
 	build.Dir = dir
 	if out, err := build.CombinedOutput(); err != nil {
@@ -105,7 +105,7 @@ func count(t *testing.T, ep network.Endpoint) int {
 
 func requireCRIU(t *testing.T, e *env) {
 	t.Helper()
-	if err := e.rt.CheckpointSupported(); err != nil {
+	if err := e.rc.CheckpointSupported(); err != nil {
 		t.Skip(err)
 	}
 }

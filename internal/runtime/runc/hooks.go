@@ -17,33 +17,18 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
 )
 
-// The runtime's helpers run in Go: in the server (the audit session, the
+// The driver's helpers run in Go: in the server (the audit session, the
 // CRIU network lock) or as the hidden `agentbox __hook <name>` subcommand
-// (Config.HookBinary) where another process is needed: a runc hook, or a
-// process inside a sandbox's user namespace, which a multi-threaded Go
-// program cannot enter (internal/runtime/nsjoin does it before the Go
+// (bundle.Config.HookBinary) where another process is needed: a runc hook,
+// or a process inside a sandbox's user namespace, which a multi-threaded
+// Go program cannot enter (internal/runtime/nsjoin does it before the Go
 // runtime starts).
 
 // UserNSLimitsHook names the hook that sets a user namespace's limits.
 const UserNSLimitsHook = "userns-limits"
-
-// HoldHook names the hook that only waits for its stdin to close: a
-// process to make a user namespace with, whose id mapping an idmapped
-// mount takes.
-const HoldHook = "hold"
-
-// RunHoldHook is `agentbox __hook hold`.
-func RunHoldHook(stdin io.Reader) error {
-	_, err := io.Copy(io.Discard, stdin)
-	return err
-}
-
-// hookArgv is the command line of `agentbox __hook args...`.
-func (r *Runtime) hookArgv(args ...string) []string {
-	return append([]string{r.cfg.HookBinary, "__hook"}, args...)
-}
 
 // userNSLimits are the arguments of the userns-limits hook.
 type userNSLimits struct {
@@ -104,14 +89,21 @@ func RunUserNSLimitsHook(args []string, joined bool) error {
 	return nil
 }
 
+// Each sandbox's user namespace gets normal per-user Linux inotify caps;
+// the host's per-user caps are raised far above them (bundle/userns.go).
+const (
+	sandboxInotifyInstances = 128
+	sandboxInotifyWatches   = 65536
+)
+
 // limitUserNS sets the inotify caps of sandbox id's user namespace, whose
 // init is pid (0: ask the runtime). It refuses to touch a sandbox that
 // shares the host's user namespace (one started without -userns), whose
 // /proc/sys/user is the host's.
-func (r *Runtime) limitUserNS(ctx context.Context, id string, pid int) error {
+func (d *Driver) limitUserNS(ctx context.Context, id string, pid int) error {
 	if pid <= 0 {
 		var err error
-		if pid, err = r.initPid(ctx, id); err != nil {
+		if pid, err = d.initPid(ctx, id); err != nil {
 			return err
 		}
 	}
@@ -126,10 +118,10 @@ func (r *Runtime) limitUserNS(ctx context.Context, id string, pid int) error {
 	if self == theirs {
 		return nil
 	}
-	if r.cfg.HookBinary == "" {
+	if d.b.HookBinary() == "" {
 		return fmt.Errorf("set inotify caps of %s's user namespace: no hook binary configured: %w", id, errdefs.ErrUnavailable)
 	}
-	argv := r.hookArgv(userNSLimits{pid: pid, instances: sandboxInotifyInstances, watches: sandboxInotifyWatches}.args()...)
+	argv := d.b.HookArgv(userNSLimits{pid: pid, instances: sandboxInotifyInstances, watches: sandboxInotifyWatches}.args()...)
 	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("set inotify caps of %s's user namespace: %w: %s", id, err, strings.TrimSpace(string(out)))
@@ -137,7 +129,7 @@ func (r *Runtime) limitUserNS(ctx context.Context, id string, pid int) error {
 	return nil
 }
 
-// inSession runs start, which must start (not wait for) a runc process, in
+// inSession runs start, which starts a runc process (and may wait for it), in
 // a new audit session whose login uid is loginuid: the login uid is written
 // for the calling thread only, the child inherits it from the thread that
 // forks it, and the thread is thrown away afterwards (it stays locked when
@@ -161,14 +153,20 @@ func inSession(loginuid uint32, start func() error) error {
 // chain "CRIU" in the ip and ip6 "filter" tables, with jumps to it from
 // INPUT and OUTPUT; it is removed with nftables netlink inside the netns.
 func criuUnlock(dir string) error {
-	path, err := netnsPath(dir)
-	if errors.Is(err, errNoNetNS) {
+	path, err := bundle.NetNSPath(dir)
+	if errors.Is(err, bundle.ErrNoNetNS) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
 	return removeCRIULock(path)
+}
+
+// inSession runs start in a new audit session of the sandbox (see
+// bundle.RecordSession), with the pool's first host id as login uid.
+func (d *Driver) inSession(start func() error) error {
+	return inSession(d.b.UserNSBase(), start)
 }
 
 // criuLockChain is the chain of CRIU's iptables network lock.
@@ -232,4 +230,16 @@ func jumpsTo(rule *nftables.Rule, chain string) bool {
 		}
 	}
 	return false
+}
+
+// initPid returns the host pid of sandbox id's init.
+func (d *Driver) initPid(ctx context.Context, id string) (int, error) {
+	c, err := d.client("").State(ctx, id)
+	if err != nil {
+		return 0, fmt.Errorf("runc state %s: %w", id, err)
+	}
+	if c.Pid <= 0 {
+		return 0, fmt.Errorf("runc state %s: no init pid: %w", id, errdefs.ErrUnavailable)
+	}
+	return c.Pid, nil
 }

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/internal/network"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
 	// The test binary is the tests' hook binary: it joins user namespaces
 	// as the agentbox binary does.
 	"github.com/agentbox/agentbox/internal/runtime/nsjoin"
@@ -33,8 +34,8 @@ func TestMain(m *testing.M) {
 			err = network.RunPlugHook(os.Args[3:], os.Stdin)
 		case UserNSLimitsHook:
 			err = RunUserNSLimitsHook(os.Args[3:], nsjoin.Joined())
-		case HoldHook:
-			err = RunHoldHook(os.Stdin)
+		case bundle.HoldHook:
+			err = bundle.RunHoldHook(os.Stdin)
 		default:
 			err = fmt.Errorf("unknown hook %q", os.Args[2])
 		}
@@ -91,7 +92,11 @@ func TestUserNSLimitsHook(t *testing.T) {
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	hostBefore := readFileT(t, "/proc/sys/user/max_inotify_instances")
 
-	r := &Runtime{cfg: Config{HookBinary: testHookBinary(t)}, log: slog.Default()}
+	b, err := bundle.New(bundle.Config{StateDir: filepath.Join(t.TempDir(), "s"), EnvdPath: "/bin/true", CgroupParent: "agentbox-test", HookBinary: testHookBinary(t)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Driver{b: b, log: slog.Default()}
 	if err := r.limitUserNS(context.Background(), "t", cmd.Process.Pid); err != nil {
 		t.Fatal(err)
 	}

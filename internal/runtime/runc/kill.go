@@ -2,68 +2,41 @@ package runc
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
 )
 
 // killInit SIGKILLs the container's init and waits until it has exited,
 // which (being the pid namespace's init) means every sandbox process is
 // gone. Doing this ourselves saves the 100 ms polling steps of
-// `runc delete --force` on a running container.
-func (r *Runtime) killInit(ctx context.Context, id string) error {
-	out, err := r.oci(ctx, id, "", "state", id)
+// `runc delete --force` on a running container. A container that does
+// not exist is not an error.
+func (d *Driver) killInit(ctx context.Context, id string) error {
+	c, err := d.client("").State(ctx, id)
 	if err != nil {
-		return err
-	}
-	var st struct {
-		Status string `json:"status"`
-		Pid    int    `json:"pid"`
-	}
-	if err := json.Unmarshal(out, &st); err != nil {
+		if !d.exists(id) {
+			return nil
+		}
 		return fmt.Errorf("runc state %s: %w", id, err)
 	}
-	if st.Pid <= 0 || st.Status == "stopped" {
+	if c.Pid <= 0 || c.Status == "stopped" {
 		return nil
 	}
-	if st.Status == "paused" {
+	if c.Status == "paused" {
 		// Frozen tasks do not die until thawed.
-		if _, err := r.oci(ctx, id, "", "resume", id); err != nil {
-			return err
+		if err := d.client("").Resume(ctx, id); err != nil {
+			return fmt.Errorf("runc resume %s: %w", id, err)
 		}
 	}
-	fd, err := unix.PidfdOpen(st.Pid, 0)
-	if err != nil {
-		if errors.Is(err, unix.ESRCH) {
-			return nil
-		}
-		return fmt.Errorf("pidfd %d: %w", st.Pid, err)
+	return bundle.KillWait(ctx, id, c.Pid)
+}
+
+// Stop kills the sandbox's processes and removes its container record (a
+// filesystem-only pause); the bundle stays.
+func (d *Driver) Stop(ctx context.Context, id string) error {
+	if err := d.killInit(ctx, id); err != nil {
+		return err
 	}
-	defer unix.Close(fd)
-	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
-		return fmt.Errorf("kill %d: %w", st.Pid, err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-	for {
-		ms := int(time.Until(deadline).Milliseconds())
-		if ms <= 0 {
-			return fmt.Errorf("init %d of %s did not exit", st.Pid, id)
-		}
-		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, ms)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("wait for %d: %w", st.Pid, err)
-		}
-		if n > 0 {
-			return nil
-		}
-	}
+	return d.deleteContainer(ctx, id)
 }

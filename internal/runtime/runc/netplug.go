@@ -1,18 +1,20 @@
 package runc
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 
+	gorunc "github.com/containerd/go-runc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
 )
 
 // A sandbox in a user namespace gets a network namespace made together with
@@ -25,39 +27,67 @@ import (
 // veth end in as eth0 before CRIU brings sockets back; Plug then adopts the
 // restored netns.
 
-// ownsNetNS reports whether sandbox spec's netns is made by runc inside
-// its user namespace rather than joined from the network package.
-func (r *Runtime) ownsNetNS(spec runtime.Spec) bool {
-	return r.cfg.Net != nil && r.usernsEnabled(spec.Runtime)
+// ownsNetNS reports whether sandboxes' netns is made by runc inside their
+// user namespace rather than joined from the network package.
+func (d *Driver) ownsNetNS() bool {
+	return d.cfg.Net != nil && d.b.UserNS()
 }
 
 // start runs sandbox id's init from its bundle in dir and returns its host
 // pid. ownNet: runc makes its netns (see ownsNetNS), which is plugged
 // before init runs.
-func (r *Runtime) start(ctx context.Context, id, tier, dir string, ownNet bool) (int, error) {
-	logFile := filepath.Join(dir, tier+".log")
-	if r.cfg.Net == nil {
-		return r.run(ctx, id, tier, dir, logFile)
+func (d *Driver) start(ctx context.Context, id, dir string, ownNet bool) (int, error) {
+	logFile := filepath.Join(dir, Name+".log")
+	if d.cfg.Net == nil {
+		return d.run(ctx, id, dir, logFile)
 	}
 	if !ownNet {
-		if err := r.cfg.Net.Plug(ctx, id, 0); err != nil {
+		if err := d.cfg.Net.Plug(ctx, id, 0); err != nil {
 			return 0, err
 		}
-		return r.run(ctx, id, tier, dir, logFile)
+		return d.run(ctx, id, dir, logFile)
 	}
-	_ = os.Remove(pidFile(dir))
-	if _, err := r.runc(ctx, logFile, "create", "--pid-file", pidFile(dir), "--bundle", dir, id); err != nil {
-		return 0, err
+	pidFile := bundle.PidFile(dir)
+	_ = os.Remove(pidFile)
+	err := d.inSession(func() error {
+		return nullIO(func(io gorunc.IO) error {
+			return d.client(logFile).Create(ctx, id, dir, &gorunc.CreateOpts{IO: io, PidFile: pidFile})
+		})
+	})
+	if err != nil {
+		return 0, failed("create", logFile, err)
 	}
-	pid, err := readPid(pidFile(dir))
+	pid, err := bundle.ReadPid(pidFile)
 	if err != nil {
 		return 0, err
 	}
-	recordSession(dir, pid)
-	if err := r.cfg.Net.Plug(ctx, id, pid); err != nil {
+	bundle.RecordSession(dir, pid)
+	if err := d.cfg.Net.Plug(ctx, id, pid); err != nil {
 		return 0, err
 	}
-	_, err = r.runc(ctx, logFile, "start", id)
+	if err := d.client(logFile).Start(ctx, id); err != nil {
+		return pid, failed("start", logFile, err)
+	}
+	return pid, nil
+}
+
+// run runs the sandbox's init with its netns in place and returns its pid.
+func (d *Driver) run(ctx context.Context, id, dir, logFile string) (int, error) {
+	pidFile := bundle.PidFile(dir)
+	_ = os.Remove(pidFile)
+	err := d.inSession(func() error {
+		return nullIO(func(io gorunc.IO) error {
+			_, err := d.client(logFile).Run(ctx, id, dir, &gorunc.CreateOpts{IO: io, PidFile: pidFile, Detach: true})
+			return err
+		})
+	})
+	if err != nil {
+		return 0, failed("run", logFile, err)
+	}
+	pid, err := bundle.ReadPid(pidFile)
+	if err == nil {
+		bundle.RecordSession(dir, pid)
+	}
 	return pid, err
 }
 
@@ -83,73 +113,6 @@ func shareImage(dir string, uid int) error {
 	})
 }
 
-// run runs the sandbox's init with its netns in place and returns its pid.
-func (r *Runtime) run(ctx context.Context, id, tier, dir, logFile string) (int, error) {
-	if tier == TierRunsc {
-		// runsc moves the netns's address into gVisor; a resume needs it back.
-		if err := saveNetConf(dir); err != nil {
-			return 0, err
-		}
-	}
-	_ = os.Remove(pidFile(dir))
-	if _, err := r.oci(ctx, id, logFile, "run", "--detach", "--pid-file", pidFile(dir), "--bundle", dir, id); err != nil {
-		return 0, err
-	}
-	pid, err := readPid(pidFile(dir))
-	if err == nil && tier != TierRunsc {
-		recordSession(dir, pid)
-	}
-	return pid, err
-}
-
-// bundleNS is what a bundle's config.json says of its namespaces.
-type bundleNS struct {
-	netPath string // the network namespace joined; "" when none is named
-	ownNet  bool   // runc makes the netns, inside the sandbox's user namespace
-	userNS  bool
-}
-
-// readBundleNS reads the namespaces of the bundle in dir.
-func readBundleNS(dir string) (bundleNS, error) {
-	var out bundleNS
-	s, err := readSpec(dir)
-	if err != nil {
-		return out, err
-	}
-	if s.Linux == nil {
-		return out, nil
-	}
-	for _, ns := range s.Linux.Namespaces {
-		switch ns.Type {
-		case specs.NetworkNamespace:
-			out.netPath, out.ownNet = ns.Path, ns.Path == ""
-		case specs.UserNamespace:
-			out.userNS = true
-		}
-	}
-	return out, nil
-}
-
-// readSpec reads the bundle's config.json.
-func readSpec(dir string) (*specs.Spec, error) {
-	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
-	if err != nil {
-		return nil, err
-	}
-	var s specs.Spec
-	if err := json.Unmarshal(b, &s); err != nil {
-		return nil, fmt.Errorf("%s: %w", dir, err)
-	}
-	return &s, nil
-}
-
-// bundleOwnsNetNS reports whether the sandbox's netns is its own (made by
-// runc, no path).
-func bundleOwnsNetNS(dir string) bool {
-	ns, err := readBundleNS(dir)
-	return err == nil && ns.ownNet
-}
-
 // setCRIUConf writes CRIU options for the next restore of the bundle in dir
 // and points its config.json at them: runc 1.1 has no flags for them and
 // hands CRIU the file named by the org.criu.config annotation.
@@ -158,7 +121,7 @@ func setCRIUConf(dir string, lines []string) error {
 	if err := os.WriteFile(conf, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
 		return err
 	}
-	return updateConfig(dir, func(s *specs.Spec) {
+	return bundle.UpdateConfig(dir, func(s *specs.Spec) {
 		if s.Annotations == nil {
 			s.Annotations = map[string]string{}
 		}
@@ -173,40 +136,35 @@ const plugHookName = "AGENTBOX_HOOK=plug"
 // one): runc runs prestart hooks when CRIU has made the namespaces of a
 // restore, and when a container is created.
 func setPlugHook(dir string, argv []string) error {
-	return updateConfig(dir, func(s *specs.Spec) {
+	return bundle.UpdateConfig(dir, func(s *specs.Spec) {
 		if s.Hooks == nil {
 			s.Hooks = &specs.Hooks{}
 		}
 		// runc 1.1 runs only prestart hooks on a restore.
 		hooks := slices.DeleteFunc(s.Hooks.Prestart, func(h specs.Hook) bool { return slices.Contains(h.Env, plugHookName) }) //nolint:staticcheck
-		s.Hooks.Prestart = append(hooks, specs.Hook{                                                                          //nolint:staticcheck
+		timeout := 30
+		s.Hooks.Prestart = append(hooks, specs.Hook{ //nolint:staticcheck
 			Path:    argv[0],
 			Args:    argv,
 			Env:     []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", plugHookName},
-			Timeout: ptr(30),
+			Timeout: &timeout,
 		})
 	})
 }
 
-// updateConfig rewrites the bundle's config.json with fn applied.
-func updateConfig(dir string, fn func(*specs.Spec)) error {
-	p := filepath.Join(dir, "config.json")
-	b, err := os.ReadFile(p)
+// lastLogError returns the last error message in a runc JSON log.
+func lastLogError(path string) string {
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return err
+		return ""
 	}
-	var s specs.Spec
-	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("%s: %w", p, err)
+	var msg string
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		var e struct{ Level, Msg string }
+		if json.Unmarshal(sc.Bytes(), &e) == nil && e.Level == "error" {
+			msg = e.Msg
+		}
 	}
-	fn(&s)
-	out, err := json.MarshalIndent(&s, "", "\t")
-	if err != nil {
-		return err
-	}
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, out, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, p)
+	return msg
 }

@@ -17,14 +17,25 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
+	"github.com/agentbox/agentbox/internal/runtime/runsc"
 	"github.com/agentbox/agentbox/internal/testutil"
 )
 
 const baseRootfs = "/tmp/base-probe"
+
+const cgroupRoot = "/sys/fs/cgroup"
+
+// cgroupV2 reports whether the host has the unified cgroup hierarchy only.
+func cgroupV2() bool {
+	var st unix.Statfs_t
+	return unix.Statfs(cgroupRoot, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
+}
 
 // testInit stands in for envd: it records that it ran, writes a log line
 // through the log mount, and serves a few files over HTTP on envd's port.
@@ -65,12 +76,39 @@ func main() {
 `
 
 type env struct {
-	rt      *Runtime
-	cfg     Config
-	net     *network.Manager
-	layers  []string
-	netCfg  network.Config
-	cleanup []func()
+	rt        *runtime.Tiers // the runtime the manager sees: runc and runsc
+	rc        *Driver
+	b         *bundle.Store
+	bcfg      bundle.Config
+	runcRoot  string
+	runscRoot string
+	envd      string
+	net       *network.Manager
+	layers    []string
+	netCfg    network.Config
+}
+
+// newRuntime makes a bundle store and both tiers' drivers over e's
+// directories, as a server does; net is the network plugger (nil: none).
+func (e *env) newRuntime(tb testing.TB, bcfg bundle.Config, net runtime.NetPlugger) (*runtime.Tiers, *Driver, *bundle.Store) {
+	tb.Helper()
+	b, err := bundle.New(bcfg, slog.Default())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	rc, err := New(Config{Bundles: b, Root: e.runcRoot, Net: net}, slog.Default())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	rs, err := runsc.New(runsc.Config{Bundles: b, Root: e.runscRoot, Net: net}, slog.Default())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ts, err := runtime.NewTiers(rc.Tier(), rs.Tier())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ts, rc, b
 }
 
 // setup makes a network manager and a runtime for tests; userns runs the
@@ -126,29 +164,28 @@ func setup(tb testing.TB, userns ...bool) *env {
 		_ = exec.Command("nft", "delete", "table", "inet", netCfg.Table).Run()
 	})
 
-	cfg := Config{
+	e := &env{runcRoot: filepath.Join(tmp, "runc"), runscRoot: filepath.Join(tmp, "runc-runsc"), envd: bin, net: nm, netCfg: netCfg, layers: []string{baseRootfs, top}}
+	e.bcfg = bundle.Config{
 		StateDir:     filepath.Join(tmp, "sandboxes"),
-		RuncRoot:     filepath.Join(tmp, "runc"),
+		IdmapDir:     e.runcRoot + "-idmap",
 		EnvdPath:     bin,
 		CgroupParent: "agentbox-test",
 		UserNS:       withUserNS,
 		HookBinary:   testHookBinary(tb),
 	}
+	var plug runtime.NetPlugger
 	if withUserNS {
-		cfg.Net = nm
+		plug = nm
 	}
-	rt, err := New(cfg, slog.Default())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(rt.resetIdmaps)
+	e.rt, e.rc, e.b = e.newRuntime(tb, e.bcfg, plug)
+	tb.Cleanup(e.b.ResetIdmaps)
 	tb.Cleanup(func() {
-		parents, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", cfg.CgroupParent))
-		for _, p := range append(parents, filepath.Join(cgroupRoot, cfg.CgroupParent)) {
+		parents, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", e.bcfg.CgroupParent))
+		for _, p := range append(parents, filepath.Join(cgroupRoot, e.bcfg.CgroupParent)) {
 			_ = os.Remove(p)
 		}
 	})
-	return &env{rt: rt, cfg: cfg, net: nm, netCfg: netCfg, layers: []string{baseRootfs, top}}
+	return e
 }
 
 // sandbox attaches a network and creates the container; cleanup removes both.
@@ -219,7 +256,7 @@ func TestSandboxLifecycle(t *testing.T) {
 		t.Errorf("base layer /etc/os-release = %q", got)
 	}
 
-	dir := e.rt.dir(id)
+	dir := e.b.Dir(id)
 	t.Run("host paths do not name the sandbox", func(t *testing.T) {
 		if filepath.Base(dir) == id {
 			t.Fatalf("bundle dir %s is named by the id", dir)
@@ -227,11 +264,11 @@ func TestSandboxLifecycle(t *testing.T) {
 		// The runtime's mounts (overlay, disk, idmapped layers); the netns
 		// file is the network package's.
 		for line := range strings.Lines(readFile(t, "/proc/self/mountinfo")) {
-			if (strings.Contains(line, e.cfg.StateDir) || strings.Contains(line, " overlay ")) && strings.Contains(line, id) {
+			if (strings.Contains(line, e.bcfg.StateDir) || strings.Contains(line, " overlay ")) && strings.Contains(line, id) {
 				t.Errorf("mountinfo names sandbox %s: %s", id, line)
 			}
 		}
-		cgs, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", e.cfg.CgroupParent, "*"))
+		cgs, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", e.bcfg.CgroupParent, "*"))
 		for _, cg := range cgs {
 			if strings.Contains(cg, id) {
 				t.Errorf("cgroup %s names the sandbox", cg)
@@ -252,9 +289,9 @@ func TestSandboxLifecycle(t *testing.T) {
 	})
 
 	t.Run("cgroup limits", func(t *testing.T) {
-		cg := e.rt.cgroupPath(id)
+		cg := e.b.CgroupPath(id)
 		var files map[string]string
-		if e.rt.cgroupV2 {
+		if cgroupV2() {
 			files = map[string]string{
 				"memory.max": "268435456", "memory.swap.max": "0", "pids.max": "128", "cpu.max": "100000 100000",
 			}
@@ -291,12 +328,12 @@ test "$(hostname)" = "$(cat /etc/hostname)"
 ! touch /.agentbox/bin/envd 2>/dev/null
 ulimit -n
 echo ok > /tmp/f && sudo -n -u nobody true && echo SUDO_OK`
-		out, err := exec.Command(e.rt.cfg.RuncBinary, "--root", e.cfg.RuncRoot, "exec", id, "/bin/sh", "-c", script).CombinedOutput()
+		out, err := exec.Command(e.rc.cfg.Binary, "--root", e.runcRoot, "exec", id, "/bin/sh", "-c", script).CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "SUDO_OK") {
 			t.Fatalf("in-sandbox checks: %v\n%s", err, out)
 		}
-		if got := strings.Fields(string(out))[0]; got != fmt.Sprint(e.rt.nofile) {
-			t.Errorf("ulimit -n = %s, want %d", got, e.rt.nofile)
+		if got := strings.Fields(string(out))[0]; got != fmt.Sprint(e.b.NOFILE()) {
+			t.Errorf("ulimit -n = %s, want %d", got, e.b.NOFILE())
 		}
 	})
 
@@ -311,10 +348,7 @@ echo ok > /tmp/f && sudo -n -u nobody true && echo SUDO_OK`
 	})
 
 	// A second driver on the same directories plays the restarted server.
-	r2, err := New(e.cfg, slog.Default())
-	if err != nil {
-		t.Fatal(err)
-	}
+	r2, _, _ := e.newRuntime(t, e.bcfg, nil)
 	ids, err := r2.List(ctx)
 	if err != nil || !slices.Contains(ids, id) {
 		t.Fatalf("List after restart = %v, %v", ids, err)
@@ -334,21 +368,21 @@ echo ok > /tmp/f && sudo -n -u nobody true && echo SUDO_OK`
 // assertGone checks that nothing of sandbox id is left on the host.
 func assertGone(t *testing.T, e *env, id string) {
 	t.Helper()
-	dir := e.rt.dir(id)
+	dir := e.b.Dir(id)
 	if mi := readFile(t, "/proc/self/mountinfo"); strings.Contains(mi, dir) {
 		t.Errorf("mount left under %s", dir)
 	}
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("bundle dir left: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(e.cfg.RuncRoot, id)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(e.runcRoot, id)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("runc state left: %v", err)
 	}
 	if _, err := e.rt.State(context.Background(), id); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("State after Delete: %v, want ErrNotFound", err)
 	}
-	matches, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", e.cfg.CgroupParent, id))
-	matches2, _ := filepath.Glob(filepath.Join(cgroupRoot, e.cfg.CgroupParent, id))
+	matches, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", e.bcfg.CgroupParent, id))
+	matches2, _ := filepath.Glob(filepath.Join(cgroupRoot, e.bcfg.CgroupParent, id))
 	if left := append(matches, matches2...); len(left) > 0 {
 		t.Errorf("cgroups left: %v", left)
 	}
@@ -374,12 +408,9 @@ func TestCreateRollsBack(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rt := e.rt
 			if tc.envd != "" {
-				cfg := e.cfg
+				cfg := e.bcfg
 				cfg.EnvdPath = tc.envd
-				var err error
-				if rt, err = New(cfg, slog.Default()); err != nil {
-					t.Fatal(err)
-				}
+				rt, _, _ = e.newRuntime(t, cfg, nil)
 			}
 			spec := runtime.Spec{ID: tc.id, Layers: e.layers, Resources: runtime.Resources{MemoryMB: 64}}
 			if tc.mutate != nil {
@@ -440,9 +471,9 @@ func BenchmarkCreateDelete(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _ = e.rt.Delete(ctx, id) })
-		dir := e.rt.dir(id)
+		dir := e.b.Dir(id)
 		runc := func(args ...string) error {
-			cmd := exec.Command(e.rt.cfg.RuncBinary, append([]string{"--root", e.cfg.RuncRoot}, args...)...)
+			cmd := exec.Command(e.rc.cfg.Binary, append([]string{"--root", e.runcRoot}, args...)...)
 			if out, err := cmd.CombinedOutput(); err != nil {
 				return fmt.Errorf("runc %v: %v: %s", args, err, out)
 			}
@@ -455,7 +486,7 @@ func BenchmarkCreateDelete(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.StartTimer()
-			cmd := exec.Command(e.rt.cfg.RuncBinary, "--root", e.cfg.RuncRoot, "run", "--detach", "--bundle", dir, id)
+			cmd := exec.Command(e.rc.cfg.Binary, "--root", e.runcRoot, "run", "--detach", "--bundle", dir, id)
 			if err := cmd.Run(); err != nil {
 				b.Fatal(err)
 			}
@@ -477,8 +508,8 @@ func TestStateAndDeleteOfPausedAndStopped(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.id, func(t *testing.T) {
 			e.sandbox(t, tc.id, runtime.Resources{MemoryMB: 128})
-			args := append([]string{"--root", e.cfg.RuncRoot, tc.runc[0], tc.id}, tc.runc[1:]...)
-			if out, err := exec.Command(e.rt.cfg.RuncBinary, args...).CombinedOutput(); err != nil {
+			args := append([]string{"--root", e.runcRoot, tc.runc[0], tc.id}, tc.runc[1:]...)
+			if out, err := exec.Command(e.rc.cfg.Binary, args...).CombinedOutput(); err != nil {
 				t.Fatalf("runc %v: %v: %s", tc.runc, err, out)
 			}
 			var got runtime.Status
@@ -500,5 +531,32 @@ func TestStateAndDeleteOfPausedAndStopped(t *testing.T) {
 			}
 			assertGone(t, e, tc.id)
 		})
+	}
+}
+
+// An idmapped layer stays while an overlay uses it and goes with the last.
+func TestReleaseIdmaps(t *testing.T) {
+	e := setup(t, true)
+	ctx := t.Context()
+	e.sandbox(t, "idm1", runtime.Resources{})
+	mounted := func() int {
+		b, _ := os.ReadFile("/proc/self/mountinfo")
+		return strings.Count(string(b), " "+e.bcfg.IdmapDir+"/")
+	}
+	if n := mounted(); n != len(e.layers) {
+		t.Fatalf("%d idmapped layers while a sandbox runs, want %d", n, len(e.layers))
+	}
+	// Removing another sandbox releases the idmapped layers no overlay uses.
+	if err := e.b.Remove("idm2"); err != nil {
+		t.Fatal(err)
+	}
+	if n := mounted(); n != len(e.layers) {
+		t.Fatalf("release took %d layers in use down to %d", len(e.layers), n)
+	}
+	if err := e.rt.Delete(ctx, "idm1"); err != nil {
+		t.Fatal(err)
+	}
+	if n := mounted(); n != 0 {
+		t.Fatalf("%d idmapped layers left after the last sandbox", n)
 	}
 }

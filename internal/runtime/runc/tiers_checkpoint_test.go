@@ -13,6 +13,7 @@ import (
 
 	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/runtime/runsc"
 )
 
 // TestPauseResumeTiers pauses and resumes a sandbox in place on both tiers,
@@ -35,10 +36,10 @@ func testPauseResumeTiers(t *testing.T, userns bool) {
 		tier   string
 		fsOnly bool
 	}{
-		{name: "runc memory", tier: TierRunc},
-		{name: "runc files only", tier: TierRunc, fsOnly: true},
-		{name: "runsc memory", tier: TierRunsc},
-		{name: "runsc files only", tier: TierRunsc, fsOnly: true},
+		{name: "runc memory", tier: Name},
+		{name: "runc files only", tier: Name, fsOnly: true},
+		{name: "runsc memory", tier: runsc.Name},
+		{name: "runsc files only", tier: runsc.Name, fsOnly: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := e.rt.TierAvailable(tc.tier); err != nil {
@@ -53,7 +54,7 @@ func testPauseResumeTiers(t *testing.T, userns bool) {
 			// the writable layer, as any file the sandbox writes. (gVisor
 			// caches what it has seen, so only a fresh boot is sure to see
 			// it: the memory cases check the sandbox's own files.)
-			if err := os.WriteFile(filepath.Join(e.rt.dir(id), "rootfs", "tmp", "marker"), []byte("kept"), 0o644); err != nil {
+			if err := os.WriteFile(filepath.Join(e.b.Dir(id), "rootfs", "tmp", "marker"), []byte("kept"), 0o644); err != nil {
 				t.Fatal(err)
 			}
 			before := count(t, ep)
@@ -113,9 +114,9 @@ func (e *env) tierSandbox(tb testing.TB, id, tier string) network.Endpoint {
 	tb.Cleanup(func() {
 		_ = e.rt.Delete(ctx, id)
 		_ = e.net.Detach(ctx, id)
-		if tier == TierRunsc {
+		if tier == runsc.Name {
 			// runsc bind-mounts an empty netns into its root dir.
-			_ = unix.Unmount(filepath.Join(e.rt.cfg.RunscRoot, "null-netns"), unix.MNT_DETACH)
+			_ = unix.Unmount(filepath.Join(e.runscRoot, "null-netns"), unix.MNT_DETACH)
 		}
 	})
 	spec := runtime.Spec{ID: id, Layers: e.layers, NetNSPath: ep.NetNSPath, DNS: e.net.DNS(), Resources: runtime.Resources{MemoryMB: 256}, Runtime: tier}

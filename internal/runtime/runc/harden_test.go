@@ -1,11 +1,13 @@
 package runc
 
 import (
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
 	"github.com/agentbox/agentbox/internal/seccomprules"
 )
 
@@ -22,17 +24,20 @@ func TestAuditFilterNeedsUserNS(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		userns bool
-		tier   string
 		want   bool
 	}{
-		{"container tier, user namespace", true, TierRunc, true},
-		{"container tier, host user namespace", false, TierRunc, false},
-		{"gvisor", true, TierRunsc, false},
+		{"user namespace", true, true},
+		{"host user namespace", false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := &Runtime{cfg: Config{UserNS: tc.userns, UserNSBase: DefaultUserNSBase, UserNSSize: DefaultUserNSSize, EnvdPath: "/envd"}, auditSyscalls: seccomprules.AuditedSyscalls()}
-			spec := runtime.Spec{ID: "x", Runtime: tc.tier}
-			s := r.harden(r.ociSpec(spec, t.TempDir(), DefaultUserNSBase), spec)
+			b, err := bundle.New(bundle.Config{StateDir: filepath.Join(t.TempDir(), "s"), EnvdPath: "/envd", CgroupParent: "agentbox-test", UserNS: tc.userns}, nil)
+			if err != nil {
+				t.Skip(err) // not root: cannot make the parent cgroup
+			}
+			d := &Driver{b: b, auditSyscalls: seccomprules.AuditedSyscalls()}
+			o := d.options()
+			o.OwnNet = false
+			s := b.HardenedSpec(runtime.Spec{ID: "x"}, t.TempDir(), o, bundle.DefaultUserNSBase)
 			args := strings.Join(s.Process.Args, " ")
 			hasArg := strings.Contains(args, "--audit-syscalls")
 			hasCap := slices.Contains(s.Process.Capabilities.Bounding, "CAP_SYS_ADMIN")
@@ -43,5 +48,14 @@ func TestAuditFilterNeedsUserNS(t *testing.T) {
 				t.Errorf("bpf (321) is not in %q", args)
 			}
 		})
+	}
+	// gVisor keeps its own kernel: a bundle without the driver's hardening.
+	b, err := bundle.New(bundle.Config{StateDir: filepath.Join(t.TempDir(), "s"), EnvdPath: "/envd", CgroupParent: "agentbox-test", UserNS: true}, nil)
+	if err != nil {
+		t.Skip(err)
+	}
+	s := b.HardenedSpec(runtime.Spec{ID: "x"}, t.TempDir(), bundle.Options{Tier: "runsc"}, 0)
+	if strings.Contains(strings.Join(s.Process.Args, " "), "--audit-syscalls") || s.Linux.Seccomp != nil {
+		t.Fatal("a bundle without the runc driver's hardening has its filter")
 	}
 }

@@ -1,4 +1,4 @@
-package runc
+package bundle
 
 import (
 	"crypto/rand"
@@ -195,24 +195,24 @@ func (p *uidPool) rangeOf(uid uint32) (uint32, bool) {
 // sandbox it was taken of.
 const imageRangeFile = "agentbox-uid-range"
 
-// writeImageRange records base in image dir img and holds the range for
+// WriteImageRange records base in image dir img and holds the range for
 // as long as the record exists (the caller may move the image dir).
-func (r *Runtime) writeImageRange(img string, base uint32) error {
+func (s *Store) WriteImageRange(img string, base uint32) error {
 	marker := filepath.Join(img, imageRangeFile)
 	if err := os.WriteFile(marker, []byte(strconv.FormatUint(uint64(base), 10)+"\n"), 0o600); err != nil {
 		return err
 	}
-	err := r.uids.holdLinked(base, marker)
+	err := s.uids.holdLinked(base, marker)
 	if errors.Is(err, unix.EXDEV) {
 		// Another filesystem: held by its path, which must then not move.
-		r.log.Warn("memory image on another filesystem than the uid range records; its range is held by its path only", "image", img)
-		return r.uids.hold(base, filepath.Clean(img))
+		s.log.Warn("memory image on another filesystem than the uid range records; its range is held by its path only", "image", img)
+		return s.uids.hold(base, filepath.Clean(img))
 	}
 	return err
 }
 
-// imageRange reads the range recorded in image dir img (ok false if none).
-func imageRange(img string) (uint32, bool) {
+// ImageRange reads the range recorded in image dir img (ok false if none).
+func ImageRange(img string) (uint32, bool) {
 	b, err := os.ReadFile(filepath.Join(img, imageRangeFile))
 	if err != nil {
 		return 0, false
@@ -221,12 +221,12 @@ func imageRange(img string) (uint32, bool) {
 	return uint32(v), err == nil
 }
 
-// bundleRange returns the first host id of the bundle's user namespace
+// BundleRange returns the first host id of the bundle's user namespace
 // (ok false when it has none).
-func bundleRange(dir string) (uint32, bool) {
-	s, err := readSpec(dir)
-	if err != nil || s.Linux == nil || len(s.Linux.UIDMappings) == 0 {
+func BundleRange(dir string) (uint32, bool) {
+	oci, err := ReadSpec(dir)
+	if err != nil || oci.Linux == nil || len(oci.Linux.UIDMappings) == 0 {
 		return 0, false
 	}
-	return s.Linux.UIDMappings[0].HostID, true
+	return oci.Linux.UIDMappings[0].HostID, true
 }

@@ -1,4 +1,4 @@
-package runc
+package bundle
 
 import (
 	"bufio"
@@ -24,11 +24,11 @@ func isCgroupV2() bool {
 	return unix.Statfs(cgroupRoot, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
 }
 
-// cgroupPath is the cgroupsPath runc gets: absolute, so it does not depend
+// CgroupPath is the cgroupsPath the OCI runtime gets: absolute, so it does not depend
 // on which cgroup the server itself runs in.
 // The directory is named by the sandbox's key: cgroupfs is world-listable.
-func (r *Runtime) cgroupPath(id string) string {
-	return "/" + filepath.Join(r.cfg.CgroupParent, r.key(id))
+func (s *Store) CgroupPath(id string) string {
+	return "/" + filepath.Join(s.cfg.CgroupParent, s.key(id))
 }
 
 func readUint(path string) (uint64, error) {
@@ -67,10 +67,10 @@ func statField(path string, keys ...string) (uint64, error) {
 }
 
 // cgroupStats fills the memory and CPU figures from the sandbox's cgroup.
-func (r *Runtime) cgroupStats(cgPath string, st *runtime.Stats) error {
+func (s *Store) cgroupStats(cgPath string, st *runtime.Stats) error {
 	var usage uint64
 	var err error
-	if r.cgroupV2 {
+	if s.cgroupV2 {
 		dir := filepath.Join(cgroupRoot, cgPath)
 		if usage, err = readUint(filepath.Join(dir, "memory.current")); err != nil {
 			return err
@@ -97,12 +97,12 @@ func (r *Runtime) cgroupStats(cgPath string, st *runtime.Stats) error {
 	return nil
 }
 
-// removeCgroups removes what runc may have left of the sandbox's cgroup in
+// RemoveCgroups removes what the OCI runtime may have left of the sandbox's cgroup in
 // every hierarchy (v1 controllers, the hybrid unified/ and name=systemd
 // ones, or the single v2 tree). Cgroup directories go with rmdir only.
-func (r *Runtime) removeCgroups(cgPath string) error {
+func (s *Store) RemoveCgroups(cgPath string) error {
 	dirs := []string{filepath.Join(cgroupRoot, cgPath)}
-	if !r.cgroupV2 {
+	if !s.cgroupV2 {
 		dirs = dirs[:0]
 		entries, err := os.ReadDir(cgroupRoot)
 		if err != nil {
@@ -126,4 +126,14 @@ func (r *Runtime) removeCgroups(cgPath string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// BundleCgroupPath reads the cgroup path from the bundle, so a sandbox
+// created under another CgroupParent is still found; it falls back to the
+// configured one.
+func (s *Store) BundleCgroupPath(id string) string {
+	if oci, err := ReadSpec(s.Dir(id)); err == nil && oci.Linux != nil && oci.Linux.CgroupsPath != "" {
+		return oci.Linux.CgroupsPath
+	}
+	return s.CgroupPath(id)
 }

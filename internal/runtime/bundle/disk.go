@@ -1,4 +1,4 @@
-package runc
+package bundle
 
 import (
 	"context"
@@ -26,9 +26,9 @@ import (
 // diskDirName is the mount point of the sandbox's disk in its bundle.
 const diskDirName = "disk"
 
-// layerDirs returns the overlay upper and work dirs of bundle dir: on the
+// LayerDirs returns the overlay upper and work dirs of bundle dir: on the
 // sandbox's own disk when it has one.
-func layerDirs(dir string, onDisk bool) (upper, work string) {
+func LayerDirs(dir string, onDisk bool) (upper, work string) {
 	if onDisk {
 		return filepath.Join(dir, diskDirName, "upper"), filepath.Join(dir, diskDirName, "work")
 	}
@@ -37,15 +37,15 @@ func layerDirs(dir string, onDisk bool) (upper, work string) {
 
 // diskImage returns the path of the formatted empty image of mb MiB,
 // formatting it the first time.
-func (r *Runtime) diskImage(ctx context.Context, mb int) (string, error) {
-	path := filepath.Join(r.cfg.DiskImageDir, "ext4-"+strconv.Itoa(mb)+"m.img")
+func (s *Store) diskImage(ctx context.Context, mb int) (string, error) {
+	path := filepath.Join(s.cfg.DiskImageDir, "ext4-"+strconv.Itoa(mb)+"m.img")
 	if _, err := os.Stat(path); err == nil {
 		return path, nil
 	}
-	if err := os.MkdirAll(r.cfg.DiskImageDir, 0o700); err != nil {
+	if err := os.MkdirAll(s.cfg.DiskImageDir, 0o700); err != nil {
 		return "", err
 	}
-	tmp, err := os.CreateTemp(r.cfg.DiskImageDir, ".format-*")
+	tmp, err := os.CreateTemp(s.cfg.DiskImageDir, ".format-*")
 	if err != nil {
 		return "", err
 	}
@@ -159,8 +159,8 @@ func attachLoop(file string) (string, *os.File, error) {
 
 // mountDisk gives bundle dir its own ext4 disk of mb MiB at <dir>/disk with
 // the overlay's upper and work dirs on it.
-func (r *Runtime) mountDisk(ctx context.Context, dir string, mb int) error {
-	img, err := r.diskImage(ctx, mb)
+func (s *Store) mountDisk(ctx context.Context, dir string, mb int) error {
+	img, err := s.diskImage(ctx, mb)
 	if err != nil {
 		return err
 	}
@@ -183,7 +183,7 @@ func (r *Runtime) mountDisk(ctx context.Context, dir string, mb int) error {
 	}
 	for _, sub := range []string{"upper", "work"} {
 		if err := os.Mkdir(filepath.Join(mnt, sub), 0o755); err != nil {
-			_ = unmount(mnt)
+			_ = Unmount(mnt)
 			return err
 		}
 	}
@@ -194,7 +194,7 @@ func (r *Runtime) mountDisk(ctx context.Context, dir string, mb int) error {
 
 // unmountDisk unmounts the sandbox's disk if it has one.
 func unmountDisk(dir string) error {
-	return unmount(filepath.Join(dir, diskDirName))
+	return Unmount(filepath.Join(dir, diskDirName))
 }
 
 // diskUsageStatfs reports used and total bytes of the sandbox's own disk;

@@ -1,4 +1,4 @@
-package runc
+package bundle
 
 import (
 	"errors"
@@ -24,17 +24,17 @@ const (
 // setupCgroupParent creates the parent cgroup and sets its CPU weight. On
 // v2 a host without the cpu controller delegated at the root keeps the
 // default weight (and a warning says so).
-func (r *Runtime) setupCgroupParent() error {
-	file, value := filepath.Join(cgroupRoot, "cpu", r.cfg.CgroupParent, "cpu.shares"), ParentCPUSharesV1
-	if r.cgroupV2 {
-		file, value = filepath.Join(cgroupRoot, r.cfg.CgroupParent, "cpu.weight"), ParentCPUWeightV2
+func (s *Store) setupCgroupParent() error {
+	file, value := filepath.Join(cgroupRoot, "cpu", s.cfg.CgroupParent, "cpu.shares"), ParentCPUSharesV1
+	if s.cgroupV2 {
+		file, value = filepath.Join(cgroupRoot, s.cfg.CgroupParent, "cpu.weight"), ParentCPUWeightV2
 	}
 	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
 		return fmt.Errorf("sandbox cgroup parent: %w", err)
 	}
 	err := os.WriteFile(file, []byte(strconv.Itoa(value)), 0o644)
-	if r.cgroupV2 && errors.Is(err, fs.ErrNotExist) {
-		r.log.Warn("the cpu controller is not enabled for the sandboxes' parent cgroup; sandboxes compete with the server at the default weight", "cgroup", filepath.Dir(file))
+	if s.cgroupV2 && errors.Is(err, fs.ErrNotExist) {
+		s.log.Warn("the cpu controller is not enabled for the sandboxes' parent cgroup; sandboxes compete with the server at the default weight", "cgroup", filepath.Dir(file))
 		return nil
 	}
 	if err != nil {

@@ -1,9 +1,8 @@
-package runc
+package bundle
 
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -39,21 +38,14 @@ const (
 	DefaultUserNSSize = 65536
 )
 
-// usernsEnabled reports whether sandboxes on tier run in a user namespace.
-// gVisor is left out: its sentry is the sandbox's kernel and already runs
-// the sandbox's root as an unprivileged host process.
-func (r *Runtime) usernsEnabled(tier string) bool {
-	return r.cfg.UserNS && (tier == "" || tier == TierRunc)
-}
-
-// userns adds the user namespace and its id mappings to s. ownNet: the
+// userns adds the user namespace and its id mappings to oci. ownNet: the
 // sandbox's netns is made with it (and so owned by it); otherwise the netns
 // belongs to the host's, so /sys must be the host's and CRIU cannot
 // checkpoint the sandbox.
-func (r *Runtime) userns(s *specs.Spec, ownNet bool, base uint32) {
-	m := []specs.LinuxIDMapping{{ContainerID: 0, HostID: base, Size: r.cfg.UserNSSize}}
-	s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
-	s.Linux.UIDMappings, s.Linux.GIDMappings = m, m
+func (s *Store) userns(oci *specs.Spec, ownNet bool, base uint32) {
+	m := []specs.LinuxIDMapping{{ContainerID: 0, HostID: base, Size: s.cfg.UserNSSize}}
+	oci.Linux.Namespaces = append(oci.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
+	oci.Linux.UIDMappings, oci.Linux.GIDMappings = m, m
 	if ownNet {
 		return
 	}
@@ -63,9 +55,9 @@ func (r *Runtime) userns(s *specs.Spec, ownNet bool, base uint32) {
 	// kernel refuses to split off a mount with locked submounts); its only
 	// submount here, /sys/fs/cgroup, is covered by the sandbox's own cgroup
 	// mount, and the masked paths still go on top.
-	for i, mnt := range s.Mounts {
+	for i, mnt := range oci.Mounts {
 		if mnt.Destination == "/sys" && mnt.Type == "sysfs" {
-			s.Mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: "/sys", Options: []string{"rbind", "nosuid", "noexec", "nodev", "ro"}}
+			oci.Mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: "/sys", Options: []string{"rbind", "nosuid", "noexec", "nodev", "ro"}}
 		}
 	}
 }
@@ -75,14 +67,14 @@ func (r *Runtime) userns(s *specs.Spec, ownNet bool, base uint32) {
 // the shifted copy) of each layer. Layers are stored unshifted (owned by
 // host ids 0..); a layer an earlier version captured shifted into a pool
 // range is mapped from that range, or used as it is when it is this one's.
-func (r *Runtime) mappedLayers(ctx context.Context, layers []string, base uint32) ([]string, error) {
+func (s *Store) mappedLayers(ctx context.Context, layers []string, base uint32) ([]string, error) {
 	out := make([]string, len(layers))
 	for i, l := range layers {
 		var st unix.Stat_t
 		if err := unix.Stat(l, &st); err != nil {
 			return nil, fmt.Errorf("layer %s: %w", l, err)
 		}
-		from, inPool := r.uids.rangeOf(st.Uid)
+		from, inPool := s.uids.rangeOf(st.Uid)
 		if !inPool {
 			from = 0
 		}
@@ -90,7 +82,7 @@ func (r *Runtime) mappedLayers(ctx context.Context, layers []string, base uint32
 			out[i] = l
 			continue
 		}
-		m, err := r.idmappedLayer(ctx, l, from, base)
+		m, err := s.idmappedLayer(ctx, l, from, base)
 		if err == nil {
 			out[i] = m
 			continue
@@ -101,7 +93,7 @@ func (r *Runtime) mappedLayers(ctx context.Context, layers []string, base uint32
 		if from != 0 {
 			return nil, fmt.Errorf("layer %s belongs to host uid range %d and this host cannot idmap it: %w", l, from, err)
 		}
-		shifted, err := r.shiftedLayer(ctx, l, base)
+		shifted, err := s.shiftedLayer(ctx, l, base)
 		if err != nil {
 			return nil, err
 		}
@@ -113,7 +105,7 @@ func (r *Runtime) mappedLayers(ctx context.Context, layers []string, base uint32
 // shiftedLayer returns the uid-shifted copy of layer, making it first if
 // needed. Concurrent first users each copy into a private temporary dir and
 // the first rename wins; the others drop their copy.
-func (r *Runtime) shiftedLayer(ctx context.Context, layer string, base uint32) (string, error) {
+func (s *Store) shiftedLayer(ctx context.Context, layer string, base uint32) (string, error) {
 	layer = filepath.Clean(layer)
 	dst := layer + ".uidshift-" + strconv.FormatUint(uint64(base), 10)
 	if _, err := os.Stat(dst); err == nil {
@@ -125,13 +117,13 @@ func (r *Runtime) shiftedLayer(ctx context.Context, layer string, base uint32) (
 	}
 	defer os.RemoveAll(tmp)
 	copyDir := filepath.Join(tmp, "rootfs")
-	r.log.Info("making uid-shifted copy of template layer (once per layer)", "layer", layer, "base", base)
+	s.log.Info("making uid-shifted copy of template layer (once per layer)", "layer", layer, "base", base)
 	// cp -a keeps modes, owners, timestamps, xattrs and hardlinks, and
 	// writes holes as holes.
 	if out, err := exec.CommandContext(ctx, "cp", "-a", "--sparse=always", layer, copyDir).CombinedOutput(); err != nil {
 		return "", fmt.Errorf("shift layer %s: cp: %w: %s", layer, err, strings.TrimSpace(string(out)))
 	}
-	if err := shiftTree(copyDir, 0, base, r.cfg.UserNSSize); err != nil {
+	if err := shiftTree(copyDir, 0, base, s.cfg.UserNSSize); err != nil {
 		return "", fmt.Errorf("shift layer %s: %w", layer, err)
 	}
 	if err := os.Rename(copyDir, dst); err != nil {
@@ -256,7 +248,7 @@ func capsV3(v []byte, rootUID uint32) []byte {
 // the rootfs and the bind-mounted files: the bundle is base:0 0710. The
 // group is for CRIU's restored root task, which reads its first image
 // files as host uid and gid 0 without capabilities.
-func (r *Runtime) prepareUserNSBundle(dir string, base uint32, extra ...string) error {
+func (s *Store) prepareUserNSBundle(dir string, base uint32, extra ...string) error {
 	if err := os.Lchown(dir, int(base), 0); err != nil {
 		return err
 	}
@@ -272,10 +264,10 @@ func (r *Runtime) prepareUserNSBundle(dir string, base uint32, extra ...string) 
 	return nil
 }
 
-// ensureSearchable gives "others" search (not read) permission on dir and
+// EnsureSearchable gives "others" search (not read) permission on dir and
 // its ancestors: runc sets up the rootfs and bind mounts as the sandbox's
 // mapped root, an unprivileged host uid, which must be able to walk there.
-func ensureSearchable(dir string) error {
+func EnsureSearchable(dir string) error {
 	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
 		fi, err := os.Stat(d)
 		if err != nil {
@@ -299,12 +291,11 @@ func ensureSearchable(dir string) error {
 // caps (normal per-user Linux defaults), and the host's per-user caps are
 // raised far above one sandbox's, so no single sandbox can use up what the
 // host's root services need. The sandbox cannot raise its own caps: it has
-// no CAP_SYS_RESOURCE.
+// no CAP_SYS_RESOURCE. (The sandbox's caps are set by its driver:
+// internal/runtime/runc's limitUserNS.)
 const (
-	sandboxInotifyInstances = 128
-	sandboxInotifyWatches   = 65536
-	hostInotifyInstances    = 65536
-	hostInotifyWatches      = 4194304
+	hostInotifyInstances = 65536
+	hostInotifyWatches   = 4194304
 )
 
 // raiseHostInotify lifts the host's per-user inotify caps to at least the
@@ -324,51 +315,6 @@ func raiseHostInotify() error {
 		if err := os.WriteFile(path, []byte(strconv.Itoa(want)), 0o644); err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-// pidFile is where runc writes the init pid of the bundle in dir when it
-// creates, runs or restores it; it is removed first, so it is never stale.
-func pidFile(dir string) string { return filepath.Join(dir, "init.pid") }
-
-// readPid reads a pid file runc has just written.
-func readPid(path string) (int, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || pid <= 0 {
-		return 0, fmt.Errorf("pid file %s: %q: %w", path, b, errdefs.ErrUnavailable)
-	}
-	return pid, nil
-}
-
-// initPid returns the host pid of sandbox id's init.
-func (r *Runtime) initPid(ctx context.Context, id string) (int, error) {
-	out, err := r.oci(ctx, id, "", "state", id)
-	if err != nil {
-		return 0, err
-	}
-	var st struct {
-		Pid int `json:"pid"`
-	}
-	if err := json.Unmarshal(out, &st); err != nil || st.Pid <= 0 {
-		return 0, fmt.Errorf("runc state %s: no init pid: %w", id, errors.Join(err, errdefs.ErrUnavailable))
-	}
-	return st.Pid, nil
-}
-
-// checkpointUserNS refuses to checkpoint a sandbox whose user namespace
-// runc made itself (no path in config.json): CRIU requires every namespace
-// of the dumped tasks to be owned by their user namespace, and that
-// sandbox's netns belongs to the host's. The error says so instead of
-// CRIU's "namespaces doesn't belong to the target user namespace".
-// Sandboxes whose netns runc made with their user namespace are fine.
-func checkpointUserNS(id string, ns bundleNS) error {
-	if ns.userNS && ns.netPath != "" {
-		return fmt.Errorf("sandbox %s runs in a user namespace that does not own its network namespace (a server without deferred networking created it), which pause, snapshots and forks cannot checkpoint; recreate the sandbox: %w", id, errdefs.ErrUnavailable)
 	}
 	return nil
 }

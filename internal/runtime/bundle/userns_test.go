@@ -1,4 +1,4 @@
-package runc
+package bundle
 
 import (
 	"bytes"
@@ -106,17 +106,14 @@ func TestOCISpecUserNS(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		userns    bool
-		tier      string
 		wantUserN bool
 	}{
-		{name: "off", tier: TierRunc},
-		{name: "on, container tier", userns: true, tier: TierRunc, wantUserN: true},
-		{name: "on, default tier", userns: true, tier: "", wantUserN: true},
-		{name: "on, gvisor keeps its own kernel", userns: true, tier: TierRunsc},
+		{name: "off"},
+		{name: "on", userns: true, wantUserN: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := &Runtime{cfg: Config{UserNS: tc.userns, UserNSBase: DefaultUserNSBase, UserNSSize: DefaultUserNSSize, EnvdPath: "/envd"}}
-			s := r.ociSpec(runtime.Spec{ID: "x", Runtime: tc.tier}, t.TempDir(), DefaultUserNSBase)
+			r := &Store{cfg: Config{UserNS: tc.userns, UserNSBase: DefaultUserNSBase, UserNSSize: DefaultUserNSSize, EnvdPath: "/envd"}}
+			s := r.OCISpec(runtime.Spec{ID: "x"}, t.TempDir(), Options{UserNS: tc.userns}, DefaultUserNSBase)
 			hasUserNS := slices.ContainsFunc(s.Linux.Namespaces, func(n specs.LinuxNamespace) bool { return n.Type == specs.UserNamespace })
 			if hasUserNS != tc.wantUserN {
 				t.Fatalf("user namespace = %v, want %v", hasUserNS, tc.wantUserN)
@@ -155,11 +152,11 @@ func TestIdmappedLayer(t *testing.T) {
 	}
 	must(os.WriteFile(filepath.Join(layer, "f"), []byte("x"), 0o644))
 	must(os.Chown(filepath.Join(layer, "f"), 1000, 1000))
-	r, err := New(Config{StateDir: filepath.Join(t.TempDir(), "s"), RuncRoot: filepath.Join(t.TempDir(), "runc"), EnvdPath: "/bin/true", UserNS: true, HookBinary: testHookBinary(t)}, nil)
+	r, err := New(Config{StateDir: filepath.Join(t.TempDir(), "s"), IdmapDir: filepath.Join(t.TempDir(), "idmap"), EnvdPath: "/bin/true", CgroupParent: "agentbox-test", UserNS: true, HookBinary: testHookBinary(t)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(r.resetIdmaps)
+	t.Cleanup(r.ResetIdmaps)
 	first, err := r.idmappedLayer(t.Context(), layer, 0, DefaultUserNSBase)
 	if err != nil {
 		t.Skipf("no idmapped mounts here: %v", err)
@@ -246,32 +243,23 @@ func TestShiftTreeRoundTrip(t *testing.T) {
 	}
 }
 
-// An idmapped layer stays while an overlay uses it and goes with the last.
-func TestReleaseIdmaps(t *testing.T) {
-	e := setup(t, true)
-	ctx := t.Context()
-	e.sandbox(t, "idm1", runtime.Resources{})
-	mounted := func() int {
-		entries, _ := os.ReadDir(e.rt.idmap.dir)
-		n := 0
-		for _, d := range entries {
-			if isMountPoint(filepath.Join(e.rt.idmap.dir, d.Name())) {
-				n++
-			}
+// TestMain lets the test binary stand in for `agentbox __hook hold`.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 2 && os.Args[1] == "__hook" && os.Args[2] == HoldHook {
+		if err := RunHoldHook(os.Stdin); err != nil {
+			os.Exit(1)
 		}
-		return n
+		os.Exit(0)
 	}
-	if n := mounted(); n != len(e.layers) {
-		t.Fatalf("%d idmapped layers while a sandbox runs, want %d", n, len(e.layers))
+	os.Exit(m.Run())
+}
+
+// testHookBinary is the test binary, by absolute path.
+func testHookBinary(tb testing.TB) string {
+	tb.Helper()
+	p, err := os.Executable()
+	if err != nil {
+		tb.Fatal(err)
 	}
-	e.rt.releaseIdmaps()
-	if n := mounted(); n != len(e.layers) {
-		t.Fatalf("release took %d layers in use down to %d", len(e.layers), n)
-	}
-	if err := e.rt.Delete(ctx, "idm1"); err != nil {
-		t.Fatal(err)
-	}
-	if n := mounted(); n != 0 {
-		t.Fatalf("%d idmapped layers left after the last sandbox", n)
-	}
+	return p
 }

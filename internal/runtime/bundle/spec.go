@@ -1,9 +1,10 @@
-package runc
+package bundle
 
 import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -31,9 +32,10 @@ func charDevice(path string, major, minor int64) (specs.LinuxDevice, specs.Linux
 		specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: ptr(major), Minor: ptr(minor), Access: "rwm"}
 }
 
-// ociSpec builds the bundle's config.json for sandbox dir; base is the
-// first host id of its user namespace's range (when it has one).
-func (r *Runtime) ociSpec(spec runtime.Spec, dir string, base uint32) *specs.Spec {
+// OCISpec builds the config.json of sandbox spec.ID's bundle in dir, before
+// hardening; base is the first host id of its user namespace's range (with
+// o.UserNS).
+func (s *Store) OCISpec(spec runtime.Spec, dir string, o Options, base uint32) *specs.Spec {
 	var devices []specs.LinuxDevice
 	rules := []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}}
 	for _, d := range []struct {
@@ -67,8 +69,7 @@ func (r *Runtime) ociSpec(spec runtime.Spec, dir string, base uint32) *specs.Spe
 	}
 
 	netns := specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: spec.NetNSPath}
-	ownNet := r.ownsNetNS(spec)
-	if ownNet {
+	if o.OwnNet {
 		netns.Path = "" // made with the user namespace, handed to Net.Plug
 	}
 	bindRO := []string{"bind", "ro", "nosuid", "nodev"}
@@ -76,7 +77,7 @@ func (r *Runtime) ociSpec(spec runtime.Spec, dir string, base uint32) *specs.Spe
 	if mb := spec.Resources.DiskMB; mb > 0 {
 		annotations = map[string]string{annotationDiskMB: fmt.Sprint(mb)}
 	}
-	s := &specs.Spec{
+	oci := &specs.Spec{
 		Annotations: annotations,
 		// runc 1.1 speaks spec 1.0.2; nothing here needs a newer one.
 		Version:  "1.0.2",
@@ -94,9 +95,9 @@ func (r *Runtime) ociSpec(spec runtime.Spec, dir string, base uint32) *specs.Spe
 			Cwd:  "/",
 			User: specs.User{UID: 0, GID: 0},
 			Capabilities: &specs.LinuxCapabilities{
-				Bounding: capabilities, Effective: capabilities, Permitted: capabilities,
+				Bounding: slices.Clone(capabilities), Effective: slices.Clone(capabilities), Permitted: slices.Clone(capabilities),
 			},
-			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: r.nofile, Soft: r.nofile}},
+			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: s.nofile, Soft: s.nofile}},
 			// sudo inside the sandbox needs setuid to work.
 			NoNewPrivileges: false,
 		},
@@ -108,7 +109,7 @@ func (r *Runtime) ociSpec(spec runtime.Spec, dir string, base uint32) *specs.Spe
 			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
-			{Destination: runtime.EnvdPathInSandbox, Type: "bind", Source: r.cfg.EnvdPath, Options: bindRO},
+			{Destination: runtime.EnvdPathInSandbox, Type: "bind", Source: s.cfg.EnvdPath, Options: bindRO},
 			{Destination: logDirInSandbox, Type: "bind", Source: filepath.Join(dir, "log"), Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
 			{Destination: "/etc/hosts", Type: "bind", Source: filepath.Join(dir, "hosts"), Options: bindRO},
 			{Destination: "/etc/hostname", Type: "bind", Source: filepath.Join(dir, "hostname"), Options: bindRO},
@@ -120,7 +121,7 @@ func (r *Runtime) ociSpec(spec runtime.Spec, dir string, base uint32) *specs.Spe
 				{Type: specs.MountNamespace}, {Type: specs.CgroupNamespace}, netns,
 			},
 			Devices:     devices,
-			CgroupsPath: r.cgroupPath(spec.ID),
+			CgroupsPath: s.CgroupPath(spec.ID),
 			Resources:   res,
 			MaskedPaths: []string{
 				"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
@@ -129,8 +130,44 @@ func (r *Runtime) ociSpec(spec runtime.Spec, dir string, base uint32) *specs.Spe
 			ReadonlyPaths: []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
 		},
 	}
-	if r.usernsEnabled(spec.Runtime) {
-		r.userns(s, ownNet, base)
+	if o.UserNS {
+		s.userns(oci, o.OwnNet, base)
 	}
-	return s
+	return oci
+}
+
+// annotationTier records the sandbox's isolation tier in its bundle.
+const annotationTier = "io.agentbox.tier"
+
+// HardenedSpec is OCISpec with the shared hardening and the driver's own
+// (o.Harden): the config.json a sandbox boots with.
+func (s *Store) HardenedSpec(spec runtime.Spec, dir string, o Options, base uint32) *specs.Spec {
+	oci := s.OCISpec(spec, dir, o, base)
+	if oci.Annotations == nil {
+		oci.Annotations = map[string]string{}
+	}
+	oci.Annotations[annotationTier] = o.Tier
+	if o.Harden != nil {
+		o.Harden(oci)
+	}
+	harden(oci, spec)
+	return oci
+}
+
+// harden adds to the base spec what depends on the limits, on every tier:
+// a size-limited /tmp, CPU shares proportional to the CPU count, more
+// masked paths, and an OOM score that makes the host's OOM killer pick
+// sandbox processes before the server.
+func harden(oci *specs.Spec, spec runtime.Spec) {
+	if mb := spec.Resources.TmpMB; mb > 0 {
+		oci.Mounts = append(oci.Mounts, specs.Mount{
+			Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
+			Options: []string{"nosuid", "nodev", "mode=1777", fmt.Sprintf("size=%dm", mb)},
+		})
+	}
+	if n := spec.Resources.CPUCount; n > 0 && oci.Linux.Resources != nil && oci.Linux.Resources.CPU != nil {
+		oci.Linux.Resources.CPU.Shares = ptr(uint64(1024 * n))
+	}
+	oci.Linux.MaskedPaths = append(oci.Linux.MaskedPaths, "/proc/kallsyms", "/sys/devices/virtual/powercap", "/sys/kernel")
+	oci.Process.OOMScoreAdj = ptr(500)
 }

@@ -1,27 +1,23 @@
-package runc
+package bundle
 
 import (
-	"context"
 	"fmt"
 	"path/filepath"
 
-	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/runtime"
 )
-
-var _ runtime.LimitReporter = (*Runtime)(nil)
 
 // LimitCounters reads the OOM-kill and refused-fork counters of the
 // sandbox's cgroup (cgroup v1: memory.oom_control, pids.events; v2:
 // memory.events, pids.events).
-func (r *Runtime) LimitCounters(ctx context.Context, id string) (runtime.LimitCounters, error) {
-	if !validID.MatchString(id) {
-		return runtime.LimitCounters{}, fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+func (s *Store) LimitCounters(id string) (runtime.LimitCounters, error) {
+	if err := CheckID(id); err != nil {
+		return runtime.LimitCounters{}, err
 	}
-	cg := r.bundleCgroupPath(id)
+	cg := s.BundleCgroupPath(id)
 	var c runtime.LimitCounters
 	var err error
-	if r.cgroupV2 {
+	if s.cgroupV2 {
 		dir := filepath.Join(cgroupRoot, cg)
 		c.OOMKills, err = statField(filepath.Join(dir, "memory.events"), "oom_kill")
 		c.PIDsMax, _ = statField(filepath.Join(dir, "pids.events"), "max")

@@ -1,4 +1,4 @@
-package runc
+package bundle
 
 import (
 	"crypto/hmac"
@@ -55,25 +55,25 @@ func loadSecret(stateDir string) ([]byte, error) {
 }
 
 // key is sandbox id's opaque name on the host: 32 hex digits.
-func (r *Runtime) key(id string) string {
-	m := hmac.New(sha256.New, r.secret)
+func (s *Store) key(id string) string {
+	m := hmac.New(sha256.New, s.secret)
 	m.Write([]byte(id))
 	return hex.EncodeToString(m.Sum(nil)[:16])
 }
 
-// dir is sandbox id's bundle directory. A bundle an earlier version named
+// Dir is sandbox id's bundle directory. A bundle an earlier version named
 // by the id itself is still found there.
-func (r *Runtime) dir(id string) string {
-	legacy := filepath.Join(r.cfg.StateDir, id)
+func (s *Store) Dir(id string) string {
+	legacy := filepath.Join(s.cfg.StateDir, id)
 	if _, err := os.Lstat(legacy); err == nil {
 		return legacy
 	}
-	return filepath.Join(r.cfg.StateDir, r.key(id))
+	return filepath.Join(s.cfg.StateDir, s.key(id))
 }
 
 // bundleID returns the sandbox id of the bundle named name in StateDir.
-func (r *Runtime) bundleID(name string) (string, bool) {
-	b, err := os.ReadFile(filepath.Join(r.cfg.StateDir, name, idFile))
+func (s *Store) bundleID(name string) (string, bool) {
+	b, err := os.ReadFile(filepath.Join(s.cfg.StateDir, name, idFile))
 	if err != nil {
 		if !isKey(name) && validID.MatchString(name) {
 			return name, true // named by its id (earlier versions)
@@ -81,7 +81,7 @@ func (r *Runtime) bundleID(name string) (string, bool) {
 		return "", false
 	}
 	id := strings.TrimSpace(string(b))
-	if !validID.MatchString(id) || r.key(id) != name {
+	if !validID.MatchString(id) || s.key(id) != name {
 		return "", false // not a bundle this server made
 	}
 	return id, true
@@ -97,11 +97,11 @@ func isKey(name string) bool {
 }
 
 // SandboxOfCgroup names the sandbox whose cgroup is <CgroupParent>/name.
-func (r *Runtime) SandboxOfCgroup(name string) (string, bool) {
+func (s *Store) SandboxOfCgroup(name string) (string, bool) {
 	if strings.ContainsAny(name, "/.") || name == "" {
 		return "", false
 	}
-	return r.bundleID(name)
+	return s.bundleID(name)
 }
 
 // HostKey returns the name sandbox id's bundle and cgroup directories have
@@ -112,6 +112,5 @@ func HostKey(stateDir, id string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	r := &Runtime{secret: b}
-	return r.key(id), nil
+	return (&Store{secret: b}).key(id), nil
 }

@@ -1,4 +1,4 @@
-package runc
+package bundle
 
 import (
 	"errors"
@@ -103,23 +103,23 @@ func TestUIDPool(t *testing.T) {
 }
 
 func TestHostPathKeys(t *testing.T) {
-	r := &Runtime{cfg: Config{StateDir: t.TempDir()}, secret: []byte("0123456789abcdef0123456789abcdef")}
+	r := &Store{cfg: Config{StateDir: t.TempDir()}, secret: []byte("0123456789abcdef0123456789abcdef")}
 	k := r.key("isb123")
 	if !isKey(k) || k == r.key("isb124") {
 		t.Fatalf("key %q", k)
 	}
-	other := &Runtime{cfg: r.cfg, secret: []byte("another secret of thirty-two b..")}
+	other := &Store{cfg: r.cfg, secret: []byte("another secret of thirty-two b..")}
 	if other.key("isb123") == k {
 		t.Fatal("the key does not depend on the secret")
 	}
-	if got := r.dir("isb123"); filepath.Base(got) != k {
+	if got := r.Dir("isb123"); filepath.Base(got) != k {
 		t.Fatalf("bundle dir %s is not named by the key", got)
 	}
-	if got := r.cgroupPath("isb123"); filepath.Base(got) != k {
+	if got := r.CgroupPath("isb123"); filepath.Base(got) != k {
 		t.Fatalf("cgroup %s is not named by the key", got)
 	}
 	// A bundle records its id; a forged id file does not name it.
-	dir := r.dir("isb123")
+	dir := r.Dir("isb123")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package runc
+package runsc
 
 import (
 	"context"
@@ -10,12 +10,14 @@ import (
 	"path/filepath"
 	"time"
 
+	gorunc "github.com/containerd/go-runc"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
 )
 
 // Files of the runsc tier's checkpoint support. runsc writes its image as
@@ -41,24 +43,9 @@ type route struct {
 	Link bool   `json:"link,omitempty"` // scope link
 }
 
-// netnsPath reads the network namespace path from the bundle's config.json.
-func netnsPath(dir string) (string, error) {
-	ns, err := readBundleNS(dir)
-	if err != nil {
-		return "", err
-	}
-	if ns.netPath == "" {
-		return "", fmt.Errorf("bundle %s: %w", dir, errNoNetNS)
-	}
-	return ns.netPath, nil
-}
-
-// errNoNetNS: the sandbox runs in a netns runsc creates itself (tests).
-var errNoNetNS = errors.New("no network namespace path")
-
 // withEth0 runs f with a netlink handle inside the bundle's netns and its eth0.
 func withEth0(dir string, f func(h *netlink.Handle, eth netlink.Link) error) error {
-	path, err := netnsPath(dir)
+	path, err := bundle.NetNSPath(dir)
 	if err != nil {
 		return err
 	}
@@ -108,7 +95,7 @@ func saveNetConf(dir string) error {
 		}
 		return nil
 	})
-	if errors.Is(err, errNoNetNS) {
+	if errors.Is(err, bundle.ErrNoNetNS) {
 		return nil
 	}
 	if err != nil {
@@ -179,14 +166,28 @@ func restoreNetConf(dir string) error {
 	})
 }
 
-// runscCheckpoint is Checkpoint for the runsc tier. gVisor saves its whole
-// kernel (processes, memory, sockets) with `runsc checkpoint`; the rootfs
-// stays on the host overlay (--overlay2=none), so a resume in place finds
-// its files where they were, and a copy for snapshots is taken while the
-// sandbox is paused, the same instant as the image.
-func (r *Runtime) runscCheckpoint(ctx context.Context, id string, opts runtime.CheckpointOptions) (err error) {
-	dir := r.dir(id)
-	img, own, err := r.imageDir(id, opts)
+// Checkpoint saves the sandbox. gVisor saves its whole kernel (processes,
+// memory, sockets) with `runsc checkpoint`; the rootfs stays on the host
+// overlay (--overlay2=none), so a resume in place finds its files where
+// they were, and a copy for snapshots is taken while the sandbox is paused,
+// the same instant as the image.
+func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.CheckpointOptions) (err error) {
+	if err := bundle.CheckID(id); err != nil {
+		return err
+	}
+	dir := d.b.Dir(id)
+	if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	if opts.FilesystemOnly {
+		return d.b.FSCheckpoint(ctx, id, opts, d)
+	}
+	logFile := filepath.Join(dir, "runsc-checkpoint.log")
+	c, err := d.client(logFile)
+	if err != nil {
+		return err
+	}
+	img, own, err := d.b.ImageDir(id, opts)
 	if err != nil {
 		return err
 	}
@@ -201,28 +202,27 @@ func (r *Runtime) runscCheckpoint(ctx context.Context, id string, opts runtime.C
 	}
 	frozen := false
 	if opts.UpperCopy != "" || opts.LeaveRunning {
-		if _, err := r.runsc(ctx, "", "pause", id); err != nil {
-			return fmt.Errorf("sandbox %s: %w", id, err)
+		if err := d.Freeze(ctx, id); err != nil {
+			return err
 		}
 		frozen = true
 		defer func() {
 			if frozen {
-				if _, terr := r.runsc(context.WithoutCancel(ctx), "", "resume", id); terr != nil {
+				if terr := d.resume(context.WithoutCancel(ctx), id); terr != nil {
 					err = errors.Join(err, terr)
 				}
 			}
 		}()
 	}
-	args := []string{"checkpoint", "--image-path", img}
+	var actions []gorunc.CheckpointAction
 	if opts.LeaveRunning {
-		args = append(args, "--leave-running")
+		actions = append(actions, gorunc.LeaveRunning)
 	}
-	args = append(args, id)
-	if _, err := r.runsc(ctx, filepath.Join(dir, "runsc-checkpoint.log"), args...); err != nil {
-		return fmt.Errorf("sandbox %s: %w", id, err)
+	if err := c.Checkpoint(ctx, id, &gorunc.CheckpointOpts{ImagePath: img}, actions...); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, failed("checkpoint", logFile, err))
 	}
 	if opts.UpperCopy != "" {
-		if err := r.captureUpper(ctx, id, opts.UpperCopy); err != nil {
+		if err := d.b.CaptureUpper(ctx, id, opts.UpperCopy); err != nil {
 			return err
 		}
 	}
@@ -230,39 +230,36 @@ func (r *Runtime) runscCheckpoint(ctx context.Context, id string, opts runtime.C
 		frozen = false
 		// runsc checkpoint returns while the sandbox winds down; the
 		// container record must go before a restore under the same id.
-		if err := r.runscWaitStopped(ctx, id); err != nil {
+		if err := d.waitStopped(ctx, id); err != nil {
 			return fmt.Errorf("sandbox %s: %w", id, err)
 		}
-		if _, err := r.runsc(ctx, "", "delete", "--force", id); err != nil && !notExist(err) {
+		if err := d.deleteContainer(ctx, id); err != nil {
 			return fmt.Errorf("sandbox %s: %w", id, err)
 		}
 		// Give the idle netns its address back now: a server restarted
 		// while the sandbox is paused learns the sandbox's network from it.
 		if err := restoreNetConf(dir); err != nil {
-			r.log.Warn("paused gvisor sandbox: netns address not restored; a server restart will not find its network", "id", id, "err", err)
+			d.log.Warn("paused gvisor sandbox: netns address not restored; a server restart will not find its network", "id", id, "err", err)
 		}
 	}
 	if own {
-		return commitImage(dir, img, id)
+		return bundle.CommitImage(dir, img, id)
 	}
 	return nil
 }
 
-// runscWaitStopped waits until runsc reports the container stopped or gone.
-func (r *Runtime) runscWaitStopped(ctx context.Context, id string) error {
+// waitStopped waits until runsc reports the container stopped or gone.
+func (d *Driver) waitStopped(ctx context.Context, id string) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for delay := 5 * time.Millisecond; ; delay = min(delay*2, 100*time.Millisecond) {
-		out, err := r.runsc(ctx, "", "state", id)
+		st, err := d.state(ctx, id)
 		if err != nil {
-			if notExist(err) {
+			if !d.exists(ctx, id) {
 				return nil
 			}
-			return err
+			return fmt.Errorf("runsc state %s: %w", id, err)
 		}
-		var st struct {
-			Status string `json:"status"`
-		}
-		if json.Unmarshal(out, &st) == nil && st.Status == "stopped" {
+		if st.Status == "stopped" {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -276,52 +273,122 @@ func (r *Runtime) runscWaitStopped(ctx context.Context, id string) error {
 	}
 }
 
-// runscRestore is Restore for the runsc tier: in place (resume) after the
-// netns got its address back, or into a new bundle and netns (fork,
-// snapshot), where gVisor's netstack takes the new address by itself.
-func (r *Runtime) runscRestore(ctx context.Context, spec runtime.Spec, opts runtime.RestoreOptions, inPlace bool, img string) (err error) {
-	dir := r.dir(spec.ID)
+// Restore brings a sandbox back: in place (resume) after the netns got its
+// address back, or into a new bundle and netns (fork, snapshot), where
+// gVisor's netstack takes the new address by itself.
+func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.RestoreOptions) (err error) {
+	if err := bundle.CheckID(spec.ID); err != nil {
+		return err
+	}
+	dir := d.b.Dir(spec.ID)
+	img := opts.ImageDir
+	inPlace := false
+	if _, serr := os.Stat(filepath.Join(dir, "config.json")); serr == nil {
+		inPlace = true
+	}
+	if img == "" {
+		img = filepath.Join(dir, bundle.CheckpointDir)
+	}
+	if opts.FilesystemOnly || bundle.FSOnlyImage(img) {
+		return d.fsRestore(ctx, spec, inPlace)
+	}
+	if d.cfg.Net != nil && !inPlace {
+		// A new sandbox joins a netns of the host's user namespace.
+		if err := d.cfg.Net.Plug(ctx, spec.ID, 0); err != nil {
+			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+	}
 	if _, err := os.Stat(filepath.Join(img, runscImageFile)); err != nil {
 		return fmt.Errorf("sandbox %s: no gvisor checkpoint image at %s: %w", spec.ID, img, errdefs.ErrNotFound)
 	}
-	var rb rollback
+	logFile := filepath.Join(dir, "runsc-restore.log")
+	c, err := d.client(logFile)
+	if err != nil {
+		return err
+	}
+	var rb bundle.Rollback
 	defer func() {
 		if err != nil {
-			rb.run()
+			rb.Run()
 		}
 	}()
 	if !inPlace {
-		if rb, err = r.newBundle(ctx, spec, runtime.RestoreOptions{}, 0); err != nil {
+		o := bundle.Options{Tier: Name}
+		if rb, err = d.b.BuildFromImage(ctx, spec, o, 0); err != nil {
 			return err
 		}
-		if err := os.WriteFile(filepath.Join(dir, tierFile), []byte(TierRunsc+"\n"), 0o600); err != nil {
+		if err := bundle.SetTier(dir, Name); err != nil {
 			return err
 		}
 		// runsc checks that the restore spec matches the checkpointed one,
 		// so the new bundle gets the same hardened spec a Create writes.
-		cfgJSON, err := json.MarshalIndent(r.harden(r.ociSpec(spec, dir, 0), spec), "", "\t")
-		if err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(dir, "config.json"), cfgJSON, 0o600); err != nil {
+		if err := bundle.WriteConfig(dir, d.b.HardenedSpec(spec, dir, o, 0)); err != nil {
 			return err
 		}
 		if err := saveNetConf(dir); err != nil {
 			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
 	} else {
-		if err := r.ensureRootfs(dir); err != nil {
+		if err := bundle.EnsureRootfs(dir); err != nil {
 			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
 		if err := restoreNetConf(dir); err != nil {
 			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
 	}
-	if _, err := r.runsc(ctx, filepath.Join(dir, "runsc-restore.log"), "restore", "--detach", "--image-path", img, "--bundle", dir, spec.ID); err != nil {
-		_, _ = r.runsc(context.WithoutCancel(ctx), "", "delete", "--force", spec.ID)
-		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	err = nullIO(func(io gorunc.IO) error {
+		_, err := c.Restore(ctx, spec.ID, dir, &gorunc.RestoreOpts{CheckpointOpts: gorunc.CheckpointOpts{ImagePath: img}, IO: io, Detach: true})
+		return err
+	})
+	if err != nil {
+		_ = d.deleteContainer(context.WithoutCancel(ctx), spec.ID)
+		return fmt.Errorf("sandbox %s: %w", spec.ID, failed("restore", logFile, err))
 	}
 	return nil
+}
+
+// fsRestore boots the sandbox fresh: in place on its bundle (whose rootfs
+// still has its writable layer), or as a new sandbox whose top layer is the
+// captured one.
+func (d *Driver) fsRestore(ctx context.Context, spec runtime.Spec, inPlace bool) error {
+	if !inPlace {
+		return d.Create(ctx, spec)
+	}
+	id, dir := spec.ID, d.b.Dir(spec.ID)
+	// A memory pause may leave the container record behind.
+	if err := d.deleteContainer(ctx, id); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if err := bundle.EnsureRootfs(dir); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if err := restoreNetConf(dir); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if err := d.start(ctx, id, dir); err != nil {
+		_ = d.deleteContainer(context.WithoutCancel(ctx), id)
+		return fmt.Errorf("sandbox %s: boot: %w", id, err)
+	}
+	return nil
+}
+
+// HasCheckpoint reports whether the sandbox has a complete pause image; a
+// checkpoint interrupted after runsc finished is completed.
+func (d *Driver) HasCheckpoint(ctx context.Context, id string) (bool, error) {
+	finish := func(ctx context.Context) bool {
+		st, err := d.State(ctx, id)
+		if err != nil || st != runtime.StatusStopped {
+			return false
+		}
+		_ = d.deleteContainer(ctx, id)
+		return true
+	}
+	return d.b.HasImage(ctx, id, runscHasImage, runscHasImage, finish)
+}
+
+// DropCheckpoint removes the sandbox's pause image.
+func (d *Driver) DropCheckpoint(ctx context.Context, id string) error {
+	return d.b.DropImage(id)
 }
 
 // runscHasImage reports whether dir holds a complete runsc image.

@@ -1,4 +1,4 @@
-package runc
+package bundle
 
 import (
 	"context"
@@ -29,7 +29,7 @@ import (
 // errNoIdmap: this host cannot make idmapped mounts (kernel, filesystem).
 var errNoIdmap = errors.New("idmapped mounts unavailable")
 
-// idmapper keeps the idmapped mounts of one Runtime.
+// idmapper keeps the idmapped mounts of one Store.
 type idmapper struct {
 	dir string // mount points, <dir>/<hash of the layer path>
 
@@ -38,13 +38,9 @@ type idmapper struct {
 	pending  map[string]int // mounts handed out whose overlay is not mounted yet
 }
 
-// idmapDir is where the runtime mounts idmapped layers: beside runc's
-// state, on a tmpfs, so a reboot forgets them with everything else.
-func (r *Runtime) idmapDir() string { return r.cfg.RuncRoot + "-idmap" }
-
 // idmappedLayer returns the idmapped mount of layer, making it if needed.
-func (r *Runtime) idmappedLayer(ctx context.Context, layer string, from, to uint32) (string, error) {
-	im := &r.idmap
+func (s *Store) idmappedLayer(ctx context.Context, layer string, from, to uint32) (string, error) {
+	im := &s.idmap
 	im.mu.Lock()
 	defer im.mu.Unlock()
 	if im.disabled != nil {
@@ -65,11 +61,11 @@ func (r *Runtime) idmappedLayer(ctx context.Context, layer string, from, to uint
 	if err := os.Mkdir(target, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return "", err
 	}
-	if err := r.mountIdmapped(ctx, layer, target, from, to); err != nil {
+	if err := s.mountIdmapped(ctx, layer, target, from, to); err != nil {
 		_ = os.Remove(target)
 		if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EOPNOTSUPP) {
 			im.disabled = err
-			r.log.Warn("idmapped mounts unavailable; template layers get uid-shifted copies instead", "err", err)
+			s.log.Warn("idmapped mounts unavailable; template layers get uid-shifted copies instead", "err", err)
 			return "", fmt.Errorf("%w: %w", errNoIdmap, err)
 		}
 		return "", err
@@ -80,8 +76,8 @@ func (r *Runtime) idmappedLayer(ctx context.Context, layer string, from, to uint
 
 // idmapsMounted ends what idmappedLayer began: the overlay over layers is
 // mounted (or failed), so only mount references keep them from now on.
-func (r *Runtime) idmapsMounted(layers []string) {
-	im := &r.idmap
+func (s *Store) idmapsMounted(layers []string) {
+	im := &s.idmap
 	im.mu.Lock()
 	defer im.mu.Unlock()
 	for _, l := range layers {
@@ -96,8 +92,8 @@ func (r *Runtime) idmapsMounted(layers []string) {
 // releaseIdmaps unmounts the idmapped layers no overlay uses any more (and
 // no create is about to): a template deleted after its last sandbox is gone
 // must not stay pinned, and GC sees a layer in use through them.
-func (r *Runtime) releaseIdmaps() {
-	im := &r.idmap
+func (s *Store) releaseIdmaps() {
+	im := &s.idmap
 	im.mu.Lock()
 	defer im.mu.Unlock()
 	entries, err := os.ReadDir(im.dir)
@@ -127,18 +123,18 @@ func (r *Runtime) releaseIdmaps() {
 // UserNSBase. The id mapping comes from a user namespace made for the
 // occasion by a short-lived child (a Go process cannot unshare one), the
 // hold hook; the mount keeps its own reference to it.
-func (r *Runtime) mountIdmapped(ctx context.Context, layer, target string, from, to uint32) error {
-	if r.cfg.HookBinary == "" {
+func (s *Store) mountIdmapped(ctx context.Context, layer, target string, from, to uint32) error {
+	if s.cfg.HookBinary == "" {
 		return fmt.Errorf("id-mapping user namespace: no hook binary configured: %w", unix.ENOSYS)
 	}
-	argv := r.hookArgv(HoldHook)
+	argv := s.HookArgv(HoldHook)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return err
 	}
 	// On-disk owner from+n shows as host id to+n.
-	m := []syscall.SysProcIDMap{{ContainerID: int(from), HostID: int(to), Size: int(r.cfg.UserNSSize)}}
+	m := []syscall.SysProcIDMap{{ContainerID: int(from), HostID: int(to), Size: int(s.cfg.UserNSSize)}}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWUSER, UidMappings: m, GidMappings: m, Pdeathsig: unix.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("id-mapping user namespace: %w", err)
@@ -178,16 +174,16 @@ func isMountPoint(path string) bool {
 	return stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 && stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
 }
 
-// resetIdmaps detaches the idmapped mounts an earlier process left: they
+// ResetIdmaps detaches the idmapped mounts an earlier process left: they
 // are made again on demand, so a deleted template's layer is not pinned
 // forever. Running sandboxes keep theirs through their overlay.
-func (r *Runtime) resetIdmaps() {
-	entries, err := os.ReadDir(r.idmap.dir)
+func (s *Store) ResetIdmaps() {
+	entries, err := os.ReadDir(s.idmap.dir)
 	if err != nil {
 		return
 	}
 	for _, e := range entries {
-		dropMountPoint(filepath.Join(r.idmap.dir, e.Name()))
+		dropMountPoint(filepath.Join(s.idmap.dir, e.Name()))
 	}
 }
 

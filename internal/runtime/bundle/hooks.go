@@ -1,0 +1,20 @@
+package bundle
+
+import "io"
+
+// The runtime's helpers run in Go: in the server, or as the hidden
+// `agentbox __hook <name>` subcommand (Config.HookBinary) where another
+// process is needed: an OCI hook, or a process inside a sandbox's user
+// namespace, which a multi-threaded Go program cannot enter
+// (internal/runtime/nsjoin does it before the Go runtime starts).
+
+// HoldHook names the hook that only waits for its stdin to close: a
+// process to make a user namespace with, whose id mapping an idmapped
+// mount takes.
+const HoldHook = "hold"
+
+// RunHoldHook is `agentbox __hook hold`.
+func RunHoldHook(stdin io.Reader) error {
+	_, err := io.Copy(io.Discard, stdin)
+	return err
+}

@@ -1,0 +1,286 @@
+// Package bundle owns the host side of a container sandbox, whichever OCI
+// runtime runs it: one bundle directory per sandbox (overlay rootfs over the
+// template layers, its writable layer and disk, config.json built from
+// runtime-spec types and hardened, /etc files, log dir), the sandbox's
+// cgroup, its host uid range and idmapped layers, and its checkpoint
+// images' layout. The runc and runsc drivers build and remove sandboxes
+// through one Store. Everything lives on disk, so a restarted server finds,
+// inspects and deletes what an earlier process made.
+package bundle
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+)
+
+// Config configures a Store. Zero values take the defaults.
+type Config struct {
+	// StateDir holds one bundle directory per sandbox. Required (e.g.
+	// /var/lib/agentbox/sandboxes).
+	StateDir string
+	// EnvdPath is the host path of the static envd binary, bind-mounted
+	// read-only at runtime.EnvdPathInSandbox. Required.
+	EnvdPath string
+	// CgroupParent is the cgroup (relative to each hierarchy's root) under
+	// which every sandbox gets <CgroupParent>/<key>. Default "agentbox".
+	CgroupParent string
+	// DiskImageDir caches the formatted empty images that size-limited
+	// writable layers are copied from. Default <StateDir>/../disk-images.
+	DiskImageDir string
+	// UserNS lets drivers run sandboxes in a user namespace of their own,
+	// each with a host id range of its own (userns.go).
+	UserNS bool
+	// UserNSBase is the first host id of the pool of ranges, UserNSSize
+	// the ids of one sandbox's range and UserNSRanges the number of
+	// ranges (uidrange.go). Defaults DefaultUserNSBase, DefaultUserNSSize
+	// and DefaultUserNSRanges.
+	UserNSBase, UserNSSize, UserNSRanges uint32
+	// UIDRangeDir records which ranges are in use. Default
+	// <StateDir>/../uid-ranges.
+	UIDRangeDir string
+	// IdmapDir is where idmapped template layers are mounted; it should be
+	// on a tmpfs, so a reboot forgets them. Default <StateDir>/../idmap.
+	IdmapDir string
+	// HookBinary is the agentbox binary, whose hidden `__hook` subcommand
+	// runs the runtime's helpers (hooks.go). Required with UserNS.
+	HookBinary string
+}
+
+// Store builds, inspects and removes sandbox bundles. It keeps no state in
+// memory besides its configuration and the idmapped mounts being handed
+// out, so it is safe for concurrent use and across restarts.
+type Store struct {
+	cfg      Config
+	log      *slog.Logger
+	cgroupV2 bool
+	nofile   uint64 // RLIMIT_NOFILE given to envd
+	idmap    idmapper
+	secret   []byte // keys host paths (hostpaths.go)
+	uids     uidPool
+}
+
+// validID matches ids that are safe as a container id, a directory name
+// and a cgroup name.
+var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// CheckID returns an errdefs.ErrInvalidArgument error for an id that is not
+// safe as a container id, a directory name and a cgroup name.
+func CheckID(id string) error {
+	if !validID.MatchString(id) {
+		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// New checks cfg, makes the state dir and the sandboxes' parent cgroup.
+func New(cfg Config, log *slog.Logger) (*Store, error) {
+	if cfg.StateDir == "" {
+		return nil, fmt.Errorf("bundles: StateDir is required: %w", errdefs.ErrInvalidArgument)
+	}
+	if cfg.EnvdPath == "" {
+		return nil, fmt.Errorf("bundles: EnvdPath is required: %w", errdefs.ErrInvalidArgument)
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "agentbox"
+	}
+	if cfg.DiskImageDir == "" {
+		cfg.DiskImageDir = filepath.Join(filepath.Dir(cfg.StateDir), "disk-images")
+	}
+	if cfg.UserNSBase == 0 {
+		cfg.UserNSBase = DefaultUserNSBase
+	}
+	if cfg.UserNSSize == 0 {
+		cfg.UserNSSize = DefaultUserNSSize
+	}
+	if cfg.UserNSRanges == 0 {
+		cfg.UserNSRanges = DefaultUserNSRanges
+	}
+	if uint64(cfg.UserNSBase)+uint64(cfg.UserNSSize)*uint64(cfg.UserNSRanges) > 1<<32-2 {
+		return nil, fmt.Errorf("bundles: %d ranges of %d host ids from %d pass the largest uid: %w", cfg.UserNSRanges, cfg.UserNSSize, cfg.UserNSBase, errdefs.ErrInvalidArgument)
+	}
+	if cfg.UIDRangeDir == "" {
+		cfg.UIDRangeDir = filepath.Join(filepath.Dir(cfg.StateDir), "uid-ranges")
+	}
+	if cfg.IdmapDir == "" {
+		cfg.IdmapDir = filepath.Join(filepath.Dir(cfg.StateDir), "idmap")
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	// Searchable (mapped roots walk to their own bundle), never listable:
+	// entries are named by sandbox key.
+	if err := MkdirPrivate(cfg.StateDir); err != nil {
+		return nil, fmt.Errorf("bundles: %w", err)
+	}
+	if cfg.UserNS {
+		if err := EnsureSearchable(cfg.StateDir); err != nil {
+			return nil, fmt.Errorf("bundles: user namespaces: %w", err)
+		}
+		if err := raiseHostInotify(); err != nil {
+			return nil, fmt.Errorf("bundles: user namespaces: raise the host's inotify limits: %w", err)
+		}
+	}
+	secret, err := loadSecret(cfg.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("bundles: %w", err)
+	}
+	s := &Store{cfg: cfg, log: log.With("component", "bundle"), cgroupV2: isCgroupV2(), secret: secret}
+	s.uids = uidPool{dir: cfg.UIDRangeDir, base: cfg.UserNSBase, size: cfg.UserNSSize, count: cfg.UserNSRanges}
+	s.idmap.dir = cfg.IdmapDir
+	s.ResetIdmaps()
+	s.nofile = s.nofileLimit()
+	if err := s.setupCgroupParent(); err != nil { // cgroupparent.go
+		return nil, err
+	}
+	return s, nil
+}
+
+// MkdirPrivate makes dir (and its parents) mode 0711: searchable, never
+// listable, for directories whose entries name sandboxes.
+func MkdirPrivate(dir string) error {
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return err
+	}
+	return os.Chmod(dir, 0o711)
+}
+
+// StateDir is the directory holding the bundles.
+func (s *Store) StateDir() string { return s.cfg.StateDir }
+
+// UserNS reports whether sandboxes may run in user namespaces of their own.
+func (s *Store) UserNS() bool { return s.cfg.UserNS }
+
+// UserNSBase is the first host id of the pool of ranges: a sandbox's audit
+// session uses it as login uid, and images of a server before per-sandbox
+// ranges were taken in that range.
+func (s *Store) UserNSBase() uint32 { return s.cfg.UserNSBase }
+
+// HookArgv is the command line of `agentbox __hook args...`.
+func (s *Store) HookArgv(args ...string) []string {
+	return append([]string{s.cfg.HookBinary, "__hook"}, args...)
+}
+
+// HookBinary is the agentbox binary running the hooks ("" if none).
+func (s *Store) HookBinary() string { return s.cfg.HookBinary }
+
+// wantNOFILE is the open-files limit sandboxes get where the host allows it.
+const wantNOFILE = 1048576
+
+// nofileLimit returns wantNOFILE, or the server's own hard limit when the
+// server lacks CAP_SYS_RESOURCE and the OCI runtime therefore cannot raise it.
+func (s *Store) nofileLimit() uint64 {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil || lim.Max >= wantNOFILE || hasCap(unix.CAP_SYS_RESOURCE) {
+		return wantNOFILE
+	}
+	s.log.Warn("no CAP_SYS_RESOURCE: sandboxes get the server's open-files limit", "nofile", lim.Max, "wanted", wantNOFILE)
+	return lim.Max
+}
+
+// NOFILE is the RLIMIT_NOFILE sandboxes get.
+func (s *Store) NOFILE() uint64 { return s.nofile }
+
+// hasCap reports whether the process has capability c in its effective set.
+func hasCap(c int) bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			var mask uint64
+			if _, err := fmt.Sscanf(strings.TrimSpace(v), "%x", &mask); err != nil {
+				return false
+			}
+			return mask&(1<<uint(c)) != 0
+		}
+	}
+	return false
+}
+
+// Rollback undoes completed setup steps in reverse order.
+type Rollback []func()
+
+// Add appends an undo step.
+func (rb *Rollback) Add(f func()) { *rb = append(*rb, f) }
+
+// Run undoes every step, the last added first.
+func (rb Rollback) Run() {
+	for i := len(rb) - 1; i >= 0; i-- {
+		rb[i]()
+	}
+}
+
+// Unmount unmounts path, retrying while it is busy (processes of a killed
+// container may still be exiting) and detaching it lazily as a last resort.
+func Unmount(path string) error {
+	var err error
+	for range 20 {
+		err = unix.Unmount(path, 0)
+		if err == nil || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if derr := unix.Unmount(path, unix.MNT_DETACH); derr != nil && !errors.Is(derr, unix.EINVAL) {
+		return fmt.Errorf("unmount %s: %w", path, errors.Join(err, derr))
+	}
+	return nil
+}
+
+// List returns the ids of the sandboxes that have a bundle directory.
+func (s *Store) List() ([]string, error) {
+	entries, err := os.ReadDir(s.cfg.StateDir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	var ids []string
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		if id, ok := s.bundleID(e.Name()); ok {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
+// Exists reports whether sandbox id has a bundle directory.
+func (s *Store) Exists(id string) bool {
+	_, err := os.Stat(s.Dir(id))
+	return err == nil
+}
+
+// tierFile records a sandbox's tier in its bundle, so the server routes
+// every later call to the driver that made it, also after a restart.
+const tierFile = "tier"
+
+// Tier returns the tier recorded in sandbox id's bundle ("" if none:
+// bundles of the default tier made by a restore, or by earlier versions).
+func (s *Store) Tier(id string) string {
+	b, err := os.ReadFile(filepath.Join(s.Dir(id), tierFile))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// SetTier records tier in the bundle in dir.
+func SetTier(dir, tier string) error {
+	return os.WriteFile(filepath.Join(dir, tierFile), []byte(tier+"\n"), 0o600)
+}
