@@ -24,10 +24,38 @@ import (
 	"github.com/agentbox/agentbox/internal/runtime"
 	"github.com/agentbox/agentbox/internal/runtime/bundle"
 	"github.com/agentbox/agentbox/internal/runtime/runsc"
+	"github.com/agentbox/agentbox/internal/template"
 	"github.com/agentbox/agentbox/internal/testutil"
 )
 
-const baseRootfs = "/tmp/base-probe"
+// baseLayers returns the layers of the base template in the host's shared
+// template cache (the one the end-to-end harness uses, or
+// $AGENTBOX_TEMPLATE_DIR), building it there first if it is missing (1-2
+// minutes, once per host): the tests run real containers on a real Debian
+// rootfs and must not skip for want of one.
+func baseLayers(tb testing.TB) []string {
+	tb.Helper()
+	dir := os.Getenv("AGENTBOX_TEMPLATE_DIR")
+	if dir == "" {
+		dir = "/var/cache/agentbox/templates"
+	}
+	ctx := context.Background()
+	st, err := template.NewStore(dir, slog.Default())
+	if err != nil {
+		tb.Fatalf("template store %s: %v", dir, err)
+	}
+	tpl, err := st.Get(ctx, "", "base")
+	if err != nil {
+		tb.Logf("building the base template in %s (first use on this host)", dir)
+		if tpl, err = st.Build(ctx, template.BuiltinDefinitions()["base"], nil, io.Discard); err != nil {
+			tb.Fatalf("build base template: %v", err)
+		}
+	}
+	if len(tpl.Layers) == 0 {
+		tb.Fatalf("base template %s has no layers", tpl.ID)
+	}
+	return tpl.Layers
+}
 
 const cgroupRoot = "/sys/fs/cgroup"
 
@@ -117,9 +145,7 @@ func setup(tb testing.TB, userns ...bool) *env {
 	tb.Helper()
 	withUserNS := len(userns) > 0 && userns[0]
 	testutil.RequireRoot(tb)
-	if _, err := os.Stat(filepath.Join(baseRootfs, "bin")); err != nil {
-		tb.Skipf("no base rootfs at %s", baseRootfs)
-	}
+	base := baseLayers(tb)
 	tmp := tb.TempDir()
 
 	src := filepath.Join(tmp, "init.go")
@@ -164,7 +190,7 @@ func setup(tb testing.TB, userns ...bool) *env {
 		_ = exec.Command("nft", "delete", "table", "inet", netCfg.Table).Run()
 	})
 
-	e := &env{runcRoot: filepath.Join(tmp, "runc"), runscRoot: filepath.Join(tmp, "runc-runsc"), envd: bin, net: nm, netCfg: netCfg, layers: []string{baseRootfs, top}}
+	e := &env{runcRoot: filepath.Join(tmp, "runc"), runscRoot: filepath.Join(tmp, "runc-runsc"), envd: bin, net: nm, netCfg: netCfg, layers: append(slices.Clone(base), top)}
 	e.bcfg = bundle.Config{
 		StateDir:     filepath.Join(tmp, "sandboxes"),
 		IdmapDir:     e.runcRoot + "-idmap",
@@ -280,7 +306,7 @@ func TestSandboxLifecycle(t *testing.T) {
 		if got := readFile(t, filepath.Join(dir, "upper", "written-by-init")); got != "hello" {
 			t.Errorf("upper file = %q", got)
 		}
-		if _, err := os.Stat(filepath.Join(baseRootfs, "written-by-init")); err == nil {
+		if _, err := os.Stat(filepath.Join(e.layers[0], "written-by-init")); err == nil {
 			t.Error("write reached the base layer")
 		}
 		if got := readFile(t, filepath.Join(dir, "log", "envd.log")); got != "test init started" {
