@@ -77,12 +77,14 @@ fi
 # sockets on kernels >= 6.16 and Debian 12 ships 3.17. Built from Debian
 # sid's source package (seconds to compile) and installed at a stable path
 # the server looks for first, leaving the system criu alone.
-# Our patch (scripts/criu-rlimit-eperm.patch) lets CRIU read the rlimits of
-# sandbox processes of other users where the host withholds CAP_SYS_RESOURCE;
-# a stamp next to the binary records which patch it was built with.
+# Our patches (scripts/criu-*.patch, applied in name order): criu-rlimit-eperm
+# lets CRIU read the rlimits of sandbox processes of other users where the host
+# withholds CAP_SYS_RESOURCE; criu-userns-nondumpable lets it dump again a
+# sandbox it restored whose envd is non-dumpable. A stamp next to the binary
+# records which patches it was built with.
 criu_bin=/usr/local/libexec/agentbox/criu
-criu_patch="$root/scripts/criu-rlimit-eperm.patch"
-criu_stamp=$(sha256sum "$criu_patch" | cut -c1-16)
+criu_patches=("$root"/scripts/criu-*.patch)
+criu_stamp=$(cat "${criu_patches[@]}" | sha256sum | cut -c1-16)
 criu_ok() { # criu_ok <binary>: version >= 4.2?
 	local v
 	v=$("$1" --version 2>/dev/null | sed -n 's/^Version: *//p')
@@ -118,7 +120,9 @@ else
 	else
 		tar -C "$work" -xf "$orig"
 		src=$(find "$work" -maxdepth 1 -type d -name 'criu-*' | head -n1)
-		patch -d "$src" -p1 <"$criu_patch" >/dev/null
+		for p in "${criu_patches[@]}"; do
+			patch -d "$src" -p1 <"$p" >/dev/null
+		done
 		make -C "$src" -j"$(nproc)" criu >"$work/build.log" 2>&1 || { tail -n 30 "$work/build.log" >&2; exit 1; }
 		install -D -m 0755 "$src/criu/criu" "$criu_bin"
 		echo "$criu_stamp" >"$criu_bin.patch"

@@ -49,12 +49,9 @@ for p in sys.argv[1:]:
 // reaper. A dumpable root process (sleep) is the control the same attacker
 // can read.
 func TestRootCannotHijackEnvd(t *testing.T) {
-	if !nonDumpable {
-		t.Skip("KNOWN GAP: envd is left dumpable (nonDumpable in main.go) until CRIU can dump it across PTY pauses")
-	}
 	testutil.RequireRoot(t)
 	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("python3 is needed for the ptrace attacker")
+		t.Fatal("python3 is needed for the ptrace attacker (install-deps installs it)")
 	}
 	bin := filepath.Join(t.TempDir(), "envd")
 	build := exec.Command("go", "build", "-o", bin, ".")

@@ -18,10 +18,6 @@ import (
 	"github.com/agentbox/agentbox/internal/envd"
 )
 
-// nonDumpable says whether envd's processes make themselves non-dumpable
-// (see main). Known gap while false.
-const nonDumpable = false
-
 func main() {
 	if len(os.Args) > 2 && os.Args[1] == "reap" && os.Args[2] == "--" {
 		// A command's reaper (internal/envd/reaper_linux.go); no flags. It
@@ -30,15 +26,12 @@ func main() {
 		os.Exit(envd.RunReaper(os.Args[3:]))
 	}
 	// First: until this returns, sandbox root could ptrace every envd
-	// process (init, server, interpreter) and read its token. Off for now:
-	// with it, CRIU cannot dump a sandbox whose PTY survived one pause
-	// ("Can't open <pid>/ns/net on procfs: Permission denied"), so a second
-	// pause fails. Known gap, tracked in the boundaries issue.
-	if nonDumpable {
-		if err := envd.SetNonDumpable(); err != nil {
-			fmt.Fprintln(os.Stderr, "envd:", err)
-			os.Exit(1)
-		}
+	// process (init, server, interpreter) and read its token. CRIU (host
+	// root) dumps and restores the flag; dumping a sandbox CRIU restored
+	// needs our CRIU patch (scripts/criu-userns-nondumpable.patch).
+	if err := envd.SetNonDumpable(); err != nil {
+		fmt.Fprintln(os.Stderr, "envd:", err)
+		os.Exit(1)
 	}
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "envd:", err)

@@ -59,17 +59,10 @@ for ip in 127.0.0.1 $(hostname -I); do
   case "$line" in *" 403 "*) ;; *) exit 1 ;; esac
 done`
 
-// envdDumpableGap: envd's processes are left dumpable (cmd/envd's
-// nonDumpable) until CRIU can dump them across PTY pauses.
-var envdDumpableGap = map[string]string{
-	"container": "envd is dumpable for now: non-dumpable, CRIU cannot dump a sandbox whose PTY survived one pause (boundaries issue, property 9)",
-	"gvisor":    "envd is dumpable for now: non-dumpable, CRIU cannot dump a sandbox whose PTY survived one pause (boundaries issue, property 9)",
-}
-
 func envdAttacks() []attack {
 	return []attack{
-		{name: "ptrace or read envd's memory", script: envdHijack, gap: envdDumpableGap},
-		{name: "ptrace envd after pause and resume", api: envdAfterResume, gap: envdDumpableGap},
+		{name: "ptrace or read envd's memory", script: envdHijack},
+		{name: "ptrace envd after pause and resume", api: envdAfterResume},
 		{name: "/init from inside the sandbox", script: initFromInside},
 		{name: "setsid escape from the command lifetime cap", api: capEscape},
 	}
