@@ -8,8 +8,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/agentbox/agentbox/internal/runtime/bundle"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/agentbox/agentbox/e2e/harness"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
+	"github.com/agentbox/agentbox/internal/template"
 )
 
 type env struct {
@@ -62,6 +64,7 @@ func setup(t *testing.T) *env {
 	}
 	tplDir := t.TempDir()
 	src := cmpOr(os.Getenv("AGENTBOX_TEMPLATE_DIR"), harness.DefaultTemplateDir)
+	ensureBase(t, src)
 	entries, _ := os.ReadDir(src)
 	linked := false
 	for _, ent := range entries {
@@ -77,7 +80,7 @@ func setup(t *testing.T) *env {
 		break
 	}
 	if !linked {
-		t.Skipf("no base template in %s (build it with `agentbox template build`)", src)
+		t.Fatalf("no base template in %s", src)
 	}
 	s := harness.Start(t, harness.TemplateDir(tplDir), harness.Args("--build-base=false"))
 	harness.NPMInstall(t, filepath.Join(s.Root, "e2e", "js")) // the SDK scripts import its e2b
@@ -348,5 +351,23 @@ func linkStoreDir(t *testing.T, from, to string) {
 		if out, err := exec.Command("cp", "-al", filepath.Join(from, name), to).CombinedOutput(); err != nil {
 			t.Fatalf("link %s: %v %s", from, err, out)
 		}
+	}
+}
+
+// ensureBase builds the base template in the shared cache dir if it is not
+// there yet (first use on this host), as a server's first start would.
+func ensureBase(t *testing.T, dir string) {
+	t.Helper()
+	ctx := context.Background()
+	st, err := template.NewStore(dir, slog.Default())
+	if err != nil {
+		t.Fatalf("template store %s: %v", dir, err)
+	}
+	if _, err := st.Get(ctx, "", "base"); err == nil {
+		return
+	}
+	t.Logf("building the base template in %s", dir)
+	if _, err := st.Build(ctx, template.BuiltinDefinitions()["base"], nil, io.Discard); err != nil {
+		t.Fatalf("build base template: %v", err)
 	}
 }
