@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/sandbox"
 	"github.com/agentbox/agentbox/internal/store"
@@ -31,11 +32,8 @@ func TestWireJSON(t *testing.T) {
 		}{Headers: map[string]string{"Authorization": "Bearer secret", "X-Key": "${secrets.KEY}"}}}}},
 		EgressProxy: &sandbox.EgressProxy{Address: "proxy:1080", Username: "u", Password: "p"},
 	}
-	detail := sandboxDetail{listedSandbox: listed(full), EnvdAccessToken: "envd-1", AllowInternetAccess: true}
-	detail.Lifecycle.OnTimeout, detail.Lifecycle.AutoResume = "pause", true
-	detail.Network = networkInfo(network)
-	plainDetail := sandboxDetail{listedSandbox: listed(sb)}
-	plainDetail.Lifecycle.OnTimeout = "kill"
+	withNetwork := *full
+	withNetwork.AllowInternet, withNetwork.AutoPause, withNetwork.AutoResume, withNetwork.Network = true, true, true, network
 	tpl := &template.Template{ID: "tpl1", TeamID: "team-a", CreatedAt: t0, SizeBytes: 42, CPUCount: 2, MemoryMB: 512, DiskMB: 1024}
 	tplFull := &template.Template{ID: "tpl2", TeamID: "team-a", Aliases: []string{"app"}, Tags: []string{"v1"}, CreatedAt: t0, CPUCount: 1, MemoryMB: 256, DiskMB: 512,
 		DefaultUser: "user", DefaultWorkdir: "/home/user", Env: map[string]string{"A": "b"}, StartCmd: "serve", ReadyCmd: "true",
@@ -43,67 +41,71 @@ func TestWireJSON(t *testing.T) {
 	event := audit.Event{Seq: 7, Time: t0, SandboxID: "i1", TeamID: "team-a", APIKeyID: "k1", Kind: audit.KindProcess, Action: "start",
 		Decision: "allowed", Fields: map[string]any{"cmd": "ls", "pid": 12}}
 	entry := toLogEntry(event)
-	buildLog := template.LogEntry{Timestamp: t0, Level: "info", Message: "step 1"}
+	buildEntry := template.LogEntry{Timestamp: t0, Level: "info", Message: "step 1"}
 
 	for _, tc := range []struct {
 		name string
 		v    any
 		want string
 	}{
-		{"sandbox", sandboxResponse{SandboxID: "i1", TemplateID: "tpl1", ClientID: sandbox.ClientID, EnvdVersion: "0.6.13"},
+		{"sandbox", rest.Sandbox{SandboxID: "i1", TemplateID: "tpl1", ClientID: sandbox.ClientID, EnvdVersion: "0.6.13"},
 			`{"sandboxID":"i1","templateID":"tpl1","clientID":"6532622b","envdVersion":"0.6.13","trafficAccessToken":null,"domain":null}`},
-		{"sandbox with tokens", sandboxResponse{SandboxID: "i1", TemplateID: "tpl1", Alias: "base", ClientID: sandbox.ClientID, EnvdVersion: "0.6.13",
+		{"sandbox with tokens", rest.Sandbox{SandboxID: "i1", TemplateID: "tpl1", Alias: "base", ClientID: sandbox.ClientID, EnvdVersion: "0.6.13",
 			EnvdAccessToken: "envd-1", TrafficAccessToken: &tok},
 			`{"sandboxID":"i1","templateID":"tpl1","alias":"base","clientID":"6532622b","envdVersion":"0.6.13","envdAccessToken":"envd-1","trafficAccessToken":"tt-1","domain":null}`},
 		{"listed", listed(sb),
 			`{"sandboxID":"i1","templateID":"tpl1","clientID":"6532622b","startedAt":"2026-03-04T05:06:07Z","endAt":"2026-03-04T05:07:07Z","state":"running","cpuCount":2,"memoryMB":512,"diskSizeMB":1024,"envdVersion":"0.6.13","metadata":{}}`},
 		{"listed extensions", listed(full),
 			`{"sandboxID":"i2","templateID":"tpl1","alias":"base","clientID":"6532622b","startedAt":"2026-03-04T05:06:07Z","endAt":"2026-03-04T05:07:07Z","state":"running","cpuCount":1,"memoryMB":256,"diskSizeMB":512,"envdVersion":"0.6.13","metadata":{"k":"v"},"isolation":"runc","pids":64,"tmpSizeMB":16,"health":"unhealthy","healthReason":"envd down"}`},
-		{"detail", plainDetail,
+		{"detail", detail(sb, ""),
 			`{"sandboxID":"i1","templateID":"tpl1","clientID":"6532622b","startedAt":"2026-03-04T05:06:07Z","endAt":"2026-03-04T05:07:07Z","state":"running","cpuCount":2,"memoryMB":512,"diskSizeMB":1024,"envdVersion":"0.6.13","metadata":{},"domain":null,"allowInternetAccess":false,"lifecycle":{"onTimeout":"kill","autoResume":false}}`},
-		{"detail with network", detail,
+		{"detail with network", detail(&withNetwork, "envd-1"),
 			`{"sandboxID":"i2","templateID":"tpl1","alias":"base","clientID":"6532622b","startedAt":"2026-03-04T05:06:07Z","endAt":"2026-03-04T05:07:07Z","state":"running","cpuCount":1,"memoryMB":256,"diskSizeMB":512,"envdVersion":"0.6.13","metadata":{"k":"v"},"isolation":"runc","pids":64,"tmpSizeMB":16,"health":"unhealthy","healthReason":"envd down","envdAccessToken":"envd-1","domain":null,"allowInternetAccess":true,"lifecycle":{"onTimeout":"pause","autoResume":true},"network":{"allowOut":["example.com"],"denyOut":["0.0.0.0/0"],"allowPublicTraffic":false,"rules":{"api.example.com":[{"transform":{"headers":{"Authorization":"Bear****","X-Key":"${secrets.KEY}"}}}]},"egressProxy":{"address":"proxy:1080","username":"u"}}}`},
-		{"metric", metricJSON{Timestamp: t0, TimestampUnix: t0.Unix(), CPUCount: 2, CPUUsedPct: 12.5, MemUsed: 1 << 20, MemTotal: 1 << 30, MemCache: 0, DiskUsed: 5, DiskTotal: 10},
+		{"metric", rest.SandboxMetric{Timestamp: t0, TimestampUnix: t0.Unix(), CPUCount: 2, CPUUsedPct: 12.5, MemUsed: 1 << 20, MemTotal: 1 << 30, MemCache: 0, DiskUsed: 5, DiskTotal: 10},
 			`{"timestamp":"2026-03-04T05:06:07Z","timestampUnix":1772600767,"cpuCount":2,"cpuUsedPct":12.5,"memUsed":1048576,"memTotal":1073741824,"memCache":0,"diskUsed":5,"diskTotal":10}`},
 		{"template", templateOut(tpl, "team-b"),
 			`{"templateID":"tpl1","buildID":"` + template.BuildRef(tpl) + `","buildStatus":"ready","cpuCount":2,"memoryMB":512,"diskSizeMB":1024,"envdVersion":"0.6.13","public":true,"aliases":[],"names":[],"createdAt":"2026-03-04T05:06:07Z","updatedAt":"2026-03-04T05:06:07Z","createdBy":null,"lastSpawnedAt":null,"spawnCount":0,"buildCount":1,"sizeBytes":42,"tags":[]}`},
 		{"template extensions", templateOut(tplFull, "team-a"),
 			`{"templateID":"tpl2","buildID":"` + template.BuildRef(tplFull) + `","buildStatus":"ready","cpuCount":1,"memoryMB":256,"diskSizeMB":512,"envdVersion":"0.6.13","public":false,"aliases":["app"],"names":["app"],"createdAt":"2026-03-04T05:06:07Z","updatedAt":"2026-03-04T05:06:07Z","createdBy":null,"lastSpawnedAt":null,"spawnCount":0,"buildCount":1,"sizeBytes":0,"tags":["v1"],"defaultUser":"user","defaultWorkdir":"/home/user","env":{"A":"b"},"startCmd":"serve","readyCmd":"true","exposedPorts":[8080],"isolation":"runsc","layers":["l1"],"source":"Dockerfile","buildSeconds":1.5}`},
-		{"error", errorBody{Code: 404, Message: "sandbox \"x\" not found"},
+		{"error", rest.Error{Code: 404, Message: "sandbox \"x\" not found"},
 			`{"code":404,"message":"sandbox \"x\" not found"}`},
-		{"fork results", []forkResultJSON{{Sandbox: &sandboxResponse{SandboxID: "i3", TemplateID: "tpl1", ClientID: sandbox.ClientID, EnvdVersion: "0.6.13"}},
-			{Error: &errorBody{Code: 429, Message: "quota"}}},
+		{"fork results", []rest.ForkResult{{Sandbox: &rest.Sandbox{SandboxID: "i3", TemplateID: "tpl1", ClientID: sandbox.ClientID, EnvdVersion: "0.6.13"}},
+			{Error: &rest.Error{Code: 429, Message: "quota"}}},
 			`[{"sandbox":{"sandboxID":"i3","templateID":"tpl1","clientID":"6532622b","envdVersion":"0.6.13","trafficAccessToken":null,"domain":null}},{"error":{"code":429,"message":"quota"}}]`},
 		{"snapshot", snapshotOut(&sandbox.Snapshot{ID: "snap1"}),
 			`{"snapshotID":"snap1:default","names":["snap1:default"]}`},
 		{"log entry", entry,
 			`{"timestamp":"2026-03-04T05:06:07Z","level":"info","message":"process start: ls pid=12","fields":{"action":"start","apiKeyID":"k1","cmd":"ls","decision":"allowed","kind":"process","pid":"12","seq":"7"}}`},
-		{"logs v2", map[string]any{"logs": []logEntry{entry}},
+		{"logs v2", rest.SandboxLogsV2{Logs: []rest.SandboxLogEntry{entry}},
 			`{"logs":[{"timestamp":"2026-03-04T05:06:07Z","level":"info","message":"process start: ls pid=12","fields":{"action":"start","apiKeyID":"k1","cmd":"ls","decision":"allowed","kind":"process","pid":"12","seq":"7"}}]}`},
-		{"logs v1", map[string]any{"logs": []logLine{{Timestamp: t0, Line: "x"}}, "logEntries": []logEntry{}},
+		{"logs v1", rest.SandboxLogs{Logs: []rest.SandboxLog{{Timestamp: t0, Line: "x"}}, LogEntries: []rest.SandboxLogEntry{}},
 			`{"logEntries":[],"logs":[{"timestamp":"2026-03-04T05:06:07Z","line":"x"}]}`},
-		{"template alias", map[string]any{"templateID": "tpl1", "public": false},
+		{"template alias", rest.TemplateAliasResponse{TemplateID: "tpl1", Public: false},
 			`{"public":false,"templateID":"tpl1"}`},
-		{"build requested", map[string]any{"templateID": "tpl1", "buildID": "b1", "names": []string{"app:default"}, "tags": []string{"default", "v1"}, "aliases": []string{"app"}, "public": false},
+		{"build requested", rest.TemplateRequestResponseV3{TemplateID: "tpl1", BuildID: "b1", Names: []string{"app:default"}, Tags: []string{"default", "v1"}, Aliases: []string{"app"}, Public: false},
 			`{"aliases":["app"],"buildID":"b1","names":["app:default"],"public":false,"tags":["default","v1"],"templateID":"tpl1"}`},
-		{"upload present", map[string]any{"present": true},
+		{"upload present", rest.TemplateBuildFileUpload{Present: true},
 			`{"present":true}`},
-		{"upload link", map[string]any{"present": false, "url": "http://h/templates/uploads/t", "headers": map[string]string{}},
+		{"upload link", rest.TemplateBuildFileUpload{Present: false, URL: "http://h/templates/uploads/t", Headers: &map[string]string{}},
 			`{"headers":{},"present":false,"url":"http://h/templates/uploads/t"}`},
-		{"tags assigned", map[string]any{"buildID": "b1", "tags": []string{"v2"}},
+		{"tags assigned", rest.AssignedTemplateTags{BuildID: "b1", Tags: []string{"v2"}},
 			`{"buildID":"b1","tags":["v2"]}`},
-		{"build status", &template.BuildStatus{TemplateID: "tpl1", BuildID: "b1", Status: "error", LogEntries: []template.LogEntry{buildLog}, Logs: []string{},
-			Reason: &template.Reason{Message: "RUN failed", Step: "2", LogEntries: []template.LogEntry{{Timestamp: t0, Level: "error", Message: "exit 1", Step: "2"}}}},
+		{"build status", buildInfo(&template.BuildStatus{TemplateID: "tpl1", BuildID: "b1", Status: "error", LogEntries: []template.LogEntry{buildEntry}, Logs: []string{},
+			Reason: &template.Reason{Message: "RUN failed", Step: "2", LogEntries: []template.LogEntry{{Timestamp: t0, Level: "error", Message: "exit 1", Step: "2"}}}}),
 			`{"templateID":"tpl1","buildID":"b1","status":"error","logEntries":[{"timestamp":"2026-03-04T05:06:07Z","level":"info","message":"step 1"}],"logs":[],"reason":{"message":"RUN failed","step":"2","logEntries":[{"timestamp":"2026-03-04T05:06:07Z","level":"error","message":"exit 1","step":"2"}]}}`},
-		{"build running", &template.BuildStatus{TemplateID: "tpl1", BuildID: "b1", Status: "building", LogEntries: []template.LogEntry{}, Logs: []string{}},
+		{"build running", buildInfo(&template.BuildStatus{TemplateID: "tpl1", BuildID: "b1", Status: "building", LogEntries: []template.LogEntry{}, Logs: []string{}}),
 			`{"templateID":"tpl1","buildID":"b1","status":"building","logEntries":[],"logs":[]}`},
-		{"build logs", map[string]any{"logs": []template.LogEntry{buildLog}},
+		{"build logs", rest.TemplateBuildLogsResponse{Logs: buildLog([]template.LogEntry{buildEntry})},
 			`{"logs":[{"timestamp":"2026-03-04T05:06:07Z","level":"info","message":"step 1"}]}`},
-		{"secret", store.SecretInfo{Name: "KEY", CreatedAt: t0, UpdatedAt: t0},
+		{"build logs none kept", rest.TemplateBuildLogsResponse{Logs: buildLog(nil)},
+			`{"logs":null}`},
+		{"template tag", rest.TemplateTag{Tag: "v1", BuildID: "b1", CreatedAt: t0.Format("2006-01-02T15:04:05.000Z")},
+			`{"tag":"v1","buildID":"b1","createdAt":"2026-03-04T05:06:07.000Z"}`},
+		{"secret", secretInfo(store.SecretInfo{Name: "KEY", CreatedAt: t0, UpdatedAt: t0}),
 			`{"name":"KEY","createdAt":"2026-03-04T05:06:07Z","updatedAt":"2026-03-04T05:06:07Z"}`},
-		{"secret described", store.SecretInfo{Name: "KEY", Description: "d", CreatedAt: t0, UpdatedAt: t0},
+		{"secret described", secretInfo(store.SecretInfo{Name: "KEY", Description: "d", CreatedAt: t0, UpdatedAt: t0}),
 			`{"name":"KEY","description":"d","createdAt":"2026-03-04T05:06:07Z","updatedAt":"2026-03-04T05:06:07Z"}`},
-		{"pool", sandbox.PoolStats{Template: "base", TemplateID: "tpl1", Ready: 1, Filling: 2, Min: 1, Target: 3, Hits: 4, Misses: 5},
+		{"pool", poolStats(sandbox.PoolStats{Template: "base", TemplateID: "tpl1", Ready: 1, Filling: 2, Min: 1, Target: 3, Hits: 4, Misses: 5}),
 			`{"template":"base","templateID":"tpl1","ready":1,"filling":2,"min":1,"target":3,"hits":4,"misses":5}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
