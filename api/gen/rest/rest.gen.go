@@ -159,10 +159,10 @@ type ForkRequest struct {
 
 // ForkResult One copy of a fork; exactly one of sandbox and error is present.
 type ForkResult struct {
-	// Sandbox A started (or resumed) sandbox and what the data plane needs to reach it.
+	// Sandbox The copy; omitted when it failed.
 	Sandbox *Sandbox `json:"sandbox,omitempty"`
 
-	// Error E2B's error body.
+	// Error Why the copy failed; omitted when it started.
 	Error *Error `json:"error,omitempty"`
 }
 
@@ -258,10 +258,10 @@ type NewSandbox struct {
 	// AutoPauseMemory With autoPause, false pauses with the files only (a cold boot on resume, which must then be explicit); default true.
 	AutoPauseMemory *bool `json:"autoPauseMemory,omitempty"`
 
-	// AutoResume Whether data-plane traffic to a paused sandbox resumes it. Not allowed with autoPauseMemory false.
+	// AutoResume Resume the sandbox on data-plane traffic while it is paused; default disabled. Not with autoPauseMemory false.
 	AutoResume *SandboxAutoResumeConfig `json:"autoResume,omitempty"`
 
-	// Network Network policy of a sandbox. Outbound traffic is allowed unless denied; allowOut punches holes in denyOut. Describe (GET /sandboxes/{id}) returns it without the egress proxy password and with literal header values masked.
+	// Network Network policy; default outbound allowed (unless allow_internet_access is false) and ports public.
 	Network *SandboxNetworkConfig `json:"network,omitempty"`
 
 	// MCP E2B's MCP gateway configuration; not supported here, so it must be absent or empty.
@@ -441,10 +441,10 @@ type SandboxDetail struct {
 	// AllowInternetAccess Whether outbound traffic is allowed beyond allowOut.
 	AllowInternetAccess bool `json:"allowInternetAccess"`
 
-	// Lifecycle What happens to the sandbox at its timeout and on traffic while paused.
+	// Lifecycle What happens at the timeout and on traffic while paused.
 	Lifecycle SandboxLifecycle `json:"lifecycle"`
 
-	// Network Network policy of a sandbox. Outbound traffic is allowed unless denied; allowOut punches holes in denyOut. Describe (GET /sandboxes/{id}) returns it without the egress proxy password and with literal header values masked.
+	// Network The network policy, without the egress proxy password and with literal header values masked; omitted when the sandbox was created without one.
 	Network *SandboxNetworkConfig `json:"network,omitempty"`
 }
 
@@ -558,13 +558,13 @@ type SandboxNetworkConfig struct {
 	// Rules Per destination domain (exact, no wildcard), what the egress proxy does to HTTPS requests it sends there.
 	Rules map[string][]SandboxNetworkRule `json:"rules,omitempty"`
 
-	// EgressProxy Upstream proxy every outbound connection of the sandbox goes through.
+	// EgressProxy Upstream proxy for all outbound connections; default none.
 	EgressProxy *SandboxEgressProxyConfig `json:"egressProxy,omitempty"`
 }
 
 // SandboxNetworkRule What the egress proxy does to requests for one domain. It adds headers only to requests it sends itself to where the domain resolves, over HTTPS verified against the host's roots.
 type SandboxNetworkRule struct {
-	// Transform Changes made to matching requests.
+	// Transform Headers to set; default none.
 	Transform *SandboxNetworkTransform `json:"transform,omitempty"`
 
 	// AllowPlainHTTP Also add the headers to plain-HTTP requests on port 80, where every network on the way can read them (agentbox extension); default false.
@@ -588,7 +588,7 @@ type SandboxNetworkUpdate struct {
 	// DenyOut As in SandboxNetworkConfig.
 	DenyOut []string `json:"denyOut,omitempty"`
 
-	// EgressProxy Upstream proxy every outbound connection of the sandbox goes through.
+	// EgressProxy Upstream proxy for all outbound connections; omitted clears it.
 	EgressProxy *SandboxEgressProxyConfig `json:"egressProxy,omitempty"`
 
 	// Rules As in SandboxNetworkConfig.
@@ -774,7 +774,7 @@ type TemplateBuildInfo struct {
 	// Logs Deprecated by E2B; always [].
 	Logs []string `json:"logs"`
 
-	// Reason Why a build failed; present with status error.
+	// Reason Why the build failed; omitted unless status is error.
 	Reason *BuildStatusReason `json:"reason,omitempty"`
 }
 
@@ -810,7 +810,7 @@ type TemplateBuildStartV2 struct {
 	// FromTemplate Template to start from; not with fromImage.
 	FromTemplate string `json:"fromTemplate,omitempty"`
 
-	// FromImageRegistry Credentials of the registry of fromImage; only the "registry" type (username and password) is supported.
+	// FromImageRegistry Credentials for pulling fromImage; default anonymous.
 	FromImageRegistry *GeneralRegistry `json:"fromImageRegistry,omitempty"`
 
 	// Force Rebuild every step instead of reusing cached layers; default false.
