@@ -20,6 +20,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/template"
 )
 
@@ -117,15 +118,6 @@ needs root on the server's host). A build with the same inputs is skipped.`, str
 	return cmd
 }
 
-// e2bStep is a step of the build API (E2B's shape plus agentbox's EXPOSE,
-// CMD, ENTRYPOINT and READY).
-type e2bStep struct {
-	Type      string   `json:"type"`
-	Args      []string `json:"args"`
-	FilesHash string   `json:"filesHash,omitempty"`
-	Force     bool     `json:"force,omitempty"`
-}
-
 // remoteBuild builds spec through the server's build API: the same path as
 // the E2B SDK's Template.build(), so RUN steps run as sandboxes of the team.
 func remoteBuild(cmd *cobra.Command, spec template.BuildSpec, ref string) error {
@@ -134,7 +126,7 @@ func remoteBuild(cmd *cobra.Command, spec template.BuildSpec, ref string) error 
 	// Steps run as root until a USER step, as in Docker, whatever the
 	// base's default user: each RUN names its user.
 	user := "root"
-	var steps []e2bStep
+	var steps []rest.TemplateStep
 	var uploads []template.Step
 	for _, st := range spec.Steps {
 		switch st.Op {
@@ -143,10 +135,10 @@ func remoteBuild(cmd *cobra.Command, spec template.BuildSpec, ref string) error 
 			if u == "" {
 				u = user
 			}
-			steps = append(steps, e2bStep{Type: "RUN", Args: []string{st.ShellCommand(), u}, Force: st.Force})
+			steps = append(steps, rest.TemplateStep{Type: "RUN", Args: []string{st.ShellCommand(), u}, Force: st.Force})
 		case template.OpUser:
 			user = st.Args[0]
-			steps = append(steps, e2bStep{Type: "USER", Args: st.Args})
+			steps = append(steps, rest.TemplateStep{Type: "USER", Args: st.Args})
 		case template.OpCopy:
 			for _, src := range st.Src {
 				one := st
@@ -155,18 +147,18 @@ func remoteBuild(cmd *cobra.Command, spec template.BuildSpec, ref string) error 
 				if len(st.Src) > 1 && !strings.HasSuffix(dest, "/") {
 					dest += "/"
 				}
-				steps = append(steps, e2bStep{Type: "COPY", Args: []string{src, dest, st.User, st.Mode}, Force: st.Force})
+				steps = append(steps, rest.TemplateStep{Type: "COPY", Args: []string{src, dest, st.User, st.Mode}, Force: st.Force})
 				uploads = append(uploads, one)
 			}
 		case template.OpCmd, template.OpEntrypoint:
-			steps = append(steps, e2bStep{Type: st.Op, Args: st.Argv()})
+			steps = append(steps, rest.TemplateStep{Type: st.Op, Args: st.Argv()})
 		default: // ENV, WORKDIR, EXPOSE, READY
-			steps = append(steps, e2bStep{Type: st.Op, Args: st.Args})
+			steps = append(steps, rest.TemplateStep{Type: st.Op, Args: st.Args})
 		}
 	}
 	name, tagName, _ := strings.Cut(ref, ":")
-	var req struct{ TemplateID, BuildID string }
-	if err := apiJSON(cmd, http.MethodPost, "/v3/templates", map[string]any{"name": ref}, &req); err != nil {
+	var req rest.TemplateRequestResponseV3
+	if err := apiJSON(cmd, http.MethodPost, "/v3/templates", rest.TemplateBuildRequestV3{Name: ref}, &req); err != nil {
 		return fmt.Errorf("request build: %w", err)
 	}
 	fmt.Fprintf(out, "build %s of template %s (%s)\n", req.BuildID, ref, req.TemplateID)
@@ -185,10 +177,7 @@ func remoteBuild(cmd *cobra.Command, spec template.BuildSpec, ref string) error 
 		sum := sha256.Sum256(buf.Bytes())
 		hash := hex.EncodeToString(sum[:])
 		steps[i].FilesHash = hash
-		var link struct {
-			Present bool
-			URL     string
-		}
+		var link rest.TemplateBuildFileUpload
 		path := "/templates/" + url.PathEscape(req.TemplateID) + "/files/" + hash + "?verify=sha256"
 		if err := apiJSON(cmd, http.MethodGet, path, nil, &link); err != nil {
 			return fmt.Errorf("upload link for COPY %s: %w", steps[i].Args[0], err)
@@ -215,20 +204,14 @@ func remoteBuild(cmd *cobra.Command, spec template.BuildSpec, ref string) error 
 	if from == "" {
 		from = "scratch"
 	}
-	start := map[string]any{"fromTemplate": from, "force": spec.Force, "steps": steps}
-	if spec.StartCmd != nil {
-		start["startCmd"] = *spec.StartCmd
-	}
-	if spec.ReadyCmd != nil {
-		start["readyCmd"] = *spec.ReadyCmd
-	}
+	start := rest.TemplateBuildStartV2{FromTemplate: from, Force: spec.Force, Steps: steps, StartCmd: spec.StartCmd, ReadyCmd: spec.ReadyCmd}
 	base := "/templates/" + url.PathEscape(req.TemplateID) + "/builds/" + url.PathEscape(req.BuildID)
 	if err := apiJSON(cmd, http.MethodPost, "/v2"+base, start, nil); err != nil {
 		return fmt.Errorf("start build: %w", err)
 	}
 	offset := 0
 	for {
-		var st template.BuildStatus
+		var st rest.TemplateBuildInfo
 		if err := apiJSON(cmd, http.MethodGet, fmt.Sprintf("%s/status?logsOffset=%d", base, offset), nil, &st); err != nil {
 			return fmt.Errorf("build status: %w", err)
 		}

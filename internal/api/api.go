@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/authlimit"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/sandbox"
@@ -132,85 +133,10 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 	})
 }
 
-// ---- request and response shapes (E2B wire names) ----
+// ---- responses (api/gen/rest, E2B wire names) ----
 
-type newSandbox struct {
-	TemplateID          *string           `json:"templateID"`
-	Timeout             *int64            `json:"timeout"`
-	Metadata            map[string]string `json:"metadata"`
-	EnvVars             map[string]string `json:"envVars"`
-	Secure              *bool             `json:"secure"`
-	AllowInternetAccess *bool             `json:"allow_internet_access"`
-	AutoPause           *bool             `json:"autoPause"`
-	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
-	AutoResume          *struct {
-		Enabled bool `json:"enabled"`
-	} `json:"autoResume"`
-	Network      *sandbox.NetworkSpec `json:"network"`
-	MCP          map[string]any       `json:"mcp"`
-	VolumeMounts []any                `json:"volumeMounts"`
-	// agentbox extensions (E2B has no such fields): isolation tier and
-	// limits; zero or absent means the template's default.
-	Isolation  *string `json:"isolation"`
-	CPUCount   *int    `json:"cpuCount"`
-	MemoryMB   *int    `json:"memoryMB"`
-	DiskSizeMB *int    `json:"diskSizeMB"`
-	PIDs       *int    `json:"pids"`
-	TmpSizeMB  *int    `json:"tmpSizeMB"`
-	// Longest a single command may run, in seconds; at most the server's
-	// --max-command-lifetime, which applies when absent.
-	MaxCommandSeconds *int64 `json:"maxCommandSeconds"`
-	// Seconds without data-plane traffic after which the sandbox is paused
-	// (autoPause) or killed; 0 or absent = never.
-	IdleTimeout *int64 `json:"idleTimeout"`
-}
-
-type sandboxResponse struct {
-	SandboxID          string  `json:"sandboxID"`
-	TemplateID         string  `json:"templateID"`
-	Alias              string  `json:"alias,omitempty"`
-	ClientID           string  `json:"clientID"`
-	EnvdVersion        string  `json:"envdVersion"`
-	EnvdAccessToken    string  `json:"envdAccessToken,omitempty"`
-	TrafficAccessToken *string `json:"trafficAccessToken"`
-	Domain             *string `json:"domain"`
-}
-
-type listedSandbox struct {
-	SandboxID   string            `json:"sandboxID"`
-	TemplateID  string            `json:"templateID"`
-	Alias       string            `json:"alias,omitempty"`
-	ClientID    string            `json:"clientID"`
-	StartedAt   time.Time         `json:"startedAt"`
-	EndAt       time.Time         `json:"endAt"`
-	State       string            `json:"state"`
-	CPUCount    int               `json:"cpuCount"`
-	MemoryMB    int               `json:"memoryMB"`
-	DiskSizeMB  int               `json:"diskSizeMB"`
-	EnvdVersion string            `json:"envdVersion"`
-	Metadata    map[string]string `json:"metadata"`
-	// agentbox extensions
-	Isolation    string `json:"isolation,omitempty"`
-	PIDs         int    `json:"pids,omitempty"`
-	TmpSizeMB    int    `json:"tmpSizeMB,omitempty"`
-	Health       string `json:"health,omitempty"`
-	HealthReason string `json:"healthReason,omitempty"`
-}
-
-type sandboxDetail struct {
-	listedSandbox
-	EnvdAccessToken     string  `json:"envdAccessToken,omitempty"`
-	Domain              *string `json:"domain"`
-	AllowInternetAccess bool    `json:"allowInternetAccess"`
-	Lifecycle           struct {
-		OnTimeout  string `json:"onTimeout"`
-		AutoResume bool   `json:"autoResume"`
-	} `json:"lifecycle"`
-	Network *sandbox.NetworkSpec `json:"network,omitempty"`
-}
-
-func (s *Server) sandboxResponse(sb *sandbox.Sandbox) sandboxResponse {
-	out := sandboxResponse{SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: sandbox.ClientID, EnvdVersion: sandbox.EnvdVersion}
+func (s *Server) sandboxResponse(sb *sandbox.Sandbox) rest.Sandbox {
+	out := rest.Sandbox{SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: sandbox.ClientID, EnvdVersion: sandbox.EnvdVersion}
 	if sb.Secure {
 		out.EnvdAccessToken = s.mgr.Token(sb.ID)
 	}
@@ -221,17 +147,38 @@ func (s *Server) sandboxResponse(sb *sandbox.Sandbox) sandboxResponse {
 	return out
 }
 
-func listed(sb *sandbox.Sandbox) listedSandbox {
-	md := sb.Metadata
-	if md == nil {
-		md = map[string]string{}
-	}
-	return listedSandbox{
+func listed(sb *sandbox.Sandbox) rest.ListedSandbox {
+	return rest.ListedSandbox{
 		SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: sandbox.ClientID,
 		StartedAt: sb.StartedAt.UTC(), EndAt: endAt(sb), State: stateOf(sb),
-		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB, EnvdVersion: sandbox.EnvdVersion, Metadata: md,
+		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB, EnvdVersion: sandbox.EnvdVersion, Metadata: metadataOf(sb),
 		Isolation: sb.Isolation, PIDs: sb.PIDs, TmpSizeMB: sb.TmpMB, Health: sb.Health, HealthReason: sb.HealthReason,
 	}
+}
+
+// detail is GET /sandboxes/{id}: the listed fields and the settings;
+// envdAccessToken is the sandbox's token when it is secured.
+func detail(sb *sandbox.Sandbox, envdAccessToken string) rest.SandboxDetail {
+	d := rest.SandboxDetail{
+		SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: sandbox.ClientID,
+		StartedAt: sb.StartedAt.UTC(), EndAt: endAt(sb), State: stateOf(sb),
+		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB, EnvdVersion: sandbox.EnvdVersion, Metadata: metadataOf(sb),
+		Isolation: sb.Isolation, PIDs: sb.PIDs, TmpSizeMB: sb.TmpMB, Health: sb.Health, HealthReason: sb.HealthReason,
+		EnvdAccessToken: envdAccessToken, AllowInternetAccess: sb.AllowInternet,
+		Lifecycle: rest.SandboxLifecycle{OnTimeout: "kill", AutoResume: sb.AutoResume}, Network: networkInfo(sb.Network),
+	}
+	if sb.AutoPause {
+		d.Lifecycle.OnTimeout = "pause"
+	}
+	return d
+}
+
+// metadataOf is never nil: E2B sends {} for a sandbox without metadata.
+func metadataOf(sb *sandbox.Sandbox) map[string]string {
+	if sb.Metadata == nil {
+		return map[string]string{}
+	}
+	return sb.Metadata
 }
 
 // ---- validation ----
@@ -301,7 +248,7 @@ func timeoutOf(v *int64, def time.Duration) (time.Duration, error) {
 
 func (s *Server) create(v2 bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		var body newSandbox
+		var body rest.NewSandbox
 		if err := decodeBody(w, r, s.MaxBody, false, &body); err != nil {
 			writeError(w, err)
 			return
@@ -321,16 +268,16 @@ func (s *Server) create(v2 bool) http.HandlerFunc {
 	}
 }
 
-func (s *Server) createRequest(ctx context.Context, b newSandbox, v2 bool) (sandbox.CreateRequest, error) {
+func (s *Server) createRequest(ctx context.Context, b rest.NewSandbox, v2 bool) (sandbox.CreateRequest, error) {
 	key := keyOf(ctx)
 	req := sandbox.CreateRequest{TeamID: key.TeamID, APIKeyID: key.ID, Metadata: b.Metadata, EnvVars: b.EnvVars, AllowInternet: true}
-	if b.TemplateID == nil || strings.TrimSpace(*b.TemplateID) == "" {
+	if strings.TrimSpace(b.TemplateID) == "" {
 		return req, invalid("templateID: required; e.g. \"base\"")
 	}
-	if len(*b.TemplateID) > maxTemplateID || !printable(*b.TemplateID) {
+	if len(b.TemplateID) > maxTemplateID || !printable(b.TemplateID) {
 		return req, invalid("templateID: must be a printable template id or alias of at most %d bytes", maxTemplateID)
 	}
-	req.Template = *b.TemplateID
+	req.Template = b.TemplateID
 	// E2B defaults: 15 s on the deprecated v1 endpoint, 300 s on v2.
 	def := 15 * time.Second
 	if v2 {
@@ -375,16 +322,11 @@ func (s *Server) info(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	d := sandboxDetail{listedSandbox: listed(sb), AllowInternetAccess: sb.AllowInternet}
+	token := ""
 	if sb.Secure {
-		d.EnvdAccessToken = s.mgr.Token(sb.ID)
+		token = s.mgr.Token(sb.ID)
 	}
-	d.Lifecycle.OnTimeout, d.Lifecycle.AutoResume = "kill", sb.AutoResume
-	if sb.AutoPause {
-		d.Lifecycle.OnTimeout = "pause"
-	}
-	d.Network = networkInfo(sb.Network)
-	writeJSON(w, http.StatusOK, d)
+	writeJSON(w, http.StatusOK, detail(sb, token))
 }
 
 // sandboxID accepts the legacy "<sandboxID>-<clientID>" form too.
@@ -405,9 +347,7 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) timeout(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		Timeout *int64 `json:"timeout"`
-	}
+	var body rest.TimeoutRequest
 	if err := decodeBody(w, r, s.MaxBody, false, &body); err != nil {
 		writeError(w, err)
 		return
@@ -428,9 +368,7 @@ func (s *Server) timeout(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		Duration *int64 `json:"duration"`
-	}
+	var body rest.RefreshRequest
 	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
 		writeError(w, err)
 		return
@@ -448,10 +386,7 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) connect(v2 bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		var body struct {
-			Timeout *int64 `json:"timeout"`
-			Memory  *bool  `json:"memory"`
-		}
+		var body rest.ConnectSandbox
 		if err := decodeBody(w, r, s.MaxBody, v2, &body); err != nil {
 			writeError(w, err)
 			return
@@ -484,18 +419,6 @@ func (s *Server) connect(v2 bool) http.HandlerFunc {
 	}
 }
 
-type metricJSON struct {
-	Timestamp     time.Time `json:"timestamp"`
-	TimestampUnix int64     `json:"timestampUnix"`
-	CPUCount      int       `json:"cpuCount"`
-	CPUUsedPct    float64   `json:"cpuUsedPct"`
-	MemUsed       uint64    `json:"memUsed"`
-	MemTotal      uint64    `json:"memTotal"`
-	MemCache      uint64    `json:"memCache"`
-	DiskUsed      uint64    `json:"diskUsed"`
-	DiskTotal     uint64    `json:"diskTotal"`
-}
-
 func unixParam(q url.Values, name string) (time.Time, error) {
 	v := q.Get(name)
 	if v == "" {
@@ -524,9 +447,9 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	out := make([]metricJSON, 0, len(pts))
+	out := make([]rest.SandboxMetric, 0, len(pts))
 	for _, p := range pts {
-		out = append(out, metricJSON{Timestamp: p.Timestamp.UTC(), TimestampUnix: p.Timestamp.Unix(), CPUCount: p.CPUCount,
+		out = append(out, rest.SandboxMetric{Timestamp: p.Timestamp.UTC(), TimestampUnix: p.Timestamp.Unix(), CPUCount: p.CPUCount,
 			CPUUsedPct: p.CPUUsedPct, MemUsed: p.MemUsed, MemTotal: p.MemTotal, MemCache: p.MemCache, DiskUsed: p.DiskUsed, DiskTotal: p.DiskTotal})
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -619,7 +542,7 @@ func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	out := []listedSandbox{}
+	out := []rest.ListedSandbox{}
 	for _, sb := range s.mgr.List(r.Context(), keyOf(r.Context()).TeamID) {
 		if lq.match(sb) {
 			out = append(out, listed(sb))
@@ -658,7 +581,7 @@ func (s *Server) listV2(w http.ResponseWriter, r *http.Request) {
 		}
 		matched = append(matched, sb)
 	}
-	out := []listedSandbox{}
+	out := []rest.ListedSandbox{}
 	for i, sb := range matched {
 		if i == lq.limit {
 			w.Header().Set("X-Next-Token", encodeCursor(matched[i-1]))

@@ -14,13 +14,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/store"
 )
 
-func decodeString(t *testing.T, body string, limit int64) (newSandbox, error) {
+func decodeString(t *testing.T, body string, limit int64) (rest.NewSandbox, error) {
 	t.Helper()
-	var b newSandbox
+	var b rest.NewSandbox
 	r := httptest.NewRequest(http.MethodPost, "/v2/sandboxes", strings.NewReader(body))
 	err := decodeBody(httptest.NewRecorder(), r, limit, false, &b)
 	return b, err
@@ -33,7 +34,7 @@ func TestCreateValidation(t *testing.T) {
 		name, body string
 		v2         bool
 		wantErr    string // substring naming the field; "" = valid
-		check      func(t *testing.T, b newSandbox)
+		check      func(t *testing.T, b rest.NewSandbox)
 	}{
 		{name: "minimal v2", body: `{"templateID":"base"}`, v2: true},
 		{name: "missing template", body: `{}`, wantErr: "templateID"},
@@ -168,7 +169,7 @@ func TestAuthentication(t *testing.T) {
 		if w.Code != want {
 			t.Errorf("%s: status %d, want %d: %s", tc.name, w.Code, want, w.Body)
 		}
-		var body errorBody
+		var body rest.Error
 		data, _ := io.ReadAll(w.Body)
 		if err := json.Unmarshal(data, &body); err != nil || body.Code != want || body.Message == "" {
 			t.Errorf("%s: body %s is not {code,message}", tc.name, data)
@@ -184,7 +185,7 @@ func FuzzCreateBody(f *testing.F) {
 	}
 	s := &Server{MaxBody: 1 << 16}
 	f.Fuzz(func(t *testing.T, body string) {
-		var b newSandbox
+		var b rest.NewSandbox
 		r := httptest.NewRequest(http.MethodPost, "/v2/sandboxes", strings.NewReader(body))
 		err := decodeBody(httptest.NewRecorder(), r, s.MaxBody, false, &b)
 		if err == nil {

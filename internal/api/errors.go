@@ -8,14 +8,9 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/errdefs"
 )
-
-// errorBody is E2B's error shape: {"code": <http status>, "message": "..."}.
-type errorBody struct {
-	Code    int    `json:"code"`
-	Message string `json:"message"`
-}
 
 // statusOf maps the error vocabulary to HTTP statuses, in one place.
 func statusOf(err error) int {
@@ -56,7 +51,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 func writeError(w http.ResponseWriter, err error) {
 	status := statusOf(err)
-	writeJSON(w, status, errorBody{Code: status, Message: message(err)})
+	writeJSON(w, status, rest.Error{Code: status, Message: message(err)})
 }
 
 // decodeBody reads a JSON body of at most limit bytes into v. An empty body

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/errdefs"
 )
 
@@ -25,7 +26,7 @@ func TestWriteError(t *testing.T) {
 	for _, tt := range tests {
 		w := httptest.NewRecorder()
 		writeError(w, tt.err)
-		var body errorBody
+		var body rest.Error
 		if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
 			t.Fatalf("%v: body %q: %v", tt.err, w.Body, err)
 		}

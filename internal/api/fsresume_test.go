@@ -3,6 +3,7 @@ package api
 import (
 	"testing"
 
+	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/sandbox"
 )
 
@@ -21,7 +22,7 @@ func TestApplyLifecycleFilesystemOnly(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var req sandbox.CreateRequest
-			if err := applyLifecycle(&req, newSandbox{AutoPause: tc.autoPause, AutoPauseMemory: tc.memory}); err != nil {
+			if err := applyLifecycle(&req, rest.NewSandbox{AutoPause: tc.autoPause, AutoPauseMemory: tc.memory}); err != nil {
 				t.Fatal(err)
 			}
 			if req.Lifecycle.AutoPauseFS != tc.wantFS {

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/sandbox"
 )
@@ -21,7 +22,7 @@ func (s *Server) lifecycleRoutes(auth func(string, http.HandlerFunc)) {
 
 // applyLifecycle maps E2B's autoPause/autoPauseMemory/autoResume (and our
 // idleTimeout) onto the create request.
-func applyLifecycle(req *sandbox.CreateRequest, b newSandbox) error {
+func applyLifecycle(req *sandbox.CreateRequest, b rest.NewSandbox) error {
 	lr := &req.Lifecycle
 	lr.AutoPause = b.AutoPause != nil && *b.AutoPause
 	lr.AutoResume = b.AutoResume != nil && b.AutoResume.Enabled
@@ -62,9 +63,7 @@ func endAt(sb *sandbox.Sandbox) time.Time {
 }
 
 func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		Memory *bool `json:"memory"`
-	}
+	var body rest.PauseRequest
 	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
 		writeError(w, err)
 		return
@@ -83,11 +82,7 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 // resume is the deprecated POST /sandboxes/{id}/resume: 201 with the
 // sandbox when it was paused, 409 when it is running.
 func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		Timeout   *int64 `json:"timeout"`
-		AutoPause *bool  `json:"autoPause"`
-		Memory    *bool  `json:"memory"`
-	}
+	var body rest.ResumedSandbox
 	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
 		writeError(w, err)
 		return
@@ -109,21 +104,12 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, s.sandboxResponse(sb))
 }
 
-type snapshotJSON struct {
-	SnapshotID string   `json:"snapshotID"`
-	Names      []string `json:"names"`
-}
-
-func snapshotOut(sn *sandbox.Snapshot) snapshotJSON {
-	return snapshotJSON{SnapshotID: sn.SnapshotRef(), Names: []string{sn.SnapshotRef()}}
+func snapshotOut(sn *sandbox.Snapshot) rest.SnapshotInfo {
+	return rest.SnapshotInfo{SnapshotID: sn.SnapshotRef(), Names: []string{sn.SnapshotRef()}}
 }
 
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		Name *string `json:"name"`
-		// Memory false (an agentbox extension) snapshots the files only.
-		Memory *bool `json:"memory"`
-	}
+	var body rest.SnapshotRequest
 	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
 		writeError(w, err)
 		return
@@ -187,7 +173,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	out := []snapshotJSON{}
+	out := []rest.SnapshotInfo{}
 	for i := start; i < len(all); i++ {
 		if len(out) == limit {
 			w.Header().Set("X-Next-Token", all[i-1].ID)
@@ -214,16 +200,8 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
-type forkResultJSON struct {
-	Sandbox *sandboxResponse `json:"sandbox,omitempty"`
-	Error   *errorBody       `json:"error,omitempty"`
-}
-
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		Count   *int64 `json:"count"`
-		Timeout *int64 `json:"timeout"`
-	}
+	var body rest.ForkRequest
 	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
 		writeError(w, err)
 		return
@@ -246,11 +224,11 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	out := make([]forkResultJSON, len(res))
+	out := make([]rest.ForkResult, len(res))
 	for i, fr := range res {
 		if fr.Err != nil {
 			st := statusOf(fr.Err)
-			out[i].Error = &errorBody{Code: st, Message: message(fr.Err)}
+			out[i].Error = &rest.Error{Code: st, Message: message(fr.Err)}
 			continue
 		}
 		sr := s.sandboxResponse(fr.Sandbox)
@@ -261,5 +239,10 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 
 // pools reports the warm pools (agentbox extension).
 func (s *Server) pools(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, s.mgr.Pools())
+	pools := s.mgr.Pools()
+	out := make([]rest.PoolStats, 0, len(pools))
+	for _, p := range pools {
+		out = append(out, poolStats(p))
+	}
+	writeJSON(w, http.StatusOK, out)
 }

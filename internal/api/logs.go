@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/sandbox"
@@ -16,7 +17,7 @@ import (
 
 // applyIsolation copies the agentbox extension fields of a create body into
 // the request; the manager resolves defaults and checks quotas.
-func applyIsolation(req *sandbox.CreateRequest, b newSandbox) error {
+func applyIsolation(req *sandbox.CreateRequest, b rest.NewSandbox) error {
 	if b.Isolation != nil {
 		req.Isolation = strings.TrimSpace(*b.Isolation)
 		if req.Isolation == "" {
@@ -47,19 +48,6 @@ func applyIsolation(req *sandbox.CreateRequest, b newSandbox) error {
 func (s *Server) logsRoutes(auth func(string, http.HandlerFunc)) {
 	auth("GET /sandboxes/{id}/logs", s.logs(false))
 	auth("GET /v2/sandboxes/{id}/logs", s.logs(true))
-}
-
-// logEntry is E2B's SandboxLogEntry; fields are strings on the wire.
-type logEntry struct {
-	Timestamp time.Time         `json:"timestamp"`
-	Level     string            `json:"level"`
-	Message   string            `json:"message"`
-	Fields    map[string]string `json:"fields"`
-}
-
-type logLine struct {
-	Timestamp time.Time `json:"timestamp"`
-	Line      string    `json:"line"`
 }
 
 const (
@@ -117,19 +105,19 @@ func (s *Server) logs(v2 bool) http.HandlerFunc {
 			s.followLogs(w, r, al, aq, events)
 			return
 		}
-		entries := make([]logEntry, 0, len(events))
+		entries := make([]rest.SandboxLogEntry, 0, len(events))
 		for _, e := range events {
 			entries = append(entries, toLogEntry(e))
 		}
 		if v2 {
-			writeJSON(w, http.StatusOK, map[string]any{"logs": entries})
+			writeJSON(w, http.StatusOK, rest.SandboxLogsV2{Logs: entries})
 			return
 		}
-		lines := make([]logLine, 0, len(entries))
+		lines := make([]rest.SandboxLog, 0, len(entries))
 		for _, e := range entries {
-			lines = append(lines, logLine{Timestamp: e.Timestamp, Line: e.Message})
+			lines = append(lines, rest.SandboxLog{Timestamp: e.Timestamp, Line: e.Message})
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"logs": lines, "logEntries": entries})
+		writeJSON(w, http.StatusOK, rest.SandboxLogs{LogEntries: entries, Logs: lines})
 	}
 }
 
@@ -181,7 +169,9 @@ func (s *Server) followLogs(w http.ResponseWriter, r *http.Request, al *audit.Lo
 	}
 }
 
-func toLogEntry(e audit.Event) logEntry {
+// toLogEntry is E2B's SandboxLogEntry of an event; fields are strings on
+// the wire.
+func toLogEntry(e audit.Event) rest.SandboxLogEntry {
 	f := map[string]string{"kind": e.Kind, "action": e.Action, "seq": strconv.FormatInt(e.Seq, 10)}
 	if e.Decision != "" {
 		f["decision"] = e.Decision
@@ -207,7 +197,7 @@ func toLogEntry(e audit.Event) logEntry {
 	case e.Decision == audit.Denied || e.Kind == audit.KindLimit:
 		level = "warn"
 	}
-	return logEntry{Timestamp: e.Time, Level: level, Message: Describe(e), Fields: f}
+	return rest.SandboxLogEntry{Timestamp: e.Time, Level: level, Message: Describe(e), Fields: f}
 }
 
 // Describe renders an event as one line a person or an agent can read.

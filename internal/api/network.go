@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 
+	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/sandbox"
 )
@@ -25,7 +26,8 @@ func (s *Server) networkRoutes(auth func(pattern string, h http.HandlerFunc)) {
 
 // applyNetwork validates the create request's network fields and copies
 // them into req. Errors name the offending entry.
-func (s *Server) applyNetwork(ctx context.Context, req *sandbox.CreateRequest, n *sandbox.NetworkSpec) error {
+func (s *Server) applyNetwork(ctx context.Context, req *sandbox.CreateRequest, body *rest.SandboxNetworkConfig) error {
+	n := networkSpec(body)
 	if n == nil {
 		return nil
 	}
@@ -47,34 +49,25 @@ func (s *Server) applyNetwork(ctx context.Context, req *sandbox.CreateRequest, n
 // networkInfo is the network field of GET /sandboxes/{id}: the settings
 // without the egress proxy's password and with header values masked (they
 // may hold resolved credentials written by the client).
-func networkInfo(n *sandbox.NetworkSpec) *sandbox.NetworkSpec {
-	if n == nil {
+func networkInfo(n *sandbox.NetworkSpec) *rest.SandboxNetworkConfig {
+	c := networkConfig(n)
+	if c == nil {
 		return nil
 	}
-	c := *n
-	if n.EgressProxy != nil {
-		ep := *n.EgressProxy
-		ep.Password = ""
-		c.EgressProxy = &ep
+	if c.EgressProxy != nil {
+		c.EgressProxy.Password = ""
 	}
-	if n.Rules != nil {
-		c.Rules = map[string][]sandbox.NetworkRule{}
-		for d, rules := range n.Rules {
-			for _, r := range rules {
-				out := sandbox.NetworkRule{AllowPlainHTTP: r.AllowPlainHTTP}
-				if r.Transform != nil {
-					out.Transform = &struct {
-						Headers map[string]string `json:"headers,omitempty"`
-					}{Headers: map[string]string{}}
-					for k, v := range r.Transform.Headers {
-						out.Transform.Headers[k] = maskHeader(v)
-					}
-				}
-				c.Rules[d] = append(c.Rules[d], out)
+	for _, rules := range c.Rules {
+		for _, r := range rules {
+			if r.Transform == nil {
+				continue
+			}
+			for k, v := range r.Transform.Headers {
+				r.Transform.Headers[k] = maskHeader(v)
 			}
 		}
 	}
-	return &c
+	return c
 }
 
 // maskHeader keeps secret references readable and hides literal values.
@@ -89,13 +82,7 @@ func maskHeader(v string) string {
 }
 
 func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		AllowInternetAccess *bool                            `json:"allow_internet_access"`
-		AllowOut            []string                         `json:"allowOut"`
-		DenyOut             []string                         `json:"denyOut"`
-		EgressProxy         *sandbox.EgressProxy             `json:"egressProxy"`
-		Rules               map[string][]sandbox.NetworkRule `json:"rules"`
-	}
+	var body rest.SandboxNetworkUpdate
 	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
 		writeError(w, err)
 		return
@@ -107,7 +94,7 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 			allow = false
 		}
 	}
-	n := &sandbox.NetworkSpec{AllowOut: body.AllowOut, DenyOut: body.DenyOut, EgressProxy: body.EgressProxy, Rules: body.Rules}
+	n := &sandbox.NetworkSpec{AllowOut: body.AllowOut, DenyOut: body.DenyOut, EgressProxy: egressProxy(body.EgressProxy), Rules: networkRules(body.Rules)}
 	if err := s.mgr.UpdateNetwork(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), allow, n); err != nil {
 		writeError(w, err)
 		return
@@ -153,38 +140,34 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request) {
 const maxSecretValue = 32 << 10
 
 func (s *Server) putSecret(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		Name        *string `json:"name"`
-		Value       *string `json:"value"`
-		Description string  `json:"description"`
-	}
+	var body rest.SecretRequest
 	if err := decodeBody(w, r, s.MaxBody, false, &body); err != nil {
 		writeError(w, err)
 		return
 	}
 	switch {
-	case body.Name == nil || !sandbox.ValidSecretName(*body.Name):
+	case !sandbox.ValidSecretName(body.Name):
 		writeError(w, invalid("name: required; letters, digits and _, not starting with a digit, at most 128 bytes (reference it as ${secrets.NAME})"))
 		return
-	case body.Value == nil || *body.Value == "":
+	case body.Value == "":
 		writeError(w, invalid("value: required and not empty"))
 		return
-	case len(*body.Value) > maxSecretValue:
-		writeError(w, invalid("value: %d bytes is over the limit of %d", len(*body.Value), maxSecretValue))
+	case len(body.Value) > maxSecretValue:
+		writeError(w, invalid("value: %d bytes is over the limit of %d", len(body.Value), maxSecretValue))
 		return
-	case !httpguts.ValidHeaderFieldValue(*body.Value):
+	case !httpguts.ValidHeaderFieldValue(body.Value):
 		writeError(w, invalid("value: must be usable in an HTTP header (no CR, LF or NUL)"))
 		return
 	case len(body.Description) > 1024 || !printable(body.Description):
 		writeError(w, invalid("description: at most 1024 printable characters"))
 		return
 	}
-	info, err := s.store.PutTeamSecret(r.Context(), keyOf(r.Context()).TeamID, *body.Name, body.Description, *body.Value)
+	info, err := s.store.PutTeamSecret(r.Context(), keyOf(r.Context()).TeamID, body.Name, body.Description, body.Value)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, info)
+	writeJSON(w, http.StatusCreated, secretInfo(info))
 }
 
 func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) {
@@ -193,7 +176,11 @@ func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, list)
+	out := make([]rest.SecretInfo, 0, len(list))
+	for _, i := range list {
+		out = append(out, secretInfo(i))
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) {

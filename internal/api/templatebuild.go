@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/template"
 )
@@ -88,21 +89,13 @@ func (s *Server) templateBuildRoutes(mux *http.ServeMux, auth func(string, http.
 
 var aliasPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 
-type requestBuildBody struct {
-	Name     string   `json:"name"`
-	Alias    string   `json:"alias"` // older SDKs
-	Tags     []string `json:"tags"`
-	CPUCount int      `json:"cpuCount"`
-	MemoryMB int      `json:"memoryMB"`
-}
-
 func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request) {
 	jobs, err := s.jobs()
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	var b requestBuildBody
+	var b rest.TemplateBuildRequestV3
 	if err := decodeBody(w, r, s.MaxBody, false, &b); err != nil {
 		writeError(w, err)
 		return
@@ -135,9 +128,9 @@ func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("name: %w", err))
 		return
 	}
-	writeJSON(w, http.StatusAccepted, map[string]any{
-		"templateID": j.TemplateID, "buildID": j.BuildID, "names": []string{name + ":" + tag},
-		"tags": append([]string{tag}, b.Tags...), "aliases": []string{name}, "public": false,
+	writeJSON(w, http.StatusAccepted, rest.TemplateRequestResponseV3{
+		TemplateID: j.TemplateID, BuildID: j.BuildID, Names: []string{name + ":" + tag},
+		Tags: append([]string{tag}, b.Tags...), Aliases: []string{name}, Public: false,
 	})
 }
 
@@ -168,7 +161,7 @@ func (s *Server) fileUploadLink(w http.ResponseWriter, r *http.Request) {
 	}
 	team := keyOf(r.Context()).TeamID
 	if b.HasUpload(team, hash) {
-		writeJSON(w, http.StatusCreated, map[string]any{"present": true})
+		writeJSON(w, http.StatusCreated, rest.TemplateBuildFileUpload{Present: true})
 		return
 	}
 	tok := make([]byte, 24)
@@ -190,8 +183,8 @@ func (s *Server) fileUploadLink(w http.ResponseWriter, r *http.Request) {
 	if r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https" {
 		scheme = "https"
 	}
-	writeJSON(w, http.StatusCreated, map[string]any{
-		"present": false, "url": scheme + "://" + r.Host + "/templates/uploads/" + token, "headers": map[string]string{},
+	writeJSON(w, http.StatusCreated, rest.TemplateBuildFileUpload{
+		Present: false, URL: scheme + "://" + r.Host + "/templates/uploads/" + token, Headers: &map[string]string{},
 	})
 }
 
@@ -217,26 +210,6 @@ func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 }
 
-// startBuildBody is E2B's TemplateBuildStartV2.
-type startBuildBody struct {
-	FromImage         string `json:"fromImage"`
-	FromTemplate      string `json:"fromTemplate"`
-	FromImageRegistry *struct {
-		Type     string `json:"type"`
-		Username string `json:"username"`
-		Password string `json:"password"`
-	} `json:"fromImageRegistry"`
-	Force    bool    `json:"force"`
-	StartCmd *string `json:"startCmd"`
-	ReadyCmd *string `json:"readyCmd"`
-	Steps    []struct {
-		Type      string   `json:"type"`
-		Args      []string `json:"args"`
-		FilesHash string   `json:"filesHash"`
-		Force     bool     `json:"force"`
-	} `json:"steps"`
-}
-
 // e2bBaseImage is the SDK's default base image (Template() without a
 // from*): agentbox's own "base" template plays its part.
 const e2bBaseImage = "e2bdev/base"
@@ -247,7 +220,7 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	var body startBuildBody
+	var body rest.TemplateBuildStartV2
 	if err := decodeBody(w, r, 16<<20, false, &body); err != nil {
 		writeError(w, err)
 		return
@@ -266,7 +239,7 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 
 // buildSpecOf maps an E2B build request onto the builder's steps; the
 // builder adds the job's name, team and IDs.
-func buildSpecOf(body startBuildBody) (template.BuildSpec, error) {
+func buildSpecOf(body rest.TemplateBuildStartV2) (template.BuildSpec, error) {
 	spec := template.BuildSpec{
 		Force: body.Force, StartCmd: body.StartCmd, ReadyCmd: body.ReadyCmd, Source: "e2b build API",
 	}
@@ -361,7 +334,7 @@ func (s *Server) buildStatus(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, st)
+	writeJSON(w, http.StatusOK, buildInfo(st))
 }
 
 func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request) {
@@ -375,7 +348,7 @@ func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"logs": logs})
+	writeJSON(w, http.StatusOK, rest.TemplateBuildLogsResponse{Logs: buildLog(logs)})
 }
 
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/template"
 )
@@ -42,10 +43,7 @@ func (s *Server) tagger() (TemplateTagger, error) {
 }
 
 func (s *Server) assignTemplateTags(w http.ResponseWriter, r *http.Request) {
-	var b struct {
-		Target string   `json:"target"`
-		Tags   []string `json:"tags"`
-	}
+	var b rest.AssignTemplateTagsRequest
 	if err := decodeBody(w, r, s.MaxBody, false, &b); err != nil {
 		writeError(w, err)
 		return
@@ -64,14 +62,11 @@ func (s *Server) assignTemplateTags(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, map[string]any{"buildID": template.BuildRef(t), "tags": b.Tags})
+	writeJSON(w, http.StatusCreated, rest.AssignedTemplateTags{BuildID: template.BuildRef(t), Tags: b.Tags})
 }
 
 func (s *Server) deleteTemplateTags(w http.ResponseWriter, r *http.Request) {
-	var b struct {
-		Name string   `json:"name"`
-		Tags []string `json:"tags"`
-	}
+	var b rest.DeleteTemplateTagsRequest
 	if err := decodeBody(w, r, s.MaxBody, false, &b); err != nil {
 		writeError(w, err)
 		return
@@ -103,12 +98,7 @@ func (s *Server) listTemplateTags(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	type tag struct {
-		Tag       string `json:"tag"`
-		BuildID   string `json:"buildID"`
-		CreatedAt string `json:"createdAt"`
-	}
-	out := []tag{}
+	out := []rest.TemplateTag{}
 	found := false
 	for _, t := range all {
 		match := t.ID == ref
@@ -120,7 +110,7 @@ func (s *Server) listTemplateTags(w http.ResponseWriter, r *http.Request) {
 		}
 		found = true
 		for _, name := range template.TagsOf(t) {
-			out = append(out, tag{Tag: name, BuildID: template.BuildRef(t), CreatedAt: t.CreatedAt.UTC().Format("2006-01-02T15:04:05.000Z")})
+			out = append(out, rest.TemplateTag{Tag: name, BuildID: template.BuildRef(t), CreatedAt: t.CreatedAt.UTC().Format("2006-01-02T15:04:05.000Z")})
 		}
 	}
 	if !found {

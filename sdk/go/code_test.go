@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/interpreter"
 )
 
@@ -28,7 +29,7 @@ func codeSandbox(t *testing.T, langs ...string) *Sandbox {
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(func() { hs.CloseClientConnections(); hs.Close(); srv.Close() })
 	c := New(WithAPIURL(hs.URL), WithSandboxURL(hs.URL), WithAPIKey("unused"))
-	return c.newSandbox(sandboxWire{SandboxID: "itest"})
+	return c.newSandbox(rest.Sandbox{SandboxID: "itest"})
 }
 
 func TestRunCodeBash(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentbox/agentbox/api/gen/filesystem/filesystemconnect"
 	"github.com/agentbox/agentbox/api/gen/process/processconnect"
+	"github.com/agentbox/agentbox/api/gen/rest"
 )
 
 // dataPlane reaches one sandbox's envd through the gateway.
@@ -40,7 +41,7 @@ func (t *sandboxTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	return t.base.RoundTrip(req)
 }
 
-func (c *Client) newSandbox(w sandboxWire) *Sandbox {
+func (c *Client) newSandbox(w rest.Sandbox) *Sandbox {
 	s := &Sandbox{
 		ID:              w.SandboxID,
 		TemplateID:      w.TemplateID,

@@ -18,6 +18,7 @@ import (
 	"github.com/agentbox/agentbox/api/gen/filesystem/filesystemconnect"
 	"github.com/agentbox/agentbox/api/gen/process"
 	"github.com/agentbox/agentbox/api/gen/process/processconnect"
+	"github.com/agentbox/agentbox/api/gen/rest"
 )
 
 // scriptedEnvd plays back fixed process events and keeps /files in memory.
@@ -148,7 +149,7 @@ func newScriptedSandbox(t *testing.T) (*Sandbox, *scriptedEnvd) {
 	srv := httptest.NewServer(gateway)
 	t.Cleanup(srv.Close)
 	c := New(WithAPIURL("http://127.0.0.1:1"), WithSandboxURL(srv.URL))
-	return c.newSandbox(sandboxWire{SandboxID: "iabc", EnvdAccessToken: "tok"}), envd
+	return c.newSandbox(rest.Sandbox{SandboxID: "iabc", EnvdAccessToken: "tok"}), envd
 }
 
 func TestCommandsRun(t *testing.T) {
@@ -272,12 +273,12 @@ func TestIsRunningAndToken(t *testing.T) {
 	if ok, err := sbx.IsRunning(ctx); !ok || err != nil {
 		t.Errorf("running sandbox: %v, %v", ok, err)
 	}
-	gone := sbx.client.newSandbox(sandboxWire{SandboxID: "igone", EnvdAccessToken: "tok"})
+	gone := sbx.client.newSandbox(rest.Sandbox{SandboxID: "igone", EnvdAccessToken: "tok"})
 	gone.dp.baseURL = sbx.dp.baseURL
 	if ok, err := gone.IsRunning(ctx); ok || err != nil {
 		t.Errorf("unknown sandbox: %v, %v", ok, err)
 	}
-	wrong := sbx.client.newSandbox(sandboxWire{SandboxID: "iabc", EnvdAccessToken: "bad"})
+	wrong := sbx.client.newSandbox(rest.Sandbox{SandboxID: "iabc", EnvdAccessToken: "bad"})
 	if _, err := wrong.Files.Read(ctx, "x.txt"); !errors.Is(err, ErrUnauthorized) {
 		t.Errorf("wrong token = %v, want ErrUnauthorized", err)
 	}

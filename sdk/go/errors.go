@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"connectrpc.com/connect"
+
+	"github.com/agentbox/agentbox/api/gen/rest"
 )
 
 // Sentinel errors; every error of this package that means one of them
@@ -60,9 +62,7 @@ func (e *APIError) Is(target error) bool {
 func decodeAPIError(resp *http.Response) error {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	e := &APIError{Status: resp.StatusCode}
-	var body struct {
-		Message string `json:"message"`
-	}
+	var body rest.Error
 	if json.Unmarshal(b, &body) == nil && body.Message != "" {
 		e.Message = body.Message
 	} else {

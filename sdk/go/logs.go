@@ -11,18 +11,15 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/agentbox/agentbox/api/gen/rest"
 )
 
 // LogEntry is one audit event of a sandbox: a lifecycle change, a process
 // start or exit, a file change through the API, an egress decision or a
 // limit hit. Fields hold its details (kind, action, decision, reason, cmd,
 // pid, exitCode, path, ...) as strings.
-type LogEntry struct {
-	Timestamp time.Time         `json:"timestamp"`
-	Level     string            `json:"level"`
-	Message   string            `json:"message"`
-	Fields    map[string]string `json:"fields"`
-}
+type LogEntry = rest.SandboxLogEntry
 
 // LogsOptions filter Logs and FollowLogs.
 type LogsOptions struct {
@@ -48,9 +45,7 @@ func (o LogsOptions) query() url.Values {
 // Logs returns the sandbox's audit log, oldest first. It stays readable
 // after the sandbox is gone.
 func (c *Client) Logs(ctx context.Context, id string, opts LogsOptions) ([]LogEntry, error) {
-	var out struct {
-		Logs []LogEntry `json:"logs"`
-	}
+	var out rest.SandboxLogsV2
 	path := "/v2/sandboxes/" + url.PathEscape(id) + "/logs?" + opts.query().Encode()
 	if _, err := c.do(ctx, http.MethodGet, path, nil, &out, http.StatusOK); err != nil {
 		return nil, err

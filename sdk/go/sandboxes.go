@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/agentbox/agentbox/api/gen/rest"
 )
 
 // CreateOptions describe a new sandbox. Zero fields take the server's defaults.
@@ -46,66 +48,17 @@ type Sandbox struct {
 	dp     *dataPlane
 }
 
-// sandboxWire is the create/connect answer.
-type sandboxWire struct {
-	SandboxID          string  `json:"sandboxID"`
-	TemplateID         string  `json:"templateID"`
-	Alias              string  `json:"alias,omitempty"`
-	ClientID           string  `json:"clientID"`
-	EnvdVersion        string  `json:"envdVersion"`
-	EnvdAccessToken    string  `json:"envdAccessToken,omitempty"`
-	TrafficAccessToken *string `json:"trafficAccessToken"`
-	Domain             *string `json:"domain"`
-}
-
 // SandboxInfo describes a sandbox as List and GetInfo report it.
-type SandboxInfo struct {
-	SandboxID   string            `json:"sandboxID"`
-	TemplateID  string            `json:"templateID"`
-	Alias       string            `json:"alias,omitempty"`
-	ClientID    string            `json:"clientID"`
-	StartedAt   time.Time         `json:"startedAt"`
-	EndAt       time.Time         `json:"endAt"`
-	State       string            `json:"state"` // "running" or "paused"
-	CPUCount    int               `json:"cpuCount"`
-	MemoryMB    int               `json:"memoryMB"`
-	DiskSizeMB  int               `json:"diskSizeMB"`
-	EnvdVersion string            `json:"envdVersion"`
-	Metadata    map[string]string `json:"metadata,omitempty"`
-}
+type SandboxInfo = rest.ListedSandbox
 
 // SandboxMetric is one resource sample of a sandbox; byte counts.
-type SandboxMetric struct {
-	TimestampUnix int64   `json:"timestampUnix"`
-	CPUCount      int     `json:"cpuCount"`
-	CPUUsedPct    float64 `json:"cpuUsedPct"`
-	MemUsed       int64   `json:"memUsed"`
-	MemTotal      int64   `json:"memTotal"`
-	MemCache      int64   `json:"memCache,omitempty"`
-	DiskUsed      int64   `json:"diskUsed"`
-	DiskTotal     int64   `json:"diskTotal"`
-}
+type SandboxMetric rest.SandboxMetric
 
 // Time is the sample's timestamp.
 func (m SandboxMetric) Time() time.Time { return time.Unix(m.TimestampUnix, 0) }
 
 // TemplateInfo describes a template the server can start sandboxes from.
-type TemplateInfo struct {
-	TemplateID  string    `json:"templateID"`
-	BuildID     string    `json:"buildID,omitempty"`
-	BuildStatus string    `json:"buildStatus,omitempty"`
-	Aliases     []string  `json:"aliases"`
-	Names       []string  `json:"names,omitempty"`
-	CPUCount    int       `json:"cpuCount"`
-	MemoryMB    int       `json:"memoryMB"`
-	DiskSizeMB  int       `json:"diskSizeMB"`
-	EnvdVersion string    `json:"envdVersion,omitempty"`
-	Public      bool      `json:"public"`
-	CreatedAt   time.Time `json:"createdAt"`
-	UpdatedAt   time.Time `json:"updatedAt"`
-	SpawnCount  int       `json:"spawnCount"`
-	BuildCount  int       `json:"buildCount"`
-}
+type TemplateInfo = rest.Template
 
 // ListOptions filter List.
 type ListOptions struct {
@@ -114,38 +67,33 @@ type ListOptions struct {
 	Limit    int               // at most this many sandboxes; 0 = all
 }
 
-func seconds(d time.Duration) int {
-	return int(math.Ceil(d.Seconds()))
+// seconds is d rounded up to whole seconds, for the wire's timeouts.
+func seconds(d time.Duration) *int64 {
+	return ptr(int64(math.Ceil(d.Seconds())))
 }
+
+func ptr[T any](v T) *T { return &v }
 
 // Create starts a sandbox and returns once it is ready for commands.
 func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, error) {
 	if opts.Template == "" {
 		opts.Template = "base"
 	}
-	body := map[string]any{"templateID": opts.Template}
+	body := rest.NewSandbox{TemplateID: opts.Template, Metadata: opts.Metadata, EnvVars: opts.EnvVars,
+		AllowInternetAccess: opts.AllowInternetAccess}
 	if opts.Timeout > 0 {
-		body["timeout"] = seconds(opts.Timeout)
-	}
-	if len(opts.Metadata) > 0 {
-		body["metadata"] = opts.Metadata
-	}
-	if len(opts.EnvVars) > 0 {
-		body["envVars"] = opts.EnvVars
-	}
-	if opts.AllowInternetAccess != nil {
-		body["allow_internet_access"] = *opts.AllowInternetAccess
+		body.Timeout = seconds(opts.Timeout)
 	}
 	path := "/v2/sandboxes"
 	if opts.Secure != nil {
 		// Only the v1 call can turn the access token off.
 		path = "/sandboxes"
-		body["secure"] = *opts.Secure
+		body.Secure = opts.Secure
 		if opts.Timeout <= 0 {
-			body["timeout"] = 300
+			body.Timeout = ptr(int64(300))
 		}
 	}
-	var w sandboxWire
+	var w rest.Sandbox
 	if _, err := c.do(ctx, http.MethodPost, path, body, &w, http.StatusCreated, http.StatusOK); err != nil {
 		return nil, fmt.Errorf("create sandbox from %q: %w", opts.Template, err)
 	}
@@ -155,11 +103,11 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, erro
 // Connect attaches to an existing sandbox, resuming it if paused, and
 // extends its life to at least timeout from now (zero: server default).
 func (c *Client) Connect(ctx context.Context, id string, timeout time.Duration) (*Sandbox, error) {
-	body := map[string]any{}
+	var body rest.ConnectSandbox
 	if timeout > 0 {
-		body["timeout"] = seconds(timeout)
+		body.Timeout = seconds(timeout)
 	}
-	var w sandboxWire
+	var w rest.Sandbox
 	if _, err := c.do(ctx, http.MethodPost, "/v2/sandboxes/"+url.PathEscape(id)+"/connect", body, &w,
 		http.StatusOK, http.StatusCreated); err != nil {
 		return nil, fmt.Errorf("connect to sandbox %s: %w", id, err)
@@ -225,7 +173,7 @@ func (c *Client) Kill(ctx context.Context, id string) error {
 
 // SetTimeout makes the sandbox end d from now; it may shorten its life.
 func (c *Client) SetTimeout(ctx context.Context, id string, d time.Duration) error {
-	body := map[string]int{"timeout": seconds(d)}
+	body := rest.TimeoutRequest{Timeout: seconds(d)}
 	if _, err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/timeout", body, nil,
 		http.StatusNoContent, http.StatusOK); err != nil {
 		return fmt.Errorf("set timeout of sandbox %s: %w", id, err)
