@@ -191,7 +191,11 @@ func (s *Server) handleUpload(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return &uploadError{http.StatusBadRequest, err.Error()}
 		}
-		if err := asUser(u, func() error { return writeFileAtomic(path, body, md) }); err != nil {
+		err = ensureParents(path, u)
+		if err == nil {
+			err = asUser(u, func() error { return writeInPlace(path, body, md) })
+		}
+		if err != nil {
 			var ue *uploadError
 			if errors.As(err, &ue) {
 				return err
@@ -342,68 +346,69 @@ func metadataFromHeader(h http.Header) (map[string]string, error) {
 	return md, nil
 }
 
-// writeFileAtomic streams body into a temporary file beside path, sets the
-// metadata and renames it over path. It runs as the target user, so parents
-// and the file are created with the user's ownership and permissions. An
-// existing file keeps its mode.
-func writeFileAtomic(path string, body io.Reader, md map[string]string) error {
+// ensureParents makes the missing directories above path, as root, and
+// gives each one it makes to u (as E2B's envd does), so a user's write may
+// land below a directory only root could have made.
+func ensureParents(path string, u *User) error {
 	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	mode := os.FileMode(0o644)
-	var owner *[2]int
-	if fi, err := os.Stat(path); err == nil {
-		if fi.IsDir() {
-			return &uploadError{http.StatusBadRequest, fmt.Sprintf("path '%s' is a directory", path)}
-		}
-		mode = fi.Mode().Perm()
-		// Writing over a file we may not modify must fail even though we
-		// could replace it in a writable directory. open(2) checks with the
-		// filesystem uid; access(2) would check the real one (root).
-		f, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0)
-		if err != nil {
+	var missing []string
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(d); err == nil {
+			break
+		} else if !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
-		f.Close()
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-			owner = &[2]int{int(st.Uid), int(st.Gid)}
+		missing = append(missing, d)
+		if d == filepath.Dir(d) {
+			break
 		}
 	}
-	tmp, err := os.CreateTemp(dir, ".envd-upload-*")
+	for i := len(missing) - 1; i >= 0; i-- {
+		d := missing[i]
+		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+		if u != nil && u.UID != 0 {
+			if err := os.Lchown(d, int(u.UID), int(u.GID)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// writeInPlace writes body to path in place (open, O_TRUNC, stream), as E2B's
+// envd does: a watcher sees the file's own name created and written, never
+// a temporary one; a symlink's target is written; a hard-linked file keeps
+// its links, and an existing file its mode and owner. It runs as the target
+// user, so permissions are the user's and new files are the user's.
+func writeInPlace(path string, body io.Reader, md map[string]string) error {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return &uploadError{http.StatusBadRequest, fmt.Sprintf("path '%s' is a directory", path)}
+	} else if err == nil && !fi.Mode().IsRegular() {
+		return &uploadError{http.StatusBadRequest, fmt.Sprintf("path '%s' is not a regular file (%s)", path, fi.Mode().Type())}
+	}
+	// O_NONBLOCK: a FIFO without a reader fails at once instead of
+	// blocking the handler; it is refused below anyway.
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NONBLOCK, 0o644)
 	if err != nil {
 		return err
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if _, err := io.Copy(tmp, body); err != nil {
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil {
+		return err
+	} else if !fi.Mode().IsRegular() {
+		return &uploadError{http.StatusBadRequest, fmt.Sprintf("path '%s' is not a regular file (%s)", path, fi.Mode().Type())}
+	}
+	if _, err := io.Copy(f, body); err != nil {
 		var pe *fs.PathError
 		if errors.As(err, &pe) || isNoSpace(err) {
 			return err
 		}
 		return &uploadError{http.StatusBadRequest, fmt.Sprintf("read upload for '%s': %v", path, err)}
 	}
-	if owner != nil {
-		// Keep the replaced file's owner; only root can, others own it anyway.
-		_ = tmp.Chown(owner[0], owner[1])
-	}
-	if err := tmp.Chmod(mode); err != nil {
+	if err := replaceMetadata(f, md); err != nil {
 		return err
 	}
-	if err := replaceMetadata(tmp, md); err != nil {
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	ok = true
-	return nil
+	return f.Close()
 }
