@@ -237,8 +237,10 @@ func timeoutOf(v *int64, def time.Duration) (time.Duration, error) {
 	if v == nil {
 		return def, nil
 	}
-	if *v <= 0 {
-		return 0, invalid("timeout: must be greater than 0 seconds, got %d", *v)
+	if *v < 0 {
+		// 0 is E2B's too: the sandbox's time is up at once (it is
+		// killed, or paused with autoPause).
+		return 0, invalid("timeout: must be 0 or more seconds, got %d", *v)
 	}
 	if *v > 1<<31-1 {
 		return 0, invalid("timeout: %d seconds does not fit in int32", *v)
@@ -460,6 +462,9 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 type listQuery struct {
 	metadata map[string]string
 	states   []string
+	template string    // templateID or alias
+	since    time.Time // startedAfter (inclusive)
+	until    time.Time // startedBefore (exclusive)
 	limit    int
 	after    *cursor
 	asc      bool
@@ -498,6 +503,19 @@ func parseListQuery(q url.Values, paginated bool) (listQuery, error) {
 			}
 		}
 	}
+	lq.template = q.Get("template")
+	for _, f := range []struct {
+		name string
+		dst  *time.Time
+	}{{"startedAfter", &lq.since}, {"startedBefore", &lq.until}} {
+		if v := q.Get(f.name); v != "" {
+			t, err := time.Parse(time.RFC3339Nano, v)
+			if err != nil {
+				return lq, invalid("%s: must be an RFC 3339 timestamp such as 2026-01-02T15:04:05Z, got %q", f.name, truncate(v))
+			}
+			*f.dst = t
+		}
+	}
 	if !paginated {
 		return lq, nil
 	}
@@ -532,6 +550,14 @@ func (lq listQuery) match(sb *sandbox.Sandbox) bool {
 		if got, ok := sb.Metadata[k]; !ok || got != v {
 			return false
 		}
+	}
+	switch {
+	case lq.template != "" && sb.TemplateID != lq.template && sb.Alias != lq.template:
+		return false
+	case !lq.since.IsZero() && sb.StartedAt.Before(lq.since):
+		return false
+	case !lq.until.IsZero() && !sb.StartedAt.Before(lq.until):
+		return false
 	}
 	return len(lq.states) == 0 || slices.Contains(lq.states, stateOf(sb))
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/sandbox"
 	"github.com/agentbox/agentbox/internal/store"
 )
 
@@ -40,7 +41,7 @@ func TestCreateValidation(t *testing.T) {
 		{name: "missing template", body: `{}`, wantErr: "templateID"},
 		{name: "blank template", body: `{"templateID":"  "}`, wantErr: "templateID"},
 		{name: "template wrong type", body: `{"templateID":5}`, wantErr: "templateID"},
-		{name: "zero timeout", body: `{"templateID":"base","timeout":0}`, wantErr: "timeout"},
+		{name: "zero timeout (E2B: expires at once)", body: `{"templateID":"base","timeout":0}`},
 		{name: "negative timeout", body: `{"templateID":"base","timeout":-5}`, wantErr: "timeout"},
 		{name: "huge timeout", body: `{"templateID":"base","timeout":99999999999}`, wantErr: "timeout"},
 		{name: "timeout as string", body: `{"templateID":"base","timeout":"10"}`, wantErr: "timeout"},
@@ -128,6 +129,55 @@ func TestListQuery(t *testing.T) {
 		if _, err := parseListQuery(bad, true); statusOf(err) != http.StatusBadRequest {
 			t.Errorf("%v: got %v, want 400", bad, err)
 		}
+	}
+}
+
+func TestListFilters(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
+	sb := &sandbox.Sandbox{ID: "i1", TemplateID: "tpl1", Alias: "base", State: sandbox.StateRunning, StartedAt: t0,
+		Metadata: map[string]string{"a&b": "x=y", "path": "/srv/data", "who": "Zoë Müller", "sp ace": "v v"}}
+	// What the SDKs send: the metadata map as a URL-encoded query string,
+	// encoded again as one query parameter.
+	md := func(kv ...string) string {
+		v := url.Values{}
+		for i := 0; i < len(kv); i += 2 {
+			v.Set(kv[i], kv[i+1])
+		}
+		return v.Encode()
+	}
+	tests := []struct {
+		name  string
+		query url.Values
+		match bool
+	}{
+		{"no filter", url.Values{}, true},
+		{"metadata with & and =", url.Values{"metadata": {md("a&b", "x=y")}}, true},
+		{"metadata with / and non-ASCII", url.Values{"metadata": {md("path", "/srv/data", "who", "Zoë Müller")}}, true},
+		{"metadata with spaces", url.Values{"metadata": {md("sp ace", "v v")}}, true},
+		{"metadata value differs", url.Values{"metadata": {md("a&b", "x")}}, false},
+		{"metadata key prefix is not the key", url.Values{"metadata": {md("a", "x=y")}}, false},
+		{"template by id", url.Values{"template": {"tpl1"}}, true},
+		{"template by alias", url.Values{"template": {"base"}}, true},
+		{"other template", url.Values{"template": {"tpl2"}}, false},
+		{"startedAfter, inclusive", url.Values{"startedAfter": {t0.Format(time.RFC3339)}}, true},
+		{"startedAfter later", url.Values{"startedAfter": {t0.Add(time.Second).Format(time.RFC3339)}}, false},
+		{"startedBefore later", url.Values{"startedBefore": {t0.Add(time.Second).Format(time.RFC3339)}}, true},
+		{"startedBefore, exclusive", url.Values{"startedBefore": {t0.Format(time.RFC3339)}}, false},
+		{"state paused", url.Values{"state": {"paused"}}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			lq, err := parseListQuery(tc.query, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := lq.match(sb); got != tc.match {
+				t.Errorf("match = %v, want %v (%+v)", got, tc.match, lq)
+			}
+		})
+	}
+	if _, err := parseListQuery(url.Values{"startedAfter": {"yesterday"}}, true); statusOf(err) != http.StatusBadRequest || !strings.Contains(err.Error(), "startedAfter") {
+		t.Errorf("bad startedAfter: %v, want a 400 naming the field", err)
 	}
 }
 

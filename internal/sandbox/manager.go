@@ -131,8 +131,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 }
 
 func (m *Manager) checkTimeout(d time.Duration) error {
-	if d <= 0 {
-		return fmt.Errorf("timeout: must be greater than 0 seconds: %w", errdefs.ErrInvalidArgument)
+	if d < 0 {
+		return fmt.Errorf("timeout: must be 0 or more seconds: %w", errdefs.ErrInvalidArgument)
 	}
 	if d > m.cfg.MaxTimeout {
 		return fmt.Errorf("timeout: %s is over the maximum of %s; pass at most %d seconds: %w", d, m.cfg.MaxTimeout, int(m.cfg.MaxTimeout.Seconds()), errdefs.ErrInvalidArgument)

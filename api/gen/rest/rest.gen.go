@@ -123,7 +123,7 @@ type BuildStatusReason struct {
 
 // ConnectSandbox Body of the connect calls; required by v1 (with timeout), optional for v2.
 type ConnectSandbox struct {
-	// Timeout Seconds the sandbox lives at least from now; greater than 0, at most 2147483647. Required on v1; default 300 on v2.
+	// Timeout Seconds the sandbox lives at least from now; 0 to 2147483647. Required on v1; default 300 on v2.
 	Timeout *int64 `json:"timeout,omitempty"`
 
 	// Memory false resumes a paused sandbox from its files only (a cold boot); default true.
@@ -153,7 +153,7 @@ type ForkRequest struct {
 	// Count Number of copies, 1 to 100; default 1.
 	Count *int64 `json:"count,omitempty"`
 
-	// Timeout Seconds each copy lives; greater than 0, at most 2147483647; default 15.
+	// Timeout Seconds each copy lives; 0 to 2147483647; default 15.
 	Timeout *int64 `json:"timeout,omitempty"`
 }
 
@@ -237,7 +237,7 @@ type NewSandbox struct {
 	// TemplateID Template ID, alias (optionally alias:tag) or snapshot ID to start from; printable, at most 256 bytes. E2B's SDKs default to "base".
 	TemplateID string `json:"templateID"`
 
-	// Timeout Seconds until the sandbox is killed (or paused with autoPause); greater than 0, at most 2147483647. Default 15 on POST /sandboxes, 300 on POST /v2/sandboxes.
+	// Timeout Seconds until the sandbox is killed (or paused with autoPause); 0 to 2147483647 (0, as with E2B, ends its time at once). Default 15 on POST /sandboxes, 300 on POST /v2/sandboxes.
 	Timeout *int64 `json:"timeout,omitempty"`
 
 	// Metadata Free-form pairs echoed by list and describe and usable as list filters; at most 64 entries, printable keys of at most 256 bytes, values of at most 2048 bytes.
@@ -330,13 +330,13 @@ type PoolStats struct {
 
 // RefreshRequest Body of POST /sandboxes/{id}/refreshes; may be absent.
 type RefreshRequest struct {
-	// Duration Seconds from now the sandbox lives at least; greater than 0, at most 2147483647; default and minimum 15.
+	// Duration Seconds from now the sandbox lives at least; 0 to 2147483647; default and minimum 15.
 	Duration *int64 `json:"duration,omitempty"`
 }
 
 // ResumedSandbox Body of the deprecated resume call; may be absent.
 type ResumedSandbox struct {
-	// Timeout Seconds until the resumed sandbox ends; greater than 0, at most 2147483647; default 15.
+	// Timeout Seconds until the resumed sandbox ends; 0 to 2147483647; default 15.
 	Timeout *int64 `json:"timeout,omitempty"`
 
 	// AutoPause Accepted for E2B compatibility and ignored; the sandbox keeps its lifecycle.
@@ -876,7 +876,7 @@ type TemplateTag struct {
 
 // TimeoutRequest Body of POST /sandboxes/{id}/timeout.
 type TimeoutRequest struct {
-	// Timeout Seconds from now until the sandbox ends; greater than 0, at most 2147483647. Required.
+	// Timeout Seconds from now until the sandbox ends; 0 (at once) to 2147483647. Required.
 	Timeout *int64 `json:"timeout,omitempty"`
 }
 
@@ -995,6 +995,15 @@ type GetV2SandboxesParams struct {
 
 	// Order By start time; default desc (newest first).
 	Order *GetV2SandboxesParamsOrder `form:"order,omitempty" json:"order,omitempty"`
+
+	// Template Only sandboxes of this template, by ID or alias.
+	Template *string `form:"template,omitempty" json:"template,omitempty"`
+
+	// StartedAfter Only sandboxes started at or after this RFC 3339 time.
+	StartedAfter *time.Time `form:"startedAfter,omitempty" json:"startedAfter,omitempty"`
+
+	// StartedBefore Only sandboxes started before this RFC 3339 time (an extension of E2B's filters).
+	StartedBefore *time.Time `form:"startedBefore,omitempty" json:"startedBefore,omitempty"`
 }
 
 // GetV2SandboxesParamsState defines parameters for GetV2Sandboxes.
