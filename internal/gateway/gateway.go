@@ -208,31 +208,32 @@ func route(r *http.Request) (id string, port int, routed bool, errMsg string) {
 var internalEnvdPaths = map[string]bool{"/init": true}
 
 // Waker is implemented by resolvers that wake sandboxes on traffic: thaw a
-// frozen one, resume a paused one with autoResume. done ends the request's
-// activity (the idle timeout only counts time without requests in flight).
+// frozen one, resume a paused one with autoResume. live is ctx, also
+// cancelled when the sandbox is removed; done ends the request's activity
+// (the idle timeout only counts time without requests in flight).
 type Waker interface {
-	Wake(ctx context.Context, id string) (sb *sandbox.Sandbox, done func(), ok bool)
+	Wake(ctx context.Context, id string) (sb *sandbox.Sandbox, live context.Context, done func(), ok bool)
 }
 
 // wake finds the running sandbox id for traffic, waking it if the resolver
-// can; done must be called when the traffic ends.
-func (g *Gateway) wake(ctx context.Context, id string) (sb *sandbox.Sandbox, done func(), ok bool) {
+// can; the traffic runs under live, and done must be called when it ends.
+func (g *Gateway) wake(ctx context.Context, id string) (sb *sandbox.Sandbox, live context.Context, done func(), ok bool) {
 	if wk, isWaker := g.res.(Waker); isWaker {
 		return wk.Wake(ctx, id)
 	}
 	sb, ok = g.res.Lookup(id)
-	return sb, func() {}, ok
+	return sb, ctx, func() {}, ok
 }
 
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port int) {
-	sb, done, ok := g.wake(r.Context(), id)
-	if ok {
-		defer done()
-	}
+	sb, live, done, ok := g.wake(r.Context(), id)
 	if !ok {
 		notFound(w, id)
 		return
 	}
+	defer done()
+	// A stream to a sandbox that is killed ends with it.
+	r = r.WithContext(live)
 	if port == sandbox.EnvdPort && internalEnvdPaths[r.URL.Path] {
 		writeJSON(w, http.StatusNotFound, map[string]any{"code": http.StatusNotFound, "message": "not found"})
 		return

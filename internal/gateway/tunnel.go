@@ -35,7 +35,7 @@ func (g *Gateway) Tunnel(w http.ResponseWriter, r *http.Request, sb *sandbox.San
 		writeJSON(w, http.StatusForbidden, map[string]any{"sandboxId": sb.ID, "port": port, "code": http.StatusForbidden, "message": msg})
 		return
 	}
-	live, done, ok := g.wake(r.Context(), sb.ID)
+	live, alive, done, ok := g.wake(r.Context(), sb.ID)
 	if !ok {
 		notFound(w, sb.ID)
 		return
@@ -54,6 +54,9 @@ func (g *Gateway) Tunnel(w http.ResponseWriter, r *http.Request, sb *sandbox.San
 		return
 	}
 	defer c.Close()
+	// The tunnel ends with the sandbox (or the server's shutdown).
+	stop := context.AfterFunc(alive, func() { c.Close(); up.Close() })
+	defer stop()
 	_ = c.SetDeadline(time.Time{})
 	if _, err := io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: "+TunnelUpgrade+"\r\nConnection: Upgrade\r\n\r\n"); err != nil {
 		return

@@ -82,6 +82,9 @@ type lifecycle struct {
 	createSlots chan struct{}
 	// reserved counts creates in flight per team for maxSandboxes (quota.go).
 	reserved map[string]int
+	// gone is closed when the sandbox is removed, ending the data-plane
+	// traffic still in flight to it (Wake); a pause keeps it.
+	gone map[string]chan struct{}
 }
 
 // activity is what the idle policy knows of a sandbox's data plane.
@@ -420,9 +423,49 @@ func (m *Manager) touch(id string) {
 }
 
 // Wake is the gateway's lookup: it returns the running sandbox, thawing a
-// frozen one and resuming a paused one whose autoResume is on. done ends
-// the request's activity (a sandbox with requests in flight is not idle).
-func (m *Manager) Wake(ctx context.Context, id string) (*Sandbox, func(), bool) {
+// frozen one and resuming a paused one whose autoResume is on. live is ctx,
+// also cancelled when the sandbox is removed, so traffic to a killed
+// sandbox ends at once instead of waiting on a peer that can no longer
+// answer. done ends the request's activity (a sandbox with requests in
+// flight is not idle) and releases live.
+func (m *Manager) Wake(ctx context.Context, id string) (*Sandbox, context.Context, func(), bool) {
+	sb, end, ok := m.wake(ctx, id)
+	if !ok {
+		return nil, nil, nil, false
+	}
+	m.mu.Lock()
+	if m.life.gone == nil {
+		m.life.gone = map[string]chan struct{}{}
+	}
+	gone := m.life.gone[id]
+	if gone == nil {
+		gone = make(chan struct{})
+		m.life.gone[id] = gone
+	}
+	m.mu.Unlock()
+	live, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-gone:
+			cancel()
+		case <-live.Done():
+		}
+	}()
+	return sb, live, func() { cancel(); end() }, true
+}
+
+// ended ends the data-plane traffic in flight to a removed sandbox.
+func (m *Manager) ended(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if gone := m.life.gone[id]; gone != nil {
+		close(gone)
+		delete(m.life.gone, id)
+	}
+	delete(m.life.activity, id)
+}
+
+func (m *Manager) wake(ctx context.Context, id string) (*Sandbox, func(), bool) {
 	m.mu.Lock()
 	sb, ok := m.sandboxes[id]
 	if !ok || sb.TeamID == poolTeam || sb.BuildID != "" {

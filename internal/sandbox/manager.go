@@ -276,6 +276,7 @@ func (m *Manager) destroy(ctx context.Context, sb *Sandbox, why string) error {
 	delete(m.sandboxes, sb.ID)
 	delete(m.metrics, sb.ID)
 	m.mu.Unlock()
+	m.ended(sb.ID)
 	m.auditLifecycle(ctx, sb, "remove", "info", why, nil)
 	m.log.Info("sandbox removed", "sandbox", sb.ID, "why", why)
 	return nil

@@ -730,3 +730,44 @@ func TestRunSteps(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestWakeEndsWithTheSandbox: data-plane traffic runs under Wake's live
+// context, which a kill cancels (a stream to a killed sandbox must not wait
+// on a peer that cannot answer) and a pause keeps.
+func TestWakeEndsWithTheSandbox(t *testing.T) {
+	e := newFakeEnv(t, LifecycleConfig{})
+	ctx := context.Background()
+	sb := e.create(t, e.req())
+	_, live, done, ok := e.m.Wake(ctx, sb.ID)
+	if !ok {
+		t.Fatal("Wake of a running sandbox failed")
+	}
+	defer done()
+	_, other, otherDone, ok := e.m.Wake(ctx, sb.ID)
+	if !ok {
+		t.Fatal("second Wake failed")
+	}
+	otherDone() // one request ending does not end the others
+	if err := live.Err(); err != nil {
+		t.Fatalf("live context ended with another request: %v", err)
+	}
+	if other.Err() == nil {
+		t.Error("done did not release its own context")
+	}
+	if err := e.m.Kill(ctx, e.team, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-live.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("traffic to a killed sandbox was not ended")
+	}
+	if _, _, _, ok := e.m.Wake(ctx, sb.ID); ok {
+		t.Error("Wake found a killed sandbox")
+	}
+	e.m.mu.Lock()
+	defer e.m.mu.Unlock()
+	if len(e.m.life.gone) != 0 || e.m.life.activity[sb.ID] != nil {
+		t.Errorf("state of a removed sandbox kept: gone %v, activity %v", e.m.life.gone, e.m.life.activity[sb.ID])
+	}
+}
