@@ -156,3 +156,14 @@ func (m *Manager) pinned() (map[string]string, error) {
 	}
 	return out, nil
 }
+
+// HostKey returns the name sandbox id's netns pin and address record have
+// under netnsDir (a server's NetNSDir): tests and operators (as root, who
+// can read the secret) find a sandbox's pin with it.
+func HostKey(netnsDir, id string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(netnsDir+".addr", keySecretFile))
+	if err != nil {
+		return "", err
+	}
+	return (&Manager{secret: b}).key(id), nil
+}

@@ -114,3 +114,24 @@ func HostKey(stateDir, id string) (string, error) {
 	}
 	return (&Store{secret: b}).key(id), nil
 }
+
+// ContainerID is the name sandbox id's container has in its runtime: its
+// key, since runc's and runsc's command lines (and runsc's long-lived
+// sandbox processes) name the container for every host user to read in
+// /proc. legacy reports whether the runtime already holds a container an
+// earlier version named by the id itself; that one keeps its name.
+func (s *Store) ContainerID(id string, legacy func(name string) bool) string {
+	if legacy != nil && legacy(id) {
+		return id
+	}
+	return s.key(id)
+}
+
+// SandboxOfContainer names the sandbox of a runtime's container called
+// name (its key, or its id for a container of an earlier version).
+func (s *Store) SandboxOfContainer(name string) (string, bool) {
+	if strings.ContainsAny(name, "/") || name == "" {
+		return "", false
+	}
+	return s.bundleID(name)
+}
