@@ -9,7 +9,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -314,26 +313,18 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	return nil
 }
 
-// Delete kills the sandbox and removes its state, rootfs mount, bundle
+// Delete kills the sandbox and removes its container, rootfs mount, bundle
 // directory and cgroups. Deleting an unknown id is not an error.
 func (d *Driver) Delete(ctx context.Context, id string) error {
-	if err := bundle.CheckID(id); err != nil {
-		return err
-	}
-	var errs []error
-	if err := d.killInit(ctx, id); err != nil {
-		d.log.Warn("kill sandbox init; runsc delete --force takes over", "id", id, "err", err)
-	}
-	if err := d.deleteContainer(ctx, id); err != nil {
-		errs = append(errs, err)
-	}
-	if err := d.b.Remove(id); err != nil {
-		errs = append(errs, err)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("delete sandbox %s: %w", id, err)
-	}
-	return nil
+	return d.b.Delete(ctx, id, teardown{d})
+}
+
+// teardown is the driver's side of a sandbox for bundle.Store.Delete.
+type teardown struct{ d *Driver }
+
+func (c teardown) KillInit(ctx context.Context, id string) error { return c.d.killInit(ctx, id) }
+func (c teardown) DeleteContainer(ctx context.Context, id string) error {
+	return c.d.deleteContainer(ctx, id)
 }
 
 // State reports the sandbox's status. A bundle directory without a runsc
@@ -346,21 +337,11 @@ func (d *Driver) State(ctx context.Context, id string) (runtime.Status, error) {
 	st, err := d.state(ctx, id)
 	if err != nil {
 		if !d.exists(ctx, id) {
-			if d.b.Exists(id) {
-				return runtime.StatusStopped, nil
-			}
-			return "", fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+			return d.b.StatusWithoutContainer(id)
 		}
 		return "", fmt.Errorf("runsc state %s: %w", id, err)
 	}
-	switch st.Status {
-	case "running":
-		return runtime.StatusRunning, nil
-	case "paused", "pausing":
-		return runtime.StatusPaused, nil
-	default: // created, stopped
-		return runtime.StatusStopped, nil
-	}
+	return bundle.ContainerStatus(st.Status), nil
 }
 
 // Stats reads the sandbox's cgroup and the size of its writable layer.
