@@ -6,12 +6,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/agentbox/agentbox/e2e/harness"
 	"github.com/agentbox/agentbox/e2e/wire"
+	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/runtime/bundle"
 )
 
@@ -61,8 +63,11 @@ func TestRestartKeepsSandboxes(t *testing.T) {
 
 	// The leak checks below must be able to see a live sandbox, else they
 	// prove nothing.
-	if len(runcContainers(s.Instance, sb.SandboxID)) == 0 {
+	if len(runcContainers(s, sb.SandboxID)) == 0 {
 		t.Errorf("runc --root /run/%s/runc list does not show running sandbox %s", s.Instance, sb.SandboxID)
+	}
+	if len(netnsFiles(s.Instance, sb.SandboxID)) == 0 {
+		t.Errorf("no netns pin under /run/%s/netns for running sandbox %s", s.Instance, sb.SandboxID)
 	}
 	if len(cgroupDirs(s, sb.SandboxID)) == 0 {
 		t.Errorf("no cgroup dir /sys/fs/cgroup/<ctrl>/%s/%s for running sandbox", s.Instance, sb.SandboxID)
@@ -152,7 +157,7 @@ func assertNoLeaks(t *testing.T, s *server, id string) {
 			return m
 		}},
 		{"network namespace files", func() []string { return netnsFiles(s.Instance, id) }},
-		{"runc containers", func() []string { return runcContainers(s.Instance, id) }},
+		{"runc containers", func() []string { return runcContainers(s, id) }},
 		{"cgroup directories", func() []string { return cgroupDirs(s, id) }},
 	}
 	for _, c := range checks {
@@ -229,12 +234,18 @@ func mountsMatching(match func(line string) bool) ([]string, error) {
 	return out, sc.Err()
 }
 
+// netnsFiles lists sandbox id's netns pins: named by its network host key
+// in the instance's netns dir, by its id anywhere else.
 func netnsFiles(instance, id string) []string {
+	names := []string{id}
+	if key, err := network.HostKey("/run/"+instance+"/netns", id); err == nil {
+		names = append(names, key)
+	}
 	var out []string
 	for _, dir := range []string{"/run/netns", "/var/run/netns", "/run/" + instance + "/netns"} {
 		ents, _ := os.ReadDir(dir)
 		for _, e := range ents {
-			if strings.Contains(e.Name(), id) {
+			if slices.ContainsFunc(names, func(n string) bool { return strings.Contains(e.Name(), n) }) {
 				out = append(out, filepath.Join(dir, e.Name()))
 			}
 		}
@@ -242,14 +253,20 @@ func netnsFiles(instance, id string) []string {
 	return out
 }
 
-func runcContainers(instance, id string) []string {
-	out, err := exec.Command("runc", "--root", "/run/"+instance+"/runc", "list", "-q").Output()
+// runcContainers lists sandbox id's runc containers, which are named by its
+// host key.
+func runcContainers(s *server, id string) []string {
+	key, err := bundle.HostKey(filepath.Join(s.DataDir, "sandboxes"), id)
+	if err != nil {
+		return []string{"(no host key: " + err.Error() + ")"}
+	}
+	out, err := exec.Command("runc", "--root", "/run/"+s.Instance+"/runc", "list", "-q").Output()
 	if err != nil {
 		return nil // no state dir at all: nothing runs
 	}
 	var left []string
 	for _, name := range strings.Fields(string(out)) {
-		if strings.Contains(name, id) {
+		if name == key || strings.Contains(name, id) {
 			left = append(left, name)
 		}
 	}

@@ -41,6 +41,13 @@ func TestRuntimeHostFiles(t *testing.T) {
 		return sb
 	}
 	a, b := mk("a"), mk("b")
+	// A gVisor sandbox too: runsc's sandbox and gofer processes live as
+	// long as it does, with their command lines readable to every user.
+	g, err := c.Create(ctx, wire.CreateRequest{TemplateID: "base", Timeout: 600, Metadata: map[string]string{"e2e": "runtime-g", "agentbox.isolation": "gvisor"}})
+	if err != nil {
+		t.Fatalf("create gvisor sandbox: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Kill(context.Background(), g.SandboxID) })
 	secret := "secret-" + rand.Text()
 	// World-readable inside B: only the host's permissions on B's bundle
 	// and B's own host ids stand between it and another uid.
@@ -130,7 +137,7 @@ func TestRuntimeHostFiles(t *testing.T) {
 			if err != nil {
 				return fmt.Errorf("%s: %v: %s", p.script, err, out)
 			}
-			for _, id := range []string{a.SandboxID, b.SandboxID} {
+			for _, id := range []string{a.SandboxID, b.SandboxID, g.SandboxID} {
 				if i := strings.Index(string(out), id); i >= 0 {
 					line := string(out)[max(0, i-80):min(len(out), i+len(id)+20)]
 					return crossed("%s shows %s: …%s…", p.name, id, oneLine(line))

@@ -1,21 +1,18 @@
 package network
 
 import (
-	"crypto/hmac"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/agentbox/agentbox/internal/hostkey"
 )
 
-// A sandbox's netns pin and its address record are named by an opaque key,
-// HMAC(secret, id), never by the id: every host user reads the pins' paths
+// A sandbox's netns pin and its address record are named by an opaque key
+// (internal/hostkey), never by the id: every host user reads the pins' paths
 // in /proc/self/mountinfo, and a sandbox id is half of what reaches the
 // sandbox's data plane. The secret lives in the record directory (0700,
 // beside the pins, on /run like them); each record holds the address and
@@ -28,65 +25,26 @@ const keySecretFile = ".key-secret"
 // List, which reads NetNSDir, sees only namespaces).
 func (m *Manager) recordDir() string { return m.cfg.NetNSDir + ".addr" }
 
-// loadKeySecret reads the key secret, making it (and the record directory)
-// on first use.
-func loadKeySecret(dir string) ([]byte, error) {
+// loadKeys reads the key secret, making it (and the record directory) on
+// first use.
+func loadKeys(dir string) (hostkey.Keyer, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("netns record dir: %w", err)
+		return hostkey.Keyer{}, fmt.Errorf("netns record dir: %w", err)
 	}
 	// An earlier version made it 0755; records name sandboxes now.
 	if err := os.Chmod(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("netns record dir: %w", err)
+		return hostkey.Keyer{}, fmt.Errorf("netns record dir: %w", err)
 	}
-	p := filepath.Join(dir, keySecretFile)
-	b, err := os.ReadFile(p)
-	if err == nil && len(b) >= 32 {
-		return b, nil
-	}
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("netns key secret: %w", err)
-	}
-	b = make([]byte, 32)
-	if _, err := rand.Read(b); err != nil {
-		return nil, err
-	}
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		if errors.Is(err, fs.ErrExist) {
-			return loadKeySecret(dir) // another process made it first
-		}
-		return nil, fmt.Errorf("netns key secret: %w", err)
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return b, f.Close()
-}
-
-// key is sandbox id's opaque host name: 32 hex digits.
-func (m *Manager) key(id string) string {
-	h := hmac.New(sha256.New, m.secret)
-	h.Write([]byte(id))
-	return hex.EncodeToString(h.Sum(nil)[:16])
-}
-
-// isKey reports whether name has the shape of a key.
-func isKey(name string) bool {
-	if len(name) != 32 {
-		return false
-	}
-	_, err := hex.DecodeString(name)
-	return err == nil
+	return hostkey.Load(filepath.Join(dir, keySecretFile))
 }
 
 // name is the file name of id's pin and record: its key, or the id itself
 // for a sandbox an earlier version attached (its pin is still named so).
 func (m *Manager) name(id string) string {
-	if _, err := os.Lstat(filepath.Join(m.cfg.NetNSDir, id)); err == nil && !isKey(id) {
+	if _, err := os.Lstat(filepath.Join(m.cfg.NetNSDir, id)); err == nil && !hostkey.IsKey(id) {
 		return id
 	}
-	return m.key(id)
+	return m.keys.Key(id)
 }
 
 func (m *Manager) nsPath(id string) string { return filepath.Join(m.cfg.NetNSDir, m.name(id)) }
@@ -139,12 +97,12 @@ func (m *Manager) pinned() (map[string]string, error) {
 	out := make(map[string]string, len(entries))
 	for _, e := range entries {
 		name := e.Name()
-		if !isKey(name) {
+		if !hostkey.IsKey(name) {
 			out[name] = name // attached by an earlier version, named by id
 			continue
 		}
 		_, id, err := m.readRecord(name)
-		if err != nil || id == "" || m.key(id) != name {
+		if err != nil || id == "" || m.keys.Key(id) != name {
 			m.log.Warn("netns pin without a record naming its sandbox; removing it", "pin", name, "err", err)
 			if err := removeNetNS(filepath.Join(m.cfg.NetNSDir, name)); err != nil {
 				m.log.Warn("remove orphaned netns pin", "pin", name, "err", err)
@@ -155,4 +113,15 @@ func (m *Manager) pinned() (map[string]string, error) {
 		out[id] = name
 	}
 	return out, nil
+}
+
+// HostKey returns the name sandbox id's netns pin and address record have
+// under netnsDir (a server's NetNSDir): tests and operators (as root, who
+// can read the secret) find a sandbox's pin with it.
+func HostKey(netnsDir, id string) (string, error) {
+	k, err := hostkey.Read(filepath.Join(netnsDir+".addr", keySecretFile))
+	if err != nil {
+		return "", err
+	}
+	return k.Key(id), nil
 }

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/hostkey"
 )
 
 // Config configures the Manager. Zero values take the defaults.
@@ -92,7 +93,7 @@ type Manager struct {
 	egress      Egress
 	egressPorts EgressPorts
 
-	secret []byte // keys host names of sandboxes (hostnames.go)
+	keys hostkey.Keyer // names sandboxes on the host (hostnames.go)
 }
 
 // Egress is the host-side egress proxy and resolver: it learns every
@@ -144,11 +145,11 @@ func New(cfg Config, log *slog.Logger) (*Manager, error) {
 		ipChains:  map[string]bool{},
 	}
 	m.dns = m.hostDNS()
-	secret, err := loadKeySecret(m.recordDir())
+	keys, err := loadKeys(m.recordDir())
 	if err != nil {
 		return nil, err
 	}
-	m.secret = secret
+	m.keys = keys
 	if err := m.relearn(); err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@
 package bundle
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -22,6 +23,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/hostkey"
+	"github.com/agentbox/agentbox/internal/runtime"
 )
 
 // Config configures a Store. Zero values take the defaults.
@@ -66,7 +69,7 @@ type Store struct {
 	cgroupV2 bool
 	nofile   uint64 // RLIMIT_NOFILE given to envd
 	idmap    idmapper
-	secret   []byte // keys host paths (hostpaths.go)
+	keys     hostkey.Keyer // names host paths (hostpaths.go)
 	uids     uidPool
 }
 
@@ -131,11 +134,11 @@ func New(cfg Config, log *slog.Logger) (*Store, error) {
 			return nil, fmt.Errorf("bundles: user namespaces: raise the host's inotify limits: %w", err)
 		}
 	}
-	secret, err := loadSecret(cfg.StateDir)
+	keys, err := hostkey.Load(filepath.Join(cfg.StateDir, secretFile))
 	if err != nil {
 		return nil, fmt.Errorf("bundles: %w", err)
 	}
-	s := &Store{cfg: cfg, log: log.With("component", "bundle"), cgroupV2: isCgroupV2(), secret: secret}
+	s := &Store{cfg: cfg, log: log.With("component", "bundle"), cgroupV2: isCgroupV2(), keys: keys}
 	s.uids = uidPool{dir: cfg.UIDRangeDir, base: cfg.UserNSBase, size: cfg.UserNSSize, count: cfg.UserNSRanges}
 	s.idmap.dir = cfg.IdmapDir
 	s.ResetIdmaps()
@@ -264,6 +267,64 @@ func (s *Store) List() ([]string, error) {
 func (s *Store) Exists(id string) bool {
 	_, err := os.Stat(s.Dir(id))
 	return err == nil
+}
+
+// Teardown is what a driver's runtime holds of a sandbox besides its
+// bundle: a running init and a container record.
+type Teardown interface {
+	// KillInit kills the sandbox's init and waits for it (and so for
+	// every process of its pid namespace) to be gone.
+	KillInit(ctx context.Context, id string) error
+	// DeleteContainer removes the runtime's record of the container,
+	// killing what is left; a missing one is not an error.
+	DeleteContainer(ctx context.Context, id string) error
+}
+
+// Delete removes sandbox id in the one order every driver deletes in: its
+// processes, its runtime's container record, then its bundle (rootfs mount,
+// disk, cgroups, host paths). Deleting an unknown id is not an error.
+func (s *Store) Delete(ctx context.Context, id string, c Teardown) error {
+	if err := CheckID(id); err != nil {
+		return err
+	}
+	var errs []error
+	if err := c.KillInit(ctx, id); err != nil {
+		s.log.Warn("kill sandbox init; deleting the container takes over", "id", id, "err", err)
+	}
+	if err := c.DeleteContainer(ctx, id); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.Remove(id); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// ContainerStatus maps the status a runc-compatible runtime reports (runc's
+// and runsc's state speak OCI's vocabulary) to the sandbox's.
+func ContainerStatus(status string) runtime.Status {
+	switch status {
+	case "running":
+		return runtime.StatusRunning
+	case "paused", "pausing":
+		return runtime.StatusPaused
+	default: // created, stopped
+		return runtime.StatusStopped
+	}
+}
+
+// StatusWithoutContainer is the status of sandbox id whose runtime holds no
+// container for it: stopped while its bundle exists (a half-done Create or
+// Delete, a sandbox paused to an image), so the caller deletes or resumes
+// it; else errdefs.ErrNotFound.
+func (s *Store) StatusWithoutContainer(id string) (runtime.Status, error) {
+	if s.Exists(id) {
+		return runtime.StatusStopped, nil
+	}
+	return "", fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 }
 
 // tierFile records a sandbox's tier in its bundle, so the server routes

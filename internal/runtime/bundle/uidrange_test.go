@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/hostkey"
 )
 
 func TestUIDPool(t *testing.T) {
@@ -103,14 +104,18 @@ func TestUIDPool(t *testing.T) {
 }
 
 func TestHostPathKeys(t *testing.T) {
-	r := &Store{cfg: Config{StateDir: t.TempDir()}, secret: []byte("0123456789abcdef0123456789abcdef")}
+	dir := t.TempDir()
+	keys, err := hostkey.Load(filepath.Join(dir, secretFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Store{cfg: Config{StateDir: dir}, keys: keys}
 	k := r.key("isb123")
-	if !isKey(k) || k == r.key("isb124") {
+	if !hostkey.IsKey(k) || k == r.key("isb124") {
 		t.Fatalf("key %q", k)
 	}
-	other := &Store{cfg: r.cfg, secret: []byte("another secret of thirty-two b..")}
-	if other.key("isb123") == k {
-		t.Fatal("the key does not depend on the secret")
+	if hk, err := HostKey(dir, "isb123"); err != nil || hk != k {
+		t.Fatalf("HostKey = %q, %v; want %q", hk, err, k)
 	}
 	if got := r.Dir("isb123"); filepath.Base(got) != k {
 		t.Fatalf("bundle dir %s is not named by the key", got)
@@ -119,17 +124,17 @@ func TestHostPathKeys(t *testing.T) {
 		t.Fatalf("cgroup %s is not named by the key", got)
 	}
 	// A bundle records its id; a forged id file does not name it.
-	dir := r.Dir("isb123")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	bdir := r.Dir("isb123")
+	if err := os.MkdirAll(bdir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, idFile), []byte("isb123\n"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(bdir, idFile), []byte("isb123\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if id, ok := r.SandboxOfCgroup(k); !ok || id != "isb123" {
 		t.Fatalf("SandboxOfCgroup = %q, %v", id, ok)
 	}
-	if err := os.WriteFile(filepath.Join(dir, idFile), []byte("isb999\n"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(bdir, idFile), []byte("isb999\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if id, ok := r.SandboxOfCgroup(k); ok {
@@ -140,16 +145,7 @@ func TestHostPathKeys(t *testing.T) {
 			t.Errorf("SandboxOfCgroup(%q) answered", bad)
 		}
 	}
-	// The secret is made once and kept.
-	s1, err := loadSecret(r.cfg.StateDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s2, err := loadSecret(r.cfg.StateDir)
-	if err != nil || string(s1) != string(s2) || len(s1) < 32 {
-		t.Fatalf("secret not kept: %v", err)
-	}
-	if fi, err := os.Stat(filepath.Join(r.cfg.StateDir, secretFile)); err != nil || fi.Mode().Perm() != 0o600 {
-		t.Fatalf("secret file mode %v (%v), want 0600", fi.Mode(), err)
+	if id, ok := r.SandboxOfContainer(k); ok {
+		t.Fatalf("SandboxOfContainer of a forged bundle = %q", id)
 	}
 }

@@ -189,7 +189,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 		actions = append(actions, gorunc.LeaveRunning)
 	}
 	copts := &gorunc.CheckpointOpts{ImagePath: img, WorkDir: work, AllowOpenTCP: true, FileLocks: true}
-	if err := rc.Checkpoint(ctx, id, copts, actions...); err != nil {
+	if err := rc.Checkpoint(ctx, d.cid(id), copts, actions...); err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, criuFailed("checkpoint", logFile, work, err))
 	}
 	if base, ok := bundle.BundleRange(dir); ok && ns.OwnNet {
@@ -369,7 +369,7 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 	err = d.inSession(func() error {
 		return nullIO(func(io gorunc.IO) error {
 			ropts.IO = io
-			_, err := rc.Restore(ctx, spec.ID, dir, ropts)
+			_, err := rc.Restore(ctx, d.cid(spec.ID), dir, ropts)
 			return err
 		})
 	})

@@ -13,7 +13,7 @@ import (
 // `runc delete --force` on a running container. A container that does
 // not exist is not an error.
 func (d *Driver) killInit(ctx context.Context, id string) error {
-	c, err := d.client("").State(ctx, id)
+	c, err := d.client("").State(ctx, d.cid(id))
 	if err != nil {
 		if !d.exists(id) {
 			return nil
@@ -25,7 +25,7 @@ func (d *Driver) killInit(ctx context.Context, id string) error {
 	}
 	if c.Status == "paused" {
 		// Frozen tasks do not die until thawed.
-		if err := d.client("").Resume(ctx, id); err != nil {
+		if err := d.client("").Resume(ctx, d.cid(id)); err != nil {
 			return fmt.Errorf("runc resume %s: %w", id, err)
 		}
 	}

@@ -51,7 +51,7 @@ func (d *Driver) start(ctx context.Context, id, dir string, ownNet bool) (int, e
 	_ = os.Remove(pidFile)
 	err := d.inSession(func() error {
 		return nullIO(func(io gorunc.IO) error {
-			return d.client(logFile).Create(ctx, id, dir, &gorunc.CreateOpts{IO: io, PidFile: pidFile})
+			return d.client(logFile).Create(ctx, d.cid(id), dir, &gorunc.CreateOpts{IO: io, PidFile: pidFile})
 		})
 	})
 	if err != nil {
@@ -65,7 +65,7 @@ func (d *Driver) start(ctx context.Context, id, dir string, ownNet bool) (int, e
 	if err := d.cfg.Net.Plug(ctx, id, pid); err != nil {
 		return 0, err
 	}
-	if err := d.client(logFile).Start(ctx, id); err != nil {
+	if err := d.client(logFile).Start(ctx, d.cid(id)); err != nil {
 		return pid, failed("start", logFile, err)
 	}
 	return pid, nil
@@ -77,7 +77,7 @@ func (d *Driver) run(ctx context.Context, id, dir, logFile string) (int, error) 
 	_ = os.Remove(pidFile)
 	err := d.inSession(func() error {
 		return nullIO(func(io gorunc.IO) error {
-			_, err := d.client(logFile).Run(ctx, id, dir, &gorunc.CreateOpts{IO: io, PidFile: pidFile, Detach: true})
+			_, err := d.client(logFile).Run(ctx, d.cid(id), dir, &gorunc.CreateOpts{IO: io, PidFile: pidFile, Detach: true})
 			return err
 		})
 	})

@@ -119,11 +119,21 @@ func nullIO(f func(gorunc.IO) error) error {
 	return f(io)
 }
 
+// cid is sandbox id's container name for runc: its host key (runc's
+// command lines, world-readable in /proc while they run, name it), or the
+// id itself for a container an earlier version started.
+func (d *Driver) cid(id string) string {
+	return d.b.ContainerID(id, func(name string) bool {
+		_, err := os.Stat(filepath.Join(d.cfg.Root, name))
+		return err == nil
+	})
+}
+
 // exists reports whether runc has a container id. go-runc reports runc's
 // failures as text only; a container exists for runc exactly while its
 // state file does.
 func (d *Driver) exists(id string) bool {
-	_, err := os.Stat(filepath.Join(d.cfg.Root, id, "state.json"))
+	_, err := os.Stat(filepath.Join(d.cfg.Root, d.cid(id), "state.json"))
 	return !errors.Is(err, fs.ErrNotExist)
 }
 
@@ -138,7 +148,7 @@ func failed(verb, logFile string, err error) error {
 // deleteContainer removes sandbox id's container record, killing what is
 // left of it; a container that does not exist is not an error.
 func (d *Driver) deleteContainer(ctx context.Context, id string) error {
-	if err := d.client("").Delete(ctx, id, &gorunc.DeleteOpts{Force: true}); err != nil && d.exists(id) {
+	if err := d.client("").Delete(ctx, d.cid(id), &gorunc.DeleteOpts{Force: true}); err != nil && d.exists(id) {
 		return fmt.Errorf("runc delete %s: %w", id, err)
 	}
 	return nil
@@ -179,26 +189,18 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	return nil
 }
 
-// Delete kills the container and removes its state, rootfs mount, bundle
+// Delete kills the sandbox and removes its container, rootfs mount, bundle
 // directory and cgroups. Deleting an unknown id is not an error.
 func (d *Driver) Delete(ctx context.Context, id string) error {
-	if err := bundle.CheckID(id); err != nil {
-		return err
-	}
-	var errs []error
-	if err := d.killInit(ctx, id); err != nil {
-		d.log.Warn("kill sandbox init; runc delete --force takes over", "id", id, "err", err)
-	}
-	if err := d.deleteContainer(ctx, id); err != nil {
-		errs = append(errs, err)
-	}
-	if err := d.b.Remove(id); err != nil {
-		errs = append(errs, err)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("delete sandbox %s: %w", id, err)
-	}
-	return nil
+	return d.b.Delete(ctx, id, teardown{d})
+}
+
+// teardown is the driver's side of a sandbox for bundle.Store.Delete.
+type teardown struct{ d *Driver }
+
+func (c teardown) KillInit(ctx context.Context, id string) error { return c.d.killInit(ctx, id) }
+func (c teardown) DeleteContainer(ctx context.Context, id string) error {
+	return c.d.deleteContainer(ctx, id)
 }
 
 // State reports the container's status. A bundle directory without a runc
@@ -208,24 +210,14 @@ func (d *Driver) State(ctx context.Context, id string) (runtime.Status, error) {
 	if err := bundle.CheckID(id); err != nil {
 		return "", err
 	}
-	c, err := d.client("").State(ctx, id)
+	c, err := d.client("").State(ctx, d.cid(id))
 	if err != nil {
 		if !d.exists(id) {
-			if d.b.Exists(id) {
-				return runtime.StatusStopped, nil
-			}
-			return "", fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+			return d.b.StatusWithoutContainer(id)
 		}
 		return "", fmt.Errorf("runc state %s: %w", id, err)
 	}
-	switch c.Status {
-	case "running":
-		return runtime.StatusRunning, nil
-	case "paused", "pausing":
-		return runtime.StatusPaused, nil
-	default: // created, stopped
-		return runtime.StatusStopped, nil
-	}
+	return bundle.ContainerStatus(c.Status), nil
 }
 
 // Stats reads the sandbox's cgroup and the size of its writable layer.
@@ -249,7 +241,17 @@ func (d *Driver) List(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("runc list: %w", err)
 	}
 	for _, c := range cs {
-		ids = append(ids, c.ID)
+		id, ok := d.b.SandboxOfContainer(c.ID)
+		if !ok {
+			// Its bundle (which names its sandbox) is gone: nothing
+			// could ever find it again.
+			d.log.Warn("runc container without a bundle; removing it", "container", c.ID)
+			if err := d.client("").Delete(ctx, c.ID, &gorunc.DeleteOpts{Force: true}); err != nil {
+				d.log.Warn("remove orphaned runc container", "container", c.ID, "err", err)
+			}
+			continue
+		}
+		ids = append(ids, id)
 	}
 	slices.Sort(ids)
 	return slices.Compact(ids), nil
@@ -266,7 +268,7 @@ func (d *Driver) Freeze(ctx context.Context, id string) error {
 	// running after a failed pause is tried again, which nearly always
 	// succeeds.
 	for attempt := 1; ; attempt++ {
-		err = d.client("").Pause(ctx, id)
+		err = d.client("").Pause(ctx, d.cid(id))
 		if err == nil || attempt == 5 || !d.running(ctx, id) {
 			break
 		}
@@ -287,7 +289,7 @@ func (d *Driver) Freeze(ctx context.Context, id string) error {
 
 // running reports whether runc sees sandbox id running.
 func (d *Driver) running(ctx context.Context, id string) bool {
-	c, err := d.client("").State(ctx, id)
+	c, err := d.client("").State(ctx, d.cid(id))
 	return err == nil && c.Status == "running"
 }
 
@@ -296,11 +298,11 @@ func (d *Driver) Thaw(ctx context.Context, id string) error {
 	if err := bundle.CheckID(id); err != nil {
 		return err
 	}
-	if err := d.client("").Resume(ctx, id); err != nil {
+	if err := d.client("").Resume(ctx, d.cid(id)); err != nil {
 		if !d.exists(id) {
 			return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 		}
-		if c, serr := d.client("").State(ctx, id); serr == nil && c.Status != "paused" {
+		if c, serr := d.client("").State(ctx, d.cid(id)); serr == nil && c.Status != "paused" {
 			return nil // not paused: nothing to thaw
 		}
 		return fmt.Errorf("sandbox %s: runc resume: %w", id, err)

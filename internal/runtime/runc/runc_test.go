@@ -346,6 +346,19 @@ func TestSandboxLifecycle(t *testing.T) {
 		}
 	})
 
+	t.Run("container named by its key", func(t *testing.T) {
+		// runc's command lines are world-readable while they run: they
+		// must not name the sandbox.
+		if _, err := os.Stat(filepath.Join(e.runcRoot, id)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("runc state named after the sandbox id: %v", err)
+		}
+		if cid := e.rc.cid(id); cid == id || len(cid) != 32 {
+			t.Errorf("container name %q, want a 32-hex key", cid)
+		} else if _, err := os.Stat(filepath.Join(e.runcRoot, cid, "state.json")); err != nil {
+			t.Errorf("no runc state under the key: %v", err)
+		}
+	})
+
 	t.Run("inside", func(t *testing.T) {
 		script := `set -e
 for d in null zero full random urandom tty ptmx pts shm mqueue; do test -e /dev/$d; done
@@ -354,7 +367,7 @@ test "$(hostname)" = "$(cat /etc/hostname)"
 ! touch /.agentbox/bin/envd 2>/dev/null
 ulimit -n
 echo ok > /tmp/f && sudo -n -u nobody true && echo SUDO_OK`
-		out, err := exec.Command(e.rc.cfg.Binary, "--root", e.runcRoot, "exec", id, "/bin/sh", "-c", script).CombinedOutput()
+		out, err := exec.Command(e.rc.cfg.Binary, "--root", e.runcRoot, "exec", e.rc.cid(id), "/bin/sh", "-c", script).CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "SUDO_OK") {
 			t.Fatalf("in-sandbox checks: %v\n%s", err, out)
 		}
@@ -401,7 +414,7 @@ func assertGone(t *testing.T, e *env, id string) {
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("bundle dir left: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(e.runcRoot, id)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(e.runcRoot, e.rc.cid(id))); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("runc state left: %v", err)
 	}
 	if _, err := e.rt.State(context.Background(), id); !errors.Is(err, errdefs.ErrNotFound) {
@@ -507,12 +520,12 @@ func BenchmarkCreateDelete(b *testing.B) {
 		}
 		for b.Loop() {
 			b.StopTimer()
-			_ = runc("kill", id, "KILL")
-			if err := runc("delete", "--force", id); err != nil {
+			_ = runc("kill", e.rc.cid(id), "KILL")
+			if err := runc("delete", "--force", e.rc.cid(id)); err != nil {
 				b.Fatal(err)
 			}
 			b.StartTimer()
-			cmd := exec.Command(e.rc.cfg.Binary, "--root", e.runcRoot, "run", "--detach", "--bundle", dir, id)
+			cmd := exec.Command(e.rc.cfg.Binary, "--root", e.runcRoot, "run", "--detach", "--bundle", dir, e.rc.cid(id))
 			if err := cmd.Run(); err != nil {
 				b.Fatal(err)
 			}
@@ -534,7 +547,7 @@ func TestStateAndDeleteOfPausedAndStopped(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.id, func(t *testing.T) {
 			e.sandbox(t, tc.id, runtime.Resources{MemoryMB: 128})
-			args := append([]string{"--root", e.runcRoot, tc.runc[0], tc.id}, tc.runc[1:]...)
+			args := append([]string{"--root", e.runcRoot, tc.runc[0], e.rc.cid(tc.id)}, tc.runc[1:]...)
 			if out, err := exec.Command(e.rc.cfg.Binary, args...).CombinedOutput(); err != nil {
 				t.Fatalf("runc %v: %v: %s", tc.runc, err, out)
 			}

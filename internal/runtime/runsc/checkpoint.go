@@ -218,7 +218,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 	if opts.LeaveRunning {
 		actions = append(actions, gorunc.LeaveRunning)
 	}
-	if err := c.Checkpoint(ctx, id, &gorunc.CheckpointOpts{ImagePath: img}, actions...); err != nil {
+	if err := c.Checkpoint(ctx, d.cid(id), &gorunc.CheckpointOpts{ImagePath: img}, actions...); err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, failed("checkpoint", logFile, err))
 	}
 	if opts.UpperCopy != "" {
@@ -337,7 +337,7 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 		}
 	}
 	err = nullIO(func(io gorunc.IO) error {
-		_, err := c.Restore(ctx, spec.ID, dir, &gorunc.RestoreOpts{CheckpointOpts: gorunc.CheckpointOpts{ImagePath: img}, IO: io, Detach: true})
+		_, err := c.Restore(ctx, d.cid(spec.ID), dir, &gorunc.RestoreOpts{CheckpointOpts: gorunc.CheckpointOpts{ImagePath: img}, IO: io, Detach: true})
 		return err
 	})
 	if err != nil {

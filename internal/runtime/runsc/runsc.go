@@ -9,7 +9,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -159,7 +158,7 @@ func lastRunscError(path string) string {
 	return msg
 }
 
-// containers returns the ids of runsc's containers.
+// containers returns the names of runsc's containers (see cid).
 func (d *Driver) containers(ctx context.Context) ([]string, error) {
 	c, err := d.client("")
 	if err != nil {
@@ -172,18 +171,29 @@ func (d *Driver) containers(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runsc list: %w", err)
 	}
-	ids := make([]string, 0, len(cs))
+	names := make([]string, 0, len(cs))
 	for _, c := range cs {
-		ids = append(ids, c.ID)
+		names = append(names, c.ID)
 	}
-	return ids, nil
+	return names, nil
+}
+
+// cid is sandbox id's container name for runsc: its host key (runsc's
+// sandbox and gofer processes carry it on their command lines, which every
+// host user reads in /proc), or the id itself for a container an earlier
+// version started (runsc keeps <sandbox>_sandbox:<container>.state files).
+func (d *Driver) cid(id string) string {
+	return d.b.ContainerID(id, func(name string) bool {
+		m, _ := filepath.Glob(filepath.Join(d.cfg.Root, "*_sandbox:"+name+".state"))
+		return len(m) > 0
+	})
 }
 
 // exists reports whether runsc has a container id. go-runc reports
 // runsc's failures as text only; runsc's list is the typed answer.
 func (d *Driver) exists(ctx context.Context, id string) bool {
 	ids, err := d.containers(ctx)
-	return err != nil || slices.Contains(ids, id)
+	return err != nil || slices.Contains(ids, d.cid(id))
 }
 
 // state returns runsc's state of container id.
@@ -192,7 +202,7 @@ func (d *Driver) state(ctx context.Context, id string) (*gorunc.Container, error
 	if err != nil {
 		return nil, err
 	}
-	return c.State(ctx, id)
+	return c.State(ctx, d.cid(id))
 }
 
 // deleteContainer removes sandbox id's container record, killing what is
@@ -202,7 +212,7 @@ func (d *Driver) deleteContainer(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if err := c.Delete(ctx, id, &gorunc.DeleteOpts{Force: true}); err != nil && d.exists(ctx, id) {
+	if err := c.Delete(ctx, d.cid(id), &gorunc.DeleteOpts{Force: true}); err != nil && d.exists(ctx, id) {
 		return fmt.Errorf("runsc delete %s: %w", id, err)
 	}
 	return nil
@@ -254,7 +264,7 @@ func (d *Driver) start(ctx context.Context, id, dir string) error {
 	pidFile := bundle.PidFile(dir)
 	_ = os.Remove(pidFile)
 	err = nullIO(func(io gorunc.IO) error {
-		_, err := c.Run(ctx, id, dir, &gorunc.CreateOpts{IO: io, PidFile: pidFile, Detach: true})
+		_, err := c.Run(ctx, d.cid(id), dir, &gorunc.CreateOpts{IO: io, PidFile: pidFile, Detach: true})
 		return err
 	})
 	if err != nil {
@@ -303,26 +313,18 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	return nil
 }
 
-// Delete kills the sandbox and removes its state, rootfs mount, bundle
+// Delete kills the sandbox and removes its container, rootfs mount, bundle
 // directory and cgroups. Deleting an unknown id is not an error.
 func (d *Driver) Delete(ctx context.Context, id string) error {
-	if err := bundle.CheckID(id); err != nil {
-		return err
-	}
-	var errs []error
-	if err := d.killInit(ctx, id); err != nil {
-		d.log.Warn("kill sandbox init; runsc delete --force takes over", "id", id, "err", err)
-	}
-	if err := d.deleteContainer(ctx, id); err != nil {
-		errs = append(errs, err)
-	}
-	if err := d.b.Remove(id); err != nil {
-		errs = append(errs, err)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("delete sandbox %s: %w", id, err)
-	}
-	return nil
+	return d.b.Delete(ctx, id, teardown{d})
+}
+
+// teardown is the driver's side of a sandbox for bundle.Store.Delete.
+type teardown struct{ d *Driver }
+
+func (c teardown) KillInit(ctx context.Context, id string) error { return c.d.killInit(ctx, id) }
+func (c teardown) DeleteContainer(ctx context.Context, id string) error {
+	return c.d.deleteContainer(ctx, id)
 }
 
 // State reports the sandbox's status. A bundle directory without a runsc
@@ -335,21 +337,11 @@ func (d *Driver) State(ctx context.Context, id string) (runtime.Status, error) {
 	st, err := d.state(ctx, id)
 	if err != nil {
 		if !d.exists(ctx, id) {
-			if d.b.Exists(id) {
-				return runtime.StatusStopped, nil
-			}
-			return "", fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+			return d.b.StatusWithoutContainer(id)
 		}
 		return "", fmt.Errorf("runsc state %s: %w", id, err)
 	}
-	switch st.Status {
-	case "running":
-		return runtime.StatusRunning, nil
-	case "paused", "pausing":
-		return runtime.StatusPaused, nil
-	default: // created, stopped
-		return runtime.StatusStopped, nil
-	}
+	return bundle.ContainerStatus(st.Status), nil
 }
 
 // Stats reads the sandbox's cgroup and the size of its writable layer.
@@ -368,11 +360,25 @@ func (d *Driver) List(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	more, err := d.containers(ctx)
+	names, err := d.containers(ctx)
 	if err != nil {
 		return nil, err
 	}
-	ids = append(ids, more...)
+	for _, name := range names {
+		id, ok := d.b.SandboxOfContainer(name)
+		if !ok {
+			// Its bundle (which names its sandbox) is gone: nothing
+			// could ever find it again.
+			d.log.Warn("runsc container without a bundle; removing it", "container", name)
+			if c, err := d.client(""); err == nil {
+				if err := c.Delete(ctx, name, &gorunc.DeleteOpts{Force: true}); err != nil {
+					d.log.Warn("remove orphaned runsc container", "container", name, "err", err)
+				}
+			}
+			continue
+		}
+		ids = append(ids, id)
+	}
 	slices.Sort(ids)
 	return slices.Compact(ids), nil
 }
@@ -386,7 +392,7 @@ func (d *Driver) Freeze(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if err := c.Pause(ctx, id); err != nil {
+	if err := c.Pause(ctx, d.cid(id)); err != nil {
 		if !d.exists(ctx, id) {
 			return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 		}
@@ -417,7 +423,7 @@ func (d *Driver) resume(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if err := c.Resume(ctx, id); err != nil {
+	if err := c.Resume(ctx, d.cid(id)); err != nil {
 		return fmt.Errorf("runsc resume %s: %w", id, err)
 	}
 	return nil
