@@ -42,6 +42,7 @@ type Server struct {
 	uploads   uploadGrants     // upload links of the build API
 	tunneler  Tunneler         // port-forward tunnels; nil refuses them
 	guesses   *authlimit.Limiter
+	idem      idempotency // creates by Idempotency-Key
 	// MaxBody caps JSON request bodies.
 	MaxBody int64
 }
@@ -260,13 +261,14 @@ func (s *Server) create(v2 bool) http.HandlerFunc {
 			writeError(w, err)
 			return
 		}
-		sb, err := s.mgr.Create(r.Context(), req)
-		if err != nil {
-			s.log.Warn("create sandbox", "template", req.Template, "err", err)
-			writeError(w, err)
-			return
-		}
-		writeJSON(w, http.StatusCreated, s.sandboxResponse(sb))
+		s.createOnce(w, r, body, func() (any, error) {
+			sb, err := s.mgr.Create(detach(r.Context(), r), req)
+			if err != nil {
+				s.log.Warn("create sandbox", "template", req.Template, "err", err)
+				return nil, err
+			}
+			return s.sandboxResponse(sb), nil
+		})
 	}
 }
 

@@ -51,6 +51,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 func writeError(w http.ResponseWriter, err error) {
 	status := statusOf(err)
+	if (status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable) && w.Header().Get("Retry-After") == "" {
+		// Back-pressure: nothing was changed, and a retry may pass.
+		w.Header().Set("Retry-After", "1")
+	}
 	writeJSON(w, status, rest.Error{Code: status, Message: message(err)})
 }
 

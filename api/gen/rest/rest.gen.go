@@ -883,6 +883,9 @@ type TimeoutRequest struct {
 // BuildID defines model for buildID.
 type BuildID = string
 
+// IdempotencyKey defines model for idempotencyKey.
+type IdempotencyKey = string
+
 // LogFollow defines model for logFollow.
 type LogFollow = bool
 
@@ -918,6 +921,12 @@ type GetSandboxesParams struct {
 
 // GetSandboxesParamsState defines parameters for GetSandboxes.
 type GetSandboxesParamsState string
+
+// PostSandboxesParams defines parameters for PostSandboxes.
+type PostSandboxesParams struct {
+	// IdempotencyKey Names this create (printable, at most 255 bytes). A retry with the same key and body by the same team within 24 hours answers the first create's sandbox, waiting for it while it is still being made, so a client whose connection broke mid-create recovers its sandbox; the same key with another body is a 409. A failed create forgets the key. Remembered in memory (a server restart forgets keys, not sandboxes).
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
 
 // GetSandboxesSandboxIDLogsParams defines parameters for GetSandboxesSandboxIDLogs.
 type GetSandboxesSandboxIDLogsParams struct {
@@ -1011,6 +1020,12 @@ type GetV2SandboxesParamsState string
 
 // GetV2SandboxesParamsOrder defines parameters for GetV2Sandboxes.
 type GetV2SandboxesParamsOrder string
+
+// PostV2SandboxesParams defines parameters for PostV2Sandboxes.
+type PostV2SandboxesParams struct {
+	// IdempotencyKey Names this create (printable, at most 255 bytes). A retry with the same key and body by the same team within 24 hours answers the first create's sandbox, waiting for it while it is still being made, so a client whose connection broke mid-create recovers its sandbox; the same key with another body is a 409. A failed create forgets the key. Remembered in memory (a server restart forgets keys, not sandboxes).
+	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
 
 // GetV2SandboxesSandboxIDLogsParams defines parameters for GetV2SandboxesSandboxIDLogs.
 type GetV2SandboxesSandboxIDLogsParams struct {

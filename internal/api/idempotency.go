@@ -1,0 +1,177 @@
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+)
+
+// IdempotencyHeader names a create, so that a client whose connection broke
+// mid-create can retry and get the sandbox it asked for instead of leaking
+// one: a create with the same key and body, by the same team, answers the
+// first create's sandbox (waiting for it while it is still being made).
+const IdempotencyHeader = "Idempotency-Key"
+
+const (
+	idemTTL    = 24 * time.Hour // how long a key answers
+	idemMax    = 10000          // keys remembered at most (oldest dropped)
+	idemKeyMax = 255            // bytes
+)
+
+// idempotency remembers successful creates by (team, key), in memory: a
+// restart forgets them (the sandboxes themselves survive it).
+type idempotency struct {
+	mu      sync.Mutex
+	entries map[string]*idemEntry
+}
+
+type idemEntry struct {
+	hash   [32]byte      // of the request body
+	done   chan struct{} // closed when the first create ended
+	ok     bool          // it succeeded: body is the answer
+	body   []byte
+	at     time.Time
+	teamID string
+}
+
+func idemID(team, key string) string { return team + "\x00" + key }
+
+// begin claims (team, key) for a create of a body hashing to hash. owner
+// says the caller makes the sandbox and must call finish; otherwise e is
+// the first create's entry, to wait for. A key reused with another body is
+// a conflict.
+func (c *idempotency) begin(team, key string, hash [32]byte) (e *idemEntry, owner bool, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	if c.entries == nil {
+		c.entries = map[string]*idemEntry{}
+	}
+	id := idemID(team, key)
+	if e := c.entries[id]; e != nil && now.Sub(e.at) < idemTTL {
+		if e.hash != hash {
+			return nil, false, fmt.Errorf("%s: %q was used for a create with another body; use a new key for a new sandbox: %w", IdempotencyHeader, key, errdefs.ErrConflict)
+		}
+		return e, false, nil
+	}
+	if len(c.entries) >= idemMax {
+		c.evictLocked(now)
+	}
+	e = &idemEntry{hash: hash, done: make(chan struct{}), at: now, teamID: team}
+	c.entries[id] = e
+	return e, true, nil
+}
+
+// finish records the first create's answer. A failed create forgets the
+// key: it changed nothing, and a retry runs again.
+func (c *idempotency) finish(team, key string, e *idemEntry, body []byte, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e.ok, e.body = ok, body
+	if !ok && c.entries[idemID(team, key)] == e {
+		delete(c.entries, idemID(team, key))
+	}
+	close(e.done)
+}
+
+// evictLocked drops expired entries, then the oldest finished ones until
+// there is room.
+func (c *idempotency) evictLocked(now time.Time) {
+	var oldest string
+	for id, e := range c.entries {
+		if now.Sub(e.at) >= idemTTL {
+			delete(c.entries, id)
+			continue
+		}
+		select {
+		case <-e.done:
+			if oldest == "" || e.at.Before(c.entries[oldest].at) {
+				oldest = id
+			}
+		default:
+		}
+	}
+	if len(c.entries) >= idemMax && oldest != "" {
+		delete(c.entries, oldest)
+	}
+}
+
+// createOnce runs create under the request's Idempotency-Key, if any, and
+// writes its answer.
+func (s *Server) createOnce(w http.ResponseWriter, r *http.Request, body any, create func() (any, error)) {
+	key := r.Header.Get(IdempotencyHeader)
+	if key == "" {
+		v, err := create()
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusCreated, v)
+		return
+	}
+	if len(key) > idemKeyMax || !printable(key) {
+		writeError(w, invalid("%s: must be printable and at most %d bytes", IdempotencyHeader, idemKeyMax))
+		return
+	}
+	raw, err := json.Marshal(body)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	team := keyOf(r.Context()).TeamID
+	e, owner, err := s.idem.begin(team, key, sha256.Sum256(raw))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if !owner {
+		select {
+		case <-e.done:
+		case <-r.Context().Done():
+			return
+		}
+		if !e.ok {
+			// The first create failed and was forgotten: this one runs.
+			s.createOnce(w, r, body, create)
+			return
+		}
+		writeRaw(w, http.StatusCreated, e.body)
+		return
+	}
+	// The create goes on if this client goes away: its retry gets it.
+	v, err := create()
+	if err != nil {
+		s.idem.finish(team, key, e, nil, false)
+		writeError(w, err)
+		return
+	}
+	out, err := json.Marshal(v)
+	if err != nil {
+		s.idem.finish(team, key, e, nil, false)
+		writeError(w, err)
+		return
+	}
+	s.idem.finish(team, key, e, out, true)
+	writeRaw(w, http.StatusCreated, out)
+}
+
+func writeRaw(w http.ResponseWriter, status int, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}
+
+// detach keeps a create going when its client goes away (a retry with the
+// same Idempotency-Key then finds its sandbox).
+func detach(ctx context.Context, r *http.Request) context.Context {
+	if r.Header.Get(IdempotencyHeader) != "" {
+		return context.WithoutCancel(ctx)
+	}
+	return ctx
+}

@@ -1,0 +1,101 @@
+package api
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+)
+
+func TestCreateOnce(t *testing.T) {
+	type body struct{ TemplateID string }
+	s := &Server{}
+	var made atomic.Int32
+	release := make(chan struct{})
+	create := func(fail bool) func() (any, error) {
+		return func() (any, error) {
+			<-release
+			if fail {
+				return nil, fmt.Errorf("no capacity: %w", errdefs.ErrUnavailable)
+			}
+			return map[string]string{"sandboxID": fmt.Sprint("i", made.Add(1))}, nil
+		}
+	}
+	call := func(key string, b body, fail bool) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/sandboxes", nil)
+		if key != "" {
+			r.Header.Set(IdempotencyHeader, key)
+		}
+		w := httptest.NewRecorder()
+		s.createOnce(w, r, b, create(fail))
+		return w
+	}
+	close(release)
+
+	t.Run("a retry gets the first sandbox", func(t *testing.T) {
+		a, b := call("k1", body{"base"}, false), call("k1", body{"base"}, false)
+		if a.Code != 201 || b.Code != 201 || a.Body.String() != b.Body.String() {
+			t.Fatalf("first %d %s, retry %d %s", a.Code, a.Body, b.Code, b.Body)
+		}
+	})
+	t.Run("another body with the key is a conflict", func(t *testing.T) {
+		if w := call("k1", body{"other"}, false); w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), IdempotencyHeader) {
+			t.Fatalf("%d %s, want 409 naming the header", w.Code, w.Body)
+		}
+	})
+	t.Run("without a key every create is new", func(t *testing.T) {
+		a, b := call("", body{"base"}, false), call("", body{"base"}, false)
+		if a.Body.String() == b.Body.String() {
+			t.Fatalf("two creates without a key gave one sandbox: %s", a.Body)
+		}
+	})
+	t.Run("a failed create is forgotten", func(t *testing.T) {
+		if w := call("k2", body{"base"}, true); w.Code != http.StatusServiceUnavailable {
+			t.Fatalf("%d %s, want 503", w.Code, w.Body)
+		}
+		if w := call("k2", body{"base"}, false); w.Code != 201 {
+			t.Fatalf("retry after a failure: %d %s", w.Code, w.Body)
+		}
+	})
+	t.Run("a bad key is refused", func(t *testing.T) {
+		if w := call(strings.Repeat("x", 300), body{"base"}, false); w.Code != http.StatusBadRequest {
+			t.Fatalf("%d, want 400", w.Code)
+		}
+	})
+}
+
+func TestCreateOnceConcurrent(t *testing.T) {
+	s := &Server{}
+	var made atomic.Int32
+	release := make(chan struct{})
+	create := func() (any, error) {
+		<-release
+		return map[string]int32{"n": made.Add(1)}, nil
+	}
+	var wg sync.WaitGroup
+	out := make([]string, 5)
+	for i := range out {
+		wg.Go(func() {
+			r := httptest.NewRequest(http.MethodPost, "/sandboxes", nil)
+			r.Header.Set(IdempotencyHeader, "same")
+			w := httptest.NewRecorder()
+			s.createOnce(w, r, "body", create)
+			out[i] = w.Body.String()
+		})
+	}
+	close(release)
+	wg.Wait()
+	if made.Load() != 1 {
+		t.Fatalf("%d sandboxes made for one key", made.Load())
+	}
+	for _, o := range out[1:] {
+		if o != out[0] {
+			t.Fatalf("answers differ: %q vs %q", o, out[0])
+		}
+	}
+}
