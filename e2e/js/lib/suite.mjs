@@ -75,10 +75,10 @@ function hostAddresses() {
   return [...addrs].slice(0, 8)
 }
 
-async function rawAPI(method, path, body, key = process.env.E2B_API_KEY) {
+async function rawAPI(method, path, body, key = process.env.E2B_API_KEY, headers = {}) {
   const res = await fetch(new URL(path, process.env.E2B_API_URL), {
     method,
-    headers: { 'X-API-Key': key, 'Content-Type': 'application/json' },
+    headers: { 'X-API-Key': key, 'Content-Type': 'application/json', ...headers },
     body: body === undefined ? undefined : JSON.stringify(body),
   })
   const text = await res.text()
@@ -384,7 +384,7 @@ export function suite(label, sdk) {
         created.delete(sbx.sandboxId)
       })
 
-      for (const [what, seconds] of [['zero', 0], ['negative', -5], ['over the maximum', 31 * 24 * 3600]]) {
+      for (const [what, seconds] of [['negative', -5], ['over the maximum', 31 * 24 * 3600]]) {
         it(`timeout ${what} is a 400 naming timeout`, async () => {
           for (const path of ['/v2/sandboxes', '/sandboxes']) {
             const r = await rawAPI('POST', path, { templateID: TEMPLATE, timeout: seconds, metadata: { e2e: runId } })
@@ -395,11 +395,39 @@ export function suite(label, sdk) {
             assert.equal(r.status, 400, `${path} timeout=${seconds}: ${r.status} ${r.text}`)
             assert.match(r.text, /timeout/i, `${path}: ${r.text}`)
           }
-          if (seconds !== 0) {
-            await assert.rejects(Sandbox.create(TEMPLATE, { timeoutMs: seconds * 1000 }), /timeout/i)
-          }
+          await assert.rejects(Sandbox.create(TEMPLATE, { timeoutMs: seconds * 1000 }), /timeout/i)
         })
       }
+
+      it('timeout zero is accepted as E2B accepts it: the sandbox ends at once', async () => {
+        const r = await rawAPI('POST', '/v2/sandboxes', { templateID: TEMPLATE, timeout: 0, metadata: { e2e: runId } })
+        assert.equal(r.status, 201, r.text)
+        const id = JSON.parse(r.text).sandboxID
+        let gone = false
+        for (let i = 0; i < 50 && !gone; i++) {
+          gone = (await rawAPI('GET', `/sandboxes/${id}`)).status === 404
+          if (!gone) await new Promise((res) => setTimeout(res, 200))
+        }
+        if (!gone) await Sandbox.kill(id)
+        assert.ok(gone, 'a sandbox created with timeout 0 is still there after 10 s')
+      })
+
+      it('a create retried with its Idempotency-Key answers the same sandbox', async () => {
+        const key = `e2e-${runId}-${Math.random()}`
+        const body = { templateID: TEMPLATE, timeout: 60, metadata: { e2e: runId } }
+        const [a, b] = await Promise.all([rawAPI('POST', '/v2/sandboxes', body, undefined, { 'Idempotency-Key': key }),
+          rawAPI('POST', '/v2/sandboxes', body, undefined, { 'Idempotency-Key': key })])
+        assert.equal(a.status, 201, a.text)
+        assert.equal(b.status, 201, b.text)
+        const id = JSON.parse(a.text).sandboxID
+        try {
+          assert.equal(JSON.parse(b.text).sandboxID, id, 'the retry made another sandbox')
+          const c = await rawAPI('POST', '/v2/sandboxes', { ...body, timeout: 61 }, undefined, { 'Idempotency-Key': key })
+          assert.equal(c.status, 409, `another body with the key: ${c.status} ${c.text}`)
+        } finally {
+          await Sandbox.kill(id)
+        }
+      })
     })
   })
 }
