@@ -24,6 +24,7 @@ func main() {
 	flag.StringVar(&cfg.APIURL, "api-url", os.Getenv("E2B_API_URL"), "server base URL (default $E2B_API_URL)")
 	flag.StringVar(&cfg.APIKey, "api-key", os.Getenv("E2B_API_KEY"), "API key (default $E2B_API_KEY)")
 	flag.StringVar(&cfg.Template, "template", "base", "template to start sandboxes from")
+	dataDir := flag.String("data-dir", "/var/lib/agentbox", "isolation: the server's data dir (its host key secret names the sandboxes' cgroups)")
 	flag.StringVar(&cfg.TemplateDir, "template-dir", "/var/cache/agentbox/templates", "the server's template dir, for the runc floor (empty: skip)")
 	flag.IntVar(&cfg.Creates, "creates", 10, "sequential create → first command samples (also runc floor samples)")
 	flag.IntVar(&cfg.Commands, "commands", 50, "command round-trip samples")
@@ -44,7 +45,7 @@ func main() {
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	if *scenario == "interpreter" {
-		icfg := benchmark.InterpreterConfig{APIURL: cfg.APIURL, APIKey: cfg.APIKey, Runs: *runs}
+		icfg := benchmark.InterpreterConfig{APIURL: cfg.APIURL, APIKey: cfg.APIKey, DataDir: *dataDir, Runs: *runs}
 		// Flags left at their defaults mean the scenario's own defaults.
 		flag.Visit(func(f *flag.Flag) {
 			switch f.Name {
@@ -61,7 +62,7 @@ func main() {
 		return
 	}
 	if *scenario == "isolation" {
-		icfg := benchmark.IsolationConfig{APIURL: cfg.APIURL, APIKey: cfg.APIKey, Template: cfg.Template, TemplateDir: cfg.TemplateDir, Creates: cfg.Creates,
+		icfg := benchmark.IsolationConfig{APIURL: cfg.APIURL, APIKey: cfg.APIKey, Template: cfg.Template, TemplateDir: cfg.TemplateDir, DataDir: *dataDir, Creates: cfg.Creates,
 			Tiers: strings.Split(*tiers, ","), Idle: *idle, Echoes: *echoes}
 		if err := benchmark.RunIsolation(ctx, icfg, os.Stdout, log); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)

@@ -21,6 +21,7 @@ type InterpreterConfig struct {
 	Creates  int    // sandboxes for the first-context figures; default 5
 	Runs     int    // warm runCode samples per language; default 100
 	Extra    int    // extra Python contexts for the marginal memory figure; default 3
+	DataDir  string // the server's --data-dir: its host key secret names sandbox cgroups
 }
 
 func (c *InterpreterConfig) defaults() {
@@ -131,7 +132,7 @@ func RunInterpreter(ctx context.Context, cfg InterpreterConfig, w io.Writer, log
 	if rss, pss, err := kernelMemory(ctx, sb, "[n]ode_kernel"); err == nil {
 		add(row{"idle JS kernel RSS / PSS", fmt.Sprintf("%.1f MiB / %.1f MiB", rss, pss), "", "default context's Node kernel"})
 	}
-	before := cgroupRSS(sb.ID)
+	before, _ := cgroupRSS(cfg.DataDir, sb.ID)
 	var extra int
 	for range cfg.Extra {
 		cc, err := sb.CreateCodeContext(ctx, agentbox.CodeContextOptions{Language: "python"})
@@ -146,10 +147,10 @@ func RunInterpreter(ctx context.Context, cfg InterpreterConfig, w io.Writer, log
 		extra++
 	}
 	time.Sleep(2 * time.Second) // let the new kernels go idle
-	after := cgroupRSS(sb.ID)
+	after, _ := cgroupRSS(cfg.DataDir, sb.ID)
 	switch {
 	case before == 0 || after == 0:
-		add(row{"sandbox memory per extra idle Python context", "-", "", "sandbox cgroup not readable here (run as root on the server's host)"})
+		add(row{"sandbox memory per extra idle Python context", "-", "", "sandbox cgroup not readable here (run as root on the server's host, with its --data-dir)"})
 	case extra == 0:
 		add(row{"sandbox memory per extra idle Python context", "-", "", "no extra context started"})
 	default:

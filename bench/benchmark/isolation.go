@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/e2e/wire"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
 )
 
 // IsolationConfig says what the isolation scenario measures.
@@ -26,6 +27,7 @@ type IsolationConfig struct {
 	APIKey      string
 	Template    string   // default "base"
 	TemplateDir string   // for the raw runc/runsc floor; empty skips it
+	DataDir     string   // the server's --data-dir: its host key secret names sandbox cgroups
 	Tiers       []string // default container, gvisor
 	Creates     int      // sequential creates per tier; default 10
 	Idle        int      // idle sandboxes per tier for the memory figure; default 10
@@ -138,7 +140,11 @@ func RunIsolation(ctx context.Context, cfg IsolationConfig, w io.Writer, log *sl
 		}
 		var cg uint64
 		for _, sb := range idle {
-			cg += cgroupRSS(sb.SandboxID)
+			n, err := cgroupRSS(cfg.DataDir, sb.SandboxID)
+			if err != nil {
+				return fmt.Errorf("%s: cgroup memory: %w", tier, err)
+			}
+			cg += n
 		}
 		cgPer := float64(cg) / float64(len(idle))
 		fmt.Fprintf(tw, "%s\tcgroup memory per idle sandbox\t%.1f MiB\trss + kernel memory charged to the sandbox's cgroup (v1), mean of %d\n", tier, cgPer/(1<<20), len(idle))
@@ -203,15 +209,20 @@ func runBackground(ctx context.Context, c *wire.Client, sb *wire.Sandbox, script
 }
 
 // cgroupRSS is the anonymous memory plus kernel memory charged to a
-// sandbox's memory cgroup (cgroup v1), found under any instance's parent.
-func cgroupRSS(id string) uint64 {
-	m, _ := filepath.Glob("/sys/fs/cgroup/memory/*/" + id + "/memory.stat")
+// sandbox's memory cgroup (cgroup v1), found under any instance's parent by
+// the sandbox's host key (cgroups are not named by sandbox id).
+func cgroupRSS(dataDir, id string) (uint64, error) {
+	key, err := bundle.HostKey(filepath.Join(dataDir, "sandboxes"), id)
+	if err != nil {
+		return 0, fmt.Errorf("host key of %s (pass the server's --data-dir): %w", id, err)
+	}
+	m, _ := filepath.Glob("/sys/fs/cgroup/memory/*/" + key + "/memory.stat")
 	if len(m) == 0 {
-		return 0
+		return 0, fmt.Errorf("no memory cgroup for sandbox %s (key %s)", id, key)
 	}
 	b, err := os.ReadFile(m[0])
 	if err != nil {
-		return 0
+		return 0, err
 	}
 	var rss uint64
 	for _, line := range strings.Split(string(b), "\n") {
@@ -225,7 +236,7 @@ func cgroupRSS(id string) uint64 {
 		v, _ := strconv.ParseUint(strings.TrimSpace(string(k)), 10, 64)
 		rss += v
 	}
-	return rss
+	return rss, nil
 }
 
 // dropCaches frees clean page cache so memory figures count what sandboxes
