@@ -12,6 +12,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -256,6 +257,20 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port 
 	ctx := r.Context()
 	r = r.WithContext(context.WithValue(ctx, targetKey{}, t))
 	g.proxyAudited(w, r, sb, port)
+	finishBody(r)
+}
+
+// finishBody reads what is left of a request body (a little) before the
+// handler returns. With full duplex on, net/http does not drain an unread
+// body before the response, and a body that first hits EOF while the
+// server closes it after the handler (a proxy that answered 502 without
+// forwarding it) starts a background read that races the next request on
+// the connection ("invalid concurrent Body.Read call").
+func finishBody(r *http.Request) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, 256<<10))
 }
 
 // serveSigned routes a header-less /files URL (sandbox.downloadUrl/uploadUrl)

@@ -1,13 +1,19 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
+	"io"
+	"log"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"net/url"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/agentbox/agentbox/internal/sandbox"
@@ -118,4 +124,54 @@ func TestProxy(t *testing.T) {
 	if code, _ := do("GET", "/files?path=x.txt&username=user&signature=v1_forged", nil); code != 401 {
 		t.Fatalf("forged signature: %d, want 401", code)
 	}
+}
+
+// TestUnreadBodyOnKeptAliveConnection: requests with a body to a port
+// nothing listens on (answered 502 without forwarding the body) must not
+// break the kept-alive connection with a panic on the next request.
+func TestUnreadBodyOnKeptAliveConnection(t *testing.T) {
+	closed, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := closed.Addr().(*net.TCPAddr).Port
+	closed.Close() // nothing listens there now
+	res := fakeResolver{sbs: map[string]*sandbox.Sandbox{"iabc": {ID: "iabc", IP: netip.MustParseAddr("127.0.0.1"), State: sandbox.StateRunning}}}
+	srv := httptest.NewUnstartedServer(New(res, slog.New(slog.DiscardHandler)).Handler(http.NotFoundHandler()))
+	var errs bytes.Buffer
+	var mu sync.Mutex
+	srv.Config.ErrorLog = log.New(lockedWriter{&mu, &errs}, "", 0)
+	srv.Start()
+	defer srv.Close()
+	client := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 1}}
+	for i := range 20 {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/execute", strings.NewReader(`{"code":"1"}`))
+		req.Header.Set("E2b-Sandbox-Id", "iabc")
+		req.Header.Set("E2b-Sandbox-Port", strconv.Itoa(port))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadGateway {
+			t.Fatalf("request %d: %d, want 502", i, resp.StatusCode)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Contains(errs.String(), "panic") {
+		t.Fatalf("server panicked:\n%.600s", errs.String())
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
