@@ -308,9 +308,9 @@ func (s *Server) createRequest(ctx context.Context, b rest.NewSandbox, v2 bool) 
 	if err := s.applyNetwork(ctx, &req, b.Network); err != nil {
 		return req, err
 	}
-	if len(b.MCP) > 0 {
-		return req, invalid("mcp: the MCP gateway is not supported by this server yet; omit mcp")
-	}
+	// mcp is accepted as E2B accepts it: the SDK then starts the template's
+	// MCP gateway itself (and, on a template without one, fails clearly
+	// and kills the sandbox).
 	if len(b.VolumeMounts) > 0 {
 		return req, invalid("volumeMounts: volumes are not supported by this server yet; omit volumeMounts")
 	}

@@ -264,7 +264,7 @@ type NewSandbox struct {
 	// Network Network policy; default outbound allowed (unless allow_internet_access is false) and ports public.
 	Network *SandboxNetworkConfig `json:"network,omitempty"`
 
-	// MCP E2B's MCP gateway configuration; not supported here, so it must be absent or empty.
+	// MCP E2B's MCP gateway configuration, accepted as E2B accepts it; the SDK starts the template's gateway with it (a template without one fails that step, and the SDK kills the sandbox).
 	MCP map[string]interface{} `json:"mcp,omitempty"`
 
 	// VolumeMounts E2B's volume mounts; not supported here, so it must be absent or empty.

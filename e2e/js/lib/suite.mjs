@@ -399,6 +399,12 @@ export function suite(label, sdk) {
         })
       }
 
+      it('mcp is accepted; on a template without an MCP gateway the SDK fails clearly and kills the sandbox', async () => {
+        await assert.rejects(Sandbox.create(TEMPLATE, { mcp: { e2b: {} }, metadata: { e2e: `${runId}-mcp` } }), /MCP gateway/)
+        const left = await listAll(sdk, { query: { metadata: { e2e: `${runId}-mcp` } } })
+        assert.equal(left.length, 0, `sandboxes left: ${left.map((s) => s.sandboxId)}`)
+      })
+
       it('timeout zero is accepted as E2B accepts it: the sandbox ends at once', async () => {
         const r = await rawAPI('POST', '/v2/sandboxes', { templateID: TEMPLATE, timeout: 0, metadata: { e2e: runId } })
         assert.equal(r.status, 201, r.text)
