@@ -34,6 +34,7 @@ const Port = 49983
 const (
 	healthTimeout = 5 * time.Second
 	callTimeout   = 10 * time.Second
+	initRetryFor  = 30 * time.Second
 	maxFileBytes  = 8 << 20
 )
 
@@ -105,17 +106,43 @@ func (c *Client) WaitHealthy(ctx context.Context, within time.Duration) error {
 
 // Init sends envd its /init body. auth authorises the call once envd holds
 // a token (a restored or running envd); a fresh envd takes its first /init
-// without one.
+// without one. A call that got no answer (a loaded host can lose the
+// connection) is repeated for up to initRetryFor; if an earlier try took
+// effect unseen, envd already holds the new token, and the call is made
+// with it.
 func (c *Client) Init(ctx context.Context, body Init, auth string) error {
 	buf, err := json.Marshal(body)
 	if err != nil {
 		return err
 	}
+	deadline := time.Now().Add(initRetryFor)
+	retried := false
+	for {
+		status, msg, err := c.initOnce(ctx, buf, auth)
+		if err == nil && status == http.StatusUnauthorized && retried && body.AccessToken != nil && *body.AccessToken != auth {
+			status, msg, err = c.initOnce(ctx, buf, *body.AccessToken)
+		}
+		if err == nil {
+			if status/100 != 2 {
+				return fmt.Errorf("envd /init answered %d %s: %s", status, http.StatusText(status), msg)
+			}
+			return nil
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return fmt.Errorf("envd /init: %w", err)
+		}
+		retried = true
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// initOnce makes one /init call and returns envd's status and message.
+func (c *Client) initOnce(ctx context.Context, buf []byte, auth string) (int, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/init", bytes.NewReader(buf))
 	if err != nil {
-		return err
+		return 0, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if auth != "" {
@@ -123,14 +150,11 @@ func (c *Client) Init(ctx context.Context, body Init, auth string) error {
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("envd /init: %w", err)
+		return 0, nil, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("envd /init answered %s: %s", resp.Status, bytes.TrimSpace(msg))
-	}
-	return nil
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	return resp.StatusCode, bytes.TrimSpace(msg), nil
 }
 
 // ReadFile reads path in the sandbox as user (at most 8 MiB).
