@@ -85,6 +85,9 @@ func run(args []string) error {
 				log.Warn("refused syscalls will not be audited", "err", err)
 			}
 		}
+		if err := envd.OwnBootID(); err != nil {
+			log.Warn("the sandbox sees the host's boot id", "err", err)
+		}
 		// Before anything else starts: nothing in the sandbox keeps it.
 		if err := envd.DropSysAdmin(); err != nil {
 			return err
