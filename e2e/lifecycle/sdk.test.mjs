@@ -122,30 +122,6 @@ describe('lifecycle', { concurrency: false, timeout: 600_000 }, () => {
     })
   }
 
-  it('each boot has its own boot_id: not the host\'s, not a neighbour\'s; a memory pause keeps it, a files-only resume is a new boot', async () => {
-    const { readFileSync } = await import('node:fs')
-    const host = readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim()
-    const bootID = (s) => run(s, 'cat /proc/sys/kernel/random/boot_id')
-    const [a, b] = await Promise.all([Sandbox.create('base', { timeoutMs: 120_000 }), Sandbox.create('base', { timeoutMs: 120_000 })])
-    try {
-      const idA = await bootID(a)
-      assert.match(idA, /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/)
-      assert.notEqual(idA, host, 'the sandbox sees the host\'s boot id')
-      assert.notEqual(await bootID(b), idA, 'two sandboxes share a boot id')
-      assert.notEqual((await a.commands.run('echo x > /proc/sys/kernel/random/boot_id', { user: 'root' }).catch((e) => e)).exitCode, 0, 'sandbox root rewrote its boot id')
-      assert.equal(await a.pause(), true)
-      const a2 = await Sandbox.connect(a.sandboxId)
-      assert.equal(await bootID(a2), idA, 'a memory pause is the same boot')
-      assert.equal(await a2.pause({ keepMemory: false }), true)
-      const a3 = await Sandbox.connect(a.sandboxId)
-      const idA3 = await bootID(a3)
-      assert.notEqual(idA3, idA, 'a files-only resume is a new boot')
-      assert.notEqual(idA3, host)
-    } finally {
-      await Promise.all([a.kill(), b.kill()])
-    }
-  })
-
   it('filesystem-only snapshot: files come along, processes start anew', async () => {
     const a = await Sandbox.create('base', { timeoutMs: 120_000, envs: { SNAP: 'fs' } })
     try {
