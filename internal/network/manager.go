@@ -413,6 +413,7 @@ func (m *Manager) Attach(ctx context.Context, id string, p Policy) (ep Endpoint,
 		}
 	}()
 	undo = append(undo, func() { m.release(id) })
+	m.forgetNeighbour(ip)
 
 	path := m.nsPath(id)
 	// Record the address before the netns exists: gVisor strips it from

@@ -402,3 +402,43 @@ func BenchmarkAttachDetach(b *testing.B) {
 		}
 	})
 }
+
+// TestReusedAddressForgetsOldNeighbour: a new sandbox on an address an
+// earlier one had (a restarted server starts next-fit over) must not
+// inherit the host's ARP entry for the old MAC.
+func TestReusedAddressForgetsOldNeighbour(t *testing.T) {
+	cfg := Config{Bridge: "abtest3", Subnet: netip.MustParsePrefix("10.99.3.0/24"), NetNSDir: t.TempDir(), Table: "agentbox_test_neigh"}
+	m := startManager(t, cfg)
+	ctx := context.Background()
+	br, err := netlink.LinkByName(cfg.Bridge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A sandbox already on the bridge: it has carrier, so the kernel does
+	// not flush its neighbour table when the next port comes up.
+	if _, err := m.Attach(ctx, "sbfirst", Policy{AllowInternet: true}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Detach(ctx, "sbfirst") })
+	old, _ := net.ParseMAC("02:00:00:00:00:99")
+	// Every address the first attach may get holds a stale entry.
+	for a := m.gateway.Next(); cfg.Subnet.Contains(a) && a.As4()[3] < 10; a = a.Next() {
+		if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: br.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_REACHABLE, IP: a.AsSlice(), HardwareAddr: old}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ep, err := m.Attach(ctx, "sbn", Policy{AllowInternet: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Detach(ctx, "sbn") })
+	neighs, err := netlink.NeighList(br.Attrs().Index, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range neighs {
+		if ip, _ := netip.AddrFromSlice(n.IP.To4()); ip == ep.IP && n.HardwareAddr.String() == old.String() {
+			t.Fatalf("%s still resolves to the old MAC %s", ep.IP, old)
+		}
+	}
+}

@@ -94,6 +94,22 @@ func (m *Manager) vethPair(id string) (string, error) {
 	return peer, nil
 }
 
+// forgetNeighbour drops the host's neighbour (ARP) entry for ip on the
+// bridge: an address is reused by a sandbox with another MAC (next-fit
+// spreads reuse out, but a restarted server starts over), and a stale
+// entry would send the new sandbox's first packets to the old MAC for
+// seconds, past envd's start deadline.
+func (m *Manager) forgetNeighbour(ip netip.Addr) {
+	br, err := netlink.LinkByName(m.cfg.Bridge)
+	if err != nil {
+		return
+	}
+	n := &netlink.Neigh{LinkIndex: br.Attrs().Index, Family: netlink.FAMILY_V4, IP: ip.AsSlice()}
+	if err := netlink.NeighDel(n); err != nil && !errors.Is(err, unix.ENOENT) {
+		m.log.Debug("forget neighbour entry", "ip", ip, "err", err)
+	}
+}
+
 // addVeth creates the pair: the host end on the bridge, isolated and up,
 // the other named peer, in the netns open as fd nsFD (-1: the host's).
 func (m *Manager) addVeth(id, peer string, nsFD int) error {
