@@ -76,7 +76,7 @@ func TestContainment(t *testing.T) {
 		t.Skip("containment suite is long")
 	}
 	srv := startServer(t)
-	client := agentbox.New(agentbox.WithAPIURL(srv.url), agentbox.WithAPIKey(srv.key))
+	client := agentbox.New(agentbox.WithAPIURL(srv.url), agentbox.WithSandboxURL(srv.url), agentbox.WithAPIKey(srv.key))
 
 	// CONTAINMENT_ONLY (a regexp of attack names) runs a focused subset.
 	var only *regexp.Regexp

@@ -144,6 +144,12 @@ func Start(t testing.TB, opts ...Option) *Server {
 }
 
 func start(cfg config) (*Server, error) {
+	// The variables the SDKs and the CLI read to find a server: a test
+	// names its own server explicitly (Env), so one exported in the shell
+	// that runs the tests must not redirect it.
+	for _, k := range []string{"E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_DOMAIN", "AGENTBOX_API_URL", "AGENTBOX_API_KEY"} {
+		os.Unsetenv(k)
+	}
 	b, err := binaries()
 	if err != nil {
 		return nil, err

@@ -89,7 +89,8 @@ func (e *env) port(t *testing.T, id string, port, path string) (int, string) {
 func (e *env) exec(t *testing.T, id string, args ...string) string {
 	t.Helper()
 	cmd := exec.Command(e.bin, append([]string{"exec", id, "--"}, args...)...)
-	cmd.Env = append(os.Environ(), "AGENTBOX_API_URL=http://"+e.addr, "AGENTBOX_API_KEY="+e.key)
+	cmd.Env = append(os.Environ(), "AGENTBOX_API_URL=http://"+e.addr, "AGENTBOX_API_KEY="+e.key,
+		"E2B_API_URL=http://"+e.addr, "E2B_SANDBOX_URL=http://"+e.addr, "E2B_API_KEY="+e.key)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
