@@ -486,6 +486,15 @@ func (s *Server) teardown() error {
 	}
 	_ = exec.Command("ip", "link", "del", s.Bridge).Run()
 	run := filepath.Join("/run", s.Instance)
+	if m, err := MountsUnder(run); err == nil {
+		// The gVisor driver's empty netns for restores is pinned here;
+		// with no sandbox left, nothing needs it.
+		for _, p := range m {
+			if filepath.Base(p) == "null-netns" {
+				_ = syscall.Unmount(p, syscall.MNT_DETACH)
+			}
+		}
+	}
 	if m, err := MountsUnder(run); err == nil && len(m) == 0 {
 		_ = os.RemoveAll(run)
 	}
