@@ -32,12 +32,11 @@ type idempotency struct {
 }
 
 type idemEntry struct {
-	hash   [32]byte      // of the request body
-	done   chan struct{} // closed when the first create ended
-	ok     bool          // it succeeded: body is the answer
-	body   []byte
-	at     time.Time
-	teamID string
+	hash [32]byte      // of the request body
+	done chan struct{} // closed when the first create ended
+	ok   bool          // it succeeded: body is the answer
+	body []byte
+	at   time.Time
 }
 
 func idemID(team, key string) string { return team + "\x00" + key }
@@ -63,7 +62,7 @@ func (c *idempotency) begin(team, key string, hash [32]byte) (e *idemEntry, owne
 	if len(c.entries) >= idemMax {
 		c.evictLocked(now)
 	}
-	e = &idemEntry{hash: hash, done: make(chan struct{}), at: now, teamID: team}
+	e = &idemEntry{hash: hash, done: make(chan struct{}), at: now}
 	c.entries[id] = e
 	return e, true, nil
 }

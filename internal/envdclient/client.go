@@ -132,7 +132,11 @@ func (c *Client) Init(ctx context.Context, body Init, auth string) error {
 			return fmt.Errorf("envd /init: %w", err)
 		}
 		retried = true
-		time.Sleep(250 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("envd /init: %w", err)
+		case <-time.After(250 * time.Millisecond):
+		}
 	}
 }
 

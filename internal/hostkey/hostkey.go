@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"time"
 )
 
 // Keyer computes keys with one secret.
@@ -22,21 +23,34 @@ type Keyer struct{ secret []byte }
 // Load reads the secret in the file at path, making it (0600) on first use.
 // Concurrent first uses agree on one secret.
 func Load(path string) (Keyer, error) {
-	b, err := os.ReadFile(path)
-	if err == nil && len(b) >= 32 {
-		return Keyer{secret: b}, nil
+	for range 100 {
+		b, err := os.ReadFile(path)
+		if err == nil && len(b) >= 32 {
+			return Keyer{secret: b}, nil
+		}
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return Keyer{}, fmt.Errorf("host key secret: %w", err)
+		}
+		k, err := create(path)
+		if !errors.Is(err, fs.ErrExist) {
+			return k, err
+		}
+		// Another process is making it: read it once written.
+		time.Sleep(10 * time.Millisecond)
 	}
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return Keyer{}, fmt.Errorf("host key secret: %w", err)
-	}
-	b = make([]byte, 32)
+	return Keyer{}, fmt.Errorf("host key secret %s is shorter than 32 bytes; remove it (as root) if no server uses it", path)
+}
+
+// create makes a new secret at path, failing with fs.ErrExist if there is one.
+func create(path string) (Keyer, error) {
+	b := make([]byte, 32)
 	if _, err := rand.Read(b); err != nil {
 		return Keyer{}, err
 	}
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		if errors.Is(err, fs.ErrExist) {
-			return Load(path) // another process made it first
+			return Keyer{}, err
 		}
 		return Keyer{}, fmt.Errorf("host key secret: %w", err)
 	}

@@ -82,9 +82,9 @@ type lifecycle struct {
 	createSlots chan struct{}
 	// reserved counts creates in flight per team for maxSandboxes (quota.go).
 	reserved map[string]int
-	// gone is closed when the sandbox is removed, ending the data-plane
+	// gone is cancelled when the sandbox is removed, ending the data-plane
 	// traffic still in flight to it (Wake); a pause keeps it.
-	gone map[string]chan struct{}
+	gone map[string]sandboxLife
 }
 
 // activity is what the idle policy knows of a sandbox's data plane.
@@ -434,32 +434,37 @@ func (m *Manager) Wake(ctx context.Context, id string) (*Sandbox, context.Contex
 		return nil, nil, nil, false
 	}
 	m.mu.Lock()
-	if m.life.gone == nil {
-		m.life.gone = map[string]chan struct{}{}
+	if _, alive := m.sandboxes[id]; !alive {
+		m.mu.Unlock() // removed meanwhile: no life to tie the traffic to
+		end()
+		return nil, nil, nil, false
 	}
-	gone := m.life.gone[id]
-	if gone == nil {
-		gone = make(chan struct{})
-		m.life.gone[id] = gone
+	if m.life.gone == nil {
+		m.life.gone = map[string]sandboxLife{}
+	}
+	life, ok := m.life.gone[id]
+	if !ok {
+		life.ctx, life.end = context.WithCancel(context.Background())
+		m.life.gone[id] = life
 	}
 	m.mu.Unlock()
 	live, cancel := context.WithCancel(ctx)
-	go func() {
-		select {
-		case <-gone:
-			cancel()
-		case <-live.Done():
-		}
-	}()
-	return sb, live, func() { cancel(); end() }, true
+	stop := context.AfterFunc(life.ctx, cancel)
+	return sb, live, func() { stop(); cancel(); end() }, true
+}
+
+// sandboxLife is a context that lives as long as one sandbox.
+type sandboxLife struct {
+	ctx context.Context
+	end context.CancelFunc
 }
 
 // ended ends the data-plane traffic in flight to a removed sandbox.
 func (m *Manager) ended(id string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if gone := m.life.gone[id]; gone != nil {
-		close(gone)
+	if life, ok := m.life.gone[id]; ok {
+		life.end()
 		delete(m.life.gone, id)
 	}
 	delete(m.life.activity, id)

@@ -269,29 +269,20 @@ func (s *Store) Exists(id string) bool {
 	return err == nil
 }
 
-// Teardown is what a driver's runtime holds of a sandbox besides its
-// bundle: a running init and a container record.
-type Teardown interface {
-	// KillInit kills the sandbox's init and waits for it (and so for
-	// every process of its pid namespace) to be gone.
-	KillInit(ctx context.Context, id string) error
-	// DeleteContainer removes the runtime's record of the container,
-	// killing what is left; a missing one is not an error.
-	DeleteContainer(ctx context.Context, id string) error
-}
-
 // Delete removes sandbox id in the one order every driver deletes in: its
-// processes, its runtime's container record, then its bundle (rootfs mount,
-// disk, cgroups, host paths). Deleting an unknown id is not an error.
-func (s *Store) Delete(ctx context.Context, id string, c Teardown) error {
+// processes (killInit: the init and so its whole pid namespace, waited
+// for), its runtime's container record (deleteContainer: a missing one is
+// not an error), then its bundle (rootfs mount, disk, cgroups, host paths).
+// Deleting an unknown id is not an error.
+func (s *Store) Delete(ctx context.Context, id string, killInit, deleteContainer func(context.Context, string) error) error {
 	if err := CheckID(id); err != nil {
 		return err
 	}
 	var errs []error
-	if err := c.KillInit(ctx, id); err != nil {
+	if err := killInit(ctx, id); err != nil {
 		s.log.Warn("kill sandbox init; deleting the container takes over", "id", id, "err", err)
 	}
-	if err := c.DeleteContainer(ctx, id); err != nil {
+	if err := deleteContainer(ctx, id); err != nil {
 		errs = append(errs, err)
 	}
 	if err := s.Remove(id); err != nil {

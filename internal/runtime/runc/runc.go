@@ -192,15 +192,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
 // Delete kills the sandbox and removes its container, rootfs mount, bundle
 // directory and cgroups. Deleting an unknown id is not an error.
 func (d *Driver) Delete(ctx context.Context, id string) error {
-	return d.b.Delete(ctx, id, teardown{d})
-}
-
-// teardown is the driver's side of a sandbox for bundle.Store.Delete.
-type teardown struct{ d *Driver }
-
-func (c teardown) KillInit(ctx context.Context, id string) error { return c.d.killInit(ctx, id) }
-func (c teardown) DeleteContainer(ctx context.Context, id string) error {
-	return c.d.deleteContainer(ctx, id)
+	return d.b.Delete(ctx, id, d.killInit, d.deleteContainer)
 }
 
 // State reports the container's status. A bundle directory without a runc
