@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/store"
 )
 
 func TestCreateOnce(t *testing.T) {
@@ -60,6 +62,19 @@ func TestCreateOnce(t *testing.T) {
 		}
 		if w := call("k2", body{"base"}, false); w.Code != 201 {
 			t.Fatalf("retry after a failure: %d %s", w.Code, w.Body)
+		}
+	})
+	t.Run("another team's key of the same name is its own", func(t *testing.T) {
+		// Another tenant guessing or reusing a key must not get this
+		// team's sandbox (nor a 409 that tells the key is in use).
+		mine := call("shared", body{"base"}, false)
+		r := httptest.NewRequest(http.MethodPost, "/sandboxes", nil)
+		r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, store.APIKey{TeamID: "other-team"}))
+		r.Header.Set(IdempotencyHeader, "shared")
+		theirs := httptest.NewRecorder()
+		s.createOnce(theirs, r, body{"base"}, create(false))
+		if theirs.Code != 201 || theirs.Body.String() == mine.Body.String() {
+			t.Fatalf("other team: %d %s; this team's answer %s", theirs.Code, theirs.Body, mine.Body)
 		}
 	})
 	t.Run("a bad key is refused", func(t *testing.T) {
