@@ -19,6 +19,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/klauspost/compress/gzip"
 )
 
 // EnvdPort is the port envd listens on inside every sandbox.
@@ -338,11 +340,21 @@ func (c *Client) Upload(ctx context.Context, s *Sandbox, path string, body io.Re
 }
 
 // Download copies the file at path in the sandbox to w (GET /files) and
-// returns the byte count.
+// returns the byte count. The transport asks for gzip and inflates it.
 func (c *Client) Download(ctx context.Context, s *Sandbox, path string, w io.Writer) (int64, error) {
+	return c.DownloadEncoded(ctx, s, path, w, "")
+}
+
+// DownloadEncoded is Download asking for one content coding: "identity"
+// (the bytes as they are) or "gzip" (inflated here); "" leaves the choice
+// to the transport.
+func (c *Client) DownloadEncoded(ctx context.Context, s *Sandbox, path string, w io.Writer, coding string) (int64, error) {
 	req, err := c.envdRequest(ctx, s, http.MethodGet, "/files?path="+url.QueryEscape(path), nil)
 	if err != nil {
 		return 0, err
+	}
+	if coding != "" {
+		req.Header.Set("Accept-Encoding", coding)
 	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
@@ -353,7 +365,18 @@ func (c *Client) Download(ctx context.Context, s *Sandbox, path string, w io.Wri
 		data, _ := io.ReadAll(resp.Body)
 		return 0, &Error{Method: "GET", Path: "/files", Status: resp.StatusCode, Body: string(data)}
 	}
-	return io.Copy(w, resp.Body)
+	if coding == "" || coding == "identity" || resp.Uncompressed {
+		return io.Copy(w, resp.Body)
+	}
+	if got := resp.Header.Get("Content-Encoding"); got != coding {
+		return 0, fmt.Errorf("GET /files: asked for %s, got Content-Encoding %q", coding, got)
+	}
+	gz, err := gzip.NewReader(resp.Body)
+	if err != nil {
+		return 0, fmt.Errorf("GET /files: %w", err)
+	}
+	defer gz.Close()
+	return io.Copy(w, gz)
 }
 
 // EnvdHealth is GET /health of the sandbox's envd through the gateway.

@@ -89,8 +89,14 @@ func New(res Resolver, log *slog.Logger) *Gateway {
 				pr.Out.Host = t.host
 			}
 		},
-		Transport:     transport,
-		FlushInterval: -1, // stream every write: process output, SSE, NDJSON
+		Transport: transport,
+		// Streams (SSE and every response without a Content-Length:
+		// process output, NDJSON, chunked downloads) are flushed on every
+		// write whatever this says; sized bodies are flushed at most this
+		// often, so a file download goes out in large writes instead of
+		// one flush per buffer.
+		FlushInterval: 20 * time.Millisecond,
+		BufferPool:    newBufferPool(256 << 10),
 		ModifyResponse: func(resp *http.Response) error {
 			// envd and the interpreter judge access tokens; a wrong one
 			// they refuse is a guess like a wrong API key. A request
