@@ -81,19 +81,38 @@ func Run(ctx context.Context, cfg Config, w io.Writer, log *slog.Logger) error {
 
 	// Floors first, so they are not disturbed by sandboxes the server runs.
 	var runcP50, runcP95, execP50, execP95 time.Duration
+	var shell []time.Duration // bash -l -c true in the template
 	if cfg.TemplateDir != "" {
 		if layers, err := templateLayers(ctx, cfg.TemplateDir, cfg.Template); err != nil {
 			add(row{"floor: runc run /bin/true on overlay", "error: " + err.Error(), "", ""})
-		} else if d, err := runcFloor(ctx, layers, cfg.Creates); err != nil {
-			add(row{"floor: runc run /bin/true on overlay", "error: " + err.Error(), "", ""})
 		} else {
-			runcP50, runcP95 = pct(d, 50), pct(d, 95)
-			add(row{"floor: runc run /bin/true on overlay (p50/p95)", pair(runcP50, runcP95), "", ""})
+			if d, err := runcFloor(ctx, layers, cfg.Creates); err != nil {
+				add(row{"floor: runc run /bin/true on overlay", "error: " + err.Error(), "", ""})
+			} else {
+				runcP50, runcP95 = pct(d, 50), pct(d, 95)
+				add(row{"floor: runc run /bin/true on overlay (p50/p95)", pair(runcP50, runcP95), "", ""})
+			}
+			if d, err := shellFloor(ctx, layers, cfg.Commands); err != nil {
+				add(row{"floor: fork/exec bash -l -c true in the template", "error: " + err.Error(), "", ""})
+			} else {
+				shell = d
+				add(row{"floor: fork/exec bash -l -c true in the template (p50/p95)", pair(pct(d, 50), pct(d, 95)), "", ""})
+			}
 		}
 	}
-	if d, err := execFloor(ctx, cfg.Commands); err == nil {
-		execP50, execP95 = pct(d, 50), pct(d, 95)
-		add(row{"floor: fork/exec /bin/true on host (p50/p95)", pair(execP50, execP95), "", ""})
+	if shell == nil {
+		// No template rootfs to chroot into: the host's /bin/true.
+		if d, err := execFloor(ctx, cfg.Commands); err == nil {
+			shell = d
+			add(row{"floor: fork/exec /bin/true on host (p50/p95)", pair(pct(d, 50), pct(d, 95)), "", ""})
+		}
+	}
+	if d, err := loopbackFloor(ctx, cfg.Commands); err != nil {
+		add(row{"floor: loopback HTTP round trip", "error: " + err.Error(), "", ""})
+	} else if shell != nil {
+		// A command's floor: the shell it runs plus one HTTP exchange.
+		execP50, execP95 = pct(shell, 50)+pct(d, 50), pct(shell, 95)+pct(d, 95)
+		add(row{"floor: loopback HTTP round trip (p50/p95)", pair(pct(d, 50), pct(d, 95)), "", ""})
 	}
 
 	// Create → first command.

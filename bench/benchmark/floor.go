@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -139,4 +142,71 @@ func diskFloor(dir string, data []byte) (write, read time.Duration, err error) {
 		return 0, 0, err
 	}
 	return write, time.Since(start), nil
+}
+
+// shellFloor times fork+exec+wait of what the SDK runs for a command,
+// `/bin/bash -l -c true`, chrooted into a read-only overlay of the
+// template's layers (the same shell and profile a sandbox runs).
+func shellFloor(ctx context.Context, layers []string, n int) ([]time.Duration, error) {
+	if len(layers) == 0 {
+		return nil, fmt.Errorf("template has no rootfs layers")
+	}
+	root, err := os.MkdirTemp("", "agentbox-bench-shell-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(root)
+	lower := slices.Clone(layers)
+	slices.Reverse(lower)
+	if len(lower) == 1 {
+		err = unix.Mount(lower[0], root, "", unix.MS_BIND|unix.MS_RDONLY, "")
+	} else {
+		// Only lower layers: overlayfs mounts them read-only.
+		err = unix.Mount("overlay", root, "overlay", unix.MS_RDONLY, "lowerdir="+strings.Join(lower, ":"))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("mount template rootfs: %w", err)
+	}
+	defer unix.Unmount(root, unix.MNT_DETACH)
+	var out []time.Duration
+	for range n {
+		cmd := exec.CommandContext(ctx, "/bin/bash", "-l", "-c", "true")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: root}
+		cmd.Dir = "/"
+		cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
+		start := time.Now()
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("bash -l -c true in the template: %w: %s", err, b)
+		}
+		out = append(out, time.Since(start))
+	}
+	return out, nil
+}
+
+// loopbackFloor times one small HTTP request and response over loopback
+// with a kept-alive connection: what any remote command must add.
+func loopbackFloor(ctx context.Context, n int) ([]time.Duration, error) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	client := srv.Client()
+	var out []time.Duration
+	for i := range n + 1 {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+		if err != nil {
+			return nil, err
+		}
+		start := time.Now()
+		resp, err := client.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if i > 0 { // the first one dials
+			out = append(out, time.Since(start))
+		}
+	}
+	return out, nil
 }
