@@ -59,6 +59,7 @@ type serveConfig struct {
 	UserNS          bool
 	BuildBase       bool
 	LogLevel        string
+	LogFormat       string
 	ConfigFile      string
 	TrustedProxies  []string
 	Net             netFlags
@@ -117,6 +118,7 @@ which wins over the file.`,
 	addLifecycleFlags(f, &c.Lifecycle)
 	f.BoolVar(&c.BuildBase, "build-base", true, "build the base template at start if it is missing")
 	f.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&c.LogFormat, "log-format", "text", "text (key=value) or json (one object per line, for log collectors)")
 	f.StringVar(&c.ConfigFile, "config", "", "JSON config file with flag names as keys")
 	f.StringSliceVar(&c.TrustedProxies, "trusted-proxy", nil, "addresses or CIDRs of reverse proxies in front of the server, whose X-Forwarded-For names the client; failed API key and token checks are rate limited per client address (20 in a row, then one per 3 s, answered 429 with Retry-After), and without this the proxy's address would count for all its clients")
 	addNetFlags(f, &c.Net)
@@ -184,12 +186,19 @@ func applyEnvAndFile(fs *pflag.FlagSet, file string) error {
 	return errors.Join(errs...)
 }
 
-func newLogger(level string) (*slog.Logger, error) {
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level: %w", err)
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+	opts := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "text", "":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format: %q is not a format; use text or json", format)
 }
 
 // findEnvd locates the envd binary: explicit path, next to this executable, $PATH.
@@ -291,7 +300,7 @@ func listen(ctx context.Context, addr string) (net.Listener, error) {
 }
 
 func serve(ctx context.Context, c serveConfig, out io.Writer) error {
-	log, err := newLogger(c.LogLevel)
+	log, err := newLogger(os.Stderr, c.LogLevel, c.LogFormat)
 	if err != nil {
 		return err
 	}
@@ -450,7 +459,12 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	for i, srv := range servers {
 		go func() { errc <- srv.Serve(listeners[i]) }()
 	}
-	printBanner(out, "http://"+ln.Addr().String(), key, c.DataDir)
+	if c.LogFormat == "json" {
+		// Output goes to a log collector: records only, and never the key.
+		log.Info("agentbox is ready", "apiURL", "http://"+ln.Addr().String(), "apiKeyFile", filepath.Join(c.DataDir, "apikey"))
+	} else {
+		printBanner(out, "http://"+ln.Addr().String(), key, c.DataDir)
+	}
 	log.Info("agentbox serving", "listen", ln.Addr().String(), "data-dir", c.DataDir, "templates", c.TemplateDir, "envd", envd)
 
 	select {

@@ -71,6 +71,9 @@ func (s *Server) Handler() http.Handler {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Write([]byte("Health check successful"))
 	})
+	// Readiness for load balancers and Kubernetes probes: 503 until the
+	// store, the network and the default isolation tier all answer.
+	mux.HandleFunc("GET /ready", s.ready)
 	auth := func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, s.authenticate(h)) }
 	auth("POST /sandboxes", s.create(false))
 	auth("POST /v2/sandboxes", s.create(true))
@@ -621,4 +624,19 @@ func (s *Server) listV2(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Total-Running", strconv.Itoa(running))
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
+	if s.mgr == nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"ready": false, "reason": "no sandbox manager"})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	rd := s.mgr.Readiness(ctx)
+	code := http.StatusOK
+	if !rd.Ready {
+		code = http.StatusServiceUnavailable
+	}
+	writeJSON(w, code, rd)
 }

@@ -679,3 +679,16 @@ func (m *Manager) EgressCA(id string) ([]byte, error) {
 	}
 	return ca.CACertPEM(id)
 }
+
+// Ready reports whether sandboxes can be attached: the bridge exists and
+// is up (an operator or another program may have deleted it).
+func (m *Manager) Ready(context.Context) error {
+	br, err := netlink.LinkByName(m.cfg.Bridge)
+	if err != nil {
+		return fmt.Errorf("bridge %s: %w", m.cfg.Bridge, err)
+	}
+	if br.Attrs().Flags&net.FlagUp == 0 {
+		return fmt.Errorf("bridge %s is down", m.cfg.Bridge)
+	}
+	return nil
+}

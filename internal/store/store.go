@@ -323,3 +323,12 @@ func (s *Store) ListSandboxes(ctx context.Context) ([]Record, error) {
 func ValidTeamName(name string) bool {
 	return name != "" && len(name) <= 64 && strings.Trim(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.") == ""
 }
+
+// Ping reads from the database: the readiness check of the store.
+func (s *Store) Ping(ctx context.Context) error {
+	var one int
+	if err := s.db.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	return nil
+}
