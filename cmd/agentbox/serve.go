@@ -27,6 +27,7 @@ import (
 	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/authlimit"
 	"github.com/agentbox/agentbox/internal/gateway"
+	"github.com/agentbox/agentbox/internal/metrics"
 	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/runtime"
 	"github.com/agentbox/agentbox/internal/runtime/bundle"
@@ -60,6 +61,8 @@ type serveConfig struct {
 	BuildBase       bool
 	LogLevel        string
 	LogFormat       string
+	MetricsToken    string
+	MetricsListen   string
 	ConfigFile      string
 	TrustedProxies  []string
 	Net             netFlags
@@ -118,6 +121,8 @@ which wins over the file.`,
 	addLifecycleFlags(f, &c.Lifecycle)
 	f.BoolVar(&c.BuildBase, "build-base", true, "build the base template at start if it is missing")
 	f.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&c.MetricsToken, "metrics-token", "", "serve Prometheus metrics at /metrics on --listen to requests with \"Authorization: Bearer <this token>\" (or set AGENTBOX_METRICS_TOKEN); without it /metrics there is off")
+	f.StringVar(&c.MetricsListen, "metrics-listen", "", "also serve Prometheus metrics, without a token, at /metrics on this address (keep it private, e.g. 127.0.0.1:9090)")
 	f.StringVar(&c.LogFormat, "log-format", "text", "text (key=value) or json (one object per line, for log collectors)")
 	f.StringVar(&c.ConfigFile, "config", "", "JSON config file with flag names as keys")
 	f.StringSliceVar(&c.TrustedProxies, "trusted-proxy", nil, "addresses or CIDRs of reverse proxies in front of the server, whose X-Forwarded-For names the client; failed API key and token checks are rate limited per client address (20 in a row, then one per 3 s, answered 429 with Retry-After), and without this the proxy's address would count for all its clients")
@@ -398,11 +403,14 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		return err
 	}
 	mgr.SetAudit(audit.New(st, append(auditOpts, audit.WithLogger(log))...))
+	mets := metrics.New(mgr)
+	mgr.SetObserver(mets)
 	if err := enableLifecycle(mgr, c); err != nil {
 		return err
 	}
 	gw := gateway.New(mgr, log)
 	gw.SetAudit(mgr.Audit())
+	gw.SetRequestCounter(mets.GatewayRequest)
 	eg.SetAudit(mgr.Audit())
 	gw.SetOptions(gateway.Options{Domain: c.Net.Domain})
 	if err := mgr.Reconcile(ctx); err != nil {
@@ -415,6 +423,9 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	startSyscallAudit(runCtx, mgr, bundles, c.Instance, log)
 
 	apiSrv := api.New(log, st, mgr, templates)
+	if c.MetricsToken != "" {
+		apiSrv.SetMetrics(mets.Handler(c.MetricsToken))
+	}
 	// Build steps run as sandboxes of the team that asked, through the
 	// manager; builds in flight at the last stop are marked failed here.
 	builds, err := template.NewBuilds(ctx, templates, mgr, log)
@@ -449,6 +460,17 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		})
 		servers = append(servers, &http.Server{Handler: gw.Handler(onlySandboxes), ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 640 * time.Second})
 		listeners = append(listeners, dln)
+	}
+	if c.MetricsListen != "" {
+		// The operator's own address: no token asked.
+		mln, err := listen(ctx, c.MetricsListen)
+		if err != nil {
+			return fmt.Errorf("--metrics-listen: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", mets.Handler(""))
+		servers = append(servers, &http.Server{Handler: mux, ReadHeaderTimeout: 30 * time.Second})
+		listeners = append(listeners, mln)
 	}
 	if srv, tln, err := c.Net.tlsServer(ctx, handler); err != nil {
 		return err

@@ -34,15 +34,16 @@ type Templates interface {
 
 // Server is the REST control plane.
 type Server struct {
-	log       *slog.Logger
-	store     *store.Store
-	mgr       *sandbox.Manager
-	templates Templates
-	builds    *template.Builds // template build jobs (SetBuilds)
-	uploads   uploadGrants     // upload links of the build API
-	tunneler  Tunneler         // port-forward tunnels; nil refuses them
-	guesses   *authlimit.Limiter
-	idem      idempotency // creates by Idempotency-Key
+	log         *slog.Logger
+	store       *store.Store
+	mgr         *sandbox.Manager
+	templates   Templates
+	builds      *template.Builds // template build jobs (SetBuilds)
+	uploads     uploadGrants     // upload links of the build API
+	tunneler    Tunneler         // port-forward tunnels; nil refuses them
+	guesses     *authlimit.Limiter
+	idem        idempotency  // creates by Idempotency-Key
+	promMetrics http.Handler // GET /metrics (SetMetrics); nil: off
 	// MaxBody caps JSON request bodies.
 	MaxBody int64
 }
@@ -51,6 +52,9 @@ type Server struct {
 func New(log *slog.Logger, st *store.Store, mgr *sandbox.Manager, tpl Templates) *Server {
 	return &Server{log: log, store: st, mgr: mgr, templates: tpl, MaxBody: 1 << 20, guesses: authlimit.New(authlimit.Options{})}
 }
+
+// SetMetrics serves h at GET /metrics. Call before serving.
+func (s *Server) SetMetrics(h http.Handler) { s.promMetrics = h }
 
 // SetAuthLimiter replaces the limiter of failed API key checks, e.g. with
 // one shared with the gateway or configured with trusted proxies. Call
@@ -74,6 +78,15 @@ func (s *Server) Handler() http.Handler {
 	// Readiness for load balancers and Kubernetes probes: 503 until the
 	// store, the network and the default isolation tier all answer.
 	mux.HandleFunc("GET /ready", s.ready)
+	// Prometheus metrics, behind the operator's token (not an API key:
+	// they describe every team).
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		if s.promMetrics == nil {
+			writeError(w, fmt.Errorf("metrics are off on this address: start the server with --metrics-token (then send Authorization: Bearer <token>) or --metrics-listen: %w", errdefs.ErrNotFound))
+			return
+		}
+		s.promMetrics.ServeHTTP(w, r)
+	})
 	auth := func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, s.authenticate(h)) }
 	auth("POST /sandboxes", s.create(false))
 	auth("POST /v2/sandboxes", s.create(true))

@@ -44,6 +44,25 @@ type Gateway struct {
 	tap     *auditTap // nil: no audit log
 	opts    Options
 	guesses *authlimit.Limiter
+	counter func(target string, status int) // SetRequestCounter; nil counts nothing
+}
+
+// SetRequestCounter has every answered request counted by target ("envd",
+// "interpreter" or "port") and status. Call before serving.
+func (g *Gateway) SetRequestCounter(f func(target string, status int)) { g.counter = f }
+
+func (g *Gateway) count(port, status int) {
+	if g.counter == nil {
+		return
+	}
+	target := "port"
+	switch port {
+	case sandbox.EnvdPort:
+		target = "envd"
+	case InterpreterPort:
+		target = "interpreter"
+	}
+	g.counter(target, status)
 }
 
 // InterpreterPort is the code interpreter's port in interpreter templates;
@@ -103,6 +122,7 @@ func New(res Resolver, log *slog.Logger) *Gateway {
 			// without a token is not counted (clients that never send
 			// one, e.g. for interpreter contexts, are not guessing).
 			t := resp.Request.Context().Value(targetKey{}).(target)
+			g.count(t.port, resp.StatusCode)
 			if resp.StatusCode == http.StatusUnauthorized && (t.port == sandbox.EnvdPort || t.port == InterpreterPort) &&
 				resp.Request.Header.Get("X-Access-Token") != "" {
 				g.guesses.Fail(t.client)
@@ -114,6 +134,7 @@ func New(res Resolver, log *slog.Logger) *Gateway {
 			if r.Context().Err() != nil {
 				return // the client went away
 			}
+			g.count(t.port, http.StatusBadGateway)
 			var opErr *net.OpError
 			if errors.As(err, &opErr) && opErr.Op == "dial" {
 				if _, ok := g.res.Lookup(t.id); !ok {

@@ -251,7 +251,8 @@ func (m *Manager) Pause(ctx context.Context, teamID, id string) error {
 // pause is Pause; expired marks an auto-pause at the end of the lifetime,
 // which leaves no lifetime to keep (a resume gets the original one again);
 // memory false keeps only the files (see PauseFilesystem).
-func (m *Manager) pause(ctx context.Context, teamID, id string, expired, memory bool) error {
+func (m *Manager) pause(ctx context.Context, teamID, id string, expired, memory bool) (err error) {
+	defer m.observe(opName("pause", memory), time.Now(), &err)
 	ck, err := m.checkpointer()
 	if err != nil {
 		return err
@@ -310,7 +311,12 @@ func (m *Manager) Resume(ctx context.Context, teamID, id string, timeout time.Du
 
 // resume is Resume; memory false boots the sandbox fresh on its files even
 // when its pause kept the memory (which is then dropped).
-func (m *Manager) resume(ctx context.Context, teamID, id string, timeout time.Duration, auto, memory bool) (*Sandbox, bool, error) {
+func (m *Manager) resume(ctx context.Context, teamID, id string, timeout time.Duration, auto, memory bool) (_ *Sandbox, didResume bool, err error) {
+	defer func(start time.Time) {
+		if didResume || err != nil { // a running sandbox is no resume
+			m.observe(opName("resume", memory), start, &err)
+		}
+	}(time.Now())
 	ctx = context.WithoutCancel(ctx)
 	// A pause or resume in flight finishes first.
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {

@@ -76,6 +76,7 @@ type Manager struct {
 	// stepHook, when set (tests), runs after each pipeline step succeeds;
 	// an error fails the build there, as if the step had failed.
 	stepHook func(path, step string) error
+	obs      Observer // measurements (SetObserver); never nil
 }
 
 // New makes a manager. Call Reconcile before serving, then Run.
@@ -86,7 +87,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 		return nil, err
 	}
 	return &Manager{
-		cfg: cfg, log: log, store: st, rt: rt, net: nw, templates: tpl, secret: secret,
+		cfg: cfg, log: log, store: st, rt: rt, net: nw, templates: tpl, secret: secret, obs: noObserver{},
 		client:    envdclient.NewHTTPClient(),
 		sandboxes: map[string]*Sandbox{},
 		metrics:   map[string]*series{},

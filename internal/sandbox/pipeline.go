@@ -189,6 +189,7 @@ func (m *Manager) run(ctx context.Context, p pipeline, b *build) (*Sandbox, erro
 			}
 			if !errors.Is(err, errNoClaim) {
 				m.auditLifecycle(sctx, b.sb, b.action, "denied", err.Error(), map[string]any{"path": b.path, "step": s.name})
+				m.obs.Created(b.path, b.sb.Isolation, b.sb.TemplateID, false, time.Since(start), b.took)
 			}
 			return nil, err
 		}
@@ -200,6 +201,7 @@ func (m *Manager) run(ctx context.Context, p pipeline, b *build) (*Sandbox, erro
 		fields["build"] = sb.BuildID
 	}
 	m.auditLifecycle(sctx, sb, b.action, "allowed", "", fields)
+	m.obs.Created(b.path, sb.Isolation, sb.TemplateID, true, time.Since(start), b.took)
 	m.log.Info("sandbox "+b.path, "sandbox", sb.ID, "template", sb.TemplateID, "ip", sb.IP, "team", sb.TeamID, "took", time.Since(start).Round(time.Millisecond),
 		"network", b.took[StepAttachNetwork].Round(time.Millisecond), "start", b.took[StepStart].Round(time.Millisecond),
 		"envd", (b.took[StepInitEnvd] + b.took[StepWaitReady]).Round(time.Millisecond))

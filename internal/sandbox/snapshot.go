@@ -197,7 +197,10 @@ func (m *Manager) CreateSnapshot(ctx context.Context, teamID, id, name string) (
 }
 
 // snapshot captures sandbox id; memory false captures its files only.
-func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden, memory bool) (*Snapshot, error) {
+func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden, memory bool) (_ *Snapshot, err error) {
+	if !hidden { // a fork's own checkpoint counts as part of the fork
+		defer m.observe(opName("snapshot", memory), time.Now(), &err)
+	}
 	snaps := m.life.snaps
 	if snaps == nil {
 		return nil, fmt.Errorf("snapshots are not enabled on this server: %w", errdefs.ErrUnavailable)
@@ -408,7 +411,8 @@ const MaxForks = 100
 // Fork checkpoints the team's running sandbox once (it keeps running, same
 // id and lifetime) and starts count copies of it, memory included, each
 // with its own writable layer, network namespace, address and token.
-func (m *Manager) Fork(ctx context.Context, teamID, id string, count int, timeout time.Duration) ([]ForkResult, error) {
+func (m *Manager) Fork(ctx context.Context, teamID, id string, count int, timeout time.Duration) (_ []ForkResult, err error) {
+	defer m.observe("fork", time.Now(), &err)
 	if count < 1 || count > MaxForks {
 		return nil, fmt.Errorf("count: must be from 1 to %d, got %d: %w", MaxForks, count, errdefs.ErrInvalidArgument)
 	}
