@@ -30,6 +30,8 @@ func main() {
 	flag.IntVar(&cfg.Commands, "commands", 50, "command round-trip samples")
 	flag.IntVar(&cfg.Concurrent, "concurrent", 50, "simultaneous creates")
 	flag.IntVar(&cfg.SizeMB, "size-mb", 100, "upload/download size in MB")
+	flag.StringVar(&cfg.MetricsURL, "metrics-url", "", "the server's /metrics (its --metrics-listen address, or the API's /metrics with --metrics-token): adds the create step breakdown")
+	flag.StringVar(&cfg.MetricsToken, "metrics-token", os.Getenv("AGENTBOX_METRICS_TOKEN"), "the server's --metrics-token, for --metrics-url on the API address")
 	flag.IntVar(&cfg.ServerPID, "server-pid", 0, "server pid for RSS (default: the process listening on the API port)")
 	runs := flag.Int("runs", 100, "interpreter: warm runCode samples per language")
 	tiers := flag.String("tiers", "container,gvisor", "isolation: comma-separated isolation tiers to measure")

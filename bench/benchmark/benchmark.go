@@ -38,6 +38,10 @@ type Config struct {
 	Concurrent  int    // simultaneous creates; default 50
 	SizeMB      int    // upload/download size; default 100
 	ServerPID   int    // for RSS; 0 finds the process listening on the API port
+	// MetricsURL is the server's /metrics (with MetricsToken, its
+	// --metrics-token): when set, the create rows are followed by where the
+	// milliseconds went, step by step.
+	MetricsURL, MetricsToken string
 }
 
 func (c *Config) defaults() {
@@ -116,6 +120,13 @@ func Run(ctx context.Context, cfg Config, w io.Writer, log *slog.Logger) error {
 	}
 
 	// Create → first command.
+	var stepsBefore stepTotals
+	if cfg.MetricsURL != "" {
+		var err error
+		if stepsBefore, err = scrapeSteps(ctx, cfg.MetricsURL, cfg.MetricsToken); err != nil {
+			log.Warn("metrics", "err", err)
+		}
+	}
 	var createDur []time.Duration
 	var createErrs int
 	for range cfg.Creates {
@@ -140,6 +151,13 @@ func Run(ctx context.Context, cfg Config, w io.Writer, log *slog.Logger) error {
 		add(row{fmt.Sprintf("create → first command (p50/p95, %d errors)", createErrs), pair(p50, p95), pair(runcP50, runcP95), ratio(p50, runcP50)})
 	} else {
 		add(row{"create → first command", fmt.Sprintf("all %d failed", createErrs), "", ""})
+	}
+	if stepsBefore != nil {
+		if after, err := scrapeSteps(ctx, cfg.MetricsURL, cfg.MetricsToken); err != nil {
+			log.Warn("metrics", "err", err)
+		} else {
+			rows = append(rows, stepRows(stepsBefore, after)...)
+		}
 	}
 
 	// Command round trip, upload, download on one sandbox.

@@ -3,6 +3,7 @@ package benchmark
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -56,4 +57,26 @@ func TestRuncFloor(t *testing.T) {
 		t.Fatalf("got %d samples, want 2", len(d))
 	}
 	t.Logf("runc floor: %v", d)
+}
+
+func TestParseSteps(t *testing.T) {
+	text := `# HELP agentbox_sandbox_start_step_seconds x
+agentbox_sandbox_start_step_seconds_bucket{path="create",step="start",le="0.1"} 1
+agentbox_sandbox_start_step_seconds_sum{path="create",step="start"} 0.3
+agentbox_sandbox_start_step_seconds_count{path="create",step="start"} 3
+agentbox_sandbox_start_step_seconds_sum{path="create",step="attach network"} 0.06
+agentbox_sandbox_start_step_seconds_count{path="create",step="attach network"} 3
+agentbox_sandbox_start_step_seconds_sum{path="claim",step="start"} 9
+agentbox_sandbox_start_step_seconds_count{path="claim",step="start"} 1
+`
+	after, err := parseSteps(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := stepTotals{"start": {sum: 0.1, count: 1}}
+	rows := stepRows(before, after)
+	if len(rows) != 2 || !strings.Contains(rows[0].metric, "start") || rows[0].value != "100ms" ||
+		!strings.Contains(rows[1].metric, "attach network") || rows[1].value != "20ms" {
+		t.Fatalf("rows %+v: want start 100ms (claim path ignored, the earlier scrape subtracted) then attach network 20ms", rows)
+	}
 }
