@@ -162,6 +162,7 @@ func (d *Driver) options() bundle.Options {
 // Create builds the bundle and starts envd as the container's init.
 func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	o := d.options()
+	t0 := time.Now()
 	built, rb, err := d.b.Build(ctx, spec, o)
 	if err != nil {
 		return err
@@ -176,16 +177,19 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
 		_ = d.deleteContainer(context.WithoutCancel(ctx), spec.ID)
 		_ = d.b.RemoveCgroups(d.b.CgroupPath(spec.ID))
 	})
+	t1 := time.Now()
 	pid, err := d.start(ctx, spec.ID, built.Dir, o.OwnNet)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
+	t2 := time.Now()
 	if o.UserNS {
 		if err := d.limitUserNS(ctx, spec.ID, pid); err != nil {
 			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
 	}
-	d.log.Debug("sandbox started", "id", spec.ID)
+	d.log.Debug("sandbox started", "id", spec.ID, "bundle", t1.Sub(t0).Round(time.Microsecond),
+		"runc", t2.Sub(t1).Round(time.Microsecond), "userns limits", time.Since(t2).Round(time.Microsecond))
 	return nil
 }
 
