@@ -42,7 +42,8 @@ type Server struct {
 	uploads   uploadGrants     // upload links of the build API
 	tunneler  Tunneler         // port-forward tunnels; nil refuses them
 	guesses   *authlimit.Limiter
-	idem      idempotency // creates by Idempotency-Key
+	idem      idempotency  // creates by Idempotency-Key
+	mcp       http.Handler // MCP over streamable HTTP (SetMCP); nil: no /mcp
 	// MaxBody caps JSON request bodies.
 	MaxBody int64
 }
@@ -51,6 +52,11 @@ type Server struct {
 func New(log *slog.Logger, st *store.Store, mgr *sandbox.Manager, tpl Templates) *Server {
 	return &Server{log: log, store: st, mgr: mgr, templates: tpl, MaxBody: 1 << 20, guesses: authlimit.New(authlimit.Options{})}
 }
+
+// SetMCP serves h at /mcp behind the API key check, so MCP callers are
+// authenticated, rate limited and scoped to their team like REST callers.
+// Call before serving.
+func (s *Server) SetMCP(h http.Handler) { s.mcp = h }
 
 // SetAuthLimiter replaces the limiter of failed API key checks, e.g. with
 // one shared with the gateway or configured with trusted proxies. Call
@@ -92,6 +98,9 @@ func (s *Server) Handler() http.Handler {
 	auth("GET /templates/{id}", s.getTemplate)
 	auth("GET /templates/aliases/{alias}", s.templateAlias)
 	s.templateBuildRoutes(mux, auth)
+	if s.mcp != nil {
+		mux.Handle("/mcp", s.authenticate(s.mcp))
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
 	})
