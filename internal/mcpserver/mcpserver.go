@@ -8,6 +8,7 @@
 package mcpserver
 
 import (
+	"context"
 	"log/slog"
 	"net"
 	"net/http"
@@ -30,7 +31,8 @@ type Config struct {
 	Domain string
 	// Version is reported to clients in the server's implementation info.
 	Version string
-	Log     *slog.Logger
+	// Log gets the MCP SDK's warnings and errors; nil: none.
+	Log *slog.Logger
 	// Schemas caches the tools' JSON schemas across servers made per request.
 	Schemas *mcp.SchemaCache
 }
@@ -39,6 +41,9 @@ type Config struct {
 func New(cfg Config) *mcp.Server {
 	if cfg.Version == "" {
 		cfg.Version = "dev"
+	}
+	if cfg.Log != nil {
+		cfg.Log = quietLog(cfg.Log)
 	}
 	s := mcp.NewServer(&mcp.Implementation{Name: "agentbox", Title: "agentbox sandboxes", Version: cfg.Version},
 		&mcp.ServerOptions{
@@ -99,7 +104,7 @@ func Handler(c HTTPConfig) http.Handler {
 		})
 	}, &mcp.StreamableHTTPOptions{
 		Stateless: true,
-		Logger:    c.Log,
+		Logger:    quietLog(c.Log),
 		// The SDK's DNS-rebinding guard refuses loopback peers whose Host is
 		// not loopback, which breaks a reverse proxy on this host. Rebinding
 		// lends a web page the network position, not the API key every
@@ -123,3 +128,21 @@ func LoopbackURL(addr net.Addr) string {
 	}
 	return "http://" + net.JoinHostPort(host, port)
 }
+
+func quietLog(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return nil
+	}
+	return slog.New(quiet{l.Handler()})
+}
+
+// quiet passes on warnings and errors only: the MCP SDK logs every session
+// at info, which over stateless HTTP is every request.
+type quiet struct{ slog.Handler }
+
+func (q quiet) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn && q.Handler.Enabled(ctx, l)
+}
+
+func (q quiet) WithAttrs(a []slog.Attr) slog.Handler { return quiet{q.Handler.WithAttrs(a)} }
+func (q quiet) WithGroup(name string) slog.Handler   { return quiet{q.Handler.WithGroup(name)} }
