@@ -90,13 +90,9 @@ func Handler(c HTTPConfig) http.Handler {
 		if key == "" {
 			return nil // the API's key check refuses such requests first
 		}
-		scheme := "http"
-		if r.TLS != nil {
-			scheme = "https"
-		}
 		return New(Config{
 			Client:    agentbox.New(agentbox.WithAPIURL(c.SelfURL), agentbox.WithSandboxURL(c.SelfURL), agentbox.WithAPIKey(key)),
-			PublicURL: scheme + "://" + r.Host, // only shapes URLs handed back to this caller
+			PublicURL: publicURL(r),
 			Domain:    c.Domain,
 			Version:   c.Version,
 			Log:       c.Log,
@@ -111,6 +107,23 @@ func Handler(c HTTPConfig) http.Handler {
 		// request here must carry, so the guard adds nothing.
 		DisableLocalhostProtection: true,
 	})
+}
+
+// publicURL is the base URL the client reached the server at. The
+// forwarding headers of a reverse proxy are believed without a trust check:
+// the URL only goes back to the client that sent them.
+func publicURL(r *http.Request) string {
+	scheme, host := "http", r.Host
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	if p := r.Header.Get("X-Forwarded-Proto"); p == "https" || p == "http" {
+		scheme = p
+	}
+	if h := r.Header.Get("X-Forwarded-Host"); h != "" {
+		host = h
+	}
+	return scheme + "://" + host
 }
 
 // LoopbackURL is an http URL reaching a listener at addr from this host: an

@@ -174,3 +174,54 @@ func TestLoopbackURL(t *testing.T) {
 		}
 	}
 }
+
+func TestPublicURL(t *testing.T) {
+	for _, tc := range []struct {
+		host string
+		h    http.Header
+		want string
+	}{
+		{"agentbox.example:3000", nil, "http://agentbox.example:3000"},
+		{"127.0.0.1:3000", http.Header{"X-Forwarded-Proto": {"https"}, "X-Forwarded-Host": {"ab.example"}}, "https://ab.example"},
+		{"127.0.0.1:3000", http.Header{"X-Forwarded-Proto": {"javascript"}}, "http://127.0.0.1:3000"},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
+		r.Host = tc.host
+		for k, v := range tc.h {
+			r.Header[k] = v
+		}
+		if got := publicURL(r); got != tc.want {
+			t.Errorf("publicURL(Host %s, %v) = %q, want %q", tc.host, tc.h, got, tc.want)
+		}
+	}
+}
+
+// TestHandlerKeepsNoSession: the HTTP endpoint issues no session id, so
+// nothing a caller could replay carries another caller's key; a request
+// without a key gets no server even if it slipped past the API's check.
+func TestHandlerKeepsNoSession(t *testing.T) {
+	h := Handler(HTTPConfig{SelfURL: "http://127.0.0.1:1"})
+	initialize := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`
+	for _, tc := range []struct {
+		key  string
+		want int
+	}{
+		{"k", http.StatusOK},
+		{"", http.StatusBadRequest},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(initialize))
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("Accept", "application/json, text/event-stream")
+		if tc.key != "" {
+			r.Header.Set("X-API-Key", tc.key)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != tc.want {
+			t.Errorf("key %q: status %d, want %d: %s", tc.key, w.Code, tc.want, w.Body)
+		}
+		if id := w.Header().Get("Mcp-Session-Id"); id != "" {
+			t.Errorf("key %q: session id %q issued", tc.key, id)
+		}
+	}
+}
