@@ -84,6 +84,10 @@ describe('MCP over streamable HTTP', { timeout: 10 * MIN }, () => {
     assert.equal(r.stdout, 'hello from /tmp as root\n')
     assert.equal(r.stderr, 'oops\n')
 
+    // A flood is cut at 1 MiB and flagged, not held whole by the server.
+    const flood = await call(one, 'run_command', { sandboxId: id, cmd: "head -c 3000000 /dev/zero | tr '\\0' a; echo done >&2" })
+    assert.deepEqual([flood.exitCode, flood.stdout.length, flood.stdout[0], flood.stderr, flood.truncated], [0, 1 << 20, 'a', 'done\n', true])
+
     const body = 'line one\nünïcode ✓\n'
     const w = await call(one, 'write_file', { sandboxId: id, path: '/tmp/mcp/note.txt', content: body })
     assert.equal(w.path, '/tmp/mcp/note.txt')

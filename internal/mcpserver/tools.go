@@ -18,9 +18,14 @@ import (
 	agentbox "github.com/agentbox/agentbox/sdk/go"
 )
 
-// maxFileBytes bounds what read_file returns: a tool result sits whole in
-// the model's context, so bigger files are refused with the reason.
-const maxFileBytes = 4 << 20
+// Limits of what a tool keeps of a sandbox's answers: a tool result sits
+// whole in the model's context, and the code in the sandbox decides how
+// much it sends, so the server's memory must not follow it.
+const (
+	maxFileBytes   = 4 << 20  // read_file refuses bigger files with the reason
+	maxOutputBytes = 1 << 20  // run_command keeps this much of stdout and of stderr
+	maxCodeBytes   = 32 << 20 // run_code reads at most this much of the interpreter's answer
+)
 
 // tools holds the handlers; each acts through cfg.Client only.
 type tools struct{ cfg Config }
@@ -206,6 +211,8 @@ type CommandOut struct {
 	Stdout   string `json:"stdout"`
 	Stderr   string `json:"stderr"`
 	Error    string `json:"error,omitempty" jsonschema:"why the command could not run or was stopped"`
+	// Truncated says output past the limit was dropped.
+	Truncated bool `json:"truncated,omitempty" jsonschema:"stdout or stderr passed 1 MiB and was cut; redirect big output to a file and read parts of it"`
 }
 
 // defaultCommandTimeout stops a forgotten command (a server, a prompt
@@ -227,7 +234,7 @@ func (t *tools) runCommand(ctx context.Context, _ *mcp.CallToolRequest, in Comma
 	if err != nil {
 		return nil, CommandOut{}, err
 	}
-	opts := []agentbox.CommandOption{agentbox.WithTimeout(d)}
+	opts := []agentbox.CommandOption{agentbox.WithTimeout(d), agentbox.WithOutputLimit(maxOutputBytes)}
 	if in.Cwd != "" {
 		opts = append(opts, agentbox.WithCwd(in.Cwd))
 	}
@@ -247,7 +254,7 @@ func (t *tools) runCommand(ctx context.Context, _ *mcp.CallToolRequest, in Comma
 	case err != nil:
 		return nil, CommandOut{}, err
 	}
-	return nil, CommandOut{ExitCode: res.ExitCode, Stdout: res.Stdout, Stderr: res.Stderr, Error: res.Error}, nil
+	return nil, CommandOut{ExitCode: res.ExitCode, Stdout: res.Stdout, Stderr: res.Stderr, Error: res.Error, Truncated: res.Truncated}, nil
 }
 
 type CodeIn struct {
@@ -302,7 +309,8 @@ func (t *tools) runCode(ctx context.Context, _ *mcp.CallToolRequest, in CodeIn) 
 	if err != nil {
 		return nil, CodeOut{}, err
 	}
-	ex, err := sbx.RunCode(ctx, in.Code, agentbox.RunCodeOptions{Language: in.Language, ContextID: in.ContextID, EnvVars: in.Envs, Timeout: d})
+	ex, err := sbx.RunCode(ctx, in.Code, agentbox.RunCodeOptions{Language: in.Language, ContextID: in.ContextID, EnvVars: in.Envs, Timeout: d,
+		MaxResponseBytes: maxCodeBytes})
 	if errors.Is(err, agentbox.ErrUnavailable) {
 		return nil, CodeOut{}, fmt.Errorf("sandbox %s (template %s) runs no code interpreter; create the sandbox from an interpreter template such as code-interpreter-v1: %w",
 			sbx.ID, sbx.TemplateID, err)

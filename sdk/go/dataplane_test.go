@@ -184,6 +184,25 @@ func TestCommandsRun(t *testing.T) {
 	}
 }
 
+// TestCommandsOutputLimit: past the limit output is dropped from the
+// result (and flagged), not from the callbacks.
+func TestCommandsOutputLimit(t *testing.T) {
+	sbx, _ := newScriptedSandbox(t)
+	var streamed strings.Builder
+	res, err := sbx.Commands.Run(t.Context(), "echo hi", WithOutputLimit(6), WithOnStdout(func(b []byte) { streamed.Write(b) }))
+	var exitErr *CommandExitError
+	if !errors.As(err, &exitErr) {
+		t.Fatalf("err = %v, want the exit error", err)
+	}
+	if res.Stdout != "out1 o" || res.Stderr != "oops" || !res.Truncated || streamed.String() != "out1 out2" {
+		t.Errorf("result = %+v, streamed %q", res, streamed.String())
+	}
+	res, _ = sbx.Commands.Run(t.Context(), "echo hi", WithOutputLimit(9))
+	if res.Stdout != "out1 out2" || res.Truncated {
+		t.Errorf("within the limit: %+v", res)
+	}
+}
+
 func TestCommandsStartKill(t *testing.T) {
 	sbx, envd := newScriptedSandbox(t)
 	ctx := context.Background()
