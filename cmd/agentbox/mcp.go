@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/agentbox/agentbox/internal/mcpserver"
+	agentbox "github.com/agentbox/agentbox/sdk/go"
 )
 
 func newMCPCmd() *cobra.Command {
@@ -28,7 +29,7 @@ the server's /mcp endpoint with the key in X-API-Key or Authorization: Bearer.`,
 			if domain == "" {
 				domain = firstNonEmpty(os.Getenv("AGENTBOX_DOMAIN"), os.Getenv("E2B_DOMAIN"))
 			}
-			c := newClient(cmd)
+			c := newClient(cmd, agentbox.WithMessageLimit(mcpserver.MessageLimit))
 			srv := mcpserver.New(mcpserver.Config{Client: c, PublicURL: c.APIURL(), Domain: domain})
 			if err := srv.Run(cmd.Context(), &mcp.StdioTransport{}); err != nil {
 				return fmt.Errorf("mcp over stdio: %w", err)

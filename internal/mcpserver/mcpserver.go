@@ -37,6 +37,10 @@ type Config struct {
 	Schemas *mcp.SchemaCache
 }
 
+// MessageLimit bounds each data-plane message the tools' client reads
+// (agentbox.WithMessageLimit): envd, in the sandbox, chooses their size.
+const MessageLimit = 8 << 20
+
 // New returns an MCP server with agentbox's tools.
 func New(cfg Config) *mcp.Server {
 	if cfg.Version == "" {
@@ -91,7 +95,8 @@ func Handler(c HTTPConfig) http.Handler {
 			return nil // the API's key check refuses such requests first
 		}
 		return New(Config{
-			Client:    agentbox.New(agentbox.WithAPIURL(c.SelfURL), agentbox.WithSandboxURL(c.SelfURL), agentbox.WithAPIKey(key)),
+			Client: agentbox.New(agentbox.WithAPIURL(c.SelfURL), agentbox.WithSandboxURL(c.SelfURL), agentbox.WithAPIKey(key),
+				agentbox.WithMessageLimit(MessageLimit)),
 			PublicURL: publicURL(r),
 			Domain:    c.Domain,
 			Version:   c.Version,

@@ -44,7 +44,8 @@ func (t *tools) register(s *mcp.Server) {
 	mcp.AddTool(s, &mcp.Tool{Name: "run_code", Description: "Run code in the sandbox's stateful code interpreter (Python, JavaScript, " +
 		"TypeScript, bash); the sandbox must come from an interpreter template such as code-interpreter-v1."}, t.runCode)
 	mcp.AddTool(s, &mcp.Tool{Name: "read_file", Description: "Read a file of a sandbox: UTF-8 text as is, anything else base64.", Annotations: ro}, t.readFile)
-	mcp.AddTool(s, &mcp.Tool{Name: "write_file", Description: "Create or replace a file in a sandbox, creating parent directories."}, t.writeFile)
+	mcp.AddTool(s, &mcp.Tool{Name: "write_file", Description: "Create or replace a file in a sandbox, creating parent directories. " +
+		"A request carries at most 4 MiB: write bigger files in parts (e.g. base64 chunks appended with run_command)."}, t.writeFile)
 	mcp.AddTool(s, &mcp.Tool{Name: "list_files", Description: "List a directory of a sandbox.", Annotations: ro}, t.listFiles)
 	mcp.AddTool(s, &mcp.Tool{Name: "expose_port", Description: "Return the public URL of a port a sandbox listens on " +
 		"(and its host <port>-<id>.<domain> when the server has a domain, as the E2B SDKs' getHost)."}, t.exposePort)

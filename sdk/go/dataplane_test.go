@@ -203,6 +203,17 @@ func TestCommandsOutputLimit(t *testing.T) {
 	}
 }
 
+// TestMessageLimit: a data-plane message past WithMessageLimit fails the
+// call instead of being read.
+func TestMessageLimit(t *testing.T) {
+	sbx, _ := newScriptedSandbox(t)
+	c := New(WithAPIURL("http://127.0.0.1:1"), WithSandboxURL(sbx.client.sandboxURL), WithMessageLimit(16))
+	sbx = c.newSandbox(rest.Sandbox{SandboxID: sbx.ID, EnvdAccessToken: sbx.EnvdAccessToken})
+	if _, err := sbx.Commands.Run(t.Context(), "echo hi"); err == nil || !strings.Contains(err.Error(), "larger than configured max 16") {
+		t.Fatalf("err = %v, want the message refused for its size", err)
+	}
+}
+
 func TestCommandsStartKill(t *testing.T) {
 	sbx, envd := newScriptedSandbox(t)
 	ctx := context.Background()
