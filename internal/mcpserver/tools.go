@@ -82,7 +82,7 @@ func (t *tools) sandbox(ctx context.Context, id string) (*agentbox.Sandbox, erro
 	return t.cfg.Client.Connect(ctx, id, 0)
 }
 
-type CreateIn struct {
+type createIn struct {
 	Template            string            `json:"template,omitempty" jsonschema:"template id or alias; default base"`
 	TimeoutSeconds      int               `json:"timeoutSeconds,omitempty" jsonschema:"seconds until the sandbox is killed; default 300"`
 	AllowInternetAccess *bool             `json:"allowInternetAccess,omitempty" jsonschema:"false denies all outbound traffic not in allowOut; default true"`
@@ -92,16 +92,16 @@ type CreateIn struct {
 	Metadata            map[string]string `json:"metadata,omitempty" jsonschema:"pairs echoed by list_sandboxes"`
 }
 
-type SandboxOut struct {
+type sandboxOut struct {
 	SandboxID  string `json:"sandboxId"`
 	TemplateID string `json:"templateId,omitempty"`
 	State      string `json:"state,omitempty"`
 }
 
-func (t *tools) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in CreateIn) (*mcp.CallToolResult, SandboxOut, error) {
+func (t *tools) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in createIn) (*mcp.CallToolResult, sandboxOut, error) {
 	d, err := seconds("timeoutSeconds", in.TimeoutSeconds)
 	if err != nil {
-		return nil, SandboxOut{}, err
+		return nil, sandboxOut{}, err
 	}
 	opts := agentbox.CreateOptions{Template: in.Template, Timeout: d, EnvVars: in.Envs, Metadata: in.Metadata,
 		AllowInternetAccess: in.AllowInternetAccess}
@@ -110,16 +110,16 @@ func (t *tools) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in Cr
 	}
 	sbx, err := t.cfg.Client.Create(ctx, opts)
 	if err != nil {
-		return nil, SandboxOut{}, err
+		return nil, sandboxOut{}, err
 	}
-	return nil, SandboxOut{SandboxID: sbx.ID, TemplateID: sbx.TemplateID, State: "running"}, nil
+	return nil, sandboxOut{SandboxID: sbx.ID, TemplateID: sbx.TemplateID, State: "running"}, nil
 }
 
-type ListIn struct {
+type listIn struct {
 	State string `json:"state,omitempty" jsonschema:"running or paused; default both"`
 }
 
-type ListedSandbox struct {
+type listedSandbox struct {
 	SandboxID  string            `json:"sandboxId"`
 	TemplateID string            `json:"templateId"`
 	Alias      string            `json:"alias,omitempty"`
@@ -129,76 +129,76 @@ type ListedSandbox struct {
 	Metadata   map[string]string `json:"metadata,omitempty"`
 }
 
-type ListOut struct {
-	Sandboxes []ListedSandbox `json:"sandboxes"`
+type listOut struct {
+	Sandboxes []listedSandbox `json:"sandboxes"`
 }
 
-func (t *tools) listSandboxes(ctx context.Context, _ *mcp.CallToolRequest, in ListIn) (*mcp.CallToolResult, ListOut, error) {
+func (t *tools) listSandboxes(ctx context.Context, _ *mcp.CallToolRequest, in listIn) (*mcp.CallToolResult, listOut, error) {
 	var opts agentbox.ListOptions
 	switch in.State {
 	case "":
 	case "running", "paused":
 		opts.State = []string{in.State}
 	default:
-		return nil, ListOut{}, invalid("state %q: want running, paused or nothing for both", in.State)
+		return nil, listOut{}, invalid("state %q: want running, paused or nothing for both", in.State)
 	}
 	list, err := t.cfg.Client.List(ctx, opts)
 	if err != nil {
-		return nil, ListOut{}, err
+		return nil, listOut{}, err
 	}
-	out := ListOut{Sandboxes: []ListedSandbox{}}
+	out := listOut{Sandboxes: []listedSandbox{}}
 	for _, s := range list {
-		out.Sandboxes = append(out.Sandboxes, ListedSandbox{SandboxID: s.SandboxID, TemplateID: s.TemplateID, Alias: s.Alias,
+		out.Sandboxes = append(out.Sandboxes, listedSandbox{SandboxID: s.SandboxID, TemplateID: s.TemplateID, Alias: s.Alias,
 			State: s.State, StartedAt: s.StartedAt.UTC().Format(time.RFC3339), EndAt: s.EndAt.UTC().Format(time.RFC3339), Metadata: s.Metadata})
 	}
 	return nil, out, nil
 }
 
-type IDIn struct {
+type idIn struct {
 	SandboxID string `json:"sandboxId" jsonschema:"the sandbox's id"`
 }
 
-func (t *tools) killSandbox(ctx context.Context, _ *mcp.CallToolRequest, in IDIn) (*mcp.CallToolResult, SandboxOut, error) {
+func (t *tools) killSandbox(ctx context.Context, _ *mcp.CallToolRequest, in idIn) (*mcp.CallToolResult, sandboxOut, error) {
 	if err := needID(in.SandboxID); err != nil {
-		return nil, SandboxOut{}, err
+		return nil, sandboxOut{}, err
 	}
 	if err := t.cfg.Client.Kill(ctx, in.SandboxID); err != nil {
-		return nil, SandboxOut{}, err
+		return nil, sandboxOut{}, err
 	}
-	return nil, SandboxOut{SandboxID: in.SandboxID, State: "killed"}, nil
+	return nil, sandboxOut{SandboxID: in.SandboxID, State: "killed"}, nil
 }
 
-func (t *tools) pauseSandbox(ctx context.Context, _ *mcp.CallToolRequest, in IDIn) (*mcp.CallToolResult, SandboxOut, error) {
+func (t *tools) pauseSandbox(ctx context.Context, _ *mcp.CallToolRequest, in idIn) (*mcp.CallToolResult, sandboxOut, error) {
 	if err := needID(in.SandboxID); err != nil {
-		return nil, SandboxOut{}, err
+		return nil, sandboxOut{}, err
 	}
 	if err := t.cfg.Client.Pause(ctx, in.SandboxID); err != nil {
-		return nil, SandboxOut{}, err
+		return nil, sandboxOut{}, err
 	}
-	return nil, SandboxOut{SandboxID: in.SandboxID, State: "paused"}, nil
+	return nil, sandboxOut{SandboxID: in.SandboxID, State: "paused"}, nil
 }
 
-type ResumeIn struct {
+type resumeIn struct {
 	SandboxID      string `json:"sandboxId" jsonschema:"the sandbox's id"`
 	TimeoutSeconds int    `json:"timeoutSeconds,omitempty" jsonschema:"keep it alive at least this long from now; default 300"`
 }
 
-func (t *tools) resumeSandbox(ctx context.Context, _ *mcp.CallToolRequest, in ResumeIn) (*mcp.CallToolResult, SandboxOut, error) {
+func (t *tools) resumeSandbox(ctx context.Context, _ *mcp.CallToolRequest, in resumeIn) (*mcp.CallToolResult, sandboxOut, error) {
 	if err := needID(in.SandboxID); err != nil {
-		return nil, SandboxOut{}, err
+		return nil, sandboxOut{}, err
 	}
 	d, err := seconds("timeoutSeconds", in.TimeoutSeconds)
 	if err != nil {
-		return nil, SandboxOut{}, err
+		return nil, sandboxOut{}, err
 	}
 	sbx, err := t.cfg.Client.Connect(ctx, in.SandboxID, d)
 	if err != nil {
-		return nil, SandboxOut{}, err
+		return nil, sandboxOut{}, err
 	}
-	return nil, SandboxOut{SandboxID: sbx.ID, TemplateID: sbx.TemplateID, State: "running"}, nil
+	return nil, sandboxOut{SandboxID: sbx.ID, TemplateID: sbx.TemplateID, State: "running"}, nil
 }
 
-type CommandIn struct {
+type commandIn struct {
 	SandboxID      string            `json:"sandboxId" jsonschema:"the sandbox's id"`
 	Cmd            string            `json:"cmd" jsonschema:"the command line, run with bash -l -c"`
 	Cwd            string            `json:"cwd,omitempty" jsonschema:"working directory; default the user's home"`
@@ -207,7 +207,7 @@ type CommandIn struct {
 	TimeoutSeconds int               `json:"timeoutSeconds,omitempty" jsonschema:"kill the command after this many seconds; default 60"`
 }
 
-type CommandOut struct {
+type commandOut struct {
 	ExitCode int    `json:"exitCode" jsonschema:"-1 when killed by a signal"`
 	Stdout   string `json:"stdout"`
 	Stderr   string `json:"stderr"`
@@ -220,20 +220,20 @@ type CommandOut struct {
 // waiting for input) from holding the tool call open forever.
 const defaultCommandTimeout = 60 * time.Second
 
-func (t *tools) runCommand(ctx context.Context, _ *mcp.CallToolRequest, in CommandIn) (*mcp.CallToolResult, CommandOut, error) {
+func (t *tools) runCommand(ctx context.Context, _ *mcp.CallToolRequest, in commandIn) (*mcp.CallToolResult, commandOut, error) {
 	if in.Cmd == "" {
-		return nil, CommandOut{}, invalid("cmd is required")
+		return nil, commandOut{}, invalid("cmd is required")
 	}
 	d, err := seconds("timeoutSeconds", in.TimeoutSeconds)
 	if err != nil {
-		return nil, CommandOut{}, err
+		return nil, commandOut{}, err
 	}
 	if d == 0 {
 		d = defaultCommandTimeout
 	}
 	sbx, err := t.sandbox(ctx, in.SandboxID)
 	if err != nil {
-		return nil, CommandOut{}, err
+		return nil, commandOut{}, err
 	}
 	opts := []agentbox.CommandOption{agentbox.WithTimeout(d), agentbox.WithOutputLimit(maxOutputBytes)}
 	if in.Cwd != "" {
@@ -251,14 +251,14 @@ func (t *tools) runCommand(ctx context.Context, _ *mcp.CallToolRequest, in Comma
 	case errors.As(err, &exit):
 		res = &exit.CommandResult
 	case errors.Is(err, agentbox.ErrTimeout):
-		return nil, CommandOut{}, fmt.Errorf("command did not finish within %s and was killed; give a longer timeoutSeconds or run it in the background (cmd &): %w", d, err)
+		return nil, commandOut{}, fmt.Errorf("command did not finish within %s and was killed; give a longer timeoutSeconds or run it in the background (cmd &): %w", d, err)
 	case err != nil:
-		return nil, CommandOut{}, err
+		return nil, commandOut{}, err
 	}
-	return nil, CommandOut{ExitCode: res.ExitCode, Stdout: res.Stdout, Stderr: res.Stderr, Error: res.Error, Truncated: res.Truncated}, nil
+	return nil, commandOut{ExitCode: res.ExitCode, Stdout: res.Stdout, Stderr: res.Stderr, Error: res.Error, Truncated: res.Truncated}, nil
 }
 
-type CodeIn struct {
+type codeIn struct {
 	SandboxID      string            `json:"sandboxId" jsonschema:"the sandbox's id"`
 	Code           string            `json:"code" jsonschema:"the code to run"`
 	Language       string            `json:"language,omitempty" jsonschema:"python (default), javascript, typescript or bash; not with contextId"`
@@ -267,7 +267,7 @@ type CodeIn struct {
 	TimeoutSeconds int               `json:"timeoutSeconds,omitempty" jsonschema:"interrupt the code after this many seconds; default none"`
 }
 
-type CodeResult struct {
+type codeResult struct {
 	IsMainResult bool     `json:"isMainResult" jsonschema:"the value of the last expression"`
 	Formats      []string `json:"formats" jsonschema:"formats present, e.g. text, png, chart"`
 	Text         string   `json:"text,omitempty"`
@@ -282,46 +282,46 @@ type CodeResult struct {
 	Chart        any      `json:"chart,omitempty"`
 }
 
-type CodeError struct {
+type codeError struct {
 	Name      string `json:"name"`
 	Value     string `json:"value"`
 	Traceback string `json:"traceback"`
 }
 
-type CodeOut struct {
-	Results []CodeResult `json:"results"`
+type codeOut struct {
+	Results []codeResult `json:"results"`
 	Stdout  string       `json:"stdout"`
 	Stderr  string       `json:"stderr"`
-	Error   *CodeError   `json:"error,omitempty" jsonschema:"what the code raised, if anything"`
+	Error   *codeError   `json:"error,omitempty" jsonschema:"what the code raised, if anything"`
 }
 
-func (t *tools) runCode(ctx context.Context, _ *mcp.CallToolRequest, in CodeIn) (*mcp.CallToolResult, CodeOut, error) {
+func (t *tools) runCode(ctx context.Context, _ *mcp.CallToolRequest, in codeIn) (*mcp.CallToolResult, codeOut, error) {
 	if in.Code == "" {
-		return nil, CodeOut{}, invalid("code is required")
+		return nil, codeOut{}, invalid("code is required")
 	}
 	if in.Language != "" && in.ContextID != "" {
-		return nil, CodeOut{}, invalid("give language or contextId, not both: a context has its language")
+		return nil, codeOut{}, invalid("give language or contextId, not both: a context has its language")
 	}
 	d, err := seconds("timeoutSeconds", in.TimeoutSeconds)
 	if err != nil {
-		return nil, CodeOut{}, err
+		return nil, codeOut{}, err
 	}
 	sbx, err := t.sandbox(ctx, in.SandboxID)
 	if err != nil {
-		return nil, CodeOut{}, err
+		return nil, codeOut{}, err
 	}
 	ex, err := sbx.RunCode(ctx, in.Code, agentbox.RunCodeOptions{Language: in.Language, ContextID: in.ContextID, EnvVars: in.Envs, Timeout: d,
 		MaxResponseBytes: maxCodeBytes})
 	if errors.Is(err, agentbox.ErrUnavailable) {
-		return nil, CodeOut{}, fmt.Errorf("sandbox %s (template %s) runs no code interpreter; create the sandbox from an interpreter template such as code-interpreter-v1: %w",
+		return nil, codeOut{}, fmt.Errorf("sandbox %s (template %s) runs no code interpreter; create the sandbox from an interpreter template such as code-interpreter-v1: %w",
 			sbx.ID, sbx.TemplateID, err)
 	}
 	if err != nil {
-		return nil, CodeOut{}, err
+		return nil, codeOut{}, err
 	}
-	out := CodeOut{Results: []CodeResult{}}
+	out := codeOut{Results: []codeResult{}}
 	for _, r := range ex.Results {
-		out.Results = append(out.Results, CodeResult{IsMainResult: r.IsMainResult, Formats: r.Formats(), Text: r.Text, HTML: r.HTML,
+		out.Results = append(out.Results, codeResult{IsMainResult: r.IsMainResult, Formats: r.Formats(), Text: r.Text, HTML: r.HTML,
 			Markdown: r.Markdown, SVG: r.SVG, PNG: r.PNG, JPEG: r.JPEG, LaTeX: r.LaTeX,
 			JSON: raw(r.JSON), Data: raw(r.Data), Chart: raw(r.Chart)})
 	}
@@ -332,7 +332,7 @@ func (t *tools) runCode(ctx context.Context, _ *mcp.CallToolRequest, in CodeIn) 
 		out.Stderr += s
 	}
 	if ex.Error != nil {
-		out.Error = &CodeError{Name: ex.Error.Name, Value: ex.Error.Value, Traceback: ex.Error.Traceback}
+		out.Error = &codeError{Name: ex.Error.Name, Value: ex.Error.Value, Traceback: ex.Error.Traceback}
 	}
 	return nil, out, nil
 }
@@ -349,47 +349,47 @@ func raw(b json.RawMessage) any {
 	return v
 }
 
-type ReadIn struct {
+type readIn struct {
 	SandboxID string `json:"sandboxId" jsonschema:"the sandbox's id"`
 	Path      string `json:"path" jsonschema:"absolute path, or relative to the user's home"`
 	User      string `json:"user,omitempty" jsonschema:"user to read as; default the template's user"`
 }
 
-type ReadOut struct {
+type readOut struct {
 	Path     string `json:"path"`
 	Content  string `json:"content"`
 	Encoding string `json:"encoding" jsonschema:"utf8 or base64"`
 	Size     int    `json:"size" jsonschema:"bytes"`
 }
 
-func (t *tools) readFile(ctx context.Context, _ *mcp.CallToolRequest, in ReadIn) (*mcp.CallToolResult, ReadOut, error) {
+func (t *tools) readFile(ctx context.Context, _ *mcp.CallToolRequest, in readIn) (*mcp.CallToolResult, readOut, error) {
 	if in.Path == "" {
-		return nil, ReadOut{}, invalid("path is required")
+		return nil, readOut{}, invalid("path is required")
 	}
 	sbx, err := t.sandbox(ctx, in.SandboxID)
 	if err != nil {
-		return nil, ReadOut{}, err
+		return nil, readOut{}, err
 	}
 	rc, err := sbx.Files.AsUser(in.User).ReadStream(ctx, in.Path)
 	if err != nil {
-		return nil, ReadOut{}, err
+		return nil, readOut{}, err
 	}
 	defer rc.Close()
 	b, err := io.ReadAll(io.LimitReader(rc, maxFileBytes+1))
 	if err != nil {
-		return nil, ReadOut{}, fmt.Errorf("read %s: %w", in.Path, err)
+		return nil, readOut{}, fmt.Errorf("read %s: %w", in.Path, err)
 	}
 	if len(b) > maxFileBytes {
-		return nil, ReadOut{}, fmt.Errorf("%s is larger than %d MiB, too big for a tool result; read a part with run_command (e.g. head -c)", in.Path, maxFileBytes>>20)
+		return nil, readOut{}, fmt.Errorf("%s is larger than %d MiB, too big for a tool result; read a part with run_command (e.g. head -c)", in.Path, maxFileBytes>>20)
 	}
-	out := ReadOut{Path: in.Path, Content: string(b), Encoding: "utf8", Size: len(b)}
+	out := readOut{Path: in.Path, Content: string(b), Encoding: "utf8", Size: len(b)}
 	if !utf8.Valid(b) {
 		out.Content, out.Encoding = base64.StdEncoding.EncodeToString(b), "base64"
 	}
 	return nil, out, nil
 }
 
-type WriteIn struct {
+type writeIn struct {
 	SandboxID string `json:"sandboxId" jsonschema:"the sandbox's id"`
 	Path      string `json:"path" jsonschema:"absolute path, or relative to the user's home"`
 	Content   string `json:"content" jsonschema:"the new content"`
@@ -397,14 +397,14 @@ type WriteIn struct {
 	User      string `json:"user,omitempty" jsonschema:"user to write as; default the template's user"`
 }
 
-type WriteOut struct {
+type writeOut struct {
 	Path string `json:"path" jsonschema:"absolute path written"`
 	Size int    `json:"size" jsonschema:"bytes written"`
 }
 
-func (t *tools) writeFile(ctx context.Context, _ *mcp.CallToolRequest, in WriteIn) (*mcp.CallToolResult, WriteOut, error) {
+func (t *tools) writeFile(ctx context.Context, _ *mcp.CallToolRequest, in writeIn) (*mcp.CallToolResult, writeOut, error) {
 	if in.Path == "" {
-		return nil, WriteOut{}, invalid("path is required")
+		return nil, writeOut{}, invalid("path is required")
 	}
 	data := []byte(in.Content)
 	switch in.Encoding {
@@ -412,69 +412,69 @@ func (t *tools) writeFile(ctx context.Context, _ *mcp.CallToolRequest, in WriteI
 	case "base64":
 		var err error
 		if data, err = base64.StdEncoding.DecodeString(in.Content); err != nil {
-			return nil, WriteOut{}, invalid("content is not base64: %v", err)
+			return nil, writeOut{}, invalid("content is not base64: %v", err)
 		}
 	default:
-		return nil, WriteOut{}, invalid("encoding %q: want utf8 or base64", in.Encoding)
+		return nil, writeOut{}, invalid("encoding %q: want utf8 or base64", in.Encoding)
 	}
 	sbx, err := t.sandbox(ctx, in.SandboxID)
 	if err != nil {
-		return nil, WriteOut{}, err
+		return nil, writeOut{}, err
 	}
 	info, err := sbx.Files.AsUser(in.User).Write(ctx, in.Path, data)
 	if err != nil {
-		return nil, WriteOut{}, err
+		return nil, writeOut{}, err
 	}
-	return nil, WriteOut{Path: info.Path, Size: len(data)}, nil
+	return nil, writeOut{Path: info.Path, Size: len(data)}, nil
 }
 
-type ListFilesIn struct {
+type listFilesIn struct {
 	SandboxID string `json:"sandboxId" jsonschema:"the sandbox's id"`
 	Path      string `json:"path" jsonschema:"directory, absolute or relative to the user's home"`
 	Depth     int    `json:"depth,omitempty" jsonschema:"levels to descend; default 1"`
 	User      string `json:"user,omitempty" jsonschema:"user to list as; default the template's user"`
 }
 
-type FileEntry struct {
+type fileEntry struct {
 	Name string `json:"name"`
 	Path string `json:"path"`
 	Type string `json:"type" jsonschema:"file, dir or symlink"`
 	Size int64  `json:"size"`
 }
 
-type ListFilesOut struct {
-	Entries []FileEntry `json:"entries"`
+type listFilesOut struct {
+	Entries []fileEntry `json:"entries"`
 }
 
-func (t *tools) listFiles(ctx context.Context, _ *mcp.CallToolRequest, in ListFilesIn) (*mcp.CallToolResult, ListFilesOut, error) {
+func (t *tools) listFiles(ctx context.Context, _ *mcp.CallToolRequest, in listFilesIn) (*mcp.CallToolResult, listFilesOut, error) {
 	if in.Path == "" {
-		return nil, ListFilesOut{}, invalid("path is required")
+		return nil, listFilesOut{}, invalid("path is required")
 	}
 	if in.Depth < 0 {
-		return nil, ListFilesOut{}, invalid("depth %d: want 1 or more", in.Depth)
+		return nil, listFilesOut{}, invalid("depth %d: want 1 or more", in.Depth)
 	}
 	depth := max(in.Depth, 1)
 	sbx, err := t.sandbox(ctx, in.SandboxID)
 	if err != nil {
-		return nil, ListFilesOut{}, err
+		return nil, listFilesOut{}, err
 	}
 	entries, err := sbx.Files.AsUser(in.User).List(ctx, in.Path, depth)
 	if err != nil {
-		return nil, ListFilesOut{}, err
+		return nil, listFilesOut{}, err
 	}
-	out := ListFilesOut{Entries: []FileEntry{}}
+	out := listFilesOut{Entries: []fileEntry{}}
 	for _, e := range entries {
-		out.Entries = append(out.Entries, FileEntry{Name: e.Name, Path: e.Path, Type: string(e.Type), Size: e.Size})
+		out.Entries = append(out.Entries, fileEntry{Name: e.Name, Path: e.Path, Type: string(e.Type), Size: e.Size})
 	}
 	return nil, out, nil
 }
 
-type PortIn struct {
+type portIn struct {
 	SandboxID string `json:"sandboxId" jsonschema:"the sandbox's id"`
 	Port      int    `json:"port" jsonschema:"the port the sandbox listens on"`
 }
 
-type PortOut struct {
+type portOut struct {
 	URL  string `json:"url" jsonschema:"reaches the port through the server's gateway"`
 	Host string `json:"host,omitempty" jsonschema:"<port>-<id>.<domain>, when the server has a domain"`
 	// TrafficAccessToken is needed (header e2b-traffic-access-token) when
@@ -482,20 +482,20 @@ type PortOut struct {
 	TrafficAccessToken string `json:"trafficAccessToken,omitempty" jsonschema:"send as header e2b-traffic-access-token; set when the sandbox's ports are not public"`
 }
 
-func (t *tools) exposePort(ctx context.Context, _ *mcp.CallToolRequest, in PortIn) (*mcp.CallToolResult, PortOut, error) {
+func (t *tools) exposePort(ctx context.Context, _ *mcp.CallToolRequest, in portIn) (*mcp.CallToolResult, portOut, error) {
 	if in.Port < 1 || in.Port > 65535 {
-		return nil, PortOut{}, invalid("port %d: want 1 to 65535", in.Port)
+		return nil, portOut{}, invalid("port %d: want 1 to 65535", in.Port)
 	}
 	if in.Port == agentbox.EnvdPort {
-		return nil, PortOut{}, invalid("port %d is envd's, reached through the data plane, not exposed", in.Port)
+		return nil, portOut{}, invalid("port %d is envd's, reached through the data plane, not exposed", in.Port)
 	}
 	// Connect checks the sandbox is the caller's and running, and gives its
 	// traffic token.
 	sbx, err := t.sandbox(ctx, in.SandboxID)
 	if err != nil {
-		return nil, PortOut{}, err
+		return nil, portOut{}, err
 	}
-	out := PortOut{
+	out := portOut{
 		URL:                t.cfg.PublicURL + "/sandboxes/" + url.PathEscape(sbx.ID) + "/ports/" + strconv.Itoa(in.Port) + "/",
 		TrafficAccessToken: sbx.TrafficAccessToken,
 	}
