@@ -17,6 +17,9 @@ const API = process.env.E2B_API_URL
 const KEY = process.env.E2B_API_KEY
 const OTHER = process.env.E2E_OTHER_API_KEY
 const BIN = process.env.AGENTBOX_BIN
+// Reachable from sandboxes unless their policy denies it (as in e2e/js).
+const EGRESS_PROBE = process.env.E2E_EGRESS_PROBE || '203.0.113.80:80'
+const curl = `curl -sS -o /dev/null --connect-timeout 3 --max-time 5 http://${EGRESS_PROBE}/`
 const MIN = 60_000
 
 const TOOLS = ['create_sandbox', 'list_sandboxes', 'kill_sandbox', 'pause_sandbox', 'resume_sandbox', 'run_command',
@@ -126,6 +129,27 @@ describe('MCP over streamable HTTP', { timeout: 10 * MIN }, () => {
 
     // base has no code interpreter: the refusal says so and what to do.
     assert.match(await refused(one, 'run_code', { sandboxId: id, code: '1+1' }), /no code interpreter.*code-interpreter-v1/)
+  })
+
+  it('creates sandboxes with a network policy', async () => {
+    assert.ok(id, 'needs the sandbox of the previous test')
+    const open = await call(one, 'run_command', { sandboxId: id, cmd: curl })
+    assert.equal(open.exitCode, 0, `the default policy cannot reach ${EGRESS_PROBE}: ${open.stderr}`)
+    const probeIP = EGRESS_PROBE.split(':')[0]
+    const policies = [
+      [{ allowInternetAccess: false }, false],
+      [{ denyOut: ['0.0.0.0/0'] }, false],
+      [{ denyOut: ['0.0.0.0/0'], allowOut: [probeIP] }, true],
+    ]
+    for (const [policy, reachable] of policies) {
+      const sbx = (await call(one, 'create_sandbox', { timeoutSeconds: 120, ...policy })).sandboxId
+      try {
+        const r = await call(one, 'run_command', { sandboxId: sbx, cmd: curl })
+        assert.equal(r.exitCode === 0, reachable, `${JSON.stringify(policy)}: exit ${r.exitCode} ${r.stderr}`)
+      } finally {
+        await call(one, 'kill_sandbox', { sandboxId: sbx })
+      }
+    }
   })
 
   it('pauses and resumes a sandbox', async () => {
