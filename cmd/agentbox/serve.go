@@ -583,5 +583,6 @@ Use it from the official E2B SDK (npm install e2b):
   node -e "const {Sandbox}=require('e2b'); (async()=>{const s=await Sandbox.create('base'); console.log((await s.commands.run('echo hello from $(hostname)')).stdout); await s.kill()})()"
 
 Or the CLI:  agentbox create base && agentbox exec <id> -- python3 -c 'print(1)'
+Or an agent over MCP:  %[1]s/mcp with header X-API-Key (or stdio: agentbox mcp)
 `, url, shown, filepath.Join(dataDir, "apikey"))
 }
