@@ -23,7 +23,7 @@ list files and expose ports, acting on the server given by --api-url with the
 key given by --api-key (or their environment variables), so they see exactly
 what that key's team sees. Agents that speak streamable HTTP can instead use
 the server's /mcp endpoint with the key in X-API-Key or Authorization: Bearer.`,
-		Example: `  claude mcp add agentbox -e AGENTBOX_API_URL=http://127.0.0.1:3000 -e AGENTBOX_API_KEY=ab_... -- agentbox mcp`,
+		Example: `  claude mcp add agentbox -e AGENTBOX_API_URL=http://127.0.0.1:3000 -e AGENTBOX_API_KEY=e2b_... -- agentbox mcp`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if domain == "" {
