@@ -133,15 +133,15 @@ else
 	trap - EXIT
 fi
 
-# The JS end-to-end suite's pinned SDKs; skipped when the lock file has not
-# changed since the last install.
-js="$root/e2e/js"
-if [[ -f $js/package-lock.json ]]; then
+# The pinned npm clients of the end-to-end suites (the E2B SDKs, the MCP
+# SDK); each skipped when its lock file has not changed since the last install.
+for js in "$root/e2e/js" "$root/e2e/mcp"; do
+	[[ -f $js/package-lock.json ]] || continue
 	if [[ ! -f $js/node_modules/.package-lock.json || $js/package-lock.json -nt $js/node_modules/.package-lock.json ]]; then
-		log "npm ci in e2e/js"
+		log "npm ci in ${js#"$root"/}"
 		(cd "$js" && npm ci --no-audit --no-fund --loglevel=error)
 	else
-		log "e2e/js node_modules up to date"
+		log "${js#"$root"/} node_modules up to date"
 	fi
-fi
+done
 log "done"

@@ -14,8 +14,8 @@ import (
 
 // newClient builds the SDK client from the persistent flags, the
 // environment and the local key file.
-func newClient(cmd *cobra.Command) *agentbox.Client {
-	var opts []agentbox.Option
+func newClient(cmd *cobra.Command, extra ...agentbox.Option) *agentbox.Client {
+	opts := extra
 	if u, _ := cmd.Flags().GetString("api-url"); u != "" {
 		opts = append(opts, agentbox.WithAPIURL(u))
 	}

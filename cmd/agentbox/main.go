@@ -67,6 +67,7 @@ $AGENTBOX_API_KEY, $E2B_API_KEY, or the file apikey in $AGENTBOX_DATA_DIR
 		newTemplateCmd(),
 		newRunCodeCmd(),
 		newHookCmd(),
+		newMCPCmd(),
 	)
 	return root
 }

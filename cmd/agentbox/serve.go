@@ -27,6 +27,7 @@ import (
 	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/authlimit"
 	"github.com/agentbox/agentbox/internal/gateway"
+	"github.com/agentbox/agentbox/internal/mcpserver"
 	"github.com/agentbox/agentbox/internal/metrics"
 	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/runtime"
@@ -442,12 +443,14 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	guesses := authlimit.New(authlimit.Options{TrustedProxies: proxies})
 	apiSrv.SetAuthLimiter(guesses)
 	gw.SetAuthLimiter(guesses)
-	handler := gw.Handler(apiSrv.Handler())
-
 	ln, err := listen(ctx, c.Listen)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
+	// MCP tools call this very listener with the caller's key, so they go
+	// through the API and gateway like any SDK.
+	apiSrv.SetMCP(mcpserver.Handler(mcpserver.HTTPConfig{SelfURL: mcpserver.LoopbackURL(ln.Addr()), Domain: c.Net.Domain, Log: log}))
+	handler := gw.Handler(apiSrv.Handler())
 	servers := []*http.Server{{Handler: handler, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 640 * time.Second}}
 	listeners := []net.Listener{ln}
 	if c.DataPlaneListen != "" {
@@ -616,5 +619,6 @@ Use it from the official E2B SDK (npm install e2b):
   node -e "const {Sandbox}=require('e2b'); (async()=>{const s=await Sandbox.create('base'); console.log((await s.commands.run('echo hello from $(hostname)')).stdout); await s.kill()})()"
 
 Or the CLI:  agentbox create base && agentbox exec <id> -- python3 -c 'print(1)'
+Or an agent over MCP:  %[1]s/mcp with header X-API-Key (or stdio: agentbox mcp)
 `, url, shown, filepath.Join(dataDir, "apikey"))
 }

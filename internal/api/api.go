@@ -44,6 +44,7 @@ type Server struct {
 	guesses     *authlimit.Limiter
 	idem        idempotency  // creates by Idempotency-Key
 	promMetrics http.Handler // GET /metrics (SetMetrics); nil: off
+	mcp         http.Handler // MCP over streamable HTTP (SetMCP); nil: no /mcp
 	// MaxBody caps JSON request bodies.
 	MaxBody int64
 }
@@ -55,6 +56,11 @@ func New(log *slog.Logger, st *store.Store, mgr *sandbox.Manager, tpl Templates)
 
 // SetMetrics serves h at GET /metrics. Call before serving.
 func (s *Server) SetMetrics(h http.Handler) { s.promMetrics = h }
+
+// SetMCP serves h at /mcp behind the API key check, so MCP callers are
+// authenticated, rate limited and scoped to their team like REST callers.
+// Call before serving.
+func (s *Server) SetMCP(h http.Handler) { s.mcp = h }
 
 // SetAuthLimiter replaces the limiter of failed API key checks, e.g. with
 // one shared with the gateway or configured with trusted proxies. Call
@@ -108,6 +114,9 @@ func (s *Server) Handler() http.Handler {
 	auth("GET /templates/{id}", s.getTemplate)
 	auth("GET /templates/aliases/{alias}", s.templateAlias)
 	s.templateBuildRoutes(mux, auth)
+	if s.mcp != nil {
+		mux.Handle("/mcp", s.authenticate(s.mcp))
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
 	})

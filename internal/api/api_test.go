@@ -227,6 +227,50 @@ func TestAuthentication(t *testing.T) {
 	}
 }
 
+// TestMCPAuthentication: /mcp is behind the same key check as the REST
+// routes, and the MCP handler sees only authenticated requests.
+func TestMCPAuthentication(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	team, _ := st.EnsureTeam(ctx, "a")
+	key, _, _ := st.CreateAPIKey(ctx, team.ID, "")
+	s := New(slog.New(slog.DiscardHandler), st, nil, nil)
+	var reached []string
+	s.SetMCP(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached = append(reached, keyOf(r.Context()).TeamID)
+		w.WriteHeader(http.StatusAccepted)
+	}))
+	h := s.Handler()
+	for _, tc := range []struct {
+		name   string
+		header map[string]string
+		want   int
+	}{
+		{"no key", nil, http.StatusUnauthorized},
+		{"wrong key", map[string]string{"X-API-Key": "e2b_00"}, http.StatusUnauthorized},
+		{"wrong bearer", map[string]string{"Authorization": "Bearer e2b_00"}, http.StatusUnauthorized},
+		{"good key", map[string]string{"X-API-Key": key}, http.StatusAccepted},
+		{"bearer", map[string]string{"Authorization": "Bearer " + key}, http.StatusAccepted},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(`{}`))
+		for k, v := range tc.header {
+			r.Header.Set(k, v)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != tc.want {
+			t.Errorf("%s: status %d, want %d: %s", tc.name, w.Code, tc.want, w.Body)
+		}
+	}
+	if len(reached) != 2 || reached[0] != team.ID || reached[1] != team.ID {
+		t.Errorf("MCP handler reached by %v, want the two authenticated requests of team %s", reached, team.ID)
+	}
+}
+
 // FuzzCreateBody: no body makes decoding or validation panic, and every
 // rejection is a client error with a message.
 func FuzzCreateBody(f *testing.F) {

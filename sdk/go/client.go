@@ -35,6 +35,7 @@ type Client struct {
 	apiKey     string
 	sandboxURL string
 	http       *http.Client
+	msgMax     int // WithMessageLimit
 }
 
 // Option configures a Client.
@@ -56,6 +57,12 @@ func WithSandboxURL(u string) Option { return func(c *Client) { c.sandboxURL = u
 // WithHTTPClient sets the HTTP client for both planes. It must not have a
 // Timeout: command and watch streams stay open for as long as they run.
 func WithHTTPClient(h *http.Client) Option { return func(c *Client) { c.http = h } }
+
+// WithMessageLimit refuses data-plane RPC messages (a chunk of process
+// output, a directory listing) bigger than n bytes, so the code in a
+// sandbox cannot make the client hold an arbitrarily big one. Zero
+// (default): no limit.
+func WithMessageLimit(n int) Option { return func(c *Client) { c.msgMax = n } }
 
 // New returns a client configured from opts and the environment.
 func New(opts ...Option) *Client {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -29,6 +30,11 @@ type RunCodeOptions struct {
 	// Timeout interrupts the code after this long (the context survives);
 	// RunCode then returns the execution with its interrupt error.
 	Timeout time.Duration
+	// MaxResponseBytes stops reading the interpreter's answer past this many
+	// bytes: RunCode then returns what it got with an error naming the limit
+	// (the interpreter truncates floods itself; this bounds the caller's
+	// memory against one that does not). Zero: no limit.
+	MaxResponseBytes int64
 	// Callbacks see output as it streams, before RunCode returns.
 	OnStdout func(OutputMessage)
 	OnStderr func(OutputMessage)
@@ -183,11 +189,40 @@ func (s *Sandbox) RunCode(ctx context.Context, code string, opts RunCodeOptions)
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("run code in sandbox %s: %w", s.ID, decodeAPIError(resp))
 	}
-	exec, err := readExecution(resp.Body, opts)
+	var stream io.Reader = resp.Body
+	if opts.MaxResponseBytes > 0 {
+		stream = &cappedReader{r: resp.Body, left: opts.MaxResponseBytes}
+	}
+	exec, err := readExecution(stream, opts)
+	if errors.Is(err, ErrResponseTooLarge) {
+		return exec, fmt.Errorf("run code in sandbox %s: the interpreter's answer passed %d bytes: %w", s.ID, opts.MaxResponseBytes, err)
+	}
 	if err != nil {
 		return exec, fmt.Errorf("run code in sandbox %s: %w", s.ID, err)
 	}
 	return exec, nil
+}
+
+// ErrResponseTooLarge is returned by RunCode when the interpreter's answer
+// passes RunCodeOptions.MaxResponseBytes.
+var ErrResponseTooLarge = errors.New("response too large")
+
+// cappedReader fails with ErrResponseTooLarge past its budget.
+type cappedReader struct {
+	r    io.Reader
+	left int64
+}
+
+func (c *cappedReader) Read(p []byte) (int, error) {
+	if c.left <= 0 {
+		return 0, ErrResponseTooLarge
+	}
+	if int64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.r.Read(p)
+	c.left -= int64(n)
+	return n, err
 }
 
 // readExecution parses the NDJSON stream of /execute.
@@ -196,6 +231,9 @@ func readExecution(r io.Reader, opts RunCodeOptions) (*Execution, error) {
 	br := bufio.NewReaderSize(r, 64<<10)
 	for {
 		line, err := br.ReadBytes('\n')
+		if err != nil && err != io.EOF {
+			return exec, err // a partial line is no message
+		}
 		if len(bytes.TrimSpace(line)) > 0 {
 			var m struct {
 				Type           string    `json:"type"`
@@ -248,9 +286,6 @@ func readExecution(r io.Reader, opts RunCodeOptions) (*Execution, error) {
 		}
 		if err == io.EOF {
 			return exec, fmt.Errorf("stream ended before end_of_execution: %w", io.ErrUnexpectedEOF)
-		}
-		if err != nil {
-			return exec, err
 		}
 	}
 }

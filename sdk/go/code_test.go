@@ -32,6 +32,20 @@ func codeSandbox(t *testing.T, langs ...string) *Sandbox {
 	return c.newSandbox(rest.Sandbox{SandboxID: "itest"})
 }
 
+// TestRunCodeResponseLimit: an answer past MaxResponseBytes ends RunCode
+// with ErrResponseTooLarge instead of being read whole.
+func TestRunCodeResponseLimit(t *testing.T) {
+	sbx := codeSandbox(t)
+	_, err := sbx.RunCode(t.Context(), "head -c 200000 /dev/zero | tr '\\0' x", RunCodeOptions{Language: "bash", MaxResponseBytes: 50000})
+	if !errors.Is(err, ErrResponseTooLarge) {
+		t.Fatalf("err = %v, want ErrResponseTooLarge", err)
+	}
+	ex, err := sbx.RunCode(t.Context(), "echo small", RunCodeOptions{Language: "bash", MaxResponseBytes: 50000})
+	if err != nil || strings.Join(ex.Logs.Stdout, "") != "small\n" {
+		t.Fatalf("within the limit: %+v %v", ex, err)
+	}
+}
+
 func TestRunCodeBash(t *testing.T) {
 	sbx := codeSandbox(t)
 	ctx := t.Context()

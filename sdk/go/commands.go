@@ -33,6 +33,7 @@ type commandConfig struct {
 	timeout  time.Duration
 	onStdout func([]byte)
 	onStderr func([]byte)
+	maxOut   int
 }
 
 // WithEnvs adds environment variables for the process.
@@ -57,6 +58,12 @@ func WithStdin() CommandOption { return func(c *commandConfig) { c.stdin = true 
 // client is gone. Zero (default) means no limit beyond ctx.
 func WithTimeout(d time.Duration) CommandOption { return func(c *commandConfig) { c.timeout = d } }
 
+// WithOutputLimit keeps at most n bytes of each of stdout and stderr in the
+// result (the first n; CommandResult.Truncated tells), so a flood of output
+// cannot exhaust the caller's memory. Callbacks still see everything.
+// Zero (default) keeps all.
+func WithOutputLimit(n int) CommandOption { return func(c *commandConfig) { c.maxOut = n } }
+
 // WithOnStdout is called with every chunk of stdout as it arrives.
 func WithOnStdout(f func([]byte)) CommandOption { return func(c *commandConfig) { c.onStdout = f } }
 
@@ -70,6 +77,8 @@ type CommandResult struct {
 	Stderr   string
 	Error    string // envd's message when the process could not run or wait properly
 	Status   string // e.g. "exit status 1", "signal: killed"
+	// Truncated is set when WithOutputLimit cut stdout or stderr.
+	Truncated bool
 }
 
 // CommandExitError is returned when a process exits non-zero; the full
@@ -260,8 +269,10 @@ type CommandHandle struct {
 	mu     sync.Mutex
 	stdout bytes.Buffer
 	stderr bytes.Buffer
-	result *CommandResult
-	err    error
+	// truncated: output was dropped past WithOutputLimit.
+	truncated bool
+	result    *CommandResult
+	err       error
 }
 
 func newHandle(dp *dataPlane, src eventSource, cfg commandConfig, cancel context.CancelFunc) (*CommandHandle, error) {
@@ -295,7 +306,7 @@ func (h *CommandHandle) read(src eventSource, cfg commandConfig) {
 			d := ev.GetData()
 			if b := d.GetStdout(); b != nil {
 				h.mu.Lock()
-				h.stdout.Write(b)
+				h.keep(&h.stdout, b, cfg.maxOut)
 				h.mu.Unlock()
 				if cfg.onStdout != nil {
 					cfg.onStdout(b)
@@ -303,7 +314,7 @@ func (h *CommandHandle) read(src eventSource, cfg commandConfig) {
 			}
 			if b := d.GetStderr(); b != nil {
 				h.mu.Lock()
-				h.stderr.Write(b)
+				h.keep(&h.stderr, b, cfg.maxOut)
 				h.mu.Unlock()
 				if cfg.onStderr != nil {
 					cfg.onStderr(b)
@@ -316,11 +327,12 @@ func (h *CommandHandle) read(src eventSource, cfg commandConfig) {
 			e := ev.GetEnd()
 			h.mu.Lock()
 			h.result = &CommandResult{
-				ExitCode: int(e.GetExitCode()),
-				Stdout:   h.stdout.String(),
-				Stderr:   h.stderr.String(),
-				Error:    e.GetError(),
-				Status:   e.GetStatus(),
+				ExitCode:  int(e.GetExitCode()),
+				Stdout:    h.stdout.String(),
+				Stderr:    h.stderr.String(),
+				Error:     e.GetError(),
+				Status:    e.GetStatus(),
+				Truncated: h.truncated,
 			}
 			h.mu.Unlock()
 		}
@@ -334,6 +346,15 @@ func (h *CommandHandle) read(src eventSource, cfg commandConfig) {
 		}
 		h.err = rpcError(fmt.Sprintf("process %d", h.Pid), err)
 	}
+}
+
+// keep appends b to buf up to limit bytes (0: no limit). Called with h.mu.
+func (h *CommandHandle) keep(buf *bytes.Buffer, b []byte, limit int) {
+	if limit > 0 && buf.Len()+len(b) > limit {
+		b = b[:max(limit-buf.Len(), 0)]
+		h.truncated = true
+	}
+	buf.Write(b)
 }
 
 // Wait blocks until the process ends (or ctx is done) and returns its

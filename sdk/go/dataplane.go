@@ -64,6 +64,9 @@ func (c *Client) newSandbox(w rest.Sandbox) *Sandbox {
 	}
 	// JSON like the official SDKs, so the server sees one wire dialect.
 	rpcOpts := []connect.ClientOption{connect.WithProtoJSON()}
+	if c.msgMax > 0 {
+		rpcOpts = append(rpcOpts, connect.WithReadMaxBytes(c.msgMax))
+	}
 	s.dp = &dataPlane{
 		baseURL: c.sandboxURL,
 		http:    hc,

@@ -184,6 +184,36 @@ func TestCommandsRun(t *testing.T) {
 	}
 }
 
+// TestCommandsOutputLimit: past the limit output is dropped from the
+// result (and flagged), not from the callbacks.
+func TestCommandsOutputLimit(t *testing.T) {
+	sbx, _ := newScriptedSandbox(t)
+	var streamed strings.Builder
+	res, err := sbx.Commands.Run(t.Context(), "echo hi", WithOutputLimit(6), WithOnStdout(func(b []byte) { streamed.Write(b) }))
+	var exitErr *CommandExitError
+	if !errors.As(err, &exitErr) {
+		t.Fatalf("err = %v, want the exit error", err)
+	}
+	if res.Stdout != "out1 o" || res.Stderr != "oops" || !res.Truncated || streamed.String() != "out1 out2" {
+		t.Errorf("result = %+v, streamed %q", res, streamed.String())
+	}
+	res, _ = sbx.Commands.Run(t.Context(), "echo hi", WithOutputLimit(9))
+	if res.Stdout != "out1 out2" || res.Truncated {
+		t.Errorf("within the limit: %+v", res)
+	}
+}
+
+// TestMessageLimit: a data-plane message past WithMessageLimit fails the
+// call instead of being read.
+func TestMessageLimit(t *testing.T) {
+	sbx, _ := newScriptedSandbox(t)
+	c := New(WithAPIURL("http://127.0.0.1:1"), WithSandboxURL(sbx.client.sandboxURL), WithMessageLimit(16))
+	sbx = c.newSandbox(rest.Sandbox{SandboxID: sbx.ID, EnvdAccessToken: sbx.EnvdAccessToken})
+	if _, err := sbx.Commands.Run(t.Context(), "echo hi"); err == nil || !strings.Contains(err.Error(), "larger than configured max 16") {
+		t.Fatalf("err = %v, want the message refused for its size", err)
+	}
+}
+
 func TestCommandsStartKill(t *testing.T) {
 	sbx, envd := newScriptedSandbox(t)
 	ctx := context.Background()

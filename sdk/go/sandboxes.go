@@ -26,6 +26,9 @@ type CreateOptions struct {
 	EnvVars map[string]string
 	// AllowInternetAccess false denies all outbound traffic; nil = server default.
 	AllowInternetAccess *bool
+	// Network is the sandbox's network policy (allowOut, denyOut, ...); nil
+	// = outbound allowed unless AllowInternetAccess is false, ports public.
+	Network *rest.SandboxNetworkConfig
 	// Secure false asks for a sandbox whose envd takes no access token (the
 	// legacy v1 create call). nil or true: secured, the default.
 	Secure *bool
@@ -80,7 +83,7 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Sandbox, erro
 		opts.Template = "base"
 	}
 	body := rest.NewSandbox{TemplateID: opts.Template, Metadata: opts.Metadata, EnvVars: opts.EnvVars,
-		AllowInternetAccess: opts.AllowInternetAccess}
+		AllowInternetAccess: opts.AllowInternetAccess, Network: opts.Network}
 	if opts.Timeout > 0 {
 		body.Timeout = seconds(opts.Timeout)
 	}
@@ -167,6 +170,16 @@ func (c *Client) Kill(ctx context.Context, id string) error {
 	if _, err := c.do(ctx, http.MethodDelete, "/sandboxes/"+url.PathEscape(id), nil, nil,
 		http.StatusNoContent, http.StatusOK); err != nil {
 		return fmt.Errorf("kill sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// Pause checkpoints a running sandbox (memory, processes and files) until
+// Connect resumes it.
+func (c *Client) Pause(ctx context.Context, id string) error {
+	if _, err := c.do(ctx, http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/pause", nil, nil,
+		http.StatusNoContent, http.StatusOK); err != nil {
+		return fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
 	return nil
 }

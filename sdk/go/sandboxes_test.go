@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/agentbox/agentbox/api/gen/rest"
 )
 
 // recorded is one request the fake control plane saw.
@@ -61,9 +63,11 @@ func TestCreate(t *testing.T) {
 			Template: "py", Timeout: 1500 * time.Millisecond,
 			Metadata: map[string]string{"a": "b"}, EnvVars: map[string]string{"X": "1"},
 			AllowInternetAccess: &no,
+			Network:             &rest.SandboxNetworkConfig{AllowOut: []string{"pypi.org"}, DenyOut: []string{"0.0.0.0/0"}},
 		}, "/v2/sandboxes", map[string]any{
 			"templateID": "py", "timeout": 2.0, "metadata": map[string]any{"a": "b"},
 			"envVars": map[string]any{"X": "1"}, "allow_internet_access": false,
+			"network": map[string]any{"allowOut": []any{"pypi.org"}, "denyOut": []any{"0.0.0.0/0"}},
 		}},
 		{"insecure uses v1", CreateOptions{Secure: &no}, "/sandboxes",
 			map[string]any{"templateID": "base", "secure": false, "timeout": 300.0}},
@@ -199,6 +203,8 @@ func TestSandboxCalls(t *testing.T) {
 		}, "GET", "/sandboxes/iabc", `null`},
 		{"kill", 204, nil, func(c *Client) error { return c.Kill(context.Background(), "iabc") },
 			"DELETE", "/sandboxes/iabc", `null`},
+		{"pause", 204, nil, func(c *Client) error { return c.Pause(context.Background(), "iabc") },
+			"POST", "/sandboxes/iabc/pause", `null`},
 		{"timeout", 204, nil, func(c *Client) error { return c.SetTimeout(context.Background(), "iabc", 30*time.Second) },
 			"POST", "/sandboxes/iabc/timeout", `{"timeout":30}`},
 		{"metrics", 200, []map[string]any{{"timestampUnix": 1790000000, "cpuUsedPct": 12.5, "memUsed": 1000}}, func(c *Client) error {
