@@ -227,13 +227,17 @@ describe('@e2b/desktop computer use', { timeout: 15 * MIN }, () => {
     const img = decodePNG(png)
     assert.equal(img.width, WIDTH)
     assert.equal(img.height, HEIGHT)
-    // The XFCE desktop is drawn: not one flat colour.
-    const first = img.pixels.subarray(0, img.channels).toString('hex')
-    let other = 0
-    for (let i = 0; i < img.pixels.length; i += img.channels) {
-      if (img.pixels.subarray(i, i + img.channels).toString('hex') !== first) other++
-    }
-    assert.ok(other > 1000, `screenshot is more than one colour (${other} pixels differ from the first)`)
+    // XFCE paints its desktop and panel soon after the SDK saw its
+    // processes: the screen stops being one flat colour.
+    await waitFor('XFCE to paint the screen', async () => {
+      const { pixels, channels } = decodePNG(await sbx.screenshot())
+      const first = pixels.subarray(0, channels).toString('hex')
+      let other = 0
+      for (let i = 0; i < pixels.length; i += channels) {
+        if (pixels.subarray(i, i + channels).toString('hex') !== first) other++
+      }
+      return other > 10_000
+    })
   })
 
   it('moves the mouse and reads the cursor position', async () => {

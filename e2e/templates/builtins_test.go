@@ -171,8 +171,10 @@ func TestBuiltinDesktop(t *testing.T) {
 	}
 	// No display runs at start (the SDK starts its own on :0); started
 	// the way README shows, it takes input and screenshots as the default
-	// user, with the template's DISPLAY.
-	e.exec(t, id, "sh", "-c", "Xvfb :0 -screen 0 1280x800x24 -nolisten tcp >/dev/null 2>&1 & "+
+	// user, with the template's DISPLAY. (-noreset: with no client staying
+	// connected, such as a window manager, Xvfb would reset, and centre
+	// the pointer, whenever the last xdotool disconnects.)
+	e.exec(t, id, "sh", "-c", "Xvfb :0 -screen 0 1280x800x24 -nolisten tcp -noreset >/dev/null 2>&1 & "+
 		"for i in $(seq 100); do xdpyinfo >/dev/null 2>&1 && exit 0; sleep 0.1; done; exit 1")
 	if g := strings.TrimSpace(e.exec(t, id, "xdotool", "getdisplaygeometry")); g != "1280 800" {
 		t.Errorf("xdotool getdisplaygeometry = %q, want 1280 800", g)
