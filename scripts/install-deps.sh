@@ -133,15 +133,17 @@ else
 	trap - EXIT
 fi
 
-# The JS end-to-end suite's pinned SDKs; skipped when the lock file has not
-# changed since the last install.
-js="$root/e2e/js"
-if [[ -f $js/package-lock.json ]]; then
-	if [[ ! -f $js/node_modules/.package-lock.json || $js/package-lock.json -nt $js/node_modules/.package-lock.json ]]; then
-		log "npm ci in e2e/js"
+# The end-to-end suites' pinned SDKs (e2b, @e2b/code-interpreter,
+# @e2b/desktop), each installed from its lock file; a dir whose lock file
+# has not changed since its last install is skipped (the tests' own npm ci
+# does the same check).
+for js in "$root"/e2e/js "$root"/e2e/interpreter "$root"/e2e/desktop; do
+	[[ -f $js/package-lock.json ]] || continue
+	if [[ ! -f $js/node_modules/.package-lock.json || $js/package-lock.json -nt $js/node_modules/.package-lock.json || $js/package.json -nt $js/node_modules/.package-lock.json ]]; then
+		log "npm ci in ${js#"$root"/}"
 		(cd "$js" && npm ci --no-audit --no-fund --loglevel=error)
 	else
-		log "e2e/js node_modules up to date"
+		log "${js#"$root"/} node_modules up to date"
 	fi
-fi
+done
 log "done"
