@@ -48,8 +48,8 @@ test: check-generated
 # sdk-matrix prints the table the last `make test` collected.
 sdk-matrix:
 	@echo "SDK matrix (official SDKs against the real server):"
-	@printf '  %-24s %-10s %s\n' SDK VERSION RESULT
-	@if [ -s bin/sdk-matrix.txt ]; then sort bin/sdk-matrix.txt | awk '{ printf "  %-24s %-10s %s\n", $$1, $$2, $$3 }'; \
+	@printf '  %-22s %-9s %-6s %s\n' SDK VERSION RESULT TEST
+	@if [ -s bin/sdk-matrix.txt ]; then sort bin/sdk-matrix.txt | awk '{ printf "  %-22s %-9s %-6s %s\n", $$1, $$2, $$4, $$3 }'; \
 	else echo "  (no SDK suite ran)"; fi
 
 # up installs what is missing, builds and runs the server in the foreground.

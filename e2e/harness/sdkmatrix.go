@@ -14,10 +14,10 @@ const SDKMatrixEnv = "AGENTBOX_SDK_MATRIX"
 
 // SDKMatrix records whether t passed with the npm module installed as
 // dir/node_modules/<module> (e.g. "e2b-250", an alias of e2b@2.50.0): when
-// t ends it logs "SDK matrix: <name>@<version> PASS|FAIL", the name and
-// version read from the installed package.json, and appends
-// "<name> <version> PASS|FAIL" to the file $AGENTBOX_SDK_MATRIX names, if
-// any. Call it after [NPMInstall].
+// t ends it logs "SDK matrix: <name>@<version> <test> PASS|FAIL", the name
+// and version read from the installed package.json, and appends
+// "<name> <version> <test> PASS|FAIL" to the file $AGENTBOX_SDK_MATRIX
+// names, if any. Call it after [NPMInstall].
 func SDKMatrix(t testing.TB, dir, module string) {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(dir, "node_modules", module, "package.json"))
@@ -36,7 +36,7 @@ func SDKMatrix(t testing.TB, dir, module string) {
 		if t.Skipped() {
 			result = "SKIP"
 		}
-		t.Logf("SDK matrix: %s@%s %s", pkg.Name, pkg.Version, result)
+		t.Logf("SDK matrix: %s@%s %s %s", pkg.Name, pkg.Version, t.Name(), result)
 		path := os.Getenv(SDKMatrixEnv)
 		if path == "" {
 			return
@@ -47,7 +47,7 @@ func SDKMatrix(t testing.TB, dir, module string) {
 			return
 		}
 		defer f.Close()
-		if _, err := fmt.Fprintf(f, "%s %s %s\n", pkg.Name, pkg.Version, result); err != nil {
+		if _, err := fmt.Fprintf(f, "%s %s %s %s\n", pkg.Name, pkg.Version, t.Name(), result); err != nil {
 			t.Errorf("SDK matrix: %v", err)
 		}
 	})
