@@ -366,6 +366,17 @@ describe('@e2b/desktop computer use', { timeout: 15 * MIN }, () => {
     assert.ok((await sbx.getApplicationWindows('mousepad')).includes(id), 'Mousepad opened it')
   })
 
+  it('opens a URL in the browser', async () => {
+    // file:// keeps it offline; xdg-open hands URLs to the default browser.
+    await sbx.files.write('/home/user/page.html', '<title>agentbox-page</title><h1>hello</h1>')
+    await sbx.open('file:///home/user/page.html')
+    const id = await waitFor('the browser window', async () => {
+      const ids = (await sh(sbx, "xdotool search --onlyvisible --name 'agentbox-page'")).trim()
+      return ids && ids.split('\n')[0]
+    }, 60_000)
+    assert.match(await sbx.getWindowTitle(id), /agentbox-page.*Chromium/)
+  })
+
   it('streams the desktop through noVNC on port 6080 behind the gateway', async () => {
     await sbx.stream.start()
     const url = new URL(sbx.stream.getUrl())
