@@ -34,11 +34,23 @@ build: envd
 # test is what CI runs: generated code and go.mod up to date, vet,
 # formatting, then every test (unit and end-to-end, which start the real
 # server, and the outside-attack suite e2e/outside; root-only tests fail
-# instead of skipping).
+# instead of skipping). Last it prints the SDK matrix: which official SDK
+# versions drove the real server, and whether their suites passed.
 test: check-generated
 	go vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	AGENTBOX_REQUIRE_ROOT=1 go test -count=1 -timeout 60m ./...
+	@mkdir -p bin && rm -f bin/sdk-matrix.txt
+	AGENTBOX_REQUIRE_ROOT=1 AGENTBOX_SDK_MATRIX=$(CURDIR)/bin/sdk-matrix.txt go test -count=1 -timeout 60m ./...; \
+	rc=$$?; $(MAKE) --no-print-directory sdk-matrix; exit $$rc
+
+.PHONY: sdk-matrix
+
+# sdk-matrix prints the table the last `make test` collected.
+sdk-matrix:
+	@echo "SDK matrix (official SDKs against the real server):"
+	@printf '  %-22s %-9s %-6s %s\n' SDK VERSION RESULT TEST
+	@if [ -s bin/sdk-matrix.txt ]; then sort bin/sdk-matrix.txt | awk '{ printf "  %-22s %-9s %-6s %s\n", $$1, $$2, $$4, $$3 }'; \
+	else echo "  (no SDK suite ran)"; fi
 
 # up installs what is missing, builds and runs the server in the foreground.
 up:

@@ -14,21 +14,30 @@ import (
 	"github.com/agentbox/agentbox/e2e/harness"
 )
 
-// TestJSSDK runs e2e/js with the official e2b SDK (2.51.0 and 2.50.0).
+// TestJSSDK runs e2e/js with the official e2b SDK, once per pinned version
+// (each test file imports one: e2b is 2.51.0, e2b-250 is 2.50.0).
 func TestJSSDK(t *testing.T) {
 	s := need(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
-	defer cancel()
 	jsDir := filepath.Join(s.Root, "e2e", "js")
 	harness.NPMInstall(t, jsDir)
-	cmd := exec.CommandContext(ctx, "node", "--test", "--test-concurrency=1", "--test-reporter=spec", ".")
-	cmd.Dir = jsDir
-	cmd.Env = s.env()
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("node --test failed: %v\n%s", err, out)
+	for _, v := range []struct{ file, module string }{
+		{"sdk-2.51.test.mjs", "e2b"},
+		{"sdk-2.50.test.mjs", "e2b-250"},
+	} {
+		t.Run(v.module, func(t *testing.T) {
+			harness.SDKMatrix(t, jsDir, v.module)
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, "node", "--test", "--test-reporter=spec", v.file)
+			cmd.Dir = jsDir
+			cmd.Env = s.env()
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("node --test %s failed: %v\n%s", v.file, err, out)
+			}
+			t.Logf("node --test %s:\n%s", v.file, lastLines(string(out), 12))
+		})
 	}
-	t.Logf("node --test:\n%s", lastLines(string(out), 12))
 }
 
 func lastLines(s string, n int) string {

@@ -133,11 +133,13 @@ else
 	trap - EXIT
 fi
 
-# The pinned npm clients of the end-to-end suites (the E2B SDKs, the MCP
-# SDK); each skipped when its lock file has not changed since the last install.
-for js in "$root/e2e/js" "$root/e2e/mcp"; do
+# The end-to-end suites' pinned clients (e2b, @e2b/code-interpreter,
+# @e2b/desktop, the MCP SDK), each installed from its lock file; a dir whose lock file
+# has not changed since its last install is skipped (the tests' own npm ci
+# does the same check).
+for js in "$root"/e2e/js "$root"/e2e/interpreter "$root"/e2e/desktop "$root"/e2e/mcp; do
 	[[ -f $js/package-lock.json ]] || continue
-	if [[ ! -f $js/node_modules/.package-lock.json || $js/package-lock.json -nt $js/node_modules/.package-lock.json ]]; then
+	if [[ ! -f $js/node_modules/.package-lock.json || $js/package-lock.json -nt $js/node_modules/.package-lock.json || $js/package.json -nt $js/node_modules/.package-lock.json ]]; then
 		log "npm ci in ${js#"$root"/}"
 		(cd "$js" && npm ci --no-audit --no-fund --loglevel=error)
 	else

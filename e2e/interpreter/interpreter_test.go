@@ -81,6 +81,7 @@ func TestCodeInterpreterSDK(t *testing.T) {
 	defer cancel()
 	dir := filepath.Join(s.Root, "e2e", "interpreter")
 	harness.NPMInstall(t, dir)
+	harness.SDKMatrix(t, dir, "@e2b/code-interpreter")
 	cmd := exec.CommandContext(ctx, "node", "--test", "--test-reporter=spec", "interpreter.test.mjs")
 	cmd.Dir = dir
 	cmd.Env = s.env()

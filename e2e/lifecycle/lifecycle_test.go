@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -120,6 +121,10 @@ func TestSDK(t *testing.T) {
 	s := newServer(t)
 	s.Restart(t, "--pool", "base=1")
 	time.Sleep(3 * time.Second) // let the pool fill
+	// sdk.test.mjs imports e2e/js's e2b.
+	js := filepath.Join(s.Root, "e2e", "js")
+	harness.NPMInstall(t, js)
+	harness.SDKMatrix(t, js, "e2b")
 	cmd := exec.Command("node", "--test", "--test-reporter=spec", "sdk.test.mjs")
 	cmd.Env = append(os.Environ(), "E2B_API_URL="+s.URL, "E2B_SANDBOX_URL="+s.URL, "E2B_API_KEY="+s.APIKey)
 	out, err := cmd.CombinedOutput()

@@ -92,6 +92,7 @@ func TestNetworkE2E(t *testing.T) {
 		}
 	}()
 	harness.NPMInstall(t, filepath.Join(repo, "e2e", "js")) // network.test.mjs imports its e2b
+	harness.SDKMatrix(t, filepath.Join(repo, "e2e", "js"), "e2b")
 	s := startServer(t, fake)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

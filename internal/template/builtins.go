@@ -98,28 +98,41 @@ async def main():
 asyncio.run(main())
 `
 
-// desktopDefinition is the builtin "desktop": base plus an X server
-// (Xvfb on :1), a window manager (openbox), VNC (x11vnc on :5900, noVNC on
-// :6080 through websockify), xdotool for input, ImageMagick for screenshots
-// and Chromium to look at. The start command waits for the X socket before
-// starting its clients (x11vnc exits when the display is not there yet);
-// the ready check waits for the display and noVNC.
+// desktopDefinition is the builtin "desktop": base plus what the
+// @e2b/desktop SDK runs inside its sandbox. Like E2B's desktop template it
+// starts no display itself: Sandbox.create starts Xvfb on the display and
+// at the resolution the caller asked for, then an XFCE session (it waits
+// for xfce4-session, xfwm4 and xfdesktop); stream.start() runs x11vnc and
+// /opt/noVNC/utils/novnc_proxy (noVNC on 6080), and waits for the port
+// with netstat. Input is xdotool, screenshots scrot, the screen size
+// xrandr, open xdg-open and launch gtk-launch. A display already running
+// at start would take the SDK's display and ports, so none is.
+//
+// Debian's noVNC lives in /usr/share/novnc and finds the websockify
+// package by itself; /opt/noVNC points there. Chromium (the default
+// browser for xdg-open) runs without its own sandbox, as in the browser
+// template: the container is the sandbox. The screen saver is off, as a
+// desktop someone watches through a stream should not blank.
 func desktopDefinition(base Definition) Definition {
 	return Definition{
 		Name:  "desktop",
 		Suite: DefaultSuite,
 		Base:  &base,
 		Packages: []string{
-			"xvfb", "openbox", "x11vnc", "novnc", "websockify", "xdotool", "x11-utils",
-			"xauth", "imagemagick", "chromium", "fonts-liberation",
+			"xvfb", "xauth", "x11-utils", "x11-xserver-utils", "dbus-x11",
+			"xfce4-session", "xfwm4", "xfdesktop4", "xfce4-panel", "xfce4-settings", "thunar",
+			"xfce4-terminal", "mousepad", "chromium", "fonts-liberation", "fonts-dejavu-core",
+			"adwaita-icon-theme", "desktop-file-utils", "xdg-utils", "libgtk-3-bin",
+			"xdotool", "scrot", "x11vnc", "novnc", "websockify", "net-tools",
 		},
 		MemoryMB: 2048,
-		Env:      map[string]string{"DISPLAY": ":1"},
-		StartCmd: "Xvfb :1 -screen 0 1280x800x24 -nolisten tcp & " +
-			"for i in $(seq 100); do [ -S /tmp/.X11-unix/X1 ] && break; sleep 0.1; done; " +
-			"DISPLAY=:1 openbox & " +
-			"x11vnc -display :1 -rfbport 5900 -nopw -forever -shared -quiet & " +
-			"exec websockify --web /usr/share/novnc 6080 localhost:5900",
-		ReadyCmd: `xdpyinfo -display :1 >/dev/null && [ -n "$(ss -Htln sport = :6080)" ]`,
+		Env:      map[string]string{"DISPLAY": ":0"},
+		Run: []string{
+			"mkdir -p /opt && ln -sfn /usr/share/novnc /opt/noVNC && ln -sfn vnc.html /usr/share/novnc/index.html",
+			"echo 'export CHROMIUM_FLAGS=\"$CHROMIUM_FLAGS --no-sandbox --disable-dev-shm-usage\"' > /etc/chromium.d/agentbox",
+			"printf '%s\\n' '[Desktop Entry]' 'Type=Application' 'Name=Screen saver off' " +
+				"'Exec=xset s off s noblank' 'NoDisplay=true' > /etc/xdg/autostart/agentbox-noblank.desktop",
+			"update-desktop-database /usr/share/applications",
+		},
 	}
 }
