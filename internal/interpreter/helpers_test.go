@@ -69,6 +69,7 @@ type execution struct {
 	Results []map[string]any
 	Errors  []map[string]any
 	Lines   []map[string]any
+	Raw     []string // the NDJSON lines as sent, to check number formats
 	Ended   bool
 }
 
@@ -127,6 +128,7 @@ func readExecution(t *testing.T, r io.Reader) *execution {
 			t.Fatalf("bad NDJSON line %q: %v", sc.Text(), err)
 		}
 		e.Lines = append(e.Lines, m)
+		e.Raw = append(e.Raw, sc.Text())
 		switch m["type"] {
 		case "number_of_executions":
 			e.Count = int(m["execution_count"].(float64))

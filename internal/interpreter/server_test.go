@@ -8,6 +8,9 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -138,9 +141,70 @@ plt.show()`)
 		}
 		e := py("import matplotlib.pyplot as plt, datetime\nplt.figure(); plt.plot([datetime.date(2023, 9, 1), datetime.date(2023, 9, 2)], [1, 2]); plt.xlabel('Time (s)'); plt.show()")
 		chart := e.Results[0]["chart"].(map[string]any)
-		pts := chart["elements"].([]any)[0].(map[string]any)["points"].([]any)
-		if chart["x_scale"] != "datetime" || chart["x_unit"] != "s" || !strings.HasPrefix(pts[0].([]any)[0].(string), "2023-09-01T00:00:00") {
+		line := chart["elements"].([]any)[0].(map[string]any)
+		pts := line["points"].([]any)
+		// Dates as E2B reports them (isoformat of the plotted values), an
+		// unlabelled line named like E2B names it.
+		if chart["x_scale"] != "datetime" || chart["x_unit"] != "s" || pts[0].([]any)[0] != "2023-09-01" || line["label"] != "Line 0" {
 			t.Errorf("datetime line chart %v", chart)
+		}
+	})
+	t.Run("chart numbers are floats, rounded like E2B's", func(t *testing.T) {
+		// Integers plotted come back as 1.0, not 1: E2B's Python SDK users
+		// get floats, and so must ours. Pie angles are rounded, so a third
+		// of a circle is 120.0, not 119.99999999999999.
+		e := py("import matplotlib.pyplot as plt\nplt.figure(); plt.scatter([1, 2], [3, 4]); plt.show()")
+		if raw := strings.Join(e.Raw, "\n"); !strings.Contains(raw, `"points":[[1.0,3.0],[2.0,4.0]]`) {
+			t.Errorf("scatter points not floats: %s", raw)
+		}
+		e = py("plt.figure(); plt.pie([1, 1, 1], labels=['a', 'b', 'c']); plt.show()")
+		if raw := strings.Join(e.Raw, "\n"); !strings.Contains(raw, `"angle":120.0,`) {
+			t.Errorf("pie angles not rounded floats: %s", raw)
+		}
+	})
+	t.Run("box and whisker", func(t *testing.T) {
+		for _, vert := range []string{"True", "False"} {
+			e := py("import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\n" +
+				"ax.boxplot([[85, 90, 78, 92, 88, 30], [95, 89, 76, 91, 84, 87]], labels=['A', 'B'], patch_artist=True, vert=" + vert + ")\n" +
+				"ax.set_title('Scores'); plt.show()")
+			if len(e.Results) == 0 {
+				t.Fatalf("vert=%s: no result (errors %v)", vert, e.Errors)
+			}
+			chart := e.Results[0]["chart"].(map[string]any)
+			if chart["type"] != "box_and_whisker" || chart["title"] != "Scores" {
+				t.Fatalf("vert=%s: chart %v", vert, chart)
+			}
+			got := chart["elements"].([]any)[0].(map[string]any)
+			want := map[string]any{"label": "A", "min": 78.0, "first_quartile": 79.75, "median": 86.5, "third_quartile": 89.5, "max": 92.0, "outliers": []any{30.0}}
+			for k, v := range want {
+				if !reflect.DeepEqual(got[k], v) {
+					t.Errorf("vert=%s: %s = %v, want %v (element %v)", vert, k, got[k], v, got)
+				}
+			}
+		}
+	})
+	t.Run("PIL save displays the image", func(t *testing.T) {
+		dir := t.TempDir()
+		e := py("from PIL import Image\nimg = Image.new('RGB', (4, 3), 'red')\nimg.save(" + strconv.Quote(dir+"/a.png") + ")\nimg.save(open(" + strconv.Quote(dir+"/b.png") + ", 'wb'), 'PNG')")
+		// A file name shows the image (not as the main result); a file
+		// object does not, as in E2B.
+		if len(e.Results) != 1 || e.Results[0]["is_main_result"] == true || len(e.Errors) != 0 {
+			t.Fatalf("results %v errors %v", e.Results, e.Errors)
+		}
+		raw, err := base64.StdEncoding.DecodeString(e.Results[0]["png"].(string))
+		if err != nil {
+			t.Fatal(err)
+		}
+		img, err := png.Decode(bytes.NewReader(raw))
+		if err != nil || img.Bounds().Dx() != 4 {
+			t.Fatalf("png %v: %v", img, err)
+		}
+		if _, err := os.Stat(dir + "/a.png"); err != nil {
+			t.Errorf("the image was not saved: %v", err)
+		}
+		// show() displays through PIL's IPython viewer, never a desktop one.
+		if e := py("img.show()"); len(e.Results) != 1 || e.Results[0]["png"] == nil || len(e.Errors) != 0 {
+			t.Errorf("show: results %v errors %v", e.Results, e.Errors)
 		}
 	})
 	t.Run("dataframe", func(t *testing.T) {
