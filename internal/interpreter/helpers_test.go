@@ -33,6 +33,20 @@ func requireNode(t *testing.T) {
 	}
 }
 
+func requireR(t *testing.T) {
+	t.Helper()
+	if err := exec.Command("R", "--slave", "-e", "library(IRkernel)").Run(); err != nil {
+		t.Skip("needs R with IRkernel (apt-get install r-cran-irkernel)")
+	}
+}
+
+func requireJava(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("jshell"); err != nil {
+		t.Skip("needs a JDK with jshell (apt-get install default-jdk-headless)")
+	}
+}
+
 // newTestServer starts an interpreter with no default contexts behind
 // httptest; every test gets its own state dir and cwd.
 func newTestServer(t *testing.T, langs ...string) (*Server, *httptest.Server) {
@@ -84,6 +98,15 @@ func (e *execution) mainText() string {
 		}
 	}
 	return ""
+}
+
+// lastText is the text of the last result, main or displayed.
+func (e *execution) lastText() string {
+	if len(e.Results) == 0 {
+		return ""
+	}
+	s, _ := e.Results[len(e.Results)-1]["text"].(string)
+	return s
 }
 
 func (e *execution) errName() string {

@@ -28,13 +28,13 @@ func TestProtocolErrors(t *testing.T) {
 		status int
 		want   string
 	}{
-		{"unknown language", "POST", "/execute", map[string]any{"code": "1", "language": "cobol"}, 400, "available languages are python, javascript, typescript, bash"},
+		{"unknown language", "POST", "/execute", map[string]any{"code": "1", "language": "cobol"}, 400, "available languages are python, javascript, typescript, r, java, bash"},
 		{"context and language", "POST", "/execute", map[string]any{"code": "1", "language": "python", "context_id": "x"}, 400, "Only one of context_id or language"},
 		{"unknown context", "POST", "/execute", map[string]any{"code": "1", "context_id": "nope"}, 404, "Context nope not found"},
 		{"no code", "POST", "/execute", map[string]any{"language": "python"}, 400, "code is required"},
 		{"bad json", "POST", "/execute", "{", 400, "invalid request body"},
 		{"bad env name", "POST", "/execute", map[string]any{"code": "1", "env_vars": map[string]string{"A=B": "x"}}, 400, "invalid variable name"},
-		{"create unknown language", "POST", "/contexts", map[string]any{"language": "r"}, 400, "available languages"},
+		{"create unknown language", "POST", "/contexts", map[string]any{"language": "fortran"}, 400, "available languages"},
 		{"create missing cwd", "POST", "/contexts", map[string]any{"language": "bash", "cwd": "/does/not/exist"}, 400, "not a directory"},
 		{"restart unknown", "POST", "/contexts/nope/restart", nil, 404, "Context nope not found"},
 		{"remove unknown", "DELETE", "/contexts/nope", nil, 404, "Context nope not found"},
@@ -462,7 +462,7 @@ func TestPrepareJS(t *testing.T) {
 func TestEnvCode(t *testing.T) {
 	env := map[string]string{"A": "x'y\"z\\", "B": "2"}
 	base := map[string]string{"B": "orig"}
-	for _, lang := range []string{"python", "javascript", "bash"} {
+	for _, lang := range []string{"python", "javascript", "r", "java", "bash"} {
 		set, reset := envSetCode(lang, env), envResetCode(lang, env, base)
 		if set == "" || reset == "" || strings.Contains(set, "x'y\"z\\\"") {
 			t.Errorf("%s: set %q reset %q", lang, set, reset)
@@ -470,6 +470,79 @@ func TestEnvCode(t *testing.T) {
 	}
 	if got := envResetCode("bash", env, base); got != "export B='orig'\nunset A\n" {
 		t.Errorf("bash reset %q", got)
+	}
+}
+
+// TestRAndJava runs the R (IRkernel) and Java (jshell) kernels through the
+// server: state across cells, the value of the last expression, errors in
+// E2B's shape, printed output, per-execution env vars and interrupts.
+func TestRAndJava(t *testing.T) {
+	type check struct {
+		code    string
+		result  string // the last result's text, "" for none
+		stdout  string
+		errName string
+		errIn   string // in the error value
+	}
+	tests := []struct {
+		language string
+		require  func(*testing.T)
+		checks   []check
+		env      string // code printing AB_TEST ("env vars per execution")
+		loop     string // code that runs until interrupted
+	}{
+		{"r", requireR, []check{
+			// IRkernel shows values as display data: like E2B, they are
+			// results but not the main result.
+			{code: "x <- 1+1; x", result: "[1] 2"},
+			{code: "x * 21", result: "[1] 42"},
+			{code: "cat('hi\\n'); invisible(1)", stdout: "hi\n"},
+			{code: "stop('boom')", errName: "ERROR", errIn: "boom"},
+			{code: "x", result: "[1] 2"},
+		}, "cat(Sys.getenv('AB_TEST'))", "repeat {}"},
+		{"java", requireJava, []check{
+			{code: "int x = 41; x + 1", result: "42"},
+			{code: "x * 2", result: "82"},
+			{code: "String s = \"a\"; s + \"b\"", result: "ab"},
+			{code: "System.out.println(\"hi\");", stdout: "hi\n"},
+			{code: "1 / 0", errName: "java.lang.ArithmeticException", errIn: "/ by zero"},
+			{code: "int y = ;", errName: "CompilationException", errIn: "illegal start of expression"},
+			{code: "undefinedThing + 1", errName: "CompilationException", errIn: "cannot find symbol"},
+			{code: "x", result: "41"},
+		}, "System.out.print(System.getProperty(\"AB_TEST\"));", "while (true) { }"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.language, func(t *testing.T) {
+			tt.require(t)
+			_, hs := newTestServer(t)
+			for _, c := range tt.checks {
+				e := run(t, hs, map[string]any{"code": c.code, "language": tt.language})
+				if e.lastText() != c.result || e.stdout() != c.stdout || e.errName() != c.errName || !e.Ended {
+					t.Errorf("%q: result %q stdout %q errors %v (all results %v); want result %q stdout %q error %q", c.code, e.lastText(), e.stdout(), e.Errors, e.Results, c.result, c.stdout, c.errName)
+					continue
+				}
+				if c.errName != "" {
+					if v, _ := e.Errors[0]["value"].(string); !strings.Contains(v, c.errIn) {
+						t.Errorf("%q: error value %q, want it to contain %q", c.code, v, c.errIn)
+					}
+					if tb, _ := e.Errors[0]["traceback"].(string); tb == "" {
+						t.Errorf("%q: error without traceback", c.code)
+					}
+				}
+			}
+			e := run(t, hs, map[string]any{"code": tt.env, "language": tt.language, "env_vars": map[string]string{"AB_TEST": "v \"1\""}})
+			if e.stdout() != "v \"1\"" {
+				t.Errorf("env var: stdout %q errors %v", e.stdout(), e.Errors)
+			}
+			e = run(t, hs, map[string]any{"code": tt.loop, "language": tt.language, "timeout": 2})
+			if len(e.Errors) == 0 {
+				t.Errorf("interrupted loop: no error")
+			}
+			// The interrupt stopped the code, not the kernel: state is kept.
+			if e := run(t, hs, map[string]any{"code": "x", "language": tt.language}); e.lastText() != tt.checks[len(tt.checks)-1].result {
+				t.Errorf("after the interrupt: result %q errors %v", e.lastText(), e.Errors)
+			}
+		})
 	}
 }
 
