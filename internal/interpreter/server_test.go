@@ -505,6 +505,8 @@ func TestRAndJava(t *testing.T) {
 			{code: "x * 2", result: "82"},
 			{code: "String s = \"a\"; s + \"b\"", result: "ab"},
 			{code: "System.out.println(\"hi\");", stdout: "hi\n"},
+			// stdin carries the kernel's requests: code reading it sees EOF.
+			{code: "System.in.read()", result: "-1"},
 			{code: "1 / 0", errName: "java.lang.ArithmeticException", errIn: "/ by zero"},
 			{code: "int y = ;", errName: "CompilationException", errIn: "illegal start of expression"},
 			{code: "undefinedThing + 1", errName: "CompilationException", errIn: "cannot find symbol"},

@@ -12,8 +12,10 @@
 // System.out/err are replaced by streams that send events.
 
 import java.io.BufferedReader;
+import java.io.ByteArrayInputStream;
 import java.io.ByteArrayOutputStream;
 import java.io.FileOutputStream;
+import java.io.InputStream;
 import java.io.InputStreamReader;
 import java.io.OutputStream;
 import java.io.PrintStream;
@@ -46,6 +48,9 @@ public class JavaKernel {
 
     public static void main(String[] args) throws Exception {
         events = new FileOutputStream("/proc/self/fd/3");
+        // Requests come on stdin: code reading System.in must not eat them.
+        InputStream requests = System.in;
+        System.setIn(new ByteArrayInputStream(new byte[0]));
         System.setOut(new PrintStream(new EventStream("stdout"), true, StandardCharsets.UTF_8));
         System.setErr(new PrintStream(new EventStream("stderr"), true, StandardCharsets.UTF_8));
         JShell shell = JShell.builder().executionEngine("local").build();
@@ -53,7 +58,7 @@ public class JavaKernel {
             shell.eval("import " + imp + ";");
         }
         LinkedBlockingQueue<Map<String, Object>> cells = new LinkedBlockingQueue<>();
-        Thread reader = new Thread(() -> readRequests(shell, cells), "requests");
+        Thread reader = new Thread(() -> readRequests(requests, shell, cells), "requests");
         reader.setDaemon(true);
         reader.start();
         send(Map.of("type", "ready"));
@@ -77,8 +82,8 @@ public class JavaKernel {
 
     // readRequests queues cells and handles interrupts at once: a cell
     // that runs cannot read them itself.
-    private static void readRequests(JShell shell, LinkedBlockingQueue<Map<String, Object>> cells) {
-        try (BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8))) {
+    private static void readRequests(InputStream requests, JShell shell, LinkedBlockingQueue<Map<String, Object>> cells) {
+        try (BufferedReader in = new BufferedReader(new InputStreamReader(requests, StandardCharsets.UTF_8))) {
             String line;
             while ((line = in.readLine()) != null) {
                 Map<String, Object> req = Json.parseObject(line);
