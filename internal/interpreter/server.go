@@ -153,7 +153,8 @@ func (s *Server) starter(language, cwd string) func(context.Context) (kernel, er
 		case "r":
 			k, err = startR(ctx, rConfig{R: s.opts.R, RuntimeDir: s.files.RuntimeDir, Cwd: cwd, Log: s.opts.KernelLog})
 		case "java":
-			k, err = startJava(ctx, javaConfig{Java: s.opts.Java, Source: s.files.JavaKernel, Cwd: cwd, Log: s.opts.KernelLog})
+			k, err = startJava(ctx, javaConfig{Java: s.opts.Java, Source: s.files.JavaKernel,
+				ClassDir: s.files.JavaClasses, Cwd: cwd, Log: s.opts.KernelLog})
 		case "bash":
 			k, err = startBash(ctx, bashConfig{Bash: s.opts.Bash, Cwd: cwd, RuntimeDir: s.files.RuntimeDir})
 		default:

@@ -633,3 +633,37 @@ func TestPythonFloodIsChunked(t *testing.T) {
 		t.Errorf("stdout %d bytes in %d chunks, biggest %d", got, len(e.Stdout), biggest)
 	}
 }
+
+// TestCompileJavaKernel: the Java kernel is compiled once per version of its
+// source and then reused, so a context does not pay for the compilation at
+// every start.
+func TestCompileJavaKernel(t *testing.T) {
+	requireJava(t)
+	files, err := writeAssets(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := javaConfig{Java: "java", Source: files.JavaKernel, ClassDir: files.JavaClasses}
+	dir, err := compileJavaKernel(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(dir + "/JavaKernel.class")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := compileJavaKernel(t.Context(), cfg)
+	if err != nil || again != dir {
+		t.Fatalf("second compile: %q %v, want %q", again, err, dir)
+	}
+	if st2, _ := os.Stat(dir + "/JavaKernel.class"); !st2.ModTime().Equal(st.ModTime()) {
+		t.Errorf("the kernel was compiled again")
+	}
+	// A new version of the source gets its own classes.
+	if err := os.WriteFile(files.JavaKernel, append(javaKernelJava, "\n// v2\n"...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if v2, err := compileJavaKernel(t.Context(), cfg); err != nil || v2 == dir {
+		t.Errorf("changed source: %q %v, want a new dir", v2, err)
+	}
+}
