@@ -190,6 +190,12 @@ plt.show()`)).results[0].chart
     assert.deepEqual(pie.elements.map((w) => w.angle), [120, 120, 120]) // not 119.99999999999999
   })
 
+  it('returns a dict or list value as JSON too, as E2B does', async () => {
+    const e = await sbx.runCode("import numpy as np\n{'a': np.int64(1), 2: [1.5, None]}")
+    assert.deepEqual(e.results[0].json, { a: 1, 2: [1.5, null] })
+    assert.equal(e.text, "{'a': 1, 2: [1.5, None]}")
+  })
+
   it('shows an image that PIL saves to a file, as E2B does', async () => {
     const e = await sbx.runCode("from PIL import Image\nimg = Image.new('RGB', (8, 6), 'blue')\nimg.save('/tmp/blue.png')")
     assert.equal(e.error, undefined)

@@ -183,6 +183,21 @@ plt.show()`)
 			}
 		}
 	})
+	t.Run("dicts and lists come as JSON", func(t *testing.T) {
+		for code, want := range map[string]any{
+			"{'a': 1, 2: [1.5, None]}":                            map[string]any{"a": 1.0, "2": []any{1.5, nil}},
+			"import numpy as np\n[np.int64(3), np.array([1, 2])]": []any{3.0, []any{1.0, 2.0}},
+		} {
+			e := py(code)
+			if len(e.Results) != 1 || !reflect.DeepEqual(e.Results[0]["json"], want) || e.Results[0]["text"] == nil {
+				t.Errorf("%s: results %v errors %v, want json %v", code, e.Results, e.Errors, want)
+			}
+		}
+		// No JSON form (a set inside): only text, no error.
+		if e := py("[{1, 2}]"); len(e.Results) != 1 || e.Results[0]["json"] != nil || e.mainText() != "[{1, 2}]" {
+			t.Errorf("unserializable: results %v errors %v", e.Results, e.Errors)
+		}
+	})
 	t.Run("PIL save displays the image", func(t *testing.T) {
 		dir := t.TempDir()
 		e := py("from PIL import Image\nimg = Image.new('RGB', (4, 3), 'red')\nimg.save(" + strconv.Quote(dir+"/a.png") + ")\nimg.save(open(" + strconv.Quote(dir+"/b.png") + ", 'wb'), 'PNG')")

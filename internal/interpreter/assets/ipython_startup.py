@@ -7,10 +7,12 @@
 #               box_and_whisker, unknown; several axes become a "superchart";
 #               numbers are floats, rounded where E2B rounds), so an agent
 #               can read a chart without looking at its PNG.
-# It also makes PIL's Image.save(filename) display the image, as E2B does.
+# A dict or list value also comes as application/json, as in E2B, and PIL's
+# Image.save(filename) displays the image, as E2B's template makes it do.
 # Both formatters return None (no output) for anything else and never raise:
 # a chart that cannot be read still comes back as an image.
 
+import json as _ab_json
 import math as _ab_math
 import re as _ab_re
 import sys as _ab_sys
@@ -19,6 +21,7 @@ import sys as _ab_sys
 def _ab_setup():
     import IPython
     from IPython.core.formatters import BaseFormatter
+    from IPython.core.formatters import JSONFormatter as IPythonJSONFormatter
     from traitlets import ObjectName, Unicode
 
     def plain(v):
@@ -69,12 +72,26 @@ def _ab_setup():
             except Exception:
                 return {"type": "unknown", "title": None, "elements": []}
 
+    class JSONFormatter(IPythonJSONFormatter):
+        """As in E2B: a dict or list value also comes as JSON (numpy values
+        as numbers and lists, other keys as strings), when it has a JSON
+        form; IPython's own formatter gives it none."""
+
+        def __call__(self, obj):
+            if isinstance(obj, (dict, list)):
+                try:
+                    return _ab_json.loads(_ab_json.dumps(_ab_jsonable(obj), allow_nan=False)), {"expanded": True}
+                except (TypeError, ValueError, RecursionError):
+                    pass
+            return super().__call__(obj)
+
     ip = IPython.get_ipython()
     if ip is None:
         return
     f = ip.display_formatter.formatters
     f["e2b/data"] = DataFormatter(parent=ip.display_formatter)
     f["e2b/chart"] = ChartFormatter(parent=ip.display_formatter)
+    f["application/json"] = JSONFormatter(parent=ip.display_formatter)
 
 
 # A unit is the text in parentheses after a space, or in brackets, as in
@@ -104,6 +121,19 @@ def _ab_json_safe(v):
         return {k: _ab_json_safe(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
         return [_ab_json_safe(x) for x in v]
+    return v
+
+
+def _ab_jsonable(v):
+    """v with numpy values made plain and dict keys made strings; anything
+    else without a JSON form raises TypeError (in json.dumps)."""
+    if isinstance(v, dict):
+        return {k if isinstance(k, str) else str(k): _ab_jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_ab_jsonable(x) for x in v]
+    np = _ab_sys.modules.get("numpy")
+    if np is not None and isinstance(v, (np.generic, np.ndarray)):
+        return _ab_jsonable(v.tolist())
     return v
 
 
