@@ -225,7 +225,8 @@ plt.show()`)).results[0].chart
     assert.equal((await sbx.runCode('x * 2', { language: 'java' })).text, '82')
     assert.deepEqual((await sbx.runCode('System.out.println("hi");', { language: 'java' })).logs.stdout, ['hi\n'])
     const err = await sbx.runCode('int[] a = new int[1]; a[2]', { language: 'java' })
-    assert.equal(err.error.name, 'java.lang.ArrayIndexOutOfBoundsException')
+    // IJava's names, as on E2B: EvalException, the thrown class in the traceback.
+    assert.equal(err.error.name, 'EvalException')
     assert.match(err.error.value, /out of bounds/)
     assert.match(err.error.traceback, /ArrayIndexOutOfBoundsException/)
     const bad = await sbx.runCode('int y = ;', { language: 'java' })

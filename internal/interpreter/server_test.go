@@ -505,6 +505,8 @@ func TestRAndJava(t *testing.T) {
 		checks   []check
 		env      string // code printing AB_TEST ("env vars per execution")
 		loop     string // code that runs until interrupted
+		// the error of an interrupted cell
+		interrupted string
 	}{
 		{"r", requireR, []check{
 			// IRkernel shows values as display data: like E2B, they are
@@ -514,7 +516,7 @@ func TestRAndJava(t *testing.T) {
 			{code: "cat('hi\\n'); invisible(1)", stdout: "hi\n"},
 			{code: "stop('boom')", errName: "ERROR", errIn: "boom"},
 			{code: "x", result: "[1] 2"},
-		}, "cat(Sys.getenv('AB_TEST'))", "repeat {}"},
+		}, "cat(Sys.getenv('AB_TEST'))", "repeat {}", "ExecutionAborted"},
 		{"java", requireJava, []check{
 			{code: "int x = 41; x + 1", result: "42"},
 			{code: "x * 2", result: "82"},
@@ -522,11 +524,12 @@ func TestRAndJava(t *testing.T) {
 			{code: "System.out.println(\"hi\");", stdout: "hi\n"},
 			// stdin carries the kernel's requests: code reading it sees EOF.
 			{code: "System.in.read()", result: "-1"},
-			{code: "1 / 0", errName: "java.lang.ArithmeticException", errIn: "/ by zero"},
+			{code: "1 / 0", errName: "EvalException", errIn: "/ by zero"},
+			{code: "int z = (1 +", errName: "IncompleteSourceException", errIn: "Incomplete input"},
 			{code: "int y = ;", errName: "CompilationException", errIn: "illegal start of expression"},
 			{code: "undefinedThing + 1", errName: "CompilationException", errIn: "cannot find symbol"},
 			{code: "x", result: "41"},
-		}, "System.out.print(System.getProperty(\"AB_TEST\"));", "while (true) { }"},
+		}, "System.out.print(System.getProperty(\"AB_TEST\"));", "while (true) { }", "EvaluationInterruptedException"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.language, func(t *testing.T) {
@@ -552,8 +555,8 @@ func TestRAndJava(t *testing.T) {
 				t.Errorf("env var: stdout %q errors %v", e.stdout(), e.Errors)
 			}
 			e = run(t, hs, map[string]any{"code": tt.loop, "language": tt.language, "timeout": 2})
-			if len(e.Errors) == 0 {
-				t.Errorf("interrupted loop: no error")
+			if e.errName() != tt.interrupted {
+				t.Errorf("interrupted loop: errors %v, want %s", e.Errors, tt.interrupted)
 			}
 			// The interrupt stopped the code, not the kernel: state is kept.
 			if e := run(t, hs, map[string]any{"code": "x", "language": tt.language}); e.lastText() != tt.checks[len(tt.checks)-1].result {

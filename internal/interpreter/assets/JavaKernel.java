@@ -39,6 +39,7 @@ public class JavaKernel {
     private static final int MAX_TEXT = 1 << 20;
     private static OutputStream events;
     private static volatile long current; // the running cell's id
+    private static volatile long stopped; // the cell last interrupted
 
     // The jshell tool's default imports, which the API does not add.
     private static final String[] IMPORTS = {
@@ -90,6 +91,7 @@ public class JavaKernel {
                 Object intr = req.get("interrupt");
                 if (intr != null) {
                     if (((Number) intr).longValue() == current) {
+                        stopped = current;
                         shell.stop();
                     }
                     continue;
@@ -107,6 +109,10 @@ public class JavaKernel {
         String rest = code;
         while (!rest.isBlank()) {
             SourceCodeAnalysis.CompletionInfo ci = sca.analyzeCompletion(rest);
+            if (ci.completeness() == SourceCodeAnalysis.Completeness.DEFINITELY_INCOMPLETE) {
+                sendError(id, "IncompleteSourceException", "Incomplete input", "Incomplete input:\n" + rest.strip());
+                return;
+            }
             String src = ci.source();
             if (src == null || src.isBlank() || !ci.completeness().isComplete()) {
                 // Incomplete or unparsable: let the compiler say why.
@@ -116,6 +122,11 @@ public class JavaKernel {
                 rest = ci.remaining();
             }
             List<SnippetEvent> evs = shell.eval(src);
+            if (stopped == id) {
+                // jshell reports a stopped snippet as if it had ended.
+                sendError(id, "EvaluationInterruptedException", "Evaluation interrupted.", src.strip() + "\nEvaluation interrupted.");
+                return;
+            }
             boolean last = rest.isBlank();
             for (SnippetEvent ev : evs) {
                 if (ev.causeSnippet() != null) {
@@ -145,12 +156,16 @@ public class JavaKernel {
             sendError(id, "CompilationException", String.join("\n", msgs), trace.toString().stripTrailing());
             return false;
         }
+        // Error names are those of IJava, E2B's Java kernel: EvalException
+        // for what the code threw (its class leads the traceback),
+        // CompilationException, UnresolvedReferenceException,
+        // IncompleteSourceException, EvaluationInterruptedException.
         JShellException ex = ev.exception();
         if (ex instanceof EvalException) {
             EvalException ee = (EvalException) ex;
-            String name = ee.getExceptionClassName();
+            String cls = ee.getExceptionClassName();
             String msg = ee.getMessage() == null ? "" : ee.getMessage();
-            sendError(id, name, msg, name + (msg.isEmpty() ? "" : ": " + msg) + "\n" + frames(ee));
+            sendError(id, "EvalException", msg, cls + (msg.isEmpty() ? "" : ": " + msg) + "\n" + frames(ee));
             return false;
         }
         if (ex instanceof UnresolvedReferenceException) {
