@@ -17,8 +17,9 @@ fi
 # busybox-static: a self-contained rootfs for template build tests.
 pkgs=(runc mmdebstrap nftables iproute2 jq ca-certificates curl make gcc git iptables busybox-static)
 # The code interpreter's tests run real kernels on the host: Debian's
-# ipykernel (with the plotting and data stack its tests use) and node.
-pkgs+=(python3-ipykernel python3-matplotlib python3-pandas python3-numpy)
+# ipykernel (with the plotting and data stack its tests use), node, R's
+# IRkernel and a JDK (the Java kernel is on jshell).
+pkgs+=(python3-ipykernel python3-matplotlib python3-pandas python3-numpy r-cran-irkernel default-jdk-headless)
 # Node.js 20 or newer for the official e2b SDK (it refuses older engines).
 # Debian 12's own nodejs is 18; use the node already on the machine if new enough.
 node_major=0

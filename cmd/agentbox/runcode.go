@@ -91,7 +91,7 @@ with its traceback and makes the command exit with status 1.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVarP(&lang, "lang", "l", "", "language of the default context to use: python (default), javascript|js, typescript|ts, bash")
+	cmd.Flags().StringVarP(&lang, "lang", "l", "", "language of the default context to use: python (default), javascript|js, typescript|ts, r, java, bash")
 	cmd.Flags().StringVar(&contextID, "context", "", "context id (from the SDK's createCodeContext) instead of a language's default context")
 	cmd.Flags().StringArrayVarP(&envs, "env", "e", nil, "KEY=VALUE env var for this run only (repeatable)")
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "interrupt the code after this long (the context keeps its state)")

@@ -164,6 +164,87 @@ plt.show()`)
     assert.deepEqual(pie.elements.map((w) => [w.label, Math.round(w.angle)]), [['a', 90], ['b', 90], ['c', 180]])
   })
 
+  it('reports charts in the shapes of E2B: floats, box plots, rounded angles', async () => {
+    // JSON numbers keep their float type (a Python SDK sees 100.0, not 100):
+    // check the wire, which the JS SDK's JSON.parse would hide.
+    const wire = await raw(sbx, '/execute', {
+      code: "import matplotlib.pyplot as plt\nplt.figure(); plt.bar(['a', 'b'], [100, 200]); plt.show()",
+    })
+    assert.match(wire.text, /"value":100\.0[,}]/)
+    assert.match(wire.text, /"group":"Group 0"/)
+
+    const box = (await sbx.runCode(`
+import matplotlib.pyplot as plt
+fig, ax = plt.subplots()
+ax.boxplot([[85, 90, 78, 92, 88, 30], [95, 89, 76, 91, 84, 87]], labels=['A', 'B'], patch_artist=True)
+ax.set_title('Exam Scores'); ax.set_xlabel('Class'); ax.set_ylabel('Score')
+plt.show()`)).results[0].chart
+    assert.equal(box.type, 'box_and_whisker')
+    assert.equal(box.title, 'Exam Scores')
+    assert.equal(box.x_label, 'Class')
+    assert.deepEqual(box.elements[0], {
+      label: 'A', min: 78, first_quartile: 79.75, median: 86.5, third_quartile: 89.5, max: 92, outliers: [30],
+    })
+
+    const pie = (await sbx.runCode("plt.figure(); plt.pie([1, 1, 1], labels=['a', 'b', 'c']); plt.show()")).results[0].chart
+    assert.deepEqual(pie.elements.map((w) => w.angle), [120, 120, 120]) // not 119.99999999999999
+  })
+
+  it('returns a dict or list value as JSON too, as E2B does', async () => {
+    const e = await sbx.runCode("import numpy as np\n{'a': np.int64(1), 2: [1.5, None]}")
+    assert.deepEqual(e.results[0].json, { a: 1, 2: [1.5, null] })
+    assert.equal(e.text, "{'a': 1, 2: [1.5, None]}")
+  })
+
+  it('shows an image that PIL saves to a file, as E2B does', async () => {
+    const e = await sbx.runCode("from PIL import Image\nimg = Image.new('RGB', (8, 6), 'blue')\nimg.save('/tmp/blue.png')")
+    assert.equal(e.error, undefined)
+    assert.equal(e.results.length, 1)
+    assert.equal(e.results[0].isMainResult, false)
+    assert.ok(isPNG(e.results[0].png))
+    assert.equal((await sbx.files.read('/tmp/blue.png', { format: 'bytes' })).length > 0, true)
+  })
+
+  it('runs R cells on IRkernel with state and E2B-style errors', async () => {
+    const e = await sbx.runCode('x <- 1+1; x', { language: 'r' })
+    assert.equal(e.error, undefined)
+    // IRkernel displays values (display_data), so, as on E2B, the value is
+    // a result but not the main one.
+    assert.equal(e.results[0].text, '[1] 2')
+    assert.equal((await sbx.runCode('x * 21', { language: 'r' })).results[0].text, '[1] 42')
+    assert.deepEqual((await sbx.runCode('cat("hi\\n")', { language: 'r' })).logs.stdout, ['hi\n'])
+    const err = await sbx.runCode('stop("boom")', { language: 'r' })
+    assert.equal(err.error.name, 'ERROR')
+    assert.match(err.error.value, /boom/)
+  })
+
+  it('runs Java cells on jshell with state and E2B-style errors', async () => {
+    const e = await sbx.runCode('int x = 41; x + 1', { language: 'java' })
+    assert.equal(e.error, undefined)
+    assert.equal(e.text, '42')
+    assert.equal((await sbx.runCode('x * 2', { language: 'java' })).text, '82')
+    assert.deepEqual((await sbx.runCode('System.out.println("hi");', { language: 'java' })).logs.stdout, ['hi\n'])
+    const err = await sbx.runCode('int[] a = new int[1]; a[2]', { language: 'java' })
+    // IJava's names, as on E2B: EvalException, the thrown class in the traceback.
+    assert.equal(err.error.name, 'EvalException')
+    assert.match(err.error.value, /out of bounds/)
+    assert.match(err.error.traceback, /ArrayIndexOutOfBoundsException/)
+    const bad = await sbx.runCode('int y = ;', { language: 'java' })
+    assert.equal(bad.error.name, 'CompilationException')
+  })
+
+  it('creates R and Java contexts by the names E2B uses', () => withToken(sbx, async () => {
+    for (const language of ['r', 'java']) {
+      const ctx = await sbx.createCodeContext({ language, cwd: '/tmp' })
+      assert.equal(ctx.language, language)
+      const code = language === 'r' ? 'getwd()' : 'System.getProperty("user.dir")'
+      const e = await sbx.runCode(code, { context: ctx })
+      assert.match(e.results[0].text, /\/tmp/)
+      assert.ok((await sbx.listCodeContexts()).some((c) => c.id === ctx.id && c.language === language))
+      await sbx.removeCodeContext(ctx)
+    }
+  }))
+
   it('returns a DataFrame as html, text and data', async () => {
     const e = await sbx.runCode("import pandas as pd\npd.DataFrame({'a': [1, 2, 3], 'b': ['x', 'y', 'z']})")
     const r = e.results[0]
@@ -263,7 +344,7 @@ plt.show()`)
   it('rejects bad input with useful answers', async () => {
     const lang = await raw(sbx, '/execute', { code: '1', language: 'cobol' })
     assert.equal(lang.status, 400)
-    assert.match(lang.text, /available languages are python, javascript, typescript, bash/)
+    assert.match(lang.text, /available languages are python, javascript, typescript, r, java, bash/)
     await assert.rejects(sbx.runCode('1', { language: 'cobol' }), /400/)
     const ctx = await raw(sbx, '/execute', { code: '1', context_id: 'nope' })
     assert.equal(ctx.status, 404)

@@ -16,27 +16,34 @@ var (
 	ipythonStartup []byte
 	//go:embed assets/node_kernel.js
 	nodeKernelJS []byte
+	//go:embed assets/JavaKernel.java
+	javaKernelJava []byte
 )
 
 // layout is where the server keeps its files inside the sandbox.
 type layout struct {
-	IPythonDir string // IPYTHONDIR of Python kernels
-	NodeKernel string // the Node kernel's script
-	RuntimeDir string // connection files, bash cell files
+	IPythonDir  string // IPYTHONDIR of Python kernels
+	NodeKernel  string // the Node kernel's script
+	JavaKernel  string // the Java kernel's source file
+	JavaClasses string // the Java kernel compiled, per version
+	RuntimeDir  string // connection files, bash cell files
 }
 
 // writeAssets writes the kernels' support files below dir.
 func writeAssets(dir string) (layout, error) {
 	l := layout{
-		IPythonDir: filepath.Join(dir, "ipython"),
-		NodeKernel: filepath.Join(dir, "node_kernel.js"),
-		RuntimeDir: filepath.Join(dir, "run"),
+		IPythonDir:  filepath.Join(dir, "ipython"),
+		NodeKernel:  filepath.Join(dir, "node_kernel.js"),
+		JavaKernel:  filepath.Join(dir, "JavaKernel.java"),
+		JavaClasses: filepath.Join(dir, "java-classes"),
+		RuntimeDir:  filepath.Join(dir, "run"),
 	}
 	profile := filepath.Join(l.IPythonDir, "profile_default")
 	files := map[string][]byte{
 		filepath.Join(profile, "ipython_kernel_config.py"):          ipythonKernelConfig,
 		filepath.Join(profile, "startup", "00-agentbox-formats.py"): ipythonStartup,
 		l.NodeKernel: nodeKernelJS,
+		l.JavaKernel: javaKernelJava,
 	}
 	for _, d := range []string{filepath.Join(profile, "startup"), l.RuntimeDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {

@@ -13,8 +13,9 @@ import (
 	"sync"
 )
 
-// Languages the interpreter runs, in the order error messages list them.
-var Languages = []string{"python", "javascript", "typescript", "bash"}
+// Languages the interpreter runs, in the order error messages list them:
+// the ones E2B's code interpreter runs, by the names it gives them.
+var Languages = []string{"python", "javascript", "typescript", "r", "java", "bash"}
 
 // normalizeLanguage maps the names clients use to a language, "" if unknown.
 func normalizeLanguage(l string) string {
@@ -25,6 +26,10 @@ func normalizeLanguage(l string) string {
 		return "javascript"
 	case "typescript", "ts":
 		return "typescript"
+	case "r":
+		return "r"
+	case "java", "jshell":
+		return "java"
 	case "bash", "sh", "shell":
 		return "bash"
 	}
@@ -256,6 +261,16 @@ func envSetCode(language string, env map[string]string) string {
 		return "__import__('os').environ.update(__import__('json').loads(" + payload + "))"
 	case "javascript", "typescript":
 		return "Object.assign(process.env, JSON.parse(" + payload + "))"
+	case "r":
+		return "do.call(Sys.setenv, as.list(jsonlite::fromJSON(" + payload + ")))"
+	case "java":
+		// A JVM cannot change its environment: like E2B, the variables
+		// become system properties (System.getProperty).
+		var b strings.Builder
+		for _, k := range slices.Sorted(maps.Keys(env)) {
+			fmt.Fprintf(&b, "System.setProperty(%s, %s);\n", jsonString(k), jsonString(env[k]))
+		}
+		return b.String()
 	case "bash":
 		var b strings.Builder
 		for _, k := range slices.Sorted(maps.Keys(env)) {
@@ -288,6 +303,15 @@ func envResetCode(language string, env, base map[string]string) string {
 	case "javascript", "typescript":
 		return "Object.assign(process.env, JSON.parse(" + jsonString(jsonString(restore)) + ")); " +
 			"for (const k of JSON.parse(" + jsonString(jsonString(unset)) + ")) delete process.env[k]"
+	case "r":
+		return "local({r <- jsonlite::fromJSON(" + jsonString(jsonString(restore)) + "); if (length(r)) do.call(Sys.setenv, as.list(r)); " +
+			"u <- jsonlite::fromJSON(" + jsonString(jsonString(unset)) + "); if (length(u)) Sys.unsetenv(u)})"
+	case "java":
+		var b strings.Builder
+		for _, k := range slices.Sorted(maps.Keys(env)) {
+			fmt.Fprintf(&b, "System.clearProperty(%s);\n", jsonString(k))
+		}
+		return b.String()
 	case "bash":
 		var b strings.Builder
 		for _, k := range slices.Sorted(maps.Keys(restore)) {

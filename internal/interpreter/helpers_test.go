@@ -33,6 +33,20 @@ func requireNode(t *testing.T) {
 	}
 }
 
+func requireR(t *testing.T) {
+	t.Helper()
+	if err := exec.Command("R", "--slave", "-e", "library(IRkernel)").Run(); err != nil {
+		t.Skip("needs R with IRkernel (apt-get install r-cran-irkernel)")
+	}
+}
+
+func requireJava(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("jshell"); err != nil {
+		t.Skip("needs a JDK with jshell (apt-get install default-jdk-headless)")
+	}
+}
+
 // newTestServer starts an interpreter with no default contexts behind
 // httptest; every test gets its own state dir and cwd.
 func newTestServer(t *testing.T, langs ...string) (*Server, *httptest.Server) {
@@ -69,6 +83,7 @@ type execution struct {
 	Results []map[string]any
 	Errors  []map[string]any
 	Lines   []map[string]any
+	Raw     []string // the NDJSON lines as sent, to check number formats
 	Ended   bool
 }
 
@@ -83,6 +98,15 @@ func (e *execution) mainText() string {
 		}
 	}
 	return ""
+}
+
+// lastText is the text of the last result, main or displayed.
+func (e *execution) lastText() string {
+	if len(e.Results) == 0 {
+		return ""
+	}
+	s, _ := e.Results[len(e.Results)-1]["text"].(string)
+	return s
 }
 
 func (e *execution) errName() string {
@@ -127,6 +151,7 @@ func readExecution(t *testing.T, r io.Reader) *execution {
 			t.Fatalf("bad NDJSON line %q: %v", sc.Text(), err)
 		}
 		e.Lines = append(e.Lines, m)
+		e.Raw = append(e.Raw, sc.Text())
 		switch m["type"] {
 		case "number_of_executions":
 			e.Count = int(m["execution_count"].(float64))

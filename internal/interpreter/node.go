@@ -16,10 +16,16 @@ import (
 
 // nodeKernel runs assets/node_kernel.js: JSON requests on stdin, JSON
 // events on fd 3. The process's own stdout/stderr carry what child
-// processes write directly; it is attributed to the running cell.
+// processes write directly; it is attributed to the running cell. The Java
+// kernel (assets/JavaKernel.java) speaks the same protocol.
 type nodeKernel struct {
-	p          *proc
-	typescript bool
+	p *proc
+	// prepare turns a cell into what the kernel runs; an error is the
+	// cell's SyntaxError. nil: the cell as is.
+	prepare func(code string) (string, error)
+	// sigint: an interrupt may also send SIGINT (Node). A JVM dies of it.
+	sigint bool
+	name   string
 
 	stdinMu sync.Mutex
 	stdin   io.WriteCloser
@@ -56,24 +62,33 @@ type nodeConfig struct {
 }
 
 func startNode(ctx context.Context, cfg nodeConfig) (*nodeKernel, error) {
+	cmd := exec.Command(cfg.Node, "--no-warnings", "--stack-trace-limit=20", cfg.Script)
+	cmd.Dir = cfg.Cwd
+	cmd.Env = kernelEnv(map[string]string{"NODE_NO_READLINE": "1"})
+	k := &nodeKernel{name: "node kernel", sigint: true, prepare: func(code string) (string, error) {
+		return prepareJS(code, cfg.TypeScript)
+	}}
+	return startEventKernel(ctx, k, cmd, cfg.Log)
+}
+
+// startEventKernel starts k's process, cmd, with the protocol's pipes and
+// waits for its ready event.
+func startEventKernel(ctx context.Context, k *nodeKernel, cmd *exec.Cmd, log io.Writer) (*nodeKernel, error) {
 	evR, evW, err := os.Pipe()
 	if err != nil {
-		return nil, fmt.Errorf("node kernel: %w", err)
+		return nil, fmt.Errorf("%s: %w", k.name, err)
 	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
 		evR.Close()
 		evW.Close()
-		return nil, fmt.Errorf("node kernel: %w", err)
+		return nil, fmt.Errorf("%s: %w", k.name, err)
 	}
-	cmd := exec.Command(cfg.Node, "--no-warnings", "--stack-trace-limit=20", cfg.Script)
-	cmd.Dir = cfg.Cwd
-	cmd.Env = kernelEnv(map[string]string{"NODE_NO_READLINE": "1"})
 	cmd.Stdout, cmd.Stderr = outW, outW
 	cmd.ExtraFiles = []*os.File{evW} // fd 3
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
-		return nil, fmt.Errorf("node kernel: %w", err)
+		return nil, fmt.Errorf("%s: %w", k.name, err)
 	}
 	p, err := startProc(cmd)
 	evW.Close()
@@ -81,20 +96,20 @@ func startNode(ctx context.Context, cfg nodeConfig) (*nodeKernel, error) {
 	if err != nil {
 		evR.Close()
 		outR.Close()
-		return nil, fmt.Errorf("node kernel: %w", err)
+		return nil, fmt.Errorf("%s: %w", k.name, err)
 	}
-	k := &nodeKernel{p: p, stdin: stdin, typescript: cfg.TypeScript}
+	k.p, k.stdin = p, stdin
 	ready := make(chan struct{})
 	go k.readEvents(evR, ready)
-	go k.readRaw(outR, cfg.Log)
+	go k.readRaw(outR, log)
 	select {
 	case <-ready:
 		return k, nil
 	case <-p.exited:
-		return nil, fmt.Errorf("node kernel exited at start (%s); see the interpreter log", p.reason)
+		return nil, fmt.Errorf("%s exited at start (%s); see the interpreter log", k.name, p.reason)
 	case <-ctx.Done():
 		k.Close()
-		return nil, fmt.Errorf("node kernel did not start: %w", ctx.Err())
+		return nil, fmt.Errorf("%s did not start: %w", k.name, ctx.Err())
 	}
 }
 
@@ -159,7 +174,10 @@ func (k *nodeKernel) readRaw(r *os.File, log io.Writer) {
 }
 
 func (k *nodeKernel) Execute(ctx context.Context, code string, silent bool, sink Sink) error {
-	prepared, err := prepareJS(code, k.typescript)
+	prepared, err := code, error(nil)
+	if k.prepare != nil {
+		prepared, err = k.prepare(code)
+	}
 	if err != nil {
 		if !silent {
 			k.mu.Lock()
@@ -227,7 +245,7 @@ func (k *nodeKernel) send(v any) error {
 	k.stdinMu.Lock()
 	defer k.stdinMu.Unlock()
 	if _, err := k.stdin.Write(append(b, '\n')); err != nil {
-		return fmt.Errorf("node kernel: %w", errKernelDied)
+		return fmt.Errorf("%s: %w", k.name, errKernelDied)
 	}
 	return nil
 }
@@ -244,6 +262,9 @@ func (k *nodeKernel) Interrupt() error {
 	}
 	if err := k.send(map[string]any{"interrupt": c.id}); err != nil {
 		return err
+	}
+	if !k.sigint {
+		return nil
 	}
 	go func() {
 		select {

@@ -13,11 +13,13 @@ import (
 	"time"
 )
 
-// pythonKernel is Debian's ipykernel driven over the Jupyter protocol.
-type pythonKernel struct {
+// jupyterKernel is a Jupyter kernel process (Debian's ipykernel for
+// Python, IRkernel for R) driven over the Jupyter protocol.
+type jupyterKernel struct {
 	p      *proc
 	client *jupyterClient
 	dir    string // holds the connection file
+	name   string // for errors: "ipykernel", "IRkernel"
 }
 
 type pythonConfig struct {
@@ -30,7 +32,7 @@ type pythonConfig struct {
 
 // startPython launches a kernel and returns once it answered a
 // kernel_info_request, i.e. is ready to execute.
-func startPython(ctx context.Context, cfg pythonConfig) (*pythonKernel, error) {
+func startPython(ctx context.Context, cfg pythonConfig) (*jupyterKernel, error) {
 	dir, err := os.MkdirTemp(cfg.RuntimeDir, "py-")
 	if err != nil {
 		return nil, fmt.Errorf("python kernel: %w", err)
@@ -55,7 +57,7 @@ func startPython(ctx context.Context, cfg pythonConfig) (*pythonKernel, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("python kernel: %w", err)
 	}
-	k := &pythonKernel{p: p, dir: dir}
+	k := &jupyterKernel{p: p, dir: dir, name: "ipykernel"}
 	if err := k.connect(ctx, connFile); err != nil {
 		k.Close()
 		return nil, fmt.Errorf("python kernel: %w", err)
@@ -63,7 +65,7 @@ func startPython(ctx context.Context, cfg pythonConfig) (*pythonKernel, error) {
 	return k, nil
 }
 
-func (k *pythonKernel) connect(ctx context.Context, connFile string) error {
+func (k *jupyterKernel) connect(ctx context.Context, connFile string) error {
 	var ci connectionInfo
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
@@ -76,7 +78,7 @@ func (k *pythonKernel) connect(ctx context.Context, connFile string) error {
 		case <-ctx.Done():
 			return fmt.Errorf("no connection file after start: %w", ctx.Err())
 		case <-k.p.exited:
-			return fmt.Errorf("ipykernel exited at start (%s); is python3-ipykernel installed?", k.p.reason)
+			return fmt.Errorf("%s exited at start (%s); is it installed? (see the interpreter log)", k.name, k.p.reason)
 		case <-tick.C:
 		}
 	}
@@ -119,7 +121,7 @@ func (k *pythonKernel) connect(ctx context.Context, connFile string) error {
 				break wait
 			case <-k.p.exited:
 				cancel()
-				return fmt.Errorf("ipykernel exited at start (%s)", k.p.reason)
+				return fmt.Errorf("%s exited at start (%s)", k.name, k.p.reason)
 			case <-ctx.Done():
 				cancel()
 				return fmt.Errorf("kernel did not answer kernel_info: %w", ctx.Err())
@@ -145,7 +147,7 @@ type executeContent struct {
 	ExecutionState string                     `json:"execution_state"`
 }
 
-func (k *pythonKernel) Execute(ctx context.Context, code string, silent bool, sink Sink) error {
+func (k *jupyterKernel) Execute(ctx context.Context, code string, silent bool, sink Sink) error {
 	type routed struct {
 		channel string
 		m       *message
@@ -206,7 +208,7 @@ func (k *pythonKernel) Execute(ctx context.Context, code string, silent bool, si
 	}
 }
 
-func (k *pythonKernel) handle(channel string, m *message, silent bool, sink Sink, gotReply, gotIdle, gotError *bool) {
+func (k *jupyterKernel) handle(channel string, m *message, silent bool, sink Sink, gotReply, gotIdle, gotError *bool) {
 	var c executeContent
 	if err := json.Unmarshal(m.Content, &c); err != nil {
 		sink.Stderr(fmt.Sprintf("[agentbox: undecodable %s message from the kernel: %v]\n", m.Header.MsgType, err))
@@ -256,15 +258,15 @@ func (k *pythonKernel) handle(channel string, m *message, silent bool, sink Sink
 }
 
 // Interrupt sends SIGINT to the kernel's process group: ipykernel turns it
-// into KeyboardInterrupt while it executes (and ignores it while idle), and
-// programs started with ! or subprocess stop too.
-func (k *pythonKernel) Interrupt() error { return k.p.signalGroup(syscall.SIGINT) }
+// into KeyboardInterrupt while it executes (and ignores it while idle),
+// IRkernel into an R interrupt, and programs the code started stop too.
+func (k *jupyterKernel) Interrupt() error { return k.p.signalGroup(syscall.SIGINT) }
 
-func (k *pythonKernel) Exited() <-chan struct{} { return k.p.exited }
-func (k *pythonKernel) ExitReason() string      { return k.p.reason }
-func (k *pythonKernel) PID() int                { return k.p.pid() }
+func (k *jupyterKernel) Exited() <-chan struct{} { return k.p.exited }
+func (k *jupyterKernel) ExitReason() string      { return k.p.reason }
+func (k *jupyterKernel) PID() int                { return k.p.pid() }
 
-func (k *pythonKernel) Close() {
+func (k *jupyterKernel) Close() {
 	k.p.kill()
 	if k.client != nil {
 		k.client.Close()

@@ -2,8 +2,9 @@
 // sandboxes of interpreter templates: an HTTP server on port 49999 speaking
 // the E2B code-interpreter protocol (POST /execute streaming NDJSON,
 // /contexts, /health) in front of real kernels: Debian's ipykernel for
-// Python (Jupyter protocol over ZeroMQ), a Node kernel for JavaScript and
-// TypeScript, and a persistent bash.
+// Python and IRkernel for R (Jupyter protocol over ZeroMQ), a Node kernel
+// for JavaScript and TypeScript, a kernel on the JDK's jshell for Java, and
+// a persistent bash.
 package interpreter
 
 import (
@@ -34,9 +35,10 @@ type Options struct {
 	// Cwd is the working directory of contexts that name none [the
 	// process's working directory].
 	Cwd string
-	// Python, Node and Bash are the language runtimes [/usr/bin/python3,
-	// node, bash]. Python must have ipykernel.
-	Python, Node, Bash string
+	// Python, Node, R, Java and Bash are the language runtimes
+	// [/usr/bin/python3, node, R, java, bash]. Python must have ipykernel,
+	// R IRkernel, and Java be a JDK (jshell's compiler).
+	Python, Node, R, Java, Bash string
 	// KernelLog receives what kernel processes print outside cells (never
 	// user output) [stderr].
 	KernelLog io.Writer
@@ -84,6 +86,12 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.Node == "" {
 		opts.Node = "node"
+	}
+	if opts.R == "" {
+		opts.R = "R"
+	}
+	if opts.Java == "" {
+		opts.Java = "java"
 	}
 	if opts.Bash == "" {
 		opts.Bash = "bash"
@@ -142,6 +150,11 @@ func (s *Server) starter(language, cwd string) func(context.Context) (kernel, er
 		case "javascript", "typescript":
 			k, err = startNode(ctx, nodeConfig{Node: s.opts.Node, Script: s.files.NodeKernel, Cwd: cwd,
 				TypeScript: language == "typescript", Log: s.opts.KernelLog})
+		case "r":
+			k, err = startR(ctx, rConfig{R: s.opts.R, RuntimeDir: s.files.RuntimeDir, Cwd: cwd, Log: s.opts.KernelLog})
+		case "java":
+			k, err = startJava(ctx, javaConfig{Java: s.opts.Java, Source: s.files.JavaKernel,
+				ClassDir: s.files.JavaClasses, Cwd: cwd, Log: s.opts.KernelLog})
 		case "bash":
 			k, err = startBash(ctx, bashConfig{Bash: s.opts.Bash, Cwd: cwd, RuntimeDir: s.files.RuntimeDir})
 		default:

@@ -8,6 +8,9 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -25,13 +28,13 @@ func TestProtocolErrors(t *testing.T) {
 		status int
 		want   string
 	}{
-		{"unknown language", "POST", "/execute", map[string]any{"code": "1", "language": "cobol"}, 400, "available languages are python, javascript, typescript, bash"},
+		{"unknown language", "POST", "/execute", map[string]any{"code": "1", "language": "cobol"}, 400, "available languages are python, javascript, typescript, r, java, bash"},
 		{"context and language", "POST", "/execute", map[string]any{"code": "1", "language": "python", "context_id": "x"}, 400, "Only one of context_id or language"},
 		{"unknown context", "POST", "/execute", map[string]any{"code": "1", "context_id": "nope"}, 404, "Context nope not found"},
 		{"no code", "POST", "/execute", map[string]any{"language": "python"}, 400, "code is required"},
 		{"bad json", "POST", "/execute", "{", 400, "invalid request body"},
 		{"bad env name", "POST", "/execute", map[string]any{"code": "1", "env_vars": map[string]string{"A=B": "x"}}, 400, "invalid variable name"},
-		{"create unknown language", "POST", "/contexts", map[string]any{"language": "r"}, 400, "available languages"},
+		{"create unknown language", "POST", "/contexts", map[string]any{"language": "fortran"}, 400, "available languages"},
 		{"create missing cwd", "POST", "/contexts", map[string]any{"language": "bash", "cwd": "/does/not/exist"}, 400, "not a directory"},
 		{"restart unknown", "POST", "/contexts/nope/restart", nil, 404, "Context nope not found"},
 		{"remove unknown", "DELETE", "/contexts/nope", nil, 404, "Context nope not found"},
@@ -138,9 +141,85 @@ plt.show()`)
 		}
 		e := py("import matplotlib.pyplot as plt, datetime\nplt.figure(); plt.plot([datetime.date(2023, 9, 1), datetime.date(2023, 9, 2)], [1, 2]); plt.xlabel('Time (s)'); plt.show()")
 		chart := e.Results[0]["chart"].(map[string]any)
-		pts := chart["elements"].([]any)[0].(map[string]any)["points"].([]any)
-		if chart["x_scale"] != "datetime" || chart["x_unit"] != "s" || !strings.HasPrefix(pts[0].([]any)[0].(string), "2023-09-01T00:00:00") {
+		line := chart["elements"].([]any)[0].(map[string]any)
+		pts := line["points"].([]any)
+		// Dates as E2B reports them (isoformat of the plotted values), an
+		// unlabelled line named like E2B names it.
+		if chart["x_scale"] != "datetime" || chart["x_unit"] != "s" || pts[0].([]any)[0] != "2023-09-01" || line["label"] != "Line 0" {
 			t.Errorf("datetime line chart %v", chart)
+		}
+	})
+	t.Run("chart numbers are floats, rounded like E2B's", func(t *testing.T) {
+		// Integers plotted come back as 1.0, not 1: E2B's Python SDK users
+		// get floats, and so must ours. Pie angles are rounded, so a third
+		// of a circle is 120.0, not 119.99999999999999.
+		e := py("import matplotlib.pyplot as plt\nplt.figure(); plt.scatter([1, 2], [3, 4]); plt.show()")
+		if raw := strings.Join(e.Raw, "\n"); !strings.Contains(raw, `"points":[[1.0,3.0],[2.0,4.0]]`) {
+			t.Errorf("scatter points not floats: %s", raw)
+		}
+		e = py("plt.figure(); plt.pie([1, 1, 1], labels=['a', 'b', 'c']); plt.show()")
+		if raw := strings.Join(e.Raw, "\n"); !strings.Contains(raw, `"angle":120.0,`) {
+			t.Errorf("pie angles not rounded floats: %s", raw)
+		}
+	})
+	t.Run("box and whisker", func(t *testing.T) {
+		for _, vert := range []string{"True", "False"} {
+			e := py("import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\n" +
+				"ax.boxplot([[85, 90, 78, 92, 88, 30], [95, 89, 76, 91, 84, 87]], labels=['A', 'B'], patch_artist=True, vert=" + vert + ")\n" +
+				"ax.set_title('Scores'); plt.show()")
+			if len(e.Results) == 0 {
+				t.Fatalf("vert=%s: no result (errors %v)", vert, e.Errors)
+			}
+			chart := e.Results[0]["chart"].(map[string]any)
+			if chart["type"] != "box_and_whisker" || chart["title"] != "Scores" {
+				t.Fatalf("vert=%s: chart %v", vert, chart)
+			}
+			got := chart["elements"].([]any)[0].(map[string]any)
+			want := map[string]any{"label": "A", "min": 78.0, "first_quartile": 79.75, "median": 86.5, "third_quartile": 89.5, "max": 92.0, "outliers": []any{30.0}}
+			for k, v := range want {
+				if !reflect.DeepEqual(got[k], v) {
+					t.Errorf("vert=%s: %s = %v, want %v (element %v)", vert, k, got[k], v, got)
+				}
+			}
+		}
+	})
+	t.Run("dicts and lists come as JSON", func(t *testing.T) {
+		for code, want := range map[string]any{
+			"{'a': 1, 2: [1.5, None]}":                            map[string]any{"a": 1.0, "2": []any{1.5, nil}},
+			"import numpy as np\n[np.int64(3), np.array([1, 2])]": []any{3.0, []any{1.0, 2.0}},
+		} {
+			e := py(code)
+			if len(e.Results) != 1 || !reflect.DeepEqual(e.Results[0]["json"], want) || e.Results[0]["text"] == nil {
+				t.Errorf("%s: results %v errors %v, want json %v", code, e.Results, e.Errors, want)
+			}
+		}
+		// No JSON form (a set inside): only text, no error.
+		if e := py("[{1, 2}]"); len(e.Results) != 1 || e.Results[0]["json"] != nil || e.mainText() != "[{1, 2}]" {
+			t.Errorf("unserializable: results %v errors %v", e.Results, e.Errors)
+		}
+	})
+	t.Run("PIL save displays the image", func(t *testing.T) {
+		dir := t.TempDir()
+		e := py("from PIL import Image\nimg = Image.new('RGB', (4, 3), 'red')\nimg.save(" + strconv.Quote(dir+"/a.png") + ")\nimg.save(open(" + strconv.Quote(dir+"/b.png") + ", 'wb'), 'PNG')")
+		// A file name shows the image (not as the main result); a file
+		// object does not, as in E2B.
+		if len(e.Results) != 1 || e.Results[0]["is_main_result"] == true || len(e.Errors) != 0 {
+			t.Fatalf("results %v errors %v", e.Results, e.Errors)
+		}
+		raw, err := base64.StdEncoding.DecodeString(e.Results[0]["png"].(string))
+		if err != nil {
+			t.Fatal(err)
+		}
+		img, err := png.Decode(bytes.NewReader(raw))
+		if err != nil || img.Bounds().Dx() != 4 {
+			t.Fatalf("png %v: %v", img, err)
+		}
+		if _, err := os.Stat(dir + "/a.png"); err != nil {
+			t.Errorf("the image was not saved: %v", err)
+		}
+		// show() displays through PIL's IPython viewer, never a desktop one.
+		if e := py("img.show()"); len(e.Results) != 1 || e.Results[0]["png"] == nil || len(e.Errors) != 0 {
+			t.Errorf("show: results %v errors %v", e.Results, e.Errors)
 		}
 	})
 	t.Run("dataframe", func(t *testing.T) {
@@ -398,7 +477,7 @@ func TestPrepareJS(t *testing.T) {
 func TestEnvCode(t *testing.T) {
 	env := map[string]string{"A": "x'y\"z\\", "B": "2"}
 	base := map[string]string{"B": "orig"}
-	for _, lang := range []string{"python", "javascript", "bash"} {
+	for _, lang := range []string{"python", "javascript", "r", "java", "bash"} {
 		set, reset := envSetCode(lang, env), envResetCode(lang, env, base)
 		if set == "" || reset == "" || strings.Contains(set, "x'y\"z\\\"") {
 			t.Errorf("%s: set %q reset %q", lang, set, reset)
@@ -406,6 +485,84 @@ func TestEnvCode(t *testing.T) {
 	}
 	if got := envResetCode("bash", env, base); got != "export B='orig'\nunset A\n" {
 		t.Errorf("bash reset %q", got)
+	}
+}
+
+// TestRAndJava runs the R (IRkernel) and Java (jshell) kernels through the
+// server: state across cells, the value of the last expression, errors in
+// E2B's shape, printed output, per-execution env vars and interrupts.
+func TestRAndJava(t *testing.T) {
+	type check struct {
+		code    string
+		result  string // the last result's text, "" for none
+		stdout  string
+		errName string
+		errIn   string // in the error value
+	}
+	tests := []struct {
+		language string
+		require  func(*testing.T)
+		checks   []check
+		env      string // code printing AB_TEST ("env vars per execution")
+		loop     string // code that runs until interrupted
+		// the error of an interrupted cell
+		interrupted string
+	}{
+		{"r", requireR, []check{
+			// IRkernel shows values as display data: like E2B, they are
+			// results but not the main result.
+			{code: "x <- 1+1; x", result: "[1] 2"},
+			{code: "x * 21", result: "[1] 42"},
+			{code: "cat('hi\\n'); invisible(1)", stdout: "hi\n"},
+			{code: "stop('boom')", errName: "ERROR", errIn: "boom"},
+			{code: "x", result: "[1] 2"},
+		}, "cat(Sys.getenv('AB_TEST'))", "repeat {}", "ExecutionAborted"},
+		{"java", requireJava, []check{
+			{code: "int x = 41; x + 1", result: "42"},
+			{code: "x * 2", result: "82"},
+			{code: "String s = \"a\"; s + \"b\"", result: "ab"},
+			{code: "System.out.println(\"hi\");", stdout: "hi\n"},
+			// stdin carries the kernel's requests: code reading it sees EOF.
+			{code: "System.in.read()", result: "-1"},
+			{code: "1 / 0", errName: "EvalException", errIn: "/ by zero"},
+			{code: "int z = (1 +", errName: "IncompleteSourceException", errIn: "Incomplete input"},
+			{code: "int y = ;", errName: "CompilationException", errIn: "illegal start of expression"},
+			{code: "undefinedThing + 1", errName: "CompilationException", errIn: "cannot find symbol"},
+			{code: "x", result: "41"},
+		}, "System.out.print(System.getProperty(\"AB_TEST\"));", "while (true) { }", "EvaluationInterruptedException"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.language, func(t *testing.T) {
+			tt.require(t)
+			_, hs := newTestServer(t)
+			for _, c := range tt.checks {
+				e := run(t, hs, map[string]any{"code": c.code, "language": tt.language})
+				if e.lastText() != c.result || e.stdout() != c.stdout || e.errName() != c.errName || !e.Ended {
+					t.Errorf("%q: result %q stdout %q errors %v (all results %v); want result %q stdout %q error %q", c.code, e.lastText(), e.stdout(), e.Errors, e.Results, c.result, c.stdout, c.errName)
+					continue
+				}
+				if c.errName != "" {
+					if v, _ := e.Errors[0]["value"].(string); !strings.Contains(v, c.errIn) {
+						t.Errorf("%q: error value %q, want it to contain %q", c.code, v, c.errIn)
+					}
+					if tb, _ := e.Errors[0]["traceback"].(string); tb == "" {
+						t.Errorf("%q: error without traceback", c.code)
+					}
+				}
+			}
+			e := run(t, hs, map[string]any{"code": tt.env, "language": tt.language, "env_vars": map[string]string{"AB_TEST": "v \"1\""}})
+			if e.stdout() != "v \"1\"" {
+				t.Errorf("env var: stdout %q errors %v", e.stdout(), e.Errors)
+			}
+			e = run(t, hs, map[string]any{"code": tt.loop, "language": tt.language, "timeout": 2})
+			if e.errName() != tt.interrupted {
+				t.Errorf("interrupted loop: errors %v, want %s", e.Errors, tt.interrupted)
+			}
+			// The interrupt stopped the code, not the kernel: state is kept.
+			if e := run(t, hs, map[string]any{"code": "x", "language": tt.language}); e.lastText() != tt.checks[len(tt.checks)-1].result {
+				t.Errorf("after the interrupt: result %q errors %v", e.lastText(), e.Errors)
+			}
+		})
 	}
 }
 
@@ -492,5 +649,39 @@ func TestPythonFloodIsChunked(t *testing.T) {
 	}
 	if got := len(e.stdout()); got != 20<<20 || biggest > 2<<20 {
 		t.Errorf("stdout %d bytes in %d chunks, biggest %d", got, len(e.Stdout), biggest)
+	}
+}
+
+// TestCompileJavaKernel: the Java kernel is compiled once per version of its
+// source and then reused, so a context does not pay for the compilation at
+// every start.
+func TestCompileJavaKernel(t *testing.T) {
+	requireJava(t)
+	files, err := writeAssets(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := javaConfig{Java: "java", Source: files.JavaKernel, ClassDir: files.JavaClasses}
+	dir, err := compileJavaKernel(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(dir + "/JavaKernel.class")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := compileJavaKernel(t.Context(), cfg)
+	if err != nil || again != dir {
+		t.Fatalf("second compile: %q %v, want %q", again, err, dir)
+	}
+	if st2, _ := os.Stat(dir + "/JavaKernel.class"); !st2.ModTime().Equal(st.ModTime()) {
+		t.Errorf("the kernel was compiled again")
+	}
+	// A new version of the source gets its own classes.
+	if err := os.WriteFile(files.JavaKernel, append(javaKernelJava, "\n// v2\n"...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if v2, err := compileJavaKernel(t.Context(), cfg); err != nil || v2 == dir {
+		t.Errorf("changed source: %q %v, want a new dir", v2, err)
 	}
 }

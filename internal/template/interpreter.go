@@ -11,7 +11,8 @@ import (
 
 // codeInterpreterDefinition is the builtin template "code-interpreter-v1",
 // the name E2B's code-interpreter SDKs ask for by default: Debian's Python
-// data stack with ipykernel, Node.js, and the code interpreter (part of envd)
+// data stack with ipykernel, Node.js, R with IRkernel, the JDK (for
+// jshell), and the code interpreter (part of envd)
 // on port 49999 as its start command. Sandbox creation waits for the
 // interpreter to listen, not for its kernels; the first execution does.
 func codeInterpreterDefinition(base Definition) Definition {
@@ -28,6 +29,10 @@ func codeInterpreterDefinition(base Definition) Definition {
 			"python3-scipy",
 			// Satisfies fonttools' "scipy | munkres" should scipy be dropped.
 			"python3-munkres",
+			// The R kernel: IRkernel is a Jupyter kernel, driven like ipykernel.
+			"r-cran-irkernel",
+			// The Java kernel runs on the JDK's jshell; headless, no GUI libraries.
+			"default-jdk-headless",
 		},
 		// Python cells (pandas on large files) need more than the default.
 		MemoryMB: 2048,

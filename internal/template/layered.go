@@ -48,11 +48,19 @@ func (s *Store) buildLayered(ctx context.Context, def Definition, id string, run
 // lists or caches in the layer (the base's are dropped too, so the layer
 // would otherwise carry a fresh copy of them).
 func aptInstallScript(pkgs []string) string {
+	install := "apt-get install -y --no-install-recommends " + strings.Join(pkgs, " ")
+	if slices.ContainsFunc(pkgs, func(p string) bool { return strings.Contains(p, "jdk") || strings.Contains(p, "jre") }) {
+		// The JDK's postinst links its man pages with update-alternatives,
+		// which fails when /usr/share/man/man1 is missing, as it is in a
+		// rootfs whose dpkg excludes man pages. (Only then, so the steps of
+		// templates without Java, and their cached layers, stay the same.)
+		install = "mkdir -p /usr/share/man/man1; " + install
+	}
 	return strings.Join([]string{
 		"set -e",
 		"export DEBIAN_FRONTEND=noninteractive",
 		"apt-get update -o Acquire::Languages=none",
-		"apt-get install -y --no-install-recommends " + strings.Join(pkgs, " "),
+		install,
 		"apt-get clean",
 		"rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/log/apt/* /var/log/*.log /tmp/* /var/tmp/*",
 	}, "; ")

@@ -21,7 +21,7 @@ const CodeInterpreterPort = 49999
 // Python context, no extra env vars, no timeout beyond ctx.
 type RunCodeOptions struct {
 	// Language picks the language's default context: "python" (default),
-	// "javascript"/"js", "typescript"/"ts" or "bash". Not with ContextID.
+	// "javascript"/"js", "typescript"/"ts", "r", "java" or "bash". Not with ContextID.
 	Language string
 	// ContextID runs the code in a context made by CreateCodeContext.
 	ContextID string

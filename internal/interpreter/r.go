@@ -1,0 +1,87 @@
+package interpreter
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+)
+
+type rConfig struct {
+	R          string // R binary with IRkernel installed (Debian: r-cran-irkernel)
+	RuntimeDir string // parent of per-kernel connection-file dirs
+	Cwd        string
+	Log        io.Writer // the kernel process's own stdout/stderr (never user output)
+}
+
+// startR launches IRkernel, a Jupyter kernel, and returns once it answered
+// a kernel_info_request.
+func startR(ctx context.Context, cfg rConfig) (*jupyterKernel, error) {
+	dir, err := os.MkdirTemp(cfg.RuntimeDir, "r-")
+	if err != nil {
+		return nil, fmt.Errorf("r kernel: %w", err)
+	}
+	// Unlike ipykernel, IRkernel does not pick its own ports: it binds the
+	// ones the connection file names. Ports free a moment ago are taken
+	// by something else only in a rare race, which fails the start.
+	ci, err := freeConnection()
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("r kernel: %w", err)
+	}
+	b, err := json.Marshal(ci)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("r kernel: %w", err)
+	}
+	connFile := filepath.Join(dir, "kernel.json")
+	if err := os.WriteFile(connFile, b, 0o600); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("r kernel: %w", err)
+	}
+	// IRkernel's own kernelspec command line.
+	cmd := exec.Command(cfg.R, "--slave", "-e", "IRkernel::main()", "--args", connFile)
+	cmd.Dir = cfg.Cwd
+	cmd.Env = kernelEnv(map[string]string{"JPY_SESSION_NAME": ""})
+	cmd.Stdout, cmd.Stderr = cfg.Log, cfg.Log
+	p, err := startProc(cmd)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("r kernel: %w", err)
+	}
+	k := &jupyterKernel{p: p, dir: dir, name: "IRkernel (r-cran-irkernel)"}
+	if err := k.connect(ctx, connFile); err != nil {
+		k.Close()
+		return nil, fmt.Errorf("r kernel: %w", err)
+	}
+	return k, nil
+}
+
+// freeConnection is a connection description on free loopback ports with a
+// fresh signing key.
+func freeConnection() (connectionInfo, error) {
+	var ports [5]int
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for i := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return connectionInfo{}, fmt.Errorf("find a free port: %w", err)
+		}
+		ls = append(ls, l)
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+	}
+	return connectionInfo{
+		Transport: "tcp", IP: "127.0.0.1",
+		ShellPort: ports[0], IOPubPort: ports[1], StdinPort: ports[2], ControlPort: ports[3], HBPort: ports[4],
+		Key: newID(), SignatureScheme: "hmac-sha256",
+	}, nil
+}
