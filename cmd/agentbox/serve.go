@@ -39,6 +39,7 @@ import (
 	"github.com/agentbox/agentbox/internal/seccomprules"
 	"github.com/agentbox/agentbox/internal/store"
 	"github.com/agentbox/agentbox/internal/template"
+	"github.com/agentbox/agentbox/internal/volume"
 )
 
 // serveConfig is every setting of `agentbox serve`. Each is a flag, an
@@ -66,6 +67,9 @@ type serveConfig struct {
 	MetricsListen   string
 	ConfigFile      string
 	TrustedProxies  []string
+	VolumeSizeMB    int
+	VolumeMaxSizeMB int
+	MaxVolumes      int
 	Net             netFlags
 	Lifecycle       lifecycleFlags // serve_lifecycle.go
 	Audit           auditFlags     // audit.go
@@ -127,6 +131,9 @@ which wins over the file.`,
 	f.StringVar(&c.LogFormat, "log-format", "text", "text (key=value) or json (one object per line, for log collectors)")
 	f.StringVar(&c.ConfigFile, "config", "", "JSON config file with flag names as keys")
 	f.StringSliceVar(&c.TrustedProxies, "trusted-proxy", nil, "addresses or CIDRs of reverse proxies in front of the server, whose X-Forwarded-For names the client; failed API key and token checks are rate limited per client address (20 in a row, then one per 3 s, answered 429 with Retry-After), and without this the proxy's address would count for all its clients")
+	f.IntVar(&c.VolumeSizeMB, "volume-size", volume.DefaultSizeMB, "size limit in MiB of a team volume created without sizeMB")
+	f.IntVar(&c.VolumeMaxSizeMB, "volume-max-size", volume.DefaultMaxSizeMB, "largest volume in MiB a team may create (images are sparse: the host's disk holds what is written, up to the sum of the sizes)")
+	f.IntVar(&c.MaxVolumes, "max-volumes", volume.DefaultMaxPerTeam, "most volumes one team may have")
 	addNetFlags(f, &c.Net)
 	addAuditFlags(f, &c.Audit)
 	return cmd
@@ -409,6 +416,13 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	if err := enableLifecycle(mgr, c); err != nil {
 		return err
 	}
+	vols, err := volume.New(ctx, volume.Config{Dir: filepath.Join(c.DataDir, "volumes"), DefaultSizeMB: c.VolumeSizeMB,
+		MaxSizeMB: c.VolumeMaxSizeMB, MaxPerTeam: c.MaxVolumes}, st, log)
+	if err != nil {
+		return err
+	}
+	vols.SetUsers(mgr.VolumeUsers)
+	mgr.SetVolumes(vols)
 	gw := gateway.New(mgr, log)
 	gw.SetAudit(mgr.Audit())
 	gw.SetRequestCounter(mets.GatewayRequest)
@@ -416,6 +430,9 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	gw.SetOptions(gateway.Options{Domain: c.Net.Domain})
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fmt.Errorf("reconcile sandboxes: %w", err)
+	}
+	if err := vols.Reconcile(ctx); err != nil {
+		return fmt.Errorf("reconcile volumes: %w", err)
 	}
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRun()
@@ -427,6 +444,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	if c.MetricsToken != "" {
 		apiSrv.SetMetrics(mets.Handler(c.MetricsToken))
 	}
+	apiSrv.SetVolumes(vols)
 	// Build steps run as sandboxes of the team that asked, through the
 	// manager; builds in flight at the last stop are marked failed here.
 	builds, err := template.NewBuilds(ctx, templates, mgr, log)
@@ -503,6 +521,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	for _, srv := range servers {
 		_ = srv.Shutdown(shutCtx)
 	}
+	vols.Close()
 	return nil
 }
 
@@ -549,7 +568,7 @@ func privateDataDir(dir string) error {
 	for _, p := range []struct {
 		name string
 		mode os.FileMode
-	}{{"", 0o700}, {"apikey", 0o600}, {"snapshots", 0o700}} {
+	}{{"", 0o700}, {"apikey", 0o600}, {"snapshots", 0o700}, {"volumes", 0o700}} {
 		path := filepath.Join(dir, p.name)
 		stat := os.Lstat
 		if p.name == "" {
@@ -615,7 +634,7 @@ agentbox is ready.
   API key:  %[2]s   (saved in %[3]s)
 
 Use it from the official E2B SDK (npm install e2b):
-  export E2B_API_URL=%[1]s E2B_SANDBOX_URL=%[1]s E2B_API_KEY=%[2]s
+  export E2B_API_URL=%[1]s E2B_SANDBOX_URL=%[1]s E2B_VOLUME_API_URL=%[1]s E2B_API_KEY=%[2]s
   node -e "const {Sandbox}=require('e2b'); (async()=>{const s=await Sandbox.create('base'); console.log((await s.commands.run('echo hello from $(hostname)')).stdout); await s.kill()})()"
 
 Or the CLI:  agentbox create base && agentbox exec <id> -- python3 -c 'print(1)'

@@ -12,7 +12,7 @@
 //	func TestX(t *testing.T) {
 //		s := harness.Start(t)                    // one server for this test
 //		other := s.NewKey(t, "other")            // a second team
-//		cmd.Env = s.Env(s.APIKey)                // E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY
+//		cmd.Env = s.Env(s.APIKey)                // E2B_API_URL, E2B_SANDBOX_URL, E2B_VOLUME_API_URL, E2B_API_KEY
 //	}
 //
 // A server shared by every test of a package is a [Suite]. Servers are torn
@@ -147,7 +147,7 @@ func start(cfg config) (*Server, error) {
 	// The variables the SDKs and the CLI read to find a server: a test
 	// names its own server explicitly (Env), so one exported in the shell
 	// that runs the tests must not redirect it.
-	for _, k := range []string{"E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_DOMAIN", "AGENTBOX_API_URL", "AGENTBOX_API_KEY"} {
+	for _, k := range []string{"E2B_API_URL", "E2B_SANDBOX_URL", "E2B_VOLUME_API_URL", "E2B_API_KEY", "E2B_DOMAIN", "AGENTBOX_API_URL", "AGENTBOX_API_KEY"} {
 		os.Unsetenv(k)
 	}
 	b, err := binaries()
@@ -210,9 +210,10 @@ func start(cfg config) (*Server, error) {
 }
 
 // Env is the environment of the E2B SDKs and the agentbox CLI for key:
-// os.Environ() plus E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY.
+// os.Environ() plus E2B_API_URL, E2B_SANDBOX_URL, E2B_VOLUME_API_URL (the
+// volume content API) and E2B_API_KEY.
 func (s *Server) Env(key string) []string {
-	return append(os.Environ(), "E2B_API_URL="+s.URL, "E2B_SANDBOX_URL="+s.URL, "E2B_API_KEY="+key)
+	return append(os.Environ(), "E2B_API_URL="+s.URL, "E2B_SANDBOX_URL="+s.URL, "E2B_VOLUME_API_URL="+s.URL, "E2B_API_KEY="+key)
 }
 
 var keyPattern = regexp.MustCompile(`e2b_[0-9a-f]{16,}`)

@@ -9,7 +9,9 @@
 // Sides: tenant (another API key), host-user (an unprivileged user on the
 // server host), build (a template build), sandbox→proxy, sandbox→resolver,
 // sandbox→interpreter (from inside a sandbox against the host service named)
-// and neighbour (one sandbox against another). The run fails when any row
+// neighbour (one sandbox against another) and sandbox→volume (a sandbox's
+// root against its volume mount, and through the files it leaves in the
+// volume, against the server's volume content API). The run fails when any row
 // CROSSED or could not be carried out (error).
 //
 // # Adding attacks

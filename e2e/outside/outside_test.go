@@ -23,6 +23,7 @@ const (
 	sideSandboxResolver = "sandbox→resolver"
 	sideSandboxInterp   = "sandbox→interpreter"
 	sideNeighbour       = "neighbour"
+	sideSandboxVolume   = "sandbox→volume"
 )
 
 // Outcomes of an attack.

@@ -78,6 +78,13 @@ type CreateRequest struct {
 	Metadata            map[string]string `json:"metadata,omitempty"`
 	EnvVars             map[string]string `json:"envVars,omitempty"`
 	AllowInternetAccess *bool             `json:"allow_internet_access,omitempty"`
+	VolumeMounts        []VolumeMount     `json:"volumeMounts,omitempty"`
+}
+
+// VolumeMount mounts the team's volume Name at Path (E2B's SandboxVolumeMount).
+type VolumeMount struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
 }
 
 // ListedSandbox is one entry of GET /v2/sandboxes.

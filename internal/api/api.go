@@ -23,6 +23,7 @@ import (
 	"github.com/agentbox/agentbox/internal/sandbox"
 	"github.com/agentbox/agentbox/internal/store"
 	"github.com/agentbox/agentbox/internal/template"
+	"github.com/agentbox/agentbox/internal/volume"
 )
 
 // Templates is what the API needs from the template store: lookups in the
@@ -42,9 +43,10 @@ type Server struct {
 	uploads     uploadGrants     // upload links of the build API
 	tunneler    Tunneler         // port-forward tunnels; nil refuses them
 	guesses     *authlimit.Limiter
-	idem        idempotency  // creates by Idempotency-Key
-	promMetrics http.Handler // GET /metrics (SetMetrics); nil: off
-	mcp         http.Handler // MCP over streamable HTTP (SetMCP); nil: no /mcp
+	idem        idempotency     // creates by Idempotency-Key
+	promMetrics http.Handler    // GET /metrics (SetMetrics); nil: off
+	mcp         http.Handler    // MCP over streamable HTTP (SetMCP); nil: no /mcp
+	vols        *volume.Service // team volumes (SetVolumes); nil answers 503
 	// MaxBody caps JSON request bodies.
 	MaxBody int64
 }
@@ -117,6 +119,7 @@ func (s *Server) Handler() http.Handler {
 	if s.mcp != nil {
 		mux.Handle("/mcp", s.authenticate(s.mcp))
 	}
+	s.volumeRoutes(mux, auth)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
 	})
@@ -179,6 +182,7 @@ func listed(sb *sandbox.Sandbox) rest.ListedSandbox {
 		StartedAt: sb.StartedAt.UTC(), EndAt: endAt(sb), State: stateOf(sb),
 		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB, EnvdVersion: sandbox.EnvdVersion, Metadata: metadataOf(sb),
 		Isolation: sb.Isolation, PIDs: sb.PIDs, TmpSizeMB: sb.TmpMB, Health: sb.Health, HealthReason: sb.HealthReason,
+		VolumeMounts: mountsOf(sb),
 	}
 }
 
@@ -190,6 +194,7 @@ func detail(sb *sandbox.Sandbox, envdAccessToken string) rest.SandboxDetail {
 		StartedAt: sb.StartedAt.UTC(), EndAt: endAt(sb), State: stateOf(sb),
 		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB, EnvdVersion: sandbox.EnvdVersion, Metadata: metadataOf(sb),
 		Isolation: sb.Isolation, PIDs: sb.PIDs, TmpSizeMB: sb.TmpMB, Health: sb.Health, HealthReason: sb.HealthReason,
+		VolumeMounts:    mountsOf(sb),
 		EnvdAccessToken: envdAccessToken, AllowInternetAccess: sb.AllowInternet,
 		Lifecycle: rest.SandboxLifecycle{OnTimeout: "kill", AutoResume: sb.AutoResume}, Network: networkInfo(sb.Network),
 	}
@@ -336,8 +341,8 @@ func (s *Server) createRequest(ctx context.Context, b rest.NewSandbox, v2 bool) 
 	// mcp is accepted as E2B accepts it: the SDK then starts the template's
 	// MCP gateway itself (and, on a template without one, fails clearly
 	// and kills the sandbox).
-	if len(b.VolumeMounts) > 0 {
-		return req, invalid("volumeMounts: volumes are not supported by this server yet; omit volumeMounts")
+	if req.VolumeMounts, err = volumeMounts(b.VolumeMounts); err != nil {
+		return req, err
 	}
 	if err := applyIsolation(&req, b); err != nil {
 		return req, err

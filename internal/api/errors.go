@@ -29,6 +29,8 @@ func statusOf(err error) int {
 		return http.StatusTooManyRequests
 	case errors.Is(err, errdefs.ErrUnavailable):
 		return http.StatusServiceUnavailable
+	case errors.Is(err, errdefs.ErrNoSpace):
+		return http.StatusInsufficientStorage
 	}
 	return http.StatusInternalServerError
 }
@@ -37,7 +39,7 @@ func statusOf(err error) int {
 func message(err error) string {
 	msg := err.Error()
 	for _, s := range []error{errdefs.ErrInvalidArgument, errdefs.ErrUnauthenticated, errdefs.ErrNotFound, errdefs.ErrConflict,
-		errdefs.ErrTooLarge, errdefs.ErrResourceExhausted, errdefs.ErrUnavailable} {
+		errdefs.ErrTooLarge, errdefs.ErrResourceExhausted, errdefs.ErrUnavailable, errdefs.ErrNoSpace} {
 		msg = strings.TrimSuffix(msg, ": "+s.Error())
 	}
 	return msg

@@ -11,6 +11,7 @@ import (
 	"github.com/agentbox/agentbox/internal/sandbox"
 	"github.com/agentbox/agentbox/internal/store"
 	"github.com/agentbox/agentbox/internal/template"
+	"github.com/agentbox/agentbox/internal/volume"
 )
 
 // TestWireJSON pins the bytes the control plane writes for each response
@@ -32,6 +33,8 @@ func TestWireJSON(t *testing.T) {
 		}{Headers: map[string]string{"Authorization": "Bearer secret", "X-Key": "${secrets.KEY}"}}}}},
 		EgressProxy: &sandbox.EgressProxy{Address: "proxy:1080", Username: "u", Password: "p"},
 	}
+	withVolumes := *sb
+	withVolumes.VolumeMounts = []sandbox.VolumeMount{{ID: "v-1", Name: "ws", Path: "/workspace"}}
 	withNetwork := *full
 	withNetwork.AllowInternet, withNetwork.AutoPause, withNetwork.AutoResume, withNetwork.Network = true, true, true, network
 	tpl := &template.Template{ID: "tpl1", TeamID: "team-a", CreatedAt: t0, SizeBytes: 42, CPUCount: 2, MemoryMB: 512, DiskMB: 1024}
@@ -72,6 +75,14 @@ func TestWireJSON(t *testing.T) {
 		{"fork results", []rest.ForkResult{{Sandbox: &rest.Sandbox{SandboxID: "i3", TemplateID: "tpl1", ClientID: sandbox.ClientID, EnvdVersion: "0.6.13"}},
 			{Error: &rest.Error{Code: 429, Message: "quota"}}},
 			`[{"sandbox":{"sandboxID":"i3","templateID":"tpl1","clientID":"6532622b","envdVersion":"0.6.13","trafficAccessToken":null,"domain":null}},{"error":{"code":429,"message":"quota"}}]`},
+		{"listed with volumes", listed(&withVolumes),
+			`{"sandboxID":"i1","templateID":"tpl1","clientID":"6532622b","startedAt":"2026-03-04T05:06:07Z","endAt":"2026-03-04T05:07:07Z","state":"running","cpuCount":2,"memoryMB":512,"diskSizeMB":1024,"envdVersion":"0.6.13","metadata":{},"volumeMounts":[{"name":"ws","path":"/workspace"}]}`},
+		{"volume", volumeOf(store.Volume{ID: "v-1", Name: "ws", SizeMB: 64}),
+			`{"volumeID":"v-1","name":"ws","sizeMB":64}`},
+		{"volume and token", rest.VolumeAndToken{VolumeID: "v-1", Name: "ws", Token: "vol1.1.ab", SizeMB: 64},
+			`{"volumeID":"v-1","name":"ws","token":"vol1.1.ab","sizeMB":64}`},
+		{"volume entry", entryOf(volume.Entry{Name: "l", Type: volume.TypeSymlink, Path: "/d/l", Size: 3, Mode: 0o777, UID: 1000, GID: 1000, Atime: t0, Mtime: t0, Ctime: t0, Target: "../x"}),
+			`{"name":"l","type":"symlink","path":"/d/l","size":3,"mode":511,"uid":1000,"gid":1000,"atime":"2026-03-04T05:06:07Z","mtime":"2026-03-04T05:06:07Z","ctime":"2026-03-04T05:06:07Z","target":"../x"}`},
 		{"snapshot", snapshotOut(&sandbox.Snapshot{ID: "snap1"}),
 			`{"snapshotID":"snap1:default","names":["snap1:default"]}`},
 		{"log entry", entry,

@@ -20,4 +20,6 @@ var (
 	ErrUnavailable = errors.New("unavailable")
 	// ErrTooLarge: a body or field exceeds its size limit.
 	ErrTooLarge = errors.New("too large")
+	// ErrNoSpace: a write did not fit in the space left (a full volume).
+	ErrNoSpace = errors.New("no space left")
 )

@@ -29,6 +29,17 @@ type Spec struct {
 	DNS       []string  // nameservers written to the sandbox's /etc/resolv.conf
 	Resources Resources // cgroup limits
 	Runtime   string    // OCI runtime tier; "" means the driver's default
+	// Volumes are mounted read-write into the sandbox, in order.
+	Volumes []VolumeMount
+}
+
+// VolumeMount is a team volume mounted into a sandbox. Its files are stored
+// with the ids the sandbox sees (0..65535, canonical); a sandbox in a user
+// namespace of its own sees them through an idmapped mount into its range,
+// so every sandbox sharing a volume sees the same owners.
+type VolumeMount struct {
+	Source string // host directory: the root of the volume's filesystem
+	Path   string // absolute mount point inside the sandbox
 }
 
 // Status is the lifecycle state the runtime observes.

@@ -66,6 +66,7 @@ type Manager struct {
 	secret    []byte
 	client    *http.Client // every envd call (envd.go), directly, not through the gateway
 	audit     *audit.Log   // nil: no audit log
+	vols      Volumes      // nil: no volume mounts (volumes.go)
 	limits    limitWatch   // last seen OOM/pids/disk counters per sandbox
 
 	mu        sync.Mutex
@@ -145,6 +146,7 @@ func clone(sb *Sandbox) *Sandbox {
 	c := *sb
 	c.Metadata = maps.Clone(sb.Metadata)
 	c.EnvVars = maps.Clone(sb.EnvVars)
+	c.VolumeMounts = slices.Clone(sb.VolumeMounts)
 	return &c
 }
 

@@ -133,6 +133,7 @@ type build struct {
 	snap    *Snapshot
 	step    *template.StepRequest // build: the RUN steps' request
 	layers  []string
+	volumes []runtime.VolumeMount // claimed (volumes.go)
 	limits  Limits
 	pol     network.Policy
 	netns   string
@@ -271,6 +272,9 @@ func (m *Manager) resolveTemplate(ctx context.Context, b *build) error {
 	sb.DefaultUser, sb.DefaultWorkdir = tpl.DefaultUser, tpl.DefaultWorkdir
 	b.layers, b.limits = tpl.Layers, limits
 	b.startup, b.ready = tpl.StartCmd, tpl.ReadyCmd
+	if err := m.claimVolumes(ctx, b, req.VolumeMounts, false); err != nil {
+		return err
+	}
 	b.pol, err = m.policyOf(ctx, sb)
 	return err
 }
@@ -348,6 +352,14 @@ func (m *Manager) resolveSnapshot(ctx context.Context, b *build) error {
 	sb.Metadata = b.req.Metadata
 	sb.DefaultUser, sb.DefaultWorkdir = snap.DefaultUser, snap.DefaultWorkdir
 	b.layers, b.limits = snap.Layers, limits
+	// The snapshot's sandbox's volumes, by id: a memory image has files
+	// open in them, and its mount table names their paths.
+	if len(req.VolumeMounts) > 0 {
+		return fmt.Errorf("volumeMounts: snapshot %s mounts the volumes its sandbox had; omit volumeMounts: %w", snap.ID, errdefs.ErrInvalidArgument)
+	}
+	if err := m.claimVolumes(ctx, b, snap.VolumeMounts, true); err != nil {
+		return fmt.Errorf("snapshot %s: %w", snap.ID, err)
+	}
 	if snap.FilesystemOnly {
 		b.startup, b.ready = m.templateCommands(ctx, sb)
 	} else {
@@ -474,7 +486,7 @@ func (m *Manager) setPolicy(ctx context.Context, b *build) error {
 func (m *Manager) spec(b *build) runtime.Spec {
 	return runtime.Spec{
 		ID: b.sb.ID, Layers: b.layers, NetNSPath: b.netns, DNS: m.net.DNS(),
-		Resources: b.limits.resources(), Runtime: runtimeTier(b.sb.Isolation),
+		Resources: b.limits.resources(), Runtime: runtimeTier(b.sb.Isolation), Volumes: b.volumes,
 	}
 }
 

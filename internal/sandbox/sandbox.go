@@ -56,6 +56,8 @@ type Sandbox struct {
 	PIDs          int               `json:"pids,omitempty"`
 	TmpMB         int               `json:"tmpMB,omitempty"`
 	Isolation     string            `json:"isolation,omitempty"` // container or gvisor
+	// VolumeMounts are the team volumes mounted in the sandbox.
+	VolumeMounts []VolumeMount `json:"volumeMounts,omitempty"`
 	// MaxCommandSeconds caps each command's run time; envd enforces it.
 	MaxCommandSeconds int64 `json:"maxCommandSeconds,omitempty"`
 	// BuildID marks the hidden sandbox a template build's RUN steps run in
@@ -102,6 +104,7 @@ type CreateRequest struct {
 	Limits        Limits        // zero fields = template's defaults
 	MaxCommand    time.Duration // 0 = the server's command lifetime cap
 	Lifecycle     LifecycleRequest
+	VolumeMounts  []VolumeMount // by name; validated paths
 }
 
 // newID returns "i" + 20 chars of [a-z0-9], the E2B id shape (no '-': host

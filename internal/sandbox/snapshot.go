@@ -37,6 +37,7 @@ type Snapshot struct {
 	PIDs           int               `json:"pids,omitempty"`
 	TmpMB          int               `json:"tmpMB,omitempty"` // the /tmp mount must match the image's
 	Isolation      string            `json:"isolation,omitempty"`
+	VolumeMounts   []VolumeMount     `json:"volumeMounts,omitempty"` // mounted again by its sandboxes
 	DefaultUser    string            `json:"defaultUser"`
 	DefaultWorkdir string            `json:"defaultWorkdir"`
 	EnvVars        map[string]string `json:"envVars,omitempty"`
@@ -240,7 +241,7 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden,
 	snap := &Snapshot{
 		ID: newSnapshotID(), Name: name, TeamID: src.TeamID, SandboxID: src.ID, TemplateID: src.TemplateID, Alias: src.Alias,
 		CPUCount: src.CPUCount, MemoryMB: src.MemoryMB, DiskMB: src.DiskMB, PIDs: src.PIDs, TmpMB: src.TmpMB,
-		Isolation: src.Isolation, DefaultUser: src.DefaultUser,
+		Isolation: src.Isolation, VolumeMounts: slices.Clone(src.VolumeMounts), DefaultUser: src.DefaultUser,
 		DefaultWorkdir: src.DefaultWorkdir, EnvVars: maps.Clone(src.EnvVars), Secure: src.Secure,
 		AllowInternet: src.AllowInternet, Hidden: hidden, CreatedAt: time.Now().UTC(), FilesystemOnly: !memory,
 	}

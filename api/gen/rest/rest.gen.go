@@ -230,6 +230,9 @@ type ListedSandbox struct {
 
 	// HealthReason Why the last health check failed (agentbox extension).
 	HealthReason string `json:"healthReason,omitempty"`
+
+	// VolumeMounts The volumes mounted in the sandbox; omitted when none.
+	VolumeMounts []SandboxVolumeMount `json:"volumeMounts,omitempty"`
 }
 
 // NewSandbox Body of a sandbox create call. Absent fields take the defaults described.
@@ -267,8 +270,8 @@ type NewSandbox struct {
 	// MCP E2B's MCP gateway configuration, accepted as E2B accepts it; the SDK starts the template's gateway with it (a template without one fails that step, and the SDK kills the sandbox).
 	MCP map[string]interface{} `json:"mcp,omitempty"`
 
-	// VolumeMounts E2B's volume mounts; not supported here, so it must be absent or empty.
-	VolumeMounts []interface{} `json:"volumeMounts,omitempty"`
+	// VolumeMounts The team's volumes to mount, by name, at absolute paths (at most 16, none inside another, not /, /proc, /sys, /dev, /.agentbox or the /etc files the server writes). Not with a snapshot's templateID (its sandboxes mount the snapshot's volumes); default none.
+	VolumeMounts []SandboxVolumeMount `json:"volumeMounts,omitempty"`
 
 	// Isolation Isolation tier (agentbox extension), e.g. runc or runsc; default the template's.
 	Isolation *string `json:"isolation,omitempty"`
@@ -293,6 +296,15 @@ type NewSandbox struct {
 
 	// IdleTimeout Seconds without data-plane traffic after which the sandbox is paused (autoPause) or killed (agentbox extension); 0 to 2147483647, 0 or absent means never.
 	IdleTimeout *int64 `json:"idleTimeout,omitempty"`
+}
+
+// NewVolume Body of POST /volumes.
+type NewVolume struct {
+	// Name Name of the volume, unique in the team; 1 to 64 letters, digits, _ or -. Sandboxes mount it by this name.
+	Name string `json:"name"`
+
+	// SizeMB Size limit in MiB (agentbox extension); default the server's --volume-size, at most its --volume-max-size. Writes past it fail with ENOSPC in sandboxes and 507 in the content API.
+	SizeMB int `json:"sizeMB,omitempty"`
 }
 
 // PauseRequest Body of POST /sandboxes/{id}/pause; may be absent.
@@ -431,6 +443,9 @@ type SandboxDetail struct {
 
 	// HealthReason Why the last health check failed (agentbox extension).
 	HealthReason string `json:"healthReason,omitempty"`
+
+	// VolumeMounts The volumes mounted in the sandbox; omitted when none.
+	VolumeMounts []SandboxVolumeMount `json:"volumeMounts,omitempty"`
 
 	// EnvdAccessToken Token data-plane calls carry in X-Access-Token; omitted for unsecured sandboxes.
 	EnvdAccessToken string `json:"envdAccessToken,omitempty"`
@@ -593,6 +608,15 @@ type SandboxNetworkUpdate struct {
 
 	// Rules As in SandboxNetworkConfig.
 	Rules map[string][]SandboxNetworkRule `json:"rules,omitempty"`
+}
+
+// SandboxVolumeMount A team volume mounted in a sandbox.
+type SandboxVolumeMount struct {
+	// Name The volume's name.
+	Name string `json:"name"`
+
+	// Path Where it is mounted in the sandbox; absolute and clean (no ., .. or trailing /).
+	Path string `json:"path"`
 }
 
 // SecretInfo A stored team secret, without its value.
@@ -880,6 +904,84 @@ type TimeoutRequest struct {
 	Timeout *int64 `json:"timeout,omitempty"`
 }
 
+// Volume A team volume.
+type Volume struct {
+	// VolumeID ID of the volume.
+	VolumeID string `json:"volumeID"`
+
+	// Name Name of the volume.
+	Name string `json:"name"`
+
+	// SizeMB Size limit in MiB (agentbox extension).
+	SizeMB int `json:"sizeMB,omitempty"`
+}
+
+// VolumeAndToken A team volume and a token for its content API (/volumecontent/{volumeID}/...).
+type VolumeAndToken struct {
+	// VolumeID ID of the volume.
+	VolumeID string `json:"volumeID"`
+
+	// Name Name of the volume.
+	Name string `json:"name"`
+
+	// Token Bearer token of the volume content API for this volume only; valid 24 hours (every GET /volumes/{volumeID} issues a fresh one).
+	Token string `json:"token"`
+
+	// Domain E2B's content API domain for BYOC clusters; never sent (the SDK's E2B_VOLUME_API_URL, or api.<E2B_DOMAIN>, applies; point it at this server).
+	Domain string `json:"domain,omitempty"`
+
+	// SizeMB Size limit in MiB (agentbox extension).
+	SizeMB int `json:"sizeMB,omitempty"`
+}
+
+// VolumeEntryStat A file, directory or symlink of a volume.
+type VolumeEntryStat struct {
+	// Name Its name ("/" for the root).
+	Name string `json:"name"`
+
+	// Type What it is; unknown for FIFOs and sockets.
+	Type string `json:"type"`
+
+	// Path Its absolute path in the volume.
+	Path string `json:"path"`
+
+	// Size Size in bytes.
+	Size int64 `json:"size"`
+
+	// Mode Permission, set-id and sticky bits (no file type bits).
+	Mode uint32 `json:"mode"`
+
+	// UID Owner, as sandboxes see it (0 to 65535).
+	UID uint32 `json:"uid"`
+
+	// GID Group, as sandboxes see it.
+	GID uint32 `json:"gid"`
+
+	// Atime Last access, UTC.
+	Atime time.Time `json:"atime"`
+
+	// Mtime Last modification, UTC.
+	Mtime time.Time `json:"mtime"`
+
+	// Ctime Last status change, UTC.
+	Ctime time.Time `json:"ctime"`
+
+	// Target A symlink's target; omitted otherwise.
+	Target string `json:"target,omitempty"`
+}
+
+// VolumeMetadata Body of PATCH /volumecontent/{volumeID}/path; absent fields are left alone.
+type VolumeMetadata struct {
+	// UID New owner, 0 to 65535.
+	UID *uint32 `json:"uid,omitempty"`
+
+	// GID New group, 0 to 65535.
+	GID *uint32 `json:"gid,omitempty"`
+
+	// Mode New permission, set-id and sticky bits, 0 to 07777 (not for a symlink).
+	Mode *uint32 `json:"mode,omitempty"`
+}
+
 // BuildID defines model for buildID.
 type BuildID = string
 
@@ -906,6 +1008,24 @@ type StateFilter = []string
 
 // TemplateID defines model for templateID.
 type TemplateID = string
+
+// VolumeForce defines model for volumeForce.
+type VolumeForce = bool
+
+// VolumeGID defines model for volumeGID.
+type VolumeGID = uint32
+
+// VolumeID defines model for volumeID.
+type VolumeID = string
+
+// VolumeMode defines model for volumeMode.
+type VolumeMode = uint32
+
+// VolumePath defines model for volumePath.
+type VolumePath = string
+
+// VolumeUID defines model for volumeUID.
+type VolumeUID = uint32
 
 // ListedSandboxes defines model for ListedSandboxes.
 type ListedSandboxes = []ListedSandbox
@@ -1042,6 +1162,75 @@ type GetV2SandboxesSandboxIDLogsParams struct {
 	Follow *LogFollow `form:"follow,omitempty" json:"follow,omitempty"`
 }
 
+// GetVolumecontentVolumeIDDirParams defines parameters for GetVolumecontentVolumeIDDir.
+type GetVolumecontentVolumeIDDirParams struct {
+	// Path Absolute path in the volume ("/" is its root); cleaned, and it may not lead out of the volume through ".." or a symlink.
+	Path VolumePath `form:"path" json:"path"`
+
+	// Depth Levels to list, 1 (the children) to 32; default 1.
+	Depth *int `form:"depth,omitempty" json:"depth,omitempty"`
+}
+
+// PostVolumecontentVolumeIDDirParams defines parameters for PostVolumecontentVolumeIDDir.
+type PostVolumecontentVolumeIDDirParams struct {
+	// Path Absolute path in the volume ("/" is its root); cleaned, and it may not lead out of the volume through ".." or a symlink.
+	Path VolumePath `form:"path" json:"path"`
+
+	// UID Owner of what is created, 0 to 65535; default 0.
+	UID *VolumeUID `form:"uid,omitempty" json:"uid,omitempty"`
+
+	// GID Group of what is created, 0 to 65535; default 0.
+	GID *VolumeGID `form:"gid,omitempty" json:"gid,omitempty"`
+
+	// Mode Mode of what is created (permission, set-id and sticky bits); default 0644 for files, 0755 for directories.
+	Mode *VolumeMode `form:"mode,omitempty" json:"mode,omitempty"`
+
+	// Force Files, overwrite an existing file; directories, create missing parents and accept an existing directory. Default false.
+	Force *VolumeForce `form:"force,omitempty" json:"force,omitempty"`
+}
+
+// GetVolumecontentVolumeIDFileParams defines parameters for GetVolumecontentVolumeIDFile.
+type GetVolumecontentVolumeIDFileParams struct {
+	// Path Absolute path in the volume ("/" is its root); cleaned, and it may not lead out of the volume through ".." or a symlink.
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// PutVolumecontentVolumeIDFileParams defines parameters for PutVolumecontentVolumeIDFile.
+type PutVolumecontentVolumeIDFileParams struct {
+	// Path Absolute path in the volume ("/" is its root); cleaned, and it may not lead out of the volume through ".." or a symlink.
+	Path VolumePath `form:"path" json:"path"`
+
+	// UID Owner of what is created, 0 to 65535; default 0.
+	UID *VolumeUID `form:"uid,omitempty" json:"uid,omitempty"`
+
+	// GID Group of what is created, 0 to 65535; default 0.
+	GID *VolumeGID `form:"gid,omitempty" json:"gid,omitempty"`
+
+	// Mode Mode of what is created (permission, set-id and sticky bits); default 0644 for files, 0755 for directories.
+	Mode *VolumeMode `form:"mode,omitempty" json:"mode,omitempty"`
+
+	// Force Files, overwrite an existing file; directories, create missing parents and accept an existing directory. Default false.
+	Force *VolumeForce `form:"force,omitempty" json:"force,omitempty"`
+}
+
+// DeleteVolumecontentVolumeIDPathParams defines parameters for DeleteVolumecontentVolumeIDPath.
+type DeleteVolumecontentVolumeIDPathParams struct {
+	// Path Absolute path in the volume ("/" is its root); cleaned, and it may not lead out of the volume through ".." or a symlink.
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// GetVolumecontentVolumeIDPathParams defines parameters for GetVolumecontentVolumeIDPath.
+type GetVolumecontentVolumeIDPathParams struct {
+	// Path Absolute path in the volume ("/" is its root); cleaned, and it may not lead out of the volume through ".." or a symlink.
+	Path VolumePath `form:"path" json:"path"`
+}
+
+// PatchVolumecontentVolumeIDPathParams defines parameters for PatchVolumecontentVolumeIDPath.
+type PatchVolumecontentVolumeIDPathParams struct {
+	// Path Absolute path in the volume ("/" is its root); cleaned, and it may not lead out of the volume through ".." or a symlink.
+	Path VolumePath `form:"path" json:"path"`
+}
+
 // PostSandboxesJSONRequestBody defines body for PostSandboxes for application/json ContentType.
 //
 // Deprecated: this type has been marked as deprecated upstream, but no `x-deprecated-reason` was set
@@ -1093,3 +1282,9 @@ type PostV2TemplatesTemplateIDBuildsBuildIDJSONRequestBody = TemplateBuildStartV
 
 // PostV3TemplatesJSONRequestBody defines body for PostV3Templates for application/json ContentType.
 type PostV3TemplatesJSONRequestBody = TemplateBuildRequestV3
+
+// PatchVolumecontentVolumeIDPathJSONRequestBody defines body for PatchVolumecontentVolumeIDPath for application/json ContentType.
+type PatchVolumecontentVolumeIDPathJSONRequestBody = VolumeMetadata
+
+// PostVolumesJSONRequestBody defines body for PostVolumes for application/json ContentType.
+type PostVolumesJSONRequestBody = NewVolume

@@ -66,7 +66,7 @@ func (s *Store) Build(ctx context.Context, spec runtime.Spec, o Options) (b Buil
 			rb = nil
 		}
 	}()
-	rb.Add(func() { _ = os.RemoveAll(dir) })
+	rb.Add(func() { _ = removeBundleDir(dir) })
 	b.Dir = dir
 	if err := os.WriteFile(filepath.Join(dir, idFile), []byte(spec.ID+"\n"), 0o600); err != nil {
 		return b, rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
@@ -95,6 +95,9 @@ func (s *Store) Build(ctx context.Context, spec runtime.Spec, o Options) (b Buil
 	upper, work := LayerDirs(dir, onDisk)
 	if err := s.mountRootfs(ctx, spec, o, dir, b.Base, upper, work, &rb); err != nil {
 		return b, rb, err
+	}
+	if err := s.mountVolumes(ctx, dir, spec.Volumes, o.UserNS, b.Base, &rb); err != nil {
+		return b, rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	if err := writeEtc(dir, spec); err != nil {
 		return b, rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
@@ -154,7 +157,7 @@ func (s *Store) BuildFromImage(ctx context.Context, spec runtime.Spec, o Options
 			rb = nil
 		}
 	}()
-	rb.Add(func() { _ = os.RemoveAll(dir) })
+	rb.Add(func() { _ = removeBundleDir(dir) })
 	if err := os.WriteFile(filepath.Join(dir, idFile), []byte(spec.ID+"\n"), 0o600); err != nil {
 		return rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
@@ -197,10 +200,15 @@ func (s *Store) BuildFromImage(ctx context.Context, spec runtime.Spec, o Options
 	if err := s.mountRootfs(ctx, spec, o, dir, base, upper, work, &rb); err != nil {
 		return rb, err
 	}
+	if err := s.mountVolumes(ctx, dir, spec.Volumes, o.UserNS, base, &rb); err != nil {
+		return rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
 	if err := writeEtc(dir, spec); err != nil {
 		return rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
-	if err := WriteConfig(dir, s.OCISpec(spec, dir, o, base)); err != nil {
+	oci := s.OCISpec(spec, dir, o, base)
+	addVolumeMounts(oci, dir, spec.Volumes)
+	if err := WriteConfig(dir, oci); err != nil {
 		return rb, err
 	}
 	rb.Add(func() { _ = s.RemoveCgroups(s.CgroupPath(spec.ID)) })
@@ -239,7 +247,7 @@ func writeEtc(dir string, spec runtime.Spec) error {
 
 // Remove removes what Build made of sandbox id once its container is gone:
 // the rootfs mount, idmapped layers no other sandbox uses, the disk, the
-// bundle directory and the cgroups. Removing an unknown id is not an error.
+// volume mounts, the bundle directory and the cgroups. Removing an unknown id is not an error.
 func (s *Store) Remove(id string) error {
 	dir := s.Dir(id)
 	cgPath := s.BundleCgroupPath(id)
@@ -251,7 +259,7 @@ func (s *Store) Remove(id string) error {
 	if err := unmountDisk(dir); err != nil {
 		errs = append(errs, err)
 	}
-	if err := os.RemoveAll(dir); err != nil {
+	if err := removeBundleDir(dir); err != nil {
 		errs = append(errs, err)
 	}
 	if err := s.RemoveCgroups(cgPath); err != nil {

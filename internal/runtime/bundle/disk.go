@@ -208,3 +208,8 @@ func diskUsageStatfs(dir string) (used, total uint64, ok bool) {
 	total = st.Blocks * uint64(st.Bsize)
 	return total - st.Bfree*uint64(st.Bsize), total, true
 }
+
+// AttachLoop binds file to a free loop device that detaches itself once
+// its last user is gone (a mount of it, or the returned handle). The
+// caller closes the handle once the device is mounted.
+func AttachLoop(file string) (string, *os.File, error) { return attachLoop(file) }

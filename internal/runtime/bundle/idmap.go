@@ -61,7 +61,7 @@ func (s *Store) idmappedLayer(ctx context.Context, layer string, from, to uint32
 	if err := os.Mkdir(target, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return "", err
 	}
-	if err := s.mountIdmapped(ctx, layer, target, from, to); err != nil {
+	if err := s.mountIdmapped(ctx, layer, target, from, to, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV); err != nil {
 		_ = os.Remove(target)
 		if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EOPNOTSUPP) {
 			im.disabled = err
@@ -119,11 +119,13 @@ func (s *Store) releaseIdmaps() {
 	}
 }
 
-// mountIdmapped mounts layer read-only at target with its ids shifted by
-// UserNSBase. The id mapping comes from a user namespace made for the
-// occasion by a short-lived child (a Go process cannot unshare one), the
-// hold hook; the mount keeps its own reference to it.
-func (s *Store) mountIdmapped(ctx context.Context, layer, target string, from, to uint32) error {
+// mountIdmapped mounts a clone of the mount at layer on target with its ids
+// shifted (on-disk owner from+n shows as host id to+n) and the mount
+// attributes attrs (MOUNT_ATTR_*). The id mapping comes from a user
+// namespace made for the occasion by a short-lived child (a Go process
+// cannot unshare one), the hold hook; the mount keeps its own reference to
+// it.
+func (s *Store) mountIdmapped(ctx context.Context, layer, target string, from, to uint32, attrs uint64) error {
 	if s.cfg.HookBinary == "" {
 		return fmt.Errorf("id-mapping user namespace: no hook binary configured: %w", unix.ENOSYS)
 	}
@@ -153,7 +155,7 @@ func (s *Store) mountIdmapped(ctx context.Context, layer, target string, from, t
 		return fmt.Errorf("idmap %s: open_tree: %w", layer, err)
 	}
 	defer unix.Close(fd)
-	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV, Userns_fd: uint64(userns.Fd())}
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP | attrs, Userns_fd: uint64(userns.Fd())}
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
 		return fmt.Errorf("idmap %s: mount_setattr: %w", layer, err)
 	}

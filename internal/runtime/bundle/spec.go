@@ -151,6 +151,7 @@ func (s *Store) HardenedSpec(spec runtime.Spec, dir string, o Options, base uint
 		o.Harden(oci)
 	}
 	harden(oci, spec)
+	addVolumeMounts(oci, dir, spec.Volumes)
 	return oci
 }
 
