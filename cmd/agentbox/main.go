@@ -66,6 +66,7 @@ $AGENTBOX_API_KEY, $E2B_API_KEY, or the file apikey in $AGENTBOX_DATA_DIR
 		newLogsCmd(),
 		newTemplateCmd(),
 		newRunCodeCmd(),
+		newRunCmd(),
 		newHookCmd(),
 	)
 	return root

@@ -1,0 +1,200 @@
+package localrun
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// Plan is the filesystem policy of one run, in Landlock's terms. Landlock
+// only allows, so "read everything except D" is built from the siblings
+// along the path to each denied path: every entry of / is readable except
+// the one leading to D, in which every entry is readable except the next
+// one, and so on down to D, which gets no rule. The directories on the way
+// (Listable) may be listed, not read from; names of new files created in
+// them after the start are not readable either.
+//
+// A denied path inside a writable directory cannot be carved out that way:
+// files the command creates there later would be unreadable. Those are
+// masked instead (Masks): agentbox mounts an unreadable empty file or
+// directory over them in the command's private mount namespace.
+type Plan struct {
+	Read     []string // readable and executable, with everything beneath
+	Listable []string // directories along a denied path: list only
+	Write    []string // writable (and readable), with everything beneath
+	Masks    []string // denied paths inside a writable directory
+	Denied   []Denial // every denied path that exists, for explanations
+}
+
+// Denial is one path the command may not read, and why.
+type Denial struct {
+	Path string
+	Rule string // the config entry that denies it ("~/.ssh", "deny_read ./secrets")
+}
+
+// Env is where a run starts.
+type Env struct {
+	Home, Dir string // home and working directories, absolute
+	TmpDir    string // the writable temporary directory (default /tmp)
+}
+
+// devices are writable by every command: the terminal and the null devices.
+var devices = []string{"/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/ptmx", "/dev/pts", "/dev/shm"}
+
+// BuildPlan turns a config into a plan for env. Paths that do not exist
+// are left out: there is nothing to deny or allow yet.
+func BuildPlan(c Config, env Env) (Plan, error) {
+	var p Plan
+	tmp := env.TmpDir
+	if tmp == "" {
+		tmp = "/tmp"
+	}
+	writes := []string{env.Dir, tmp}
+	for _, w := range c.Write {
+		writes = append(writes, expand(w, env.Home, env.Dir))
+	}
+	for _, w := range append(writes, devices...) {
+		if real, ok := existing(w); ok {
+			p.Write = append(p.Write, real)
+		}
+	}
+	reads := map[string]bool{}
+	for _, r := range c.Read {
+		if real, ok := existing(expand(r, env.Home, env.Dir)); ok {
+			reads[real] = true
+		}
+	}
+	patterns := c.DenyRead
+	if !c.NoDefaultDeny {
+		patterns = append(DefaultDenyRead(), patterns...)
+	}
+	var deny []string
+	for _, pat := range patterns {
+		matches, err := filepath.Glob(expand(pat, env.Home, env.Dir))
+		if err != nil {
+			return p, fmt.Errorf("deny_read %q: %w", pat, err)
+		}
+		for _, m := range matches {
+			real, ok := existing(m)
+			if !ok || reads[real] || coveredBy(real, reads) {
+				continue // re-allowed with --read
+			}
+			if real == "/" {
+				return p, fmt.Errorf("deny_read %q: cannot deny the whole filesystem", pat)
+			}
+			p.Denied = append(p.Denied, Denial{Path: real, Rule: pat})
+			deny = append(deny, real)
+		}
+	}
+	var outside []string
+	for _, d := range deny {
+		if underAny(d, p.Write) {
+			p.Masks = append(p.Masks, d)
+		} else {
+			outside = append(outside, d)
+		}
+	}
+	read, list, err := carve("/", outside)
+	if err != nil {
+		return p, err
+	}
+	p.Read, p.Listable = read, list
+	sort.Strings(p.Masks)
+	return p, nil
+}
+
+// carve lists what stays readable under root when the paths deny are
+// not: the entries of each directory on the way to a denied path, but
+// not that path nor the directories leading to it (returned as list).
+func carve(root string, deny []string) (read, list []string, err error) {
+	if len(deny) == 0 {
+		return []string{root}, nil, nil
+	}
+	list = append(list, root)
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return nil, nil, fmt.Errorf("listing %s to build the read rules: %w", root, err)
+	}
+	for _, e := range entries {
+		child := filepath.Join(root, e.Name())
+		var below []string
+		denied := false
+		for _, d := range deny {
+			switch {
+			case d == child:
+				denied = true
+			case under(d, child):
+				below = append(below, d)
+			}
+		}
+		switch {
+		case denied:
+		case len(below) > 0:
+			r, l, err := carve(child, below)
+			if err != nil {
+				return nil, nil, err
+			}
+			read, list = append(read, r...), append(list, l...)
+		default:
+			read = append(read, child)
+		}
+	}
+	return read, list, nil
+}
+
+// existing resolves p's symlinks; false when p does not exist.
+func existing(p string) (string, bool) {
+	real, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return "", false
+	}
+	return real, true
+}
+
+// under reports whether p is strictly inside dir.
+func under(p, dir string) bool {
+	if dir == "/" {
+		return p != "/"
+	}
+	return strings.HasPrefix(p, dir+"/")
+}
+
+func underAny(p string, dirs []string) bool {
+	for _, d := range dirs {
+		if p == d || under(p, d) {
+			return true
+		}
+	}
+	return false
+}
+
+func coveredBy(p string, dirs map[string]bool) bool {
+	for d := range dirs {
+		if under(p, d) {
+			return true
+		}
+	}
+	return false
+}
+
+// Refusal explains why a read or write of path would be refused, with the
+// way to allow it, or "" when the plan allows it.
+func (p Plan) Refusal(path string, write bool) string {
+	for _, d := range p.Denied {
+		if path == d.Path || under(path, d.Path) {
+			op := "read of"
+			if write {
+				op = "access to"
+			}
+			return fmt.Sprintf("%s %s denied: it is under %s, denied by the rule %q; allow it with --read %s",
+				op, path, d.Path, d.Rule, d.Path)
+		}
+	}
+	if write && !underAny(path, p.Write) {
+		return fmt.Sprintf("write to %s denied: not under a --write path (the working directory and the temporary directory are); allow it with --write %s",
+			path, filepath.Dir(path))
+	}
+	return ""
+}
