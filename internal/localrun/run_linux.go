@@ -198,7 +198,9 @@ func Run(ctx context.Context, o Options) (int, error) {
 // command started; it printed the reason.
 type HelperError struct{ Code int }
 
-func (e *HelperError) Error() string { return "setup failed (exit status " + strconv.Itoa(e.Code) + ")" }
+func (e *HelperError) Error() string {
+	return "setup failed (exit status " + strconv.Itoa(e.Code) + ")"
+}
 
 func recvFDs(f *os.File, n int) ([]int, error) {
 	buf := make([]byte, 1)
