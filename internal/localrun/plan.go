@@ -188,8 +188,12 @@ func (p Plan) Refusal(path string, write bool) string {
 			if write {
 				op = "access to"
 			}
-			return fmt.Sprintf("%s %s denied: it is under %s, denied by the rule %q; allow it with --read %s",
-				op, path, d.Path, d.Rule, d.Path)
+			where := "it is under " + d.Path + ", denied"
+			if path == d.Path {
+				where = "denied"
+			}
+			return fmt.Sprintf("%s %s denied: %s by the rule %q (credential stores are not readable by default); allow it with --read %s",
+				op, path, where, d.Rule, d.Path)
 		}
 	}
 	if write && !underAny(path, p.Write) {

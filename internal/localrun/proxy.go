@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -83,7 +84,17 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 		port = "80"
 	}
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	up, err := p.Dialer.DialContext(dctx, "tcp", net.JoinHostPort(host, port))
+	defer cancel()
+	addr, why := p.resolve(dctx, host)
+	if why != "" {
+		p.Log.Warn("refused", "kind", "net", "host", host, "explanation", why)
+		if p.Refuse != nil {
+			p.Refuse(why)
+		}
+		refuse(c, http.StatusForbidden, "agentbox: "+why)
+		return
+	}
+	up, err := p.Dialer.DialContext(dctx, "tcp", net.JoinHostPort(addr.String(), port))
 	cancel()
 	if err != nil {
 		refuse(c, http.StatusBadGateway, fmt.Sprintf("agentbox proxy: %s:%s: %v", host, port, err))
@@ -115,6 +126,27 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 	io.Copy(c, up)
 	c.Close()
 	<-done
+}
+
+// resolve picks the address to dial for host, refusing a name that
+// resolves to the host's own loopback or to link-local (cloud metadata)
+// addresses: an allowed name must not lead to services the network
+// namespace keeps away. An IP literal allowed as such is dialled as is.
+func (p *Proxy) resolve(ctx context.Context, host string) (netip.Addr, string) {
+	if a, err := netip.ParseAddr(host); err == nil {
+		return a, ""
+	}
+	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	if err != nil || len(addrs) == 0 {
+		return netip.Addr{}, fmt.Sprintf("%s does not resolve: %v", host, err)
+	}
+	for _, a := range addrs {
+		a = a.Unmap()
+		if a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsUnspecified() || a.IsMulticast() {
+			return netip.Addr{}, fmt.Sprintf("connection to %s refused by the proxy: it resolves to %s, a loopback or link-local address; allow that address itself with --allow-net %s", host, a, a)
+		}
+	}
+	return addrs[0].Unmap(), ""
 }
 
 func refuse(c net.Conn, code int, msg string) {

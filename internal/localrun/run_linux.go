@@ -194,6 +194,12 @@ func Run(ctx context.Context, o Options) (int, error) {
 	return 0, werr
 }
 
+// Securebits of <linux/securebits.h>.
+const (
+	secbitNoRoot       = 1 << 0
+	secbitNoRootLocked = 1 << 1
+)
+
 // HelperError is the exit status of a helper that failed before the
 // command started; it printed the reason.
 type HelperError struct{ Code int }
@@ -270,6 +276,13 @@ func RunInit(arg string) error {
 	}
 	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
 		return fmt.Errorf("run-init: clearing capabilities: %w", err)
+	}
+	if os.Getuid() == 0 {
+		// root (mapped to itself) would get every capability of the user
+		// namespace back at the exec; NOROOT keeps the command without.
+		if err := unix.Prctl(unix.PR_SET_SECUREBITS, secbitNoRoot|secbitNoRootLocked, 0, 0, 0); err != nil {
+			return fmt.Errorf("run-init: securebits: %w", err)
+		}
 	}
 	path, err := exec.LookPath(sp.Args[0])
 	if err != nil {
