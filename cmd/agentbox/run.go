@@ -20,6 +20,7 @@ func newRunCmd() *cobra.Command {
 		configFile   string
 		logFile      string
 		explainFiles bool
+		noLandlock   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "run [flags] -- <command> [args...]",
@@ -42,7 +43,8 @@ the project's .agentbox.json (or --config FILE), whose fields are read,
 write, deny_read, allow_net and no_default_deny.
 
 Needs Landlock and user namespaces (unprivileged ones when not root); it
-refuses to run, saying why, where the kernel lacks them.`,
+refuses to run, saying why, where the kernel lacks them (--allow-no-landlock
+accepts running without Landlock). Exits with the command's exit status.`,
 		Example: `  agentbox run -- make test
   agentbox run --allow-net proxy.golang.org --allow-net sum.golang.org -- go build ./...
   agentbox run --write ~/.cache/go-build -- go test ./...
@@ -82,13 +84,14 @@ refuses to run, saying why, where the kernel lacks them.`,
 				return fmt.Errorf("finding the agentbox binary to re-execute: %w", err)
 			}
 			code, err := localrun.Run(cmd.Context(), localrun.Options{
-				Config:       cfg.Merge(flags),
-				Env:          localrun.Env{Home: home, Dir: dir, TmpDir: os.TempDir()},
-				Args:         args,
-				Self:         self,
-				Stderr:       cmd.ErrOrStderr(),
-				Log:          slog.New(slog.NewJSONHandler(logOut, nil)),
-				ExplainFiles: explainFiles,
+				Config:          cfg.Merge(flags),
+				Env:             localrun.Env{Home: home, Dir: dir, TmpDir: os.TempDir()},
+				Args:            args,
+				Self:            self,
+				Stderr:          cmd.ErrOrStderr(),
+				Log:             slog.New(slog.NewJSONHandler(logOut, nil)),
+				ExplainFiles:    explainFiles,
+				AllowNoLandlock: noLandlock,
 			})
 			var helper *localrun.HelperError
 			if errors.As(err, &helper) {
@@ -111,6 +114,7 @@ refuses to run, saying why, where the kernel lacks them.`,
 	f.BoolVar(&flags.NoDefaultDeny, "no-default-deny", false, "do not deny the default credential stores")
 	f.StringVar(&configFile, "config", "", "config file (default ./"+localrun.ConfigFile+" when present)")
 	f.StringVar(&logFile, "log", "", "append a JSON record of every refusal and proxy decision to this file")
+	f.BoolVar(&noLandlock, "allow-no-landlock", false, "run even where the kernel lacks Landlock: writes are then not restricted and denied paths are masked")
 	f.BoolVar(&explainFiles, "explain-files", true, "explain refused file reads and writes (sends every open through agentbox; false is faster)")
 	return cmd
 }

@@ -113,6 +113,7 @@ func TestRun(t *testing.T) {
 					stderr: []string{"agentbox: ptrace refused"}},
 				{name: "new user namespace", cmd: "unshare -U true",
 					stderr: []string{"agentbox: unshare refused"}},
+				{name: "exit status passed on", cmd: "echo out; exit 3", stdout: "out", stderr: []string{}},
 				{name: "denied read logged", flags: []string{"--log", logFile}, cmd: "cat ~/.ssh/id_rsa"},
 			}
 			for _, c := range cases {
@@ -131,6 +132,11 @@ func TestRun(t *testing.T) {
 					var out, errb strings.Builder
 					cmd.Stdout, cmd.Stderr = &out, &errb
 					err := cmd.Run()
+					if c.name == "exit status passed on" {
+						if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 3 {
+							t.Errorf("exit: %v, want exit status 3", err)
+						}
+					}
 					if (err == nil) != c.ok {
 						t.Errorf("exit: %v, want ok=%v\nstdout: %s\nstderr: %s", err, c.ok, out.String(), errb.String())
 					}

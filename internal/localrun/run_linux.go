@@ -41,36 +41,50 @@ type Options struct {
 	// ExplainFiles predicts and explains Landlock refusals of file calls;
 	// it sends every open through agentbox (slower; see docs).
 	ExplainFiles bool
+	// AllowNoLandlock runs without Landlock where the kernel lacks it:
+	// writes are not restricted and every denied path is masked instead.
+	AllowNoLandlock bool
 }
 
 // spec is what the helper needs, passed as its argument.
 type spec struct {
-	Plan      Plan     `json:"plan"`
-	Args      []string `json:"args"`
-	MaskFile  string   `json:"mask_file"`
-	MaskDir   string   `json:"mask_dir"`
-	Explain   bool     `json:"explain"`
-	PrivateNS bool     `json:"private_ns"`
+	Plan       Plan     `json:"plan"`
+	Args       []string `json:"args"`
+	MaskFile   string   `json:"mask_file"`
+	MaskDir    string   `json:"mask_dir"`
+	Explain    bool     `json:"explain"`
+	NoLandlock bool     `json:"no_landlock"`
 }
 
-// Preflight says why this kernel cannot give a command the process tier's
-// isolation: Landlock and unprivileged user namespaces. It returns the
-// Landlock ABI in use.
-func Preflight() (int, error) {
-	abi, err := LandlockABI()
-	if err != nil {
-		return 0, err
+// Preflight says why this kernel cannot give a command its own user and
+// network namespaces.
+func Preflight() error {
+	root := os.Geteuid() == 0
+	if b, err := os.ReadFile("/proc/sys/kernel/unprivileged_userns_clone"); err == nil && strings.TrimSpace(string(b)) == "0" && !root {
+		return errors.New("unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone=0), so the command cannot get its own network namespace; enable them with sysctl kernel.unprivileged_userns_clone=1")
 	}
-	if b, err := os.ReadFile("/proc/sys/kernel/unprivileged_userns_clone"); err == nil && strings.TrimSpace(string(b)) == "0" && os.Geteuid() != 0 {
-		return abi, errors.New("unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone=0), so the command cannot get its own network namespace; enable them with sysctl kernel.unprivileged_userns_clone=1")
-	}
-	if b, err := os.ReadFile("/proc/sys/kernel/apparmor_restrict_unprivileged_userns"); err == nil && strings.TrimSpace(string(b)) == "1" && os.Geteuid() != 0 {
-		return abi, errors.New("AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns=1), so the command cannot get its own network namespace; allow agentbox with an AppArmor profile that has \"userns,\"")
+	if b, err := os.ReadFile("/proc/sys/kernel/apparmor_restrict_unprivileged_userns"); err == nil && strings.TrimSpace(string(b)) == "1" && !root {
+		return errors.New("AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns=1), so the command cannot get its own network namespace; allow agentbox with an AppArmor profile that has \"userns,\"")
 	}
 	if b, err := os.ReadFile("/proc/sys/user/max_user_namespaces"); err == nil && strings.TrimSpace(string(b)) == "0" {
-		return abi, errors.New("user namespaces are disabled (user.max_user_namespaces=0), so the command cannot get its own network namespace; raise user.max_user_namespaces")
+		return errors.New("user namespaces are disabled (user.max_user_namespaces=0), so the command cannot get its own network namespace; raise user.max_user_namespaces")
 	}
-	return abi, nil
+	return nil
+}
+
+// abiGaps says what Landlock ABI abi leaves unrestricted that a newer one
+// would restrict, or "".
+func abiGaps(abi int) string {
+	var gaps []string
+	for _, g := range []struct {
+		since int
+		what  string
+	}{{3, "truncating files"}, {5, "device ioctls"}, {6, "signals and abstract unix sockets to outside processes"}} {
+		if abi < g.since {
+			gaps = append(gaps, fmt.Sprintf("%s (ABI %d)", g.what, g.since))
+		}
+	}
+	return strings.Join(gaps, ", ")
 }
 
 // Run runs the command and returns its exit code.
@@ -78,12 +92,31 @@ func Run(ctx context.Context, o Options) (int, error) {
 	if len(o.Args) == 0 {
 		return 0, errors.New("no command given; use: agentbox run -- CMD [ARGS]")
 	}
-	if _, err := Preflight(); err != nil {
+	if err := Preflight(); err != nil {
 		return 0, err
 	}
+	say := func(line string) { fmt.Fprintln(o.Stderr, "agentbox:", line) }
+	abi, llErr := LandlockABI()
+	switch {
+	case llErr != nil && !o.AllowNoLandlock:
+		return 0, fmt.Errorf("%w; --allow-no-landlock runs without it (writes unrestricted, denied paths masked)", llErr)
+	case llErr != nil:
+		say("running without Landlock (" + llErr.Error() + "): writes are not restricted")
+	case abiGaps(abi) != "":
+		say(fmt.Sprintf("this kernel has Landlock ABI %d, which does not restrict %s", abi, abiGaps(abi)))
+	}
+	o.Log.Info("landlock", "abi", abi, "available", llErr == nil)
 	plan, err := BuildPlan(o.Config, o.Env)
 	if err != nil {
 		return 0, err
+	}
+	if llErr != nil {
+		// Without Landlock only the masks deny reads, and nothing writes.
+		plan.Masks = plan.Masks[:0]
+		for _, d := range plan.Denied {
+			plan.Masks = append(plan.Masks, d.Path)
+		}
+		plan.Read, plan.Listable, plan.Write = []string{"/"}, nil, []string{"/"}
 	}
 	domains := make([]string, 0, len(o.Config.AllowNet))
 	for i, d := range o.Config.AllowNet {
@@ -93,7 +126,6 @@ func Run(ctx context.Context, o Options) (int, error) {
 		}
 		domains = append(domains, d)
 	}
-	say := func(line string) { fmt.Fprintln(o.Stderr, "agentbox:", line) }
 
 	masks, err := os.MkdirTemp("", "agentbox-run-")
 	if err != nil {
@@ -101,7 +133,7 @@ func Run(ctx context.Context, o Options) (int, error) {
 	}
 	defer os.RemoveAll(masks)
 	sp := spec{Plan: plan, Args: o.Args, MaskFile: filepath.Join(masks, "f"), MaskDir: filepath.Join(masks, "d"),
-		Explain: o.ExplainFiles, PrivateNS: true}
+		Explain: o.ExplainFiles, NoLandlock: llErr != nil}
 	if err := os.WriteFile(sp.MaskFile, nil, 0); err != nil {
 		return 0, fmt.Errorf("mask file: %w", err)
 	}
@@ -292,8 +324,10 @@ func RunInit(arg string) error {
 		"HTTP_PROXY="+proxy, "HTTPS_PROXY="+proxy, "http_proxy="+proxy, "https_proxy="+proxy,
 		"ALL_PROXY="+proxy, "NO_PROXY=localhost,127.0.0.1", "no_proxy=localhost,127.0.0.1",
 		"AGENTBOX_TIER=process")
-	if err := applyLandlock(sp.Plan); err != nil {
-		return err
+	if !sp.NoLandlock {
+		if err := applyLandlock(sp.Plan); err != nil {
+			return err
+		}
 	}
 	// The filter goes on this thread alone, which then execs.
 	runtime.LockOSThread()
