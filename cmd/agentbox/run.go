@@ -84,8 +84,9 @@ accepts running without Landlock). Exits with the command's exit status.`,
 				return fmt.Errorf("finding the agentbox binary to re-execute: %w", err)
 			}
 			code, err := localrun.Run(cmd.Context(), localrun.Options{
-				Config:          cfg.Merge(flags),
-				Env:             localrun.Env{Home: home, Dir: dir, TmpDir: os.TempDir()},
+				Config: cfg.Merge(flags),
+				Env: localrun.Env{Home: home, Dir: dir, TmpDir: os.TempDir(),
+					RuntimeDir: os.Getenv("XDG_RUNTIME_DIR"), AuthSock: os.Getenv("SSH_AUTH_SOCK")},
 				Args:            args,
 				Self:            self,
 				Stderr:          cmd.ErrOrStderr(),

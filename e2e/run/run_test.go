@@ -39,6 +39,12 @@ r = libc.ptrace(16, os.getppid(), 0, 0)
 print("ptrace", r, ctypes.get_errno())
 raise SystemExit(0 if r == 0 else 1)`
 
+// unixPy connects to the unix socket argv[1] and prints what it says.
+const unixPy = `import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+print(s.recv(100).decode())`
+
 const mptcpPy = `import socket
 socket.socket(socket.AF_INET, socket.SOCK_STREAM, 262)`
 
@@ -89,6 +95,27 @@ func TestRun(t *testing.T) {
 				chownTree(t, home, "nobody")
 			}
 			logFile := filepath.Join(home, "run.log") // written by agentbox, outside the sandbox
+			// A stand-in for the user's SSH agent, which the command could
+			// otherwise use by path: Landlock ABI 7 does not cover connect.
+			agentSock := filepath.Join(home, "agent.sock")
+			agent, err := net.Listen("unix", agentSock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { agent.Close() })
+			if err := os.Chmod(agentSock, 0o777); err != nil {
+				t.Fatal(err)
+			}
+			go func() {
+				for {
+					c, err := agent.Accept()
+					if err != nil {
+						return
+					}
+					c.Write([]byte("AGENT-REACHED"))
+					c.Close()
+				}
+			}()
 
 			cases := []case_{
 				{name: "read ~/.ssh/id_rsa", cmd: "cat ~/.ssh/id_rsa", notOut: "SECRET",
@@ -113,6 +140,10 @@ func TestRun(t *testing.T) {
 					stderr: []string{"agentbox: ptrace refused"}},
 				{name: "new user namespace", cmd: "unshare -U true",
 					stderr: []string{"agentbox: unshare refused"}},
+				{name: "ssh agent socket", cmd: "/usr/bin/python3 -c '" + unixPy + "' \"$SSH_AUTH_SOCK\"", notOut: "AGENT-REACHED",
+					stderr: []string{"agentbox: connection to the unix socket " + agentSock + " refused", "--read " + agentSock}},
+				{name: "ssh agent socket re-allowed", flags: []string{"--read", agentSock},
+					cmd: "/usr/bin/python3 -c '" + unixPy + "' \"$SSH_AUTH_SOCK\"", ok: true, stdout: "AGENT-REACHED"},
 				{name: "exit status passed on", cmd: "echo out; exit 3", stdout: "out", stderr: []string{}},
 				{name: "denied read logged", flags: []string{"--log", logFile}, cmd: "cat ~/.ssh/id_rsa"},
 			}
@@ -128,7 +159,7 @@ func TestRun(t *testing.T) {
 						cmd = exec.CommandContext(ctx, agentbox, args...)
 					}
 					cmd.Dir = proj
-					cmd.Env = []string{"HOME=" + home, "PATH=/usr/local/bin:/usr/bin:/bin", "TMPDIR=/tmp"}
+					cmd.Env = []string{"HOME=" + home, "PATH=/usr/local/bin:/usr/bin:/bin", "TMPDIR=/tmp", "SSH_AUTH_SOCK=" + agentSock}
 					var out, errb strings.Builder
 					cmd.Stdout, cmd.Stderr = &out, &errb
 					err := cmd.Run()

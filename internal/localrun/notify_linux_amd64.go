@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -170,6 +171,22 @@ func (e *Explainer) explainConnect(pid int, addr, size uint64) {
 	}
 	var dst netip.AddrPort
 	switch binary.NativeEndian.Uint16(b) {
+	case unix.AF_UNIX:
+		path := string(b[2:])
+		if i := strings.IndexByte(path, 0); i >= 0 {
+			path = path[:i]
+		}
+		if path == "" || !filepath.IsAbs(path) {
+			return // abstract (scoped by Landlock) or relative
+		}
+		for _, d := range e.Plan.Denied {
+			if path == d.Path || under(path, d.Path) {
+				e.say(fmt.Sprintf("connection to the unix socket %s refused: it is hidden by the rule %q (agent and service sockets would let the command act outside the sandbox); allow it with --read %s",
+					path, d.Rule, d.Path), "kind", "net", "socket", path, "pid", pid)
+				return
+			}
+		}
+		return
 	case unix.AF_INET:
 		dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte(b[4:8])), binary.BigEndian.Uint16(b[2:4]))
 	case unix.AF_INET6:

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -38,6 +39,32 @@ type Denial struct {
 type Env struct {
 	Home, Dir string // home and working directories, absolute
 	TmpDir    string // the writable temporary directory (default /tmp)
+	// RuntimeDir is $XDG_RUNTIME_DIR (default /run/user/<uid>) and
+	// AuthSock $SSH_AUTH_SOCK, for DefaultMasked.
+	RuntimeDir, AuthSock string
+}
+
+// DefaultMasked are the agent and service sockets masked by default, with
+// the directories holding them. Landlock (before ABI 9) does not restrict
+// connecting to a unix socket by path, and these would let a command use
+// the user's SSH keys, run commands outside the sandbox (systemd --user,
+// D-Bus, Docker, Podman) or sign with GnuPG; so they are hidden by a mount
+// in the command's namespace, whatever the read rules say.
+func DefaultMasked(env Env) []string {
+	rt := env.RuntimeDir
+	if rt == "" {
+		rt = fmt.Sprintf("/run/user/%d", os.Getuid())
+	}
+	out := []string{
+		rt + "/bus", rt + "/systemd", rt + "/gnupg", rt + "/docker.sock", rt + "/podman",
+		rt + "/keyring", rt + "/gcr", rt + "/ssh-agent.socket", rt + "/openssh_agent",
+		"/run/docker.sock", "/var/run/docker.sock", "/run/containerd/containerd.sock",
+		"/run/podman/podman.sock", "/run/dbus/system_bus_socket", "~/.gnupg",
+	}
+	if env.AuthSock != "" {
+		out = append(out, env.AuthSock)
+	}
+	return out
 }
 
 // devices are writable by every command: the terminal and the null devices.
@@ -88,9 +115,23 @@ func BuildPlan(c Config, env Env) (Plan, error) {
 			deny = append(deny, real)
 		}
 	}
+	masked := map[string]bool{}
+	if !c.NoDefaultDeny {
+		for _, m := range DefaultMasked(env) {
+			real, ok := existing(expand(m, env.Home, env.Dir))
+			if !ok || reads[real] || coveredBy(real, reads) || real == "/" {
+				continue
+			}
+			masked[real] = true
+			if !slices.Contains(deny, real) {
+				p.Denied = append(p.Denied, Denial{Path: real, Rule: m})
+				deny = append(deny, real)
+			}
+		}
+	}
 	var outside []string
 	for _, d := range deny {
-		if underAny(d, p.Write) {
+		if masked[d] || underAny(d, p.Write) {
 			p.Masks = append(p.Masks, d)
 		} else {
 			outside = append(outside, d)

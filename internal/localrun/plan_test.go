@@ -168,3 +168,34 @@ func TestRefusal(t *testing.T) {
 		}
 	}
 }
+
+func TestBuildPlanMasksSockets(t *testing.T) {
+	base, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	home, rt := filepath.Join(base, "home"), filepath.Join(base, "run")
+	tree(t, home, "agent.sock", ".gnupg/S.gpg-agent", "proj/")
+	tree(t, rt, "bus", "systemd/private", "pulse/native")
+	tree(t, base, "tmp/")
+	env := Env{Home: home, Dir: filepath.Join(home, "proj"), TmpDir: filepath.Join(base, "tmp"), RuntimeDir: rt, AuthSock: filepath.Join(home, "agent.sock")}
+	for _, tc := range []struct {
+		name  string
+		c     Config
+		masks []string
+	}{
+		{"defaults", Config{}, []string{home + "/.gnupg", home + "/agent.sock", rt + "/bus", rt + "/systemd"}},
+		{"--read re-allows the agent", Config{Read: []string{home + "/agent.sock"}}, []string{home + "/.gnupg", rt + "/bus", rt + "/systemd"}},
+		{"--no-default-deny", Config{NoDefaultDeny: true}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := BuildPlan(tc.c, env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(p.Masks, tc.masks) {
+				t.Errorf("masks %v, want %v", p.Masks, tc.masks)
+			}
+		})
+	}
+}
