@@ -200,8 +200,12 @@ func Run(ctx context.Context, o Options) (int, error) {
 	ex := &Explainer{Plan: plan, Proxy: proxyAddr, Out: say, Log: o.Log}
 	wg.Go(func() { ex.Serve(runCtx, fds[1]) })
 
+	// The command shares agentbox's process group, so the terminal's
+	// SIGINT and SIGQUIT reach it directly: agentbox only outlives them.
+	// SIGTERM and SIGHUP sent to agentbox alone are passed on.
+	signal.Ignore(syscall.SIGINT, syscall.SIGQUIT)
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGHUP)
 	go func() {
 		for s := range sigs {
 			cmd.Process.Signal(s)
