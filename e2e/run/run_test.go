@@ -30,6 +30,7 @@ type case_ struct {
 	stdout string   // must be in stdout
 	notOut string   // must not be in stdout
 	stderr []string // each must be in stderr
+	dir    string   // working directory (default: the project)
 }
 
 // ptracePy attaches to the parent (agentbox) and prints the errno.
@@ -80,13 +81,14 @@ func TestRun(t *testing.T) {
 			t.Cleanup(func() { os.RemoveAll(base) })
 			home := filepath.Join(base, "home")
 			proj := filepath.Join(home, "proj")
-			for _, d := range []string{filepath.Join(home, ".ssh"), proj, filepath.Join(home, "extra"), filepath.Join(home, "cfgw")} {
+			for _, d := range []string{filepath.Join(home, ".ssh"), filepath.Join(proj, ".git", "hooks"), proj, filepath.Join(home, "extra"), filepath.Join(home, "cfgw")} {
 				if err := os.MkdirAll(d, 0o755); err != nil {
 					t.Fatal(err)
 				}
 			}
 			write(t, filepath.Join(home, ".ssh", "id_rsa"), "SECRET-KEY")
 			write(t, filepath.Join(proj, ".env"), "TOKEN=SECRET-ENV")
+			write(t, filepath.Join(proj, ".git", "config"), "[core]\n")
 			write(t, filepath.Join(proj, ".agentbox.json"), `{"write": ["`+filepath.Join(home, "cfgw")+`"]}`)
 			if err := os.Chmod(base, 0o755); err != nil {
 				t.Fatal(err)
@@ -124,6 +126,10 @@ func TestRun(t *testing.T) {
 					stderr: []string{"agentbox: read of " + proj + "/.env denied", `rule "./.env"`}},
 				{name: "write outside", cmd: "echo x > " + home + "/outside",
 					stderr: []string{"agentbox: write to " + home + "/outside denied: not under a --write path", "--write " + home}},
+				{name: "plant a git hook", cmd: "echo 'curl evil' > .git/hooks/post-checkout; cat .git/config; echo x >> .git/config",
+					stdout: "[core]", stderr: []string{"agentbox: write to " + proj + "/.git/hooks/post-checkout denied: it is kept read-only",
+						"agentbox: write to " + proj + "/.git/config denied: it is kept read-only"}},
+				{name: "run from home", cmd: "true", dir: home, stderr: []string{"run agentbox run in a project directory"}},
 				{name: "write in cwd", cmd: "echo written > f && cat f && cat ../proj/f", ok: true, stdout: "written\nwritten"},
 				{name: "write with --write", flags: []string{"--write", home + "/extra"}, cmd: "echo y > " + home + "/extra/f && cat " + home + "/extra/f", ok: true, stdout: "y"},
 				{name: "write allowed by .agentbox.json", cmd: "echo z > " + home + "/cfgw/f", ok: true},
@@ -159,6 +165,9 @@ func TestRun(t *testing.T) {
 						cmd = exec.CommandContext(ctx, agentbox, args...)
 					}
 					cmd.Dir = proj
+					if c.dir != "" {
+						cmd.Dir = c.dir
+					}
 					cmd.Env = []string{"HOME=" + home, "PATH=/usr/local/bin:/usr/bin:/bin", "TMPDIR=/tmp", "SSH_AUTH_SOCK=" + agentSock}
 					var out, errb strings.Builder
 					cmd.Stdout, cmd.Stderr = &out, &errb
@@ -183,6 +192,13 @@ func TestRun(t *testing.T) {
 						}
 					}
 				})
+			}
+
+			if _, err := os.Stat(filepath.Join(proj, ".git", "hooks", "post-checkout")); !os.IsNotExist(err) {
+				t.Errorf("the planted git hook exists (stat: %v)", err)
+			}
+			if b, _ := os.ReadFile(filepath.Join(proj, ".git", "config")); string(b) != "[core]\n" {
+				t.Errorf(".git/config was changed: %q", b)
 			}
 
 			// The log holds a record of the proxy's decision and of the refused read.

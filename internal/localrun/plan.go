@@ -26,6 +26,7 @@ type Plan struct {
 	Listable []string // directories along a denied path: list only
 	Write    []string // writable (and readable), with everything beneath
 	Masks    []string // denied paths inside a writable directory
+	ReadOnly []string // paths inside a writable directory kept read-only (DefaultReadOnly)
 	Denied   []Denial // every denied path that exists, for explanations
 }
 
@@ -33,6 +34,14 @@ type Plan struct {
 type Denial struct {
 	Path string
 	Rule string // the config entry that denies it ("~/.ssh", "deny_read ./secrets")
+}
+
+// DefaultReadOnly are the paths of the project whose contents run outside
+// the sandbox later (git runs hooks, and config can name an fsmonitor or
+// a hooks path, when the user next runs git): a command could plant code
+// there, so they stay readable and are mounted read-only.
+func DefaultReadOnly() []string {
+	return []string{"./.git/hooks", "./.git/config"}
 }
 
 // Env is where a run starts.
@@ -74,6 +83,9 @@ var devices = []string{"/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/
 // are left out: there is nothing to deny or allow yet.
 func BuildPlan(c Config, env Env) (Plan, error) {
 	var p Plan
+	if env.Dir == "/" || env.Dir == env.Home {
+		return p, fmt.Errorf("the working directory %s would be writable, shell startup files and all; run agentbox run in a project directory", env.Dir)
+	}
 	tmp := env.TmpDir
 	if tmp == "" {
 		tmp = "/tmp"
@@ -143,6 +155,11 @@ func BuildPlan(c Config, env Env) (Plan, error) {
 	}
 	p.Read, p.Listable = read, list
 	sort.Strings(p.Masks)
+	for _, r := range DefaultReadOnly() {
+		if real, ok := existing(expand(r, env.Home, env.Dir)); ok && underAny(real, p.Write) && !slices.Contains(p.Masks, real) {
+			p.ReadOnly = append(p.ReadOnly, real)
+		}
+	}
 	return p, nil
 }
 
@@ -236,6 +253,9 @@ func (p Plan) Refusal(path string, write bool) string {
 			return fmt.Sprintf("%s %s denied: %s by the rule %q (credential stores are not readable by default); allow it with --read %s",
 				op, path, where, d.Rule, d.Path)
 		}
+	}
+	if write && underAny(path, p.ReadOnly) {
+		return fmt.Sprintf("write to %s denied: it is kept read-only because git runs what it names outside the sandbox (hooks, fsmonitor); change it outside agentbox run", path)
 	}
 	if write && !underAny(path, p.Write) {
 		return fmt.Sprintf("write to %s denied: not under a --write path (the working directory and the temporary directory are); allow it with --write %s",

@@ -199,3 +199,31 @@ func TestBuildPlanMasksSockets(t *testing.T) {
 		})
 	}
 }
+
+func TestBuildPlanReadOnlyAndRefusedDirs(t *testing.T) {
+	base, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	home := filepath.Join(base, "home")
+	proj := filepath.Join(home, "proj")
+	tree(t, home, "proj/.git/hooks/", "proj/.git/config", "proj/.git/HEAD")
+	p, err := BuildPlan(Config{}, Env{Home: home, Dir: proj, TmpDir: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{proj + "/.git/hooks", proj + "/.git/config"}; !slices.Equal(p.ReadOnly, want) {
+		t.Errorf("read-only %v, want %v", p.ReadOnly, want)
+	}
+	if why := p.Refusal(proj+"/.git/hooks/pre-commit", true); !strings.Contains(why, "kept read-only") {
+		t.Errorf("a hook write is explained as %q", why)
+	}
+	if why := p.Refusal(proj+"/.git/HEAD", true); why != "" {
+		t.Errorf("a write of .git/HEAD is refused: %q", why)
+	}
+	for _, dir := range []string{"/", home} {
+		if _, err := BuildPlan(Config{}, Env{Home: home, Dir: dir}); err == nil || !strings.Contains(err.Error(), "project directory") {
+			t.Errorf("working directory %s: %v, want a refusal", dir, err)
+		}
+	}
+}

@@ -373,7 +373,7 @@ func loopbackUp() error {
 // mountMasks mounts an unreadable, read-only empty file or directory over
 // each denied path inside a writable directory.
 func mountMasks(sp spec) error {
-	if len(sp.Plan.Masks) == 0 {
+	if len(sp.Plan.Masks) == 0 && len(sp.Plan.ReadOnly) == 0 {
 		return nil
 	}
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
@@ -388,18 +388,28 @@ func mountMasks(sp spec) error {
 		if fi.IsDir() {
 			src = sp.MaskDir
 		}
-		if err := unix.Mount(src, m, "", unix.MS_BIND, ""); err != nil {
+		if err := bindReadOnly(src, m); err != nil {
 			return fmt.Errorf("run-init: masking %s: %w", m, err)
 		}
-		var st unix.Statfs_t
-		if err := unix.Statfs(m, &st); err != nil {
-			return fmt.Errorf("run-init: masking %s: %w", m, err)
-		}
-		// A remount must keep the flags the source mount locks.
-		keep := uintptr(st.Flags) & (unix.ST_NOSUID | unix.ST_NODEV | unix.ST_NOEXEC | unix.ST_NOATIME | unix.ST_NODIRATIME | unix.ST_RELATIME)
-		if err := unix.Mount("", m, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|keep, ""); err != nil {
-			return fmt.Errorf("run-init: masking %s read-only: %w", m, err)
+	}
+	for _, r := range sp.Plan.ReadOnly {
+		if err := bindReadOnly(r, r); err != nil {
+			return fmt.Errorf("run-init: keeping %s read-only: %w", r, err)
 		}
 	}
 	return nil
+}
+
+// bindReadOnly bind-mounts src on target, read-only.
+func bindReadOnly(src, target string) error {
+	if err := unix.Mount(src, target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return err
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(target, &st); err != nil {
+		return err
+	}
+	// A remount must keep the flags the source mount locks.
+	keep := uintptr(st.Flags) & (unix.ST_NOSUID | unix.ST_NODEV | unix.ST_NOEXEC | unix.ST_NOATIME | unix.ST_NODIRATIME | unix.ST_RELATIME)
+	return unix.Mount("", target, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|keep, "")
 }
