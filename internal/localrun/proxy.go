@@ -59,6 +59,10 @@ func (p *Proxy) decide(host string) string {
 }
 
 func (p *Proxy) handle(ctx context.Context, c net.Conn) {
+	// A tunnel held open by a process left behind must not keep agentbox
+	// from exiting.
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
 	br := bufio.NewReader(c)
 	req, err := http.ReadRequest(br)
 	if err != nil {
@@ -101,6 +105,8 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 		return
 	}
 	defer up.Close()
+	stopUp := context.AfterFunc(ctx, func() { up.Close() })
+	defer stopUp()
 	if req.Method == http.MethodConnect {
 		if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 			return

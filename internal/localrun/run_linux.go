@@ -17,7 +17,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -244,11 +243,11 @@ func (e *HelperError) Error() string {
 	return "setup failed (exit status " + strconv.Itoa(e.Code) + ")"
 }
 
+// recvFDs receives n descriptors from the helper; it returns an error
+// when the helper exits first (its end of the socketpair closes).
 func recvFDs(f *os.File, n int) ([]int, error) {
 	buf := make([]byte, 1)
 	oob := make([]byte, unix.CmsgSpace(4*n))
-	deadline := time.Now().Add(30 * time.Second)
-	f.SetReadDeadline(deadline)
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return nil, err
