@@ -160,7 +160,13 @@ func (e *Explainer) explainPath(pid int, call string, dirfd int32, addr uint64, 
 		p = filepath.Join(dir, filepath.Base(p))
 	}
 	if why := e.Plan.Refusal(p, write); why != "" {
-		e.say(why, "kind", "file", "syscall", call, "path", p, "write", write, "pid", pid)
+		// One line per --write hint: a tool writing a thousand files
+		// under a cache directory needs to be told once.
+		key := why
+		if write && !underAny(p, e.Plan.Write) {
+			key = "write " + e.Plan.WriteHint(p)
+		}
+		e.sayOnce(key, why, "kind", "file", "syscall", call, "path", p, "write", write, "pid", pid)
 	}
 }
 
@@ -208,23 +214,24 @@ func (e *Explainer) explainConnect(pid int, addr, size uint64) {
 		dst, e.Proxy), "kind", "net", "dst", dst.String(), "pid", pid)
 }
 
-// say prints one explanation line once, and logs it as a record.
-func (e *Explainer) say(line string, attrs ...any) {
+// say prints an explanation line once, and logs it as a record each time.
+func (e *Explainer) say(line string, attrs ...any) { e.sayOnce(line, line, attrs...) }
+
+// sayOnce logs line as a record, and prints it the first time key is
+// seen.
+func (e *Explainer) sayOnce(key, line string, attrs ...any) {
 	e.mu.Lock()
 	if e.seen == nil {
 		e.seen = map[string]bool{}
 	}
-	dup := e.seen[line]
-	e.seen[line] = true
+	dup := e.seen[key]
+	e.seen[key] = true
 	e.mu.Unlock()
-	if dup {
-		return
-	}
-	if e.Out != nil {
-		e.Out(line)
-	}
 	if e.Log != nil {
 		e.Log.Warn("refused", append(attrs, "explanation", line)...)
+	}
+	if !dup && e.Out != nil {
+		e.Out(line)
 	}
 }
 

@@ -28,6 +28,7 @@ type Plan struct {
 	Masks    []string // denied paths inside a writable directory
 	ReadOnly []string // paths inside a writable directory kept read-only (DefaultReadOnly)
 	Denied   []Denial // every denied path that exists, for explanations
+	Home     string   // for WriteHint
 }
 
 // Denial is one path the command may not read, and why.
@@ -82,7 +83,7 @@ var devices = []string{"/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/
 // BuildPlan turns a config into a plan for env. Paths that do not exist
 // are left out: there is nothing to deny or allow yet.
 func BuildPlan(c Config, env Env) (Plan, error) {
-	var p Plan
+	p := Plan{Home: env.Home}
 	if env.Dir == "/" || env.Dir == env.Home {
 		return p, fmt.Errorf("the working directory %s would be writable, shell startup files and all; run agentbox run in a project directory", env.Dir)
 	}
@@ -237,6 +238,29 @@ func coveredBy(p string, dirs map[string]bool) bool {
 	return false
 }
 
+// WriteHint is the path to suggest for --write when a write of path is
+// refused: its directory, but under the home directory at most two levels
+// down (~/.cache/go-build, not one of its 256 subdirectories). --write
+// takes existing paths only, so a directory being created is not named.
+func (p Plan) WriteHint(path string) string {
+	hint := filepath.Dir(path)
+	switch {
+	case p.Home == "" || !under(path, p.Home):
+	case hint == p.Home:
+		hint = path // a file of the home directory itself, e.g. ~/.bashrc
+	default:
+		rel := strings.Split(strings.TrimPrefix(hint, p.Home+"/"), "/")
+		hint = filepath.Join(append([]string{p.Home}, rel[:min(len(rel), 2)]...)...)
+	}
+	for hint != "/" {
+		if _, err := os.Lstat(hint); err == nil {
+			break
+		}
+		hint = filepath.Dir(hint)
+	}
+	return hint
+}
+
 // Refusal explains why a read or write of path would be refused, with the
 // way to allow it, or "" when the plan allows it.
 func (p Plan) Refusal(path string, write bool) string {
@@ -259,7 +283,7 @@ func (p Plan) Refusal(path string, write bool) string {
 	}
 	if write && !underAny(path, p.Write) {
 		return fmt.Sprintf("write to %s denied: not under a --write path (the working directory and the temporary directory are); allow it with --write %s",
-			path, filepath.Dir(path))
+			path, p.WriteHint(path))
 	}
 	return ""
 }

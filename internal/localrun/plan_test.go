@@ -159,7 +159,7 @@ func TestRefusal(t *testing.T) {
 		{"/h/.bashrc", false, ""},
 		{"/w/f", true, ""},
 		{"/h/x", true, "write to /h/x denied: not under a --write path"},
-		{"/h/x", true, "allow it with --write /h"},
+		{"/h/x", true, "allow it with --write /"}, // /h does not exist (TestWriteHint)
 		{"/h/.ssh/k", true, "access to /h/.ssh/k denied"},
 	} {
 		got := p.Refusal(tc.path, tc.write)
@@ -224,6 +224,28 @@ func TestBuildPlanReadOnlyAndRefusedDirs(t *testing.T) {
 	for _, dir := range []string{"/", home} {
 		if _, err := BuildPlan(Config{}, Env{Home: home, Dir: dir}); err == nil || !strings.Contains(err.Error(), "project directory") {
 			t.Errorf("working directory %s: %v, want a refusal", dir, err)
+		}
+	}
+}
+
+func TestWriteHint(t *testing.T) {
+	home, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tree(t, home, ".cache/go-build/18/", ".config/go/telemetry/", ".bashrc", "notes/")
+	p := Plan{Home: home}
+	for path, want := range map[string]string{
+		home + "/.cache/go-build/18/abc": home + "/.cache/go-build",
+		home + "/.config/go/telemetry/x": home + "/.config/go",
+		home + "/.bashrc":                home + "/.bashrc",
+		home + "/new-file":               home, // --write takes existing paths
+		home + "/notes/todo.txt":         home + "/notes",
+		home + "/.cache/new-tool/a/b":    home + "/.cache",
+		"/var/lib/agentbox-none/x/y":     "/var/lib",
+	} {
+		if got := p.WriteHint(path); got != want {
+			t.Errorf("WriteHint(%s) = %s, want %s", path, got, want)
 		}
 	}
 }
