@@ -180,6 +180,9 @@ func Run(ctx context.Context, o Options) (int, error) {
 		}
 		return 0, fmt.Errorf("namespace helper: %w", err)
 	}
+	// The masks are mounted by now and their inodes outlive their names:
+	// remove them at once, so an agentbox killed later leaves nothing.
+	os.RemoveAll(masks)
 	lnFile := os.NewFile(uintptr(fds[0]), "proxy-listener")
 	ln, err := net.FileListener(lnFile)
 	lnFile.Close()
