@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/agentbox/agentbox/internal/localrun"
 	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/runtime/bundle"
 	"github.com/agentbox/agentbox/internal/runtime/runc"
@@ -43,8 +44,13 @@ func runHook(name string, args []string) error {
 			return fmt.Errorf("%s hook takes no arguments", bundle.HoldHook)
 		}
 		return bundle.RunHoldHook(os.Stdin)
+	case localrun.InitHook:
+		if len(args) != 1 {
+			return fmt.Errorf("%s hook takes one argument", localrun.InitHook)
+		}
+		return localrun.RunInit(args[0])
 	case "":
 		return errors.New("__hook: name a hook")
 	}
-	return fmt.Errorf("__hook: unknown hook %q (want %s, %s or %s)", name, network.PlugHookName, runc.UserNSLimitsHook, bundle.HoldHook)
+	return fmt.Errorf("__hook: unknown hook %q (want %s, %s, %s or %s)", name, network.PlugHookName, runc.UserNSLimitsHook, bundle.HoldHook, localrun.InitHook)
 }

@@ -35,13 +35,15 @@ func newRootCmd() *cobra.Command {
 		Use:   "agentbox",
 		Short: "Sandboxes for AI agents: run code, shells and files in isolated containers",
 		Long: `agentbox runs sandboxes for AI agents. "agentbox serve" starts the server;
-the other commands talk to a server over its E2B-compatible API.
+"agentbox run" confines a local command without a server; the other
+commands talk to a server over its E2B-compatible API.
 
 The server is found with --api-url, $AGENTBOX_API_URL or $E2B_API_URL
 (default http://127.0.0.1:3000). The API key comes from --api-key,
 $AGENTBOX_API_KEY, $E2B_API_KEY, or the file apikey in $AGENTBOX_DATA_DIR
 (default /var/lib/agentbox) when it is readable.`,
-		Example: `  agentbox create base
+		Example: `  agentbox run --allow-net proxy.golang.org -- go build ./...
+  agentbox create base
   agentbox exec i1a2b3c -- python3 -c 'print(6*7)'
   agentbox shell i1a2b3c`,
 		SilenceUsage:  true,
@@ -66,6 +68,7 @@ $AGENTBOX_API_KEY, $E2B_API_KEY, or the file apikey in $AGENTBOX_DATA_DIR
 		newLogsCmd(),
 		newTemplateCmd(),
 		newRunCodeCmd(),
+		newRunCmd(),
 		newHookCmd(),
 		newMCPCmd(),
 	)
