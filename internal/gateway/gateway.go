@@ -8,7 +8,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
-	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -22,7 +21,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/agentbox/agentbox/internal/authlimit"
 	"github.com/agentbox/agentbox/internal/sandbox"
@@ -57,6 +55,7 @@ type target struct {
 	id     string
 	port   int
 	addr   string
+	boot   string // the sandbox's boot: connections of another are never reused
 	tls    bool   // the port serves HTTPS (network.httpsPorts)
 	host   string // Host sent to the sandbox (network.maskRequestHost); "" keeps the client's
 }
@@ -64,18 +63,6 @@ type target struct {
 // New returns a gateway resolving sandboxes through res.
 func New(res Resolver, log *slog.Logger) *Gateway {
 	g := &Gateway{res: res, log: log, guesses: authlimit.New(authlimit.Options{})}
-	transport := &http.Transport{
-		// Never via an HTTP proxy from the environment: targets are local.
-		Proxy:               nil,
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:        1024,
-		MaxIdleConnsPerHost: 64,
-		IdleConnTimeout:     90 * time.Second,
-		// Compression is the client's business; pass bytes through untouched.
-		DisableCompression: true,
-		// httpsPorts: servers inside sandboxes use self-signed certificates.
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
-	}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(targetKey{}).(target)
@@ -89,7 +76,7 @@ func New(res Resolver, log *slog.Logger) *Gateway {
 				pr.Out.Host = t.host
 			}
 		},
-		Transport:     transport,
+		Transport:     newBoots(res),
 		FlushInterval: -1, // stream every write: process output, SSE, NDJSON
 		ModifyResponse: func(resp *http.Response) error {
 			// envd and the interpreter judge access tokens; a wrong one
@@ -244,7 +231,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port 
 	// drains and closes the request body when the response starts, which
 	// fails the upstream write and cuts the response short.
 	_ = http.NewResponseController(w).EnableFullDuplex()
-	t := target{client: g.guesses.Client(r), id: id, port: port, addr: net.JoinHostPort(sb.IP.String(), strconv.Itoa(port))}
+	t := target{client: g.guesses.Client(r), id: id, port: port, addr: net.JoinHostPort(sb.IP.String(), strconv.Itoa(port)), boot: sb.BootID}
 	if presentsCredential(r) {
 		if wait, failed, ok := g.guesses.Check(t.client); !ok {
 			authlimit.Refuse(w, t.client, "access token", wait, failed)

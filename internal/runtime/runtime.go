@@ -29,6 +29,10 @@ type Spec struct {
 	DNS       []string  // nameservers written to the sandbox's /etc/resolv.conf
 	Resources Resources // cgroup limits
 	Runtime   string    // OCI runtime tier; "" means the driver's default
+	// BootID is what the sandbox reads in /proc/sys/kernel/random/boot_id
+	// on a fresh boot ("" lets the tier choose); memory restores keep the
+	// one in their image.
+	BootID string
 }
 
 // Status is the lifecycle state the runtime observes.

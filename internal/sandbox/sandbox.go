@@ -67,6 +67,10 @@ type Sandbox struct {
 	DefaultWorkdir string    `json:"defaultWorkdir"`
 	StartedAt      time.Time `json:"startedAt"`
 	EndAt          time.Time `json:"endAt"`
+	// BootID names the sandbox's current boot: new at every fresh boot
+	// (create, a resume from files), kept by a memory restore, as a VM's
+	// kernel keeps it. The gateway drops connections of an older boot.
+	BootID string `json:"bootID,omitempty"`
 	Lifecycle
 }
 
@@ -119,6 +123,19 @@ func newID() string {
 		out[i+1] = alphabet[int(c)%len(alphabet)]
 	}
 	return string(out)
+}
+
+// newBootID returns a random version 4 UUID, the shape of the kernel's
+// /proc/sys/kernel/random/boot_id.
+func newBootID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
 }
 
 // ValidID reports whether s has the shape of a sandbox id.
