@@ -126,6 +126,40 @@ describe('lifecycle', { concurrency: false, timeout: 600_000 }, () => {
     })
   }
 
+  for (const isolation of ['container', 'gvisor']) {
+    it(`pause and snapshot with connections in flight (${isolation})`, async () => {
+      const sbx = await Sandbox.create('base', { metadata: { 'agentbox.isolation': isolation }, timeoutMs: 120_000 })
+      const inflight = []
+      try {
+        // A server that never accepts: the connections below stay in its
+        // accept queue, which a dump meets at any busy moment.
+        await sbx.commands.run(`python3 -c 'import socket,time,pathlib; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); s.bind(("0.0.0.0",8000)); s.listen(16); pathlib.Path("/tmp/listening").touch(); time.sleep(3600)'`, { background: true })
+        await run(sbx, 'while [ ! -e /tmp/listening ]; do sleep 0.05; done')
+        const queued = () => run(sbx, "grep -c ':1F40 [0-9A-F]*:[0-9A-F]* 01 ' /proc/net/tcp || true")
+        const connect = async () => {
+          const ac = new AbortController()
+          inflight.push(ac)
+          fetch(api + '/', { headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '8000' }, signal: ac.signal }).catch(() => {})
+          // gVisor's /proc/net/tcp does not list its netstack's queue.
+          if (isolation === 'gvisor') return sleep(300)
+          for (let i = 0; i < 100 && Number(await queued()) < inflight.length; i++) await sleep(50)
+        }
+        await connect()
+        if (isolation === 'container') assert.ok(Number(await queued()) >= 1, 'a connection waits in the accept queue')
+        assert.equal(await sbx.pause(), true, 'pause with an unaccepted connection')
+        const s2 = await Sandbox.connect(sbx.sandboxId)
+        assert.equal(await run(s2, 'echo resumed'), 'resumed')
+        await connect()
+        const snap = await s2.createSnapshot({ name: `e2e-inflight-${isolation}` })
+        assert.equal(await run(s2, 'echo still'), 'still', 'the source keeps running')
+        assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+      } finally {
+        for (const ac of inflight) ac.abort()
+        await sbx.kill()
+      }
+    })
+  }
+
   it('filesystem-only snapshot: files come along, processes start anew', async () => {
     const a = await Sandbox.create('base', { timeoutMs: 120_000, envs: { SNAP: 'fs' } })
     try {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -113,20 +114,32 @@ func shareImage(dir string, uid int) error {
 	})
 }
 
-// setCRIUConf writes CRIU options for the next restore of the bundle in dir
-// and points its config.json at them: runc 1.1 has no flags for them and
-// hands CRIU the file named by the org.criu.config annotation.
+// setCRIUConf writes CRIU options for the next CRIU run on the bundle in
+// dir and points its config.json at them: runc 1.1 has no flags for them
+// and hands CRIU the file named by the org.criu.config annotation. runc
+// reads the annotation when the container is created or restored (it
+// keeps it for the container's dumps), so it is set before both.
 func setCRIUConf(dir string, lines []string) error {
-	conf := filepath.Join(dir, forkCRIUConf)
-	if err := os.WriteFile(conf, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+	if err := writeCRIUConf(dir, lines); err != nil {
 		return err
 	}
+	conf := filepath.Join(dir, criuConf)
 	return bundle.UpdateConfig(dir, func(s *specs.Spec) {
 		if s.Annotations == nil {
 			s.Annotations = map[string]string{}
 		}
 		s.Annotations["org.criu.config"] = conf
 	})
+}
+
+// writeCRIUConf replaces the options the bundle's CRIU configuration file
+// holds (private to root: it is the server's, not the sandbox's).
+func writeCRIUConf(dir string, lines []string) error {
+	b := []byte(strings.Join(lines, "\n") + "\n")
+	if err := os.WriteFile(filepath.Join(dir, criuConf), b, 0o600); err != nil {
+		return fmt.Errorf("CRIU configuration: %w", err)
+	}
+	return nil
 }
 
 // plugHookName marks the hook setPlugHook adds, in its environment.
