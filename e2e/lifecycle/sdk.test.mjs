@@ -3,6 +3,7 @@
 // Run by lifecycle_test.go against a real server (E2B_API_URL, E2B_API_KEY).
 import { describe, it } from 'node:test'
 import assert from 'node:assert/strict'
+import { readFileSync } from 'node:fs'
 import { Sandbox } from '../js/node_modules/e2b/dist/index.mjs'
 
 const api = process.env.E2B_API_URL
@@ -156,6 +157,37 @@ describe('lifecycle', { concurrency: false, timeout: 600_000 }, () => {
       } finally {
         for (const ac of inflight) ac.abort()
         await sbx.kill()
+      }
+    })
+  }
+
+  for (const isolation of ['container', 'gvisor']) {
+    it(`each boot has its own boot_id (${isolation})`, async () => {
+      const host = readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim()
+      const bootID = (s) => run(s, 'cat /proc/sys/kernel/random/boot_id')
+      const md = { metadata: { 'agentbox.isolation': isolation }, timeoutMs: 120_000 }
+      const [a, b] = await Promise.all([Sandbox.create('base', md), Sandbox.create('base', md)])
+      try {
+        const first = await bootID(a)
+        assert.match(first, /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/)
+        assert.notEqual(first, host, "the host's boot_id leaks into the sandbox")
+        assert.notEqual(await bootID(b), first, 'two sandboxes share a boot_id')
+        // Root in the sandbox can neither change nor uncover it.
+        for (const attack of ["sh -c 'echo x > /proc/sys/kernel/random/boot_id'", 'umount /proc/sys/kernel/random/boot_id',
+          'umount -l /proc/sys/kernel/random/boot_id', 'mount --bind /etc/hostname /proc/sys/kernel/random/boot_id']) {
+          await run(a, `sudo -n ${attack} 2>/dev/null || true`)
+        }
+        assert.equal(await bootID(a), first, 'root changed the boot_id')
+        assert.equal(await a.pause(), true)
+        let s2 = await Sandbox.connect(a.sandboxId)
+        assert.equal(await bootID(s2), first, 'a memory resume keeps the boot')
+        assert.equal(await s2.pause({ keepMemory: false }), true)
+        s2 = await Sandbox.connect(a.sandboxId)
+        const second = await bootID(s2)
+        assert.notEqual(second, first, 'a resume from files is a new boot')
+        assert.notEqual(second, host)
+      } finally {
+        await Promise.all([a.kill(), b.kill()])
       }
     })
   }

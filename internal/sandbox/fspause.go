@@ -74,7 +74,7 @@ func (m *Manager) bootFiles(ctx context.Context, b *build) error {
 		return err
 	}
 	id := b.sb.ID
-	b.sb.BootID = newBootID()
+	b.sb.BootID = runtime.NewBootID()
 	if err := ck.Restore(ctx, runtime.Spec{ID: id, BootID: b.sb.BootID}, runtime.RestoreOptions{FilesystemOnly: true}); err != nil {
 		return err
 	}

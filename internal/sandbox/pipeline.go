@@ -479,7 +479,7 @@ func (m *Manager) spec(b *build) runtime.Spec {
 // startContainer builds the bundle and starts envd as the sandbox's init.
 func (m *Manager) startContainer(ctx context.Context, b *build) error {
 	id := b.sb.ID
-	b.sb.BootID = newBootID()
+	b.sb.BootID = runtime.NewBootID()
 	if err := m.rt.Create(ctx, m.spec(b)); err != nil {
 		return fmt.Errorf("sandbox %s: start container: %w", id, err)
 	}
@@ -498,7 +498,7 @@ func (m *Manager) restoreImage(ctx context.Context, b *build) error {
 	// A memory image keeps the boot it was taken in, as a VM's does.
 	b.sb.BootID = b.snap.BootID
 	if b.snap.FilesystemOnly {
-		b.sb.BootID = newBootID()
+		b.sb.BootID = runtime.NewBootID()
 	}
 	opts := runtime.RestoreOptions{ImageDir: m.life.snaps.image(b.snap.ID), NewNetwork: true, FilesystemOnly: b.snap.FilesystemOnly}
 	if err := ck.Restore(ctx, m.spec(b), opts); err != nil {

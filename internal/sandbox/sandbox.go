@@ -125,19 +125,6 @@ func newID() string {
 	return string(out)
 }
 
-// newBootID returns a random version 4 UUID, the shape of the kernel's
-// /proc/sys/kernel/random/boot_id.
-func newBootID() string {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic(err)
-	}
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	h := hex.EncodeToString(b[:])
-	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
-}
-
 // ValidID reports whether s has the shape of a sandbox id.
 func ValidID(s string) bool {
 	if len(s) < 2 || len(s) > 64 {

@@ -188,7 +188,11 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 	// connecting at this instant) cannot be dumped; CRIU would fail the
 	// whole pause on them. They are left out: their clients see a reset,
 	// as if the server had been restarted.
-	if err := writeCRIUConf(dir, []string{"skip-in-flight"}); err != nil {
+	conf := []string{"skip-in-flight"}
+	if hasBootID(dir) {
+		conf = append(conf, bootIDDumpConf())
+	}
+	if err := writeCRIUConf(dir, conf); err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	var actions []gorunc.CheckpointAction
@@ -355,6 +359,15 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
 	}
+	if !inPlace {
+		// A new sandbox restored from memory keeps the boot of its image.
+		if err := writeBootID(dir, spec.BootID); err != nil {
+			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+	}
+	if hasBootID(dir) {
+		conf = append(conf, bootIDRestoreConf(dir))
+	}
 	if err := setCRIUConf(dir, conf); err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
@@ -426,6 +439,12 @@ func (d *Driver) fsRestore(ctx context.Context, spec runtime.Spec, inPlace bool)
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	if err := setCRIUConf(dir, nil); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if err := clearPlugHook(dir); err != nil { // left by a memory restore
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if err := writeBootID(dir, spec.BootID); err != nil { // a new boot
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	pid, err := d.start(ctx, id, dir, bundle.OwnsNetNS(dir))

@@ -36,17 +36,13 @@ func (d *Driver) ownsNetNS() bool {
 
 // start runs sandbox id's init from its bundle in dir and returns its host
 // pid. ownNet: runc makes its netns (see ownsNetNS), which is plugged
-// before init runs.
+// before init runs; its boot id is mounted then too (bootid.go).
 func (d *Driver) start(ctx context.Context, id, dir string, ownNet bool) (int, error) {
 	logFile := filepath.Join(dir, Name+".log")
-	if d.cfg.Net == nil {
-		return d.run(ctx, id, dir, logFile)
-	}
-	if !ownNet {
+	if d.cfg.Net != nil && !ownNet {
 		if err := d.cfg.Net.Plug(ctx, id, 0); err != nil {
 			return 0, err
 		}
-		return d.run(ctx, id, dir, logFile)
 	}
 	pidFile := bundle.PidFile(dir)
 	_ = os.Remove(pidFile)
@@ -63,33 +59,18 @@ func (d *Driver) start(ctx context.Context, id, dir string, ownNet bool) (int, e
 		return 0, err
 	}
 	bundle.RecordSession(dir, pid)
-	if err := d.cfg.Net.Plug(ctx, id, pid); err != nil {
+	if d.cfg.Net != nil && ownNet {
+		if err := d.cfg.Net.Plug(ctx, id, pid); err != nil {
+			return 0, err
+		}
+	}
+	if err := d.mountBootID(ctx, dir, pid); err != nil {
 		return 0, err
 	}
 	if err := d.client(logFile).Start(ctx, d.cid(id)); err != nil {
 		return pid, failed("start", logFile, err)
 	}
 	return pid, nil
-}
-
-// run runs the sandbox's init with its netns in place and returns its pid.
-func (d *Driver) run(ctx context.Context, id, dir, logFile string) (int, error) {
-	pidFile := bundle.PidFile(dir)
-	_ = os.Remove(pidFile)
-	err := d.inSession(func() error {
-		return nullIO(func(io gorunc.IO) error {
-			_, err := d.client(logFile).Run(ctx, d.cid(id), dir, &gorunc.CreateOpts{IO: io, PidFile: pidFile, Detach: true})
-			return err
-		})
-	})
-	if err != nil {
-		return 0, failed("run", logFile, err)
-	}
-	pid, err := bundle.ReadPid(pidFile)
-	if err == nil {
-		bundle.RecordSession(dir, pid)
-	}
-	return pid, err
 }
 
 // shareImage makes a checkpoint image readable by the sandbox's mapped root
@@ -162,6 +143,17 @@ func setPlugHook(dir string, argv []string) error {
 			Env:     []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", plugHookName},
 			Timeout: &timeout,
 		})
+	})
+}
+
+// clearPlugHook removes the network hook setPlugHook added for a restore: a
+// fresh boot plugs the netns itself between create and start, and the
+// hook would fail on a veth that no longer waits for it.
+func clearPlugHook(dir string) error {
+	return bundle.UpdateConfig(dir, func(s *specs.Spec) {
+		if s.Hooks != nil {
+			s.Hooks.Prestart = slices.DeleteFunc(s.Hooks.Prestart, func(h specs.Hook) bool { return slices.Contains(h.Env, plugHookName) }) //nolint:staticcheck
+		}
 	})
 }
 

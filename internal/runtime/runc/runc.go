@@ -179,6 +179,9 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	if err := setCRIUConf(built.Dir, nil); err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
+	if err := writeBootID(built.Dir, spec.BootID); err != nil {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
 	pid, err := d.start(ctx, spec.ID, built.Dir, o.OwnNet)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
