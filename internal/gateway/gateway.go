@@ -93,7 +93,13 @@ func New(res Resolver, log *slog.Logger) *Gateway {
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			t := r.Context().Value(targetKey{}).(target)
 			if r.Context().Err() != nil {
-				return // the client went away
+				// The client went away (no one to answer), or the sandbox
+				// was removed under the request, which must not look like
+				// an empty 200.
+				if _, ok := g.res.Lookup(t.id); !ok {
+					notFound(w, t.id)
+				}
+				return
 			}
 			var opErr *net.OpError
 			if errors.As(err, &opErr) && opErr.Op == "dial" {
