@@ -3,6 +3,7 @@
 // Run by lifecycle_test.go against a real server (E2B_API_URL, E2B_API_KEY).
 import { describe, it } from 'node:test'
 import assert from 'node:assert/strict'
+import { readFileSync } from 'node:fs'
 import { Sandbox } from '../js/node_modules/e2b/dist/index.mjs'
 
 const api = process.env.E2B_API_URL
@@ -102,22 +103,91 @@ describe('lifecycle', { concurrency: false, timeout: 600_000 }, () => {
       try {
         await sbx.files.write('/home/user/keep.txt', 'on-disk')
         const bg = await sbx.commands.run('sleep 3600', { background: true })
+        // A finished command leaves the gateway a kept-alive connection
+        // into this boot, which the next boot must not be sent over.
+        assert.equal(await run(sbx, 'echo before'), 'before')
         assert.equal(await sbx.pause({ keepMemory: false }), true)
         assert.equal(await sbx.isRunning(), false)
         assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'paused')
         const s2 = await Sandbox.connect(sbx.sandboxId)
-        assert.equal(await s2.files.read('/home/user/keep.txt'), 'on-disk')
+        // Running means envd answers: a command works at once.
         assert.equal(await run(s2, 'echo $FOO'), 'fs')
+        assert.equal(await s2.files.read('/home/user/keep.txt'), 'on-disk')
         assert.ok(bg.pid > 0)
         assert.equal(await run(s2, "pgrep -fc 'slee[p] 3600' || true"), '0', 'the old processes are gone')
         // A memory pause, then a resume from the files only: the memory is dropped.
         await s2.commands.run('sleep 3600', { background: true })
         assert.equal(await s2.pause(), true)
         assert.equal(await post(`/sandboxes/${sbx.sandboxId}/resume`, { memory: false, timeout: 60 }), 201)
-        assert.equal(await s2.files.read('/home/user/keep.txt'), 'on-disk')
         assert.equal(await run(s2, "pgrep -fc 'slee[p] 3600' || true"), '0', 'the memory image was not used')
+        assert.equal(await s2.files.read('/home/user/keep.txt'), 'on-disk')
       } finally {
         await sbx.kill()
+      }
+    })
+  }
+
+  for (const isolation of ['container', 'gvisor']) {
+    it(`pause and snapshot with connections in flight (${isolation})`, async () => {
+      const sbx = await Sandbox.create('base', { metadata: { 'agentbox.isolation': isolation }, timeoutMs: 120_000 })
+      const inflight = []
+      try {
+        // A server that never accepts: the connections below stay in its
+        // accept queue, which a dump meets at any busy moment.
+        await sbx.commands.run(`python3 -c 'import socket,time,pathlib; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); s.bind(("0.0.0.0",8000)); s.listen(16); pathlib.Path("/tmp/listening").touch(); time.sleep(3600)'`, { background: true })
+        await run(sbx, 'while [ ! -e /tmp/listening ]; do sleep 0.05; done')
+        const queued = () => run(sbx, "grep -c ':1F40 [0-9A-F]*:[0-9A-F]* 01 ' /proc/net/tcp || true")
+        const connect = async () => {
+          const ac = new AbortController()
+          inflight.push(ac)
+          fetch(api + '/', { headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '8000' }, signal: ac.signal }).catch(() => {})
+          // gVisor's /proc/net/tcp does not list its netstack's queue.
+          if (isolation === 'gvisor') return sleep(300)
+          for (let i = 0; i < 100 && Number(await queued()) < inflight.length; i++) await sleep(50)
+        }
+        await connect()
+        if (isolation === 'container') assert.ok(Number(await queued()) >= 1, 'a connection waits in the accept queue')
+        assert.equal(await sbx.pause(), true, 'pause with an unaccepted connection')
+        const s2 = await Sandbox.connect(sbx.sandboxId)
+        assert.equal(await run(s2, 'echo resumed'), 'resumed')
+        await connect()
+        const snap = await s2.createSnapshot({ name: `e2e-inflight-${isolation}` })
+        assert.equal(await run(s2, 'echo still'), 'still', 'the source keeps running')
+        assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+      } finally {
+        for (const ac of inflight) ac.abort()
+        await sbx.kill()
+      }
+    })
+  }
+
+  for (const isolation of ['container', 'gvisor']) {
+    it(`each boot has its own boot_id (${isolation})`, async () => {
+      const host = readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim()
+      const bootID = (s) => run(s, 'cat /proc/sys/kernel/random/boot_id')
+      const md = { metadata: { 'agentbox.isolation': isolation }, timeoutMs: 120_000 }
+      const [a, b] = await Promise.all([Sandbox.create('base', md), Sandbox.create('base', md)])
+      try {
+        const first = await bootID(a)
+        assert.match(first, /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/)
+        assert.notEqual(first, host, "the host's boot_id leaks into the sandbox")
+        assert.notEqual(await bootID(b), first, 'two sandboxes share a boot_id')
+        // Root in the sandbox can neither change nor uncover it.
+        for (const attack of ["sh -c 'echo x > /proc/sys/kernel/random/boot_id'", 'umount /proc/sys/kernel/random/boot_id',
+          'umount -l /proc/sys/kernel/random/boot_id', 'mount --bind /etc/hostname /proc/sys/kernel/random/boot_id']) {
+          await run(a, `sudo -n ${attack} 2>/dev/null || true`)
+        }
+        assert.equal(await bootID(a), first, 'root changed the boot_id')
+        assert.equal(await a.pause(), true)
+        let s2 = await Sandbox.connect(a.sandboxId)
+        assert.equal(await bootID(s2), first, 'a memory resume keeps the boot')
+        assert.equal(await s2.pause({ keepMemory: false }), true)
+        s2 = await Sandbox.connect(a.sandboxId)
+        const second = await bootID(s2)
+        assert.notEqual(second, first, 'a resume from files is a new boot')
+        assert.notEqual(second, host)
+      } finally {
+        await Promise.all([a.kill(), b.kill()])
       }
     })
   }

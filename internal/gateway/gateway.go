@@ -8,7 +8,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
-	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -76,6 +75,7 @@ type target struct {
 	id     string
 	port   int
 	addr   string
+	boot   string // the sandbox's boot: connections of another are never reused
 	tls    bool   // the port serves HTTPS (network.httpsPorts)
 	host   string // Host sent to the sandbox (network.maskRequestHost); "" keeps the client's
 }
@@ -83,18 +83,6 @@ type target struct {
 // New returns a gateway resolving sandboxes through res.
 func New(res Resolver, log *slog.Logger) *Gateway {
 	g := &Gateway{res: res, log: log, guesses: authlimit.New(authlimit.Options{})}
-	transport := &http.Transport{
-		// Never via an HTTP proxy from the environment: targets are local.
-		Proxy:               nil,
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:        1024,
-		MaxIdleConnsPerHost: 64,
-		IdleConnTimeout:     90 * time.Second,
-		// Compression is the client's business; pass bytes through untouched.
-		DisableCompression: true,
-		// httpsPorts: servers inside sandboxes use self-signed certificates.
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
-	}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(targetKey{}).(target)
@@ -108,7 +96,7 @@ func New(res Resolver, log *slog.Logger) *Gateway {
 				pr.Out.Host = t.host
 			}
 		},
-		Transport: transport,
+		Transport: newBoots(res),
 		// Streams (SSE and every response without a Content-Length:
 		// process output, NDJSON, chunked downloads) are flushed on every
 		// write whatever this says; sized bodies are flushed at most this
@@ -132,7 +120,13 @@ func New(res Resolver, log *slog.Logger) *Gateway {
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			t := r.Context().Value(targetKey{}).(target)
 			if r.Context().Err() != nil {
-				return // the client went away
+				// The client went away (no one to answer), or the sandbox
+				// was removed under the request, which must not look like
+				// an empty 200.
+				if _, ok := g.res.Lookup(t.id); !ok {
+					notFound(w, t.id)
+				}
+				return
 			}
 			g.count(t.port, http.StatusBadGateway)
 			var opErr *net.OpError
@@ -271,7 +265,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port 
 	// drains and closes the request body when the response starts, which
 	// fails the upstream write and cuts the response short.
 	_ = http.NewResponseController(w).EnableFullDuplex()
-	t := target{client: g.guesses.Client(r), id: id, port: port, addr: net.JoinHostPort(sb.IP.String(), strconv.Itoa(port))}
+	t := target{client: g.guesses.Client(r), id: id, port: port, addr: net.JoinHostPort(sb.IP.String(), strconv.Itoa(port)), boot: sb.BootID}
 	if presentsCredential(r) {
 		if wait, failed, ok := g.guesses.Check(t.client); !ok {
 			authlimit.Refuse(w, t.client, "access token", wait, failed)

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"log"
@@ -174,4 +175,62 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// wakeResolver is a resolver whose traffic runs under a context the test
+// ends, as the manager's removal of a sandbox does (Manager.Wake).
+type wakeResolver struct {
+	fakeResolver
+	mu   sync.Mutex
+	gone bool
+	live context.Context
+}
+
+func (w *wakeResolver) Lookup(id string) (*sandbox.Sandbox, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.gone {
+		return nil, false
+	}
+	return w.fakeResolver.Lookup(id)
+}
+
+func (w *wakeResolver) Wake(ctx context.Context, id string) (*sandbox.Sandbox, context.Context, func(), bool) {
+	sb, ok := w.Lookup(id)
+	if !ok {
+		return nil, nil, nil, false
+	}
+	live, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(w.live, cancel)
+	return sb, live, func() { stop(); cancel() }, true
+}
+
+// A request waiting on a sandbox that is killed meanwhile is answered with
+// E2B's "sandbox not found" 502, not an empty 200.
+func TestRequestToKilledSandbox(t *testing.T) {
+	started := make(chan struct{})
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-r.Context().Done() // never answers
+	}))
+	defer upstream.Close()
+	addr := netip.MustParseAddrPort(strings.TrimPrefix(upstream.URL, "http://"))
+	live, kill := context.WithCancel(context.Background())
+	res := &wakeResolver{fakeResolver: fakeResolver{sbs: map[string]*sandbox.Sandbox{"iabc": {ID: "iabc", IP: addr.Addr(), State: sandbox.StateRunning}}}, live: live}
+	h := New(res, slog.New(slog.DiscardHandler)).Handler(http.NotFoundHandler())
+	go func() {
+		<-started
+		res.mu.Lock()
+		res.gone = true
+		res.mu.Unlock()
+		kill()
+	}()
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("E2b-Sandbox-Id", "iabc")
+	r.Header.Set("E2b-Sandbox-Port", strconv.Itoa(int(addr.Port())))
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != http.StatusBadGateway || !strings.Contains(w.Body.String(), "The sandbox was not found") {
+		t.Fatalf("request to a sandbox killed under it: %d %q, want 502 sandbox not found", w.Code, w.Body.String())
+	}
 }

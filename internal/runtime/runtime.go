@@ -5,6 +5,8 @@ package runtime
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"time"
 )
 
@@ -29,6 +31,10 @@ type Spec struct {
 	DNS       []string  // nameservers written to the sandbox's /etc/resolv.conf
 	Resources Resources // cgroup limits
 	Runtime   string    // OCI runtime tier; "" means the driver's default
+	// BootID is what the sandbox reads in /proc/sys/kernel/random/boot_id
+	// on a fresh boot ("" lets the tier choose); memory restores keep the
+	// one in their image.
+	BootID string
 	// Volumes are mounted read-write into the sandbox, in order.
 	Volumes []VolumeMount
 }
@@ -176,4 +182,15 @@ type NetPlugger interface {
 	// sandbox's OCI state on stdin, wire a just-restored netns up (run as
 	// an OCI hook).
 	PlugHook(ctx context.Context, id string) ([]string, error)
+}
+
+// NewBootID returns a random version 4 UUID, the shape of the kernel's
+// /proc/sys/kernel/random/boot_id: a new one names each fresh boot.
+func NewBootID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
 }

@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"errors"
+	"regexp"
 	"testing"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
@@ -39,5 +40,18 @@ func TestTiers(t *testing.T) {
 		if _, err := NewTiers(bad...); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("NewTiers(%v) = %v", bad, err)
 		}
+	}
+}
+
+func TestNewBootID(t *testing.T) {
+	shape := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+	a, b := NewBootID(), NewBootID()
+	for _, id := range []string{a, b} {
+		if !shape.MatchString(id) {
+			t.Fatalf("NewBootID() = %q, want the kernel's boot_id shape (a version 4 UUID)", id)
+		}
+	}
+	if a == b {
+		t.Fatalf("two boots share the id %q", a)
 	}
 }

@@ -74,7 +74,8 @@ func (m *Manager) bootFiles(ctx context.Context, b *build) error {
 		return err
 	}
 	id := b.sb.ID
-	if err := ck.Restore(ctx, runtime.Spec{ID: id}, runtime.RestoreOptions{FilesystemOnly: true}); err != nil {
+	b.sb.BootID = runtime.NewBootID()
+	if err := ck.Restore(ctx, runtime.Spec{ID: id, BootID: b.sb.BootID}, runtime.RestoreOptions{FilesystemOnly: true}); err != nil {
 		return err
 	}
 	m.fault("resume:restored")

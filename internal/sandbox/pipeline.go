@@ -486,13 +486,14 @@ func (m *Manager) setPolicy(ctx context.Context, b *build) error {
 func (m *Manager) spec(b *build) runtime.Spec {
 	return runtime.Spec{
 		ID: b.sb.ID, Layers: b.layers, NetNSPath: b.netns, DNS: m.net.DNS(),
-		Resources: b.limits.resources(), Runtime: runtimeTier(b.sb.Isolation), Volumes: b.volumes,
+		Resources: b.limits.resources(), Runtime: runtimeTier(b.sb.Isolation), Volumes: b.volumes, BootID: b.sb.BootID,
 	}
 }
 
 // startContainer builds the bundle and starts envd as the sandbox's init.
 func (m *Manager) startContainer(ctx context.Context, b *build) error {
 	id := b.sb.ID
+	b.sb.BootID = runtime.NewBootID()
 	if err := m.rt.Create(ctx, m.spec(b)); err != nil {
 		return fmt.Errorf("sandbox %s: start container: %w", id, err)
 	}
@@ -508,6 +509,11 @@ func (m *Manager) restoreImage(ctx context.Context, b *build) error {
 		return err
 	}
 	id := b.sb.ID
+	// A memory image keeps the boot it was taken in, as a VM's does.
+	b.sb.BootID = b.snap.BootID
+	if b.snap.FilesystemOnly {
+		b.sb.BootID = runtime.NewBootID()
+	}
 	opts := runtime.RestoreOptions{ImageDir: m.life.snaps.image(b.snap.ID), NewNetwork: true, FilesystemOnly: b.snap.FilesystemOnly}
 	if err := ck.Restore(ctx, m.spec(b), opts); err != nil {
 		return fmt.Errorf("sandbox %s: restore snapshot %s: %w", id, b.snap.ID, err)

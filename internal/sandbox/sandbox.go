@@ -69,6 +69,10 @@ type Sandbox struct {
 	DefaultWorkdir string    `json:"defaultWorkdir"`
 	StartedAt      time.Time `json:"startedAt"`
 	EndAt          time.Time `json:"endAt"`
+	// BootID names the sandbox's current boot: new at every fresh boot
+	// (create, a resume from files), kept by a memory restore, as a VM's
+	// kernel keeps it. The gateway drops connections of an older boot.
+	BootID string `json:"bootID,omitempty"`
 	Lifecycle
 }
 

@@ -49,6 +49,8 @@ type Snapshot struct {
 	// FilesystemOnly: no memory; sandboxes made from it boot fresh on its
 	// layers (processes start anew).
 	FilesystemOnly bool `json:"filesystemOnly,omitempty"`
+	// BootID is the source's boot, which a memory image keeps.
+	BootID string `json:"bootID,omitempty"`
 }
 
 // SnapshotRef is the E2B name of a snapshot: "<name or id>:default".
@@ -244,6 +246,7 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden,
 		Isolation: src.Isolation, VolumeMounts: slices.Clone(src.VolumeMounts), DefaultUser: src.DefaultUser,
 		DefaultWorkdir: src.DefaultWorkdir, EnvVars: maps.Clone(src.EnvVars), Secure: src.Secure,
 		AllowInternet: src.AllowInternet, Hidden: hidden, CreatedAt: time.Now().UTC(), FilesystemOnly: !memory,
+		BootID: src.BootID,
 	}
 	if src.BaseSnapshot != "" {
 		if base, err := snaps.load(src.BaseSnapshot); err == nil {

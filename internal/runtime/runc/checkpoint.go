@@ -19,10 +19,10 @@ import (
 
 // Files of a CRIU checkpoint in the bundle (bundle/image.go has the rest).
 const (
-	// forkCRIUConf is the per-restore CRIU configuration of a sandbox
-	// restored into another network namespace: its old connections cannot
-	// be re-bound to an address it no longer has, so they come back closed.
-	forkCRIUConf = "criu-restore.conf"
+	// criuConf is the sandbox's own CRIU configuration, rewritten before
+	// every dump and restore with that operation's options (runc 1.1 has
+	// no flags for them; see setCRIUConf).
+	criuConf = "criu.conf"
 	// criuInventory is the first file of a CRIU image.
 	criuInventory = "inventory.img"
 	// criuStatsDump is the last file CRIU writes into a complete dump image.
@@ -183,6 +183,17 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 				}
 			}
 		}()
+	}
+	// Connections the sandbox's servers have not accepted yet (a client
+	// connecting at this instant) cannot be dumped; CRIU would fail the
+	// whole pause on them. They are left out: their clients see a reset,
+	// as if the server had been restarted.
+	conf := []string{"skip-in-flight"}
+	if hasBootID(dir) {
+		conf = append(conf, bootIDDumpConf())
+	}
+	if err := writeCRIUConf(dir, conf); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	var actions []gorunc.CheckpointAction
 	if opts.LeaveRunning {
@@ -348,10 +359,17 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
 	}
-	if len(conf) > 0 {
-		if err := setCRIUConf(dir, conf); err != nil {
+	if !inPlace {
+		// A new sandbox restored from memory keeps the boot of its image.
+		if err := writeBootID(dir, spec.BootID); err != nil {
 			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
+	}
+	if hasBootID(dir) {
+		conf = append(conf, bootIDRestoreConf(dir))
+	}
+	if err := setCRIUConf(dir, conf); err != nil {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	work := filepath.Join(dir, "criu-restore-work")
 	_ = os.RemoveAll(work)
@@ -377,13 +395,6 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 		// A failed restore may leave a container record or cgroup behind.
 		_ = d.deleteContainer(context.WithoutCancel(ctx), spec.ID)
 		return fmt.Errorf("sandbox %s: %w", spec.ID, criuFailed("restore", logFile, work, err))
-	}
-	if opts.NewNetwork {
-		// The annotation also reaches CRIU on the next dump, where
-		// tcp-close would drop live connections: keep only the rest.
-		if err := setCRIUConf(dir, nil); err != nil {
-			d.log.Warn("restored sandbox keeps tcp-close for its next pause", "id", spec.ID, "err", err)
-		}
 	}
 	pid, perr := bundle.ReadPid(pidFile)
 	if perr == nil {
@@ -425,6 +436,15 @@ func (d *Driver) fsRestore(ctx context.Context, spec runtime.Spec, inPlace bool)
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	if err := criuUnlock(dir); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if err := setCRIUConf(dir, nil); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if err := clearPlugHook(dir); err != nil { // left by a memory restore
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if err := writeBootID(dir, spec.BootID); err != nil { // a new boot
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	pid, err := d.start(ctx, id, dir, bundle.OwnsNetNS(dir))

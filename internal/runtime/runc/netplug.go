@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -35,17 +36,13 @@ func (d *Driver) ownsNetNS() bool {
 
 // start runs sandbox id's init from its bundle in dir and returns its host
 // pid. ownNet: runc makes its netns (see ownsNetNS), which is plugged
-// before init runs.
+// before init runs; its boot id is mounted then too (bootid.go).
 func (d *Driver) start(ctx context.Context, id, dir string, ownNet bool) (int, error) {
 	logFile := filepath.Join(dir, Name+".log")
-	if d.cfg.Net == nil {
-		return d.run(ctx, id, dir, logFile)
-	}
-	if !ownNet {
+	if d.cfg.Net != nil && !ownNet {
 		if err := d.cfg.Net.Plug(ctx, id, 0); err != nil {
 			return 0, err
 		}
-		return d.run(ctx, id, dir, logFile)
 	}
 	pidFile := bundle.PidFile(dir)
 	_ = os.Remove(pidFile)
@@ -62,33 +59,18 @@ func (d *Driver) start(ctx context.Context, id, dir string, ownNet bool) (int, e
 		return 0, err
 	}
 	bundle.RecordSession(dir, pid)
-	if err := d.cfg.Net.Plug(ctx, id, pid); err != nil {
+	if d.cfg.Net != nil && ownNet {
+		if err := d.cfg.Net.Plug(ctx, id, pid); err != nil {
+			return 0, err
+		}
+	}
+	if err := d.mountBootID(ctx, dir, pid); err != nil {
 		return 0, err
 	}
 	if err := d.client(logFile).Start(ctx, d.cid(id)); err != nil {
 		return pid, failed("start", logFile, err)
 	}
 	return pid, nil
-}
-
-// run runs the sandbox's init with its netns in place and returns its pid.
-func (d *Driver) run(ctx context.Context, id, dir, logFile string) (int, error) {
-	pidFile := bundle.PidFile(dir)
-	_ = os.Remove(pidFile)
-	err := d.inSession(func() error {
-		return nullIO(func(io gorunc.IO) error {
-			_, err := d.client(logFile).Run(ctx, d.cid(id), dir, &gorunc.CreateOpts{IO: io, PidFile: pidFile, Detach: true})
-			return err
-		})
-	})
-	if err != nil {
-		return 0, failed("run", logFile, err)
-	}
-	pid, err := bundle.ReadPid(pidFile)
-	if err == nil {
-		bundle.RecordSession(dir, pid)
-	}
-	return pid, err
 }
 
 // shareImage makes a checkpoint image readable by the sandbox's mapped root
@@ -113,20 +95,32 @@ func shareImage(dir string, uid int) error {
 	})
 }
 
-// setCRIUConf writes CRIU options for the next restore of the bundle in dir
-// and points its config.json at them: runc 1.1 has no flags for them and
-// hands CRIU the file named by the org.criu.config annotation.
+// setCRIUConf writes CRIU options for the next CRIU run on the bundle in
+// dir and points its config.json at them: runc 1.1 has no flags for them
+// and hands CRIU the file named by the org.criu.config annotation. runc
+// reads the annotation when the container is created or restored (it
+// keeps it for the container's dumps), so it is set before both.
 func setCRIUConf(dir string, lines []string) error {
-	conf := filepath.Join(dir, forkCRIUConf)
-	if err := os.WriteFile(conf, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+	if err := writeCRIUConf(dir, lines); err != nil {
 		return err
 	}
+	conf := filepath.Join(dir, criuConf)
 	return bundle.UpdateConfig(dir, func(s *specs.Spec) {
 		if s.Annotations == nil {
 			s.Annotations = map[string]string{}
 		}
 		s.Annotations["org.criu.config"] = conf
 	})
+}
+
+// writeCRIUConf replaces the options the bundle's CRIU configuration file
+// holds (private to root: it is the server's, not the sandbox's).
+func writeCRIUConf(dir string, lines []string) error {
+	b := []byte(strings.Join(lines, "\n") + "\n")
+	if err := os.WriteFile(filepath.Join(dir, criuConf), b, 0o600); err != nil {
+		return fmt.Errorf("CRIU configuration: %w", err)
+	}
+	return nil
 }
 
 // plugHookName marks the hook setPlugHook adds, in its environment.
@@ -149,6 +143,17 @@ func setPlugHook(dir string, argv []string) error {
 			Env:     []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", plugHookName},
 			Timeout: &timeout,
 		})
+	})
+}
+
+// clearPlugHook removes the network hook setPlugHook added for a restore: a
+// fresh boot plugs the netns itself between create and start, and the
+// hook would fail on a veth that no longer waits for it.
+func clearPlugHook(dir string) error {
+	return bundle.UpdateConfig(dir, func(s *specs.Spec) {
+		if s.Hooks != nil {
+			s.Hooks.Prestart = slices.DeleteFunc(s.Hooks.Prestart, func(h specs.Hook) bool { return slices.Contains(h.Env, plugHookName) }) //nolint:staticcheck
+		}
 	})
 }
 

@@ -177,6 +177,12 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
 		_ = d.deleteContainer(context.WithoutCancel(ctx), spec.ID)
 		_ = d.b.RemoveCgroups(d.b.CgroupPath(spec.ID))
 	})
+	if err := setCRIUConf(built.Dir, nil); err != nil {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	if err := writeBootID(built.Dir, spec.BootID); err != nil {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
 	t1 := time.Now()
 	pid, err := d.start(ctx, spec.ID, built.Dir, o.OwnNet)
 	if err != nil {
