@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 
 	"github.com/agentbox/agentbox/api/gen/rest"
@@ -57,7 +58,23 @@ func writeError(w http.ResponseWriter, err error) {
 		// Back-pressure: nothing was changed, and a retry may pass.
 		w.Header().Set("Retry-After", "1")
 	}
-	writeJSON(w, status, rest.Error{Code: status, Message: message(err)})
+	msg := message(err)
+	if status >= 500 {
+		msg = redactHostPaths(msg)
+	}
+	writeJSON(w, status, rest.Error{Code: status, Message: msg})
+}
+
+// hostPath matches an absolute path of two or more components.
+var hostPath = regexp.MustCompile(`/[^\s/:'"()\[\]]+(?:/[^\s/:'"()\[\]]*)+`)
+
+// redactHostPaths hides absolute paths in a server-side failure: they name
+// the host's data dir, bundles and runtime logs (a CRIU dump log, say),
+// which are no business of an API client and map the host for an attacker.
+// Client errors (4xx) keep theirs: they name what the client sent. The
+// server's own log keeps the whole error.
+func redactHostPaths(msg string) string {
+	return hostPath.ReplaceAllString(msg, "<server path>")
 }
 
 // decodeBody reads a JSON body of at most limit bytes into v. An empty body

@@ -22,6 +22,13 @@ func TestWriteError(t *testing.T) {
 		{fmt.Errorf("maxSandboxes: the team already has 2: %w", errdefs.ErrResourceExhausted), http.StatusTooManyRequests, "maxSandboxes: the team already has 2"},
 		{fmt.Errorf("memoryMB: over the team quota: %w", errdefs.ErrInvalidArgument), http.StatusBadRequest, "memoryMB: over the team quota"},
 		{fmt.Errorf("boom"), http.StatusInternalServerError, "boom"},
+		// Server-side failures never show host paths (attacker: any API client).
+		{fmt.Errorf("sandbox i1: pause: runc checkpoint: criu failed: log file: /var/lib/agentbox/sandboxes/0a1b/criu-work/dump.log (criu: Error (criu/cr-dump.c:1685): Timeout)"),
+			http.StatusInternalServerError, "sandbox i1: pause: runc checkpoint: criu failed: log file: <server path> (criu: Error (criu/cr-dump.c:1685): Timeout)"},
+		{fmt.Errorf("sandbox i1: resume: open /tmp/x/data/snapshots/abc/img: no such file: %w", errdefs.ErrUnavailable), http.StatusServiceUnavailable,
+			"sandbox i1: resume: open <server path>: no such file"},
+		// A client's own path in a 4xx stays: it is what they sent.
+		{fmt.Errorf("volumeMounts[0].path: /proc/sys is reserved: %w", errdefs.ErrInvalidArgument), http.StatusBadRequest, "volumeMounts[0].path: /proc/sys is reserved"},
 	}
 	for _, tt := range tests {
 		w := httptest.NewRecorder()
