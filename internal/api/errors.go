@@ -72,7 +72,7 @@ var hostPath = regexp.MustCompile(`/[^\s/:'"()\[\]]+(?:/[^\s/:'"()\[\]]*)+`)
 // the host's data dir, bundles and runtime logs (a CRIU dump log, say),
 // which are no business of an API client and map the host for an attacker.
 // Client errors (4xx) keep theirs: they name what the client sent. The
-// server's own log keeps the whole error.
+// manager logs its failures (create, pause, resume) whole.
 func redactHostPaths(msg string) string {
 	return hostPath.ReplaceAllString(msg, "<server path>")
 }
