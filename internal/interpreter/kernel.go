@@ -72,6 +72,11 @@ func waitDone(ctx context.Context, k kernel, done <-chan struct{}) error {
 		return errKernelDied
 	case <-ctx.Done():
 	}
+	select {
+	case <-done:
+		return nil // it finished meanwhile: nothing to interrupt
+	default:
+	}
 	_ = k.Interrupt()
 	t := time.NewTimer(interruptGrace)
 	defer t.Stop()
