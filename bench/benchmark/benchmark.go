@@ -211,7 +211,7 @@ func measureIO(ctx context.Context, c *wire.Client, sb *wire.Sandbox, cfg Config
 		return append(rows, row{"upload/download", "error: " + err.Error(), "", ""})
 	}
 	want := sha256.Sum256(data)
-	diskW, _, diskErr := diskFloor(os.TempDir(), data)
+	diskW, diskErr := diskFloor(os.TempDir(), data)
 	if diskErr != nil {
 		log.Warn("disk floor", "err", diskErr)
 	}

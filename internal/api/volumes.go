@@ -326,19 +326,21 @@ func (s *Server) volumeList(w http.ResponseWriter, r *http.Request, f *volume.Fi
 	}
 }
 
+// creationParams are the query parameters of the calls that make an
+// entry: its path, owner and mode, and force.
+func creationParams(q url.Values) (p string, m volume.Meta, force bool, err error) {
+	if p, err = pathParam(q); err != nil {
+		return
+	}
+	if m, err = metaParams(q); err != nil {
+		return
+	}
+	force, err = boolParam(q, "force")
+	return
+}
+
 func (s *Server) volumeMakeDir(w http.ResponseWriter, r *http.Request, f *volume.Files) {
-	q := r.URL.Query()
-	p, err := pathParam(q)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	m, err := metaParams(q)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	force, err := boolParam(q, "force")
+	p, m, force, err := creationParams(r.URL.Query())
 	if err != nil {
 		writeError(w, err)
 		return
@@ -368,18 +370,7 @@ func (s *Server) volumeRead(w http.ResponseWriter, r *http.Request, f *volume.Fi
 }
 
 func (s *Server) volumeWrite(w http.ResponseWriter, r *http.Request, f *volume.Files) {
-	q := r.URL.Query()
-	p, err := pathParam(q)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	m, err := metaParams(q)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	force, err := boolParam(q, "force")
+	p, m, force, err := creationParams(r.URL.Query())
 	if err != nil {
 		writeError(w, err)
 		return
