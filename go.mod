@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	connectrpc.com/connect v1.21.1
+	github.com/coder/websocket v1.8.15
 	github.com/containerd/go-runc v1.2.1
 	github.com/creack/pty v1.1.24
 	github.com/evanw/esbuild v0.28.2

@@ -120,6 +120,7 @@ func (s *Server) Handler() http.Handler {
 		mux.Handle("/mcp", s.authenticate(s.mcp))
 	}
 	s.volumeRoutes(mux, auth)
+	s.dashboardRoutes(mux, auth)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
 	})

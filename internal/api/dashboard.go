@@ -1,0 +1,276 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/agentbox/agentbox/api/gen/rest"
+	"github.com/agentbox/agentbox/internal/audit"
+	"github.com/agentbox/agentbox/internal/dashboard"
+	"github.com/agentbox/agentbox/internal/envdclient"
+	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/sandbox"
+)
+
+// The dashboard's bridge to a sandbox: its terminal (a WebSocket to a PTY)
+// and its files (list, download, upload). Every call is authenticated by
+// the API key and scoped to the key's team exactly like the REST API: a
+// sandbox of another team is 404, the same as one that does not exist.
+const (
+	// terminalProtocol is the WebSocket subprotocol of the terminal. A
+	// browser cannot set headers on a WebSocket, so the key travels as a
+	// second offered subprotocol, keyProtocolPrefix+key (a request header,
+	// never the URL); the server never echoes it back.
+	terminalProtocol  = "agentbox.terminal"
+	keyProtocolPrefix = "agentbox.key."
+	maxUploadBytes    = 8 << 20 // envd's file API reads at most this much
+)
+
+func (s *Server) dashboardRoutes(mux *http.ServeMux, auth func(string, http.HandlerFunc)) {
+	mux.HandleFunc("GET /dashboard", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, dashboard.Prefix, http.StatusMovedPermanently)
+	})
+	mux.Handle("GET /dashboard/", dashboard.Handler())
+	dash := func(pattern string, h http.HandlerFunc) {
+		auth(pattern, func(w http.ResponseWriter, r *http.Request) {
+			dashboard.SecurityHeaders(w.Header())
+			h(w, r)
+		})
+	}
+	dash("GET /dashboard/api/sandboxes/{id}/dir", s.dashList)
+	dash("GET /dashboard/api/sandboxes/{id}/files", s.dashDownload)
+	dash("POST /dashboard/api/sandboxes/{id}/files", s.dashUpload)
+	term := s.authenticate(http.HandlerFunc(s.dashTerminal))
+	mux.HandleFunc("GET /dashboard/api/sandboxes/{id}/terminal", func(w http.ResponseWriter, r *http.Request) {
+		dashboard.SecurityHeaders(w.Header())
+		if !sameOrigin(r) {
+			writeJSON(w, http.StatusForbidden, rest.Error{Code: http.StatusForbidden, Message: "terminal: the Origin header must be this server's own (open the terminal from the dashboard's page)"})
+			return
+		}
+		if key := protocolKey(r); key != "" {
+			r.Header.Set("X-API-Key", key)
+		}
+		term.ServeHTTP(w, r)
+	})
+}
+
+// sameOrigin: a WebSocket is not subject to the browser's same-origin rule,
+// so a page of another site could otherwise open one with a key it learnt.
+func sameOrigin(r *http.Request) bool {
+	o := r.Header.Get("Origin")
+	if o == "" {
+		return true // not a browser: the key alone decides
+	}
+	rest, ok := strings.CutPrefix(o, "http://")
+	if !ok {
+		rest, ok = strings.CutPrefix(o, "https://")
+	}
+	return ok && strings.EqualFold(rest, r.Host)
+}
+
+func protocolKey(r *http.Request) string {
+	for _, h := range r.Header.Values("Sec-WebSocket-Protocol") {
+		for p := range strings.SplitSeq(h, ",") {
+			if k, ok := strings.CutPrefix(strings.TrimSpace(p), keyProtocolPrefix); ok {
+				return k
+			}
+		}
+	}
+	return ""
+}
+
+// dashSandbox is the calling team's running sandbox (woken if it sleeps);
+// done ends its activity.
+func (s *Server) dashSandbox(r *http.Request) (*sandbox.Sandbox, context.Context, func(), error) {
+	key := keyOf(r.Context())
+	if _, err := s.mgr.Get(r.Context(), key.TeamID, sandboxID(r)); err != nil {
+		return nil, nil, nil, err
+	}
+	sb, live, done, ok := s.mgr.Wake(r.Context(), sandboxID(r))
+	if !ok {
+		return nil, nil, nil, fmt.Errorf("sandbox %s is not running (resume it first): %w", sandboxID(r), errdefs.ErrConflict)
+	}
+	return sb, live, done, nil
+}
+
+func dashPath(r *http.Request) (string, error) {
+	p := r.URL.Query().Get("path")
+	if p == "" || len(p) > 4096 || strings.ContainsRune(p, 0) {
+		return "", invalid("path: give the file's path in the sandbox, e.g. /home/user/a.txt")
+	}
+	return p, nil
+}
+
+func (s *Server) dashList(w http.ResponseWriter, r *http.Request) {
+	p, err := dashPath(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	sb, live, done, err := s.dashSandbox(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer done()
+	entries, err := s.mgr.Envd(sb).ListDir(live, p, "")
+	if err != nil {
+		s.log.Info("dashboard list", "sandbox", sb.ID, "err", err)
+		writeError(w, fmt.Errorf("cannot list %q in the sandbox (no such directory, or not readable): %w", p, errdefs.ErrNotFound))
+		return
+	}
+	writeJSON(w, http.StatusOK, entries)
+}
+
+func (s *Server) dashDownload(w http.ResponseWriter, r *http.Request) {
+	p, err := dashPath(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	sb, live, done, err := s.dashSandbox(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer done()
+	data, err := s.mgr.Envd(sb).ReadFile(live, p, "")
+	if err != nil {
+		s.log.Info("dashboard download", "sandbox", sb.ID, "err", err)
+		writeError(w, fmt.Errorf("cannot read %q in the sandbox (no such file, a directory, or not readable): %w", p, errdefs.ErrNotFound))
+		return
+	}
+	// Always an attachment of opaque bytes: a file a sandbox wrote must
+	// never render as a page of the dashboard's origin.
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", "attachment")
+	w.Write(data)
+}
+
+func (s *Server) dashUpload(w http.ResponseWriter, r *http.Request) {
+	p, err := dashPath(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxUploadBytes))
+	if err != nil {
+		writeError(w, invalid("body: the file must be at most %d bytes", maxUploadBytes))
+		return
+	}
+	sb, live, done, err := s.dashSandbox(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer done()
+	key := keyOf(r.Context())
+	ev := audit.Event{SandboxID: sb.ID, TeamID: sb.TeamID, APIKeyID: key.ID, Kind: audit.KindFile, Action: "write", Decision: audit.Allowed, Fields: map[string]any{"path": p, "bytes": len(data), "via": "dashboard"}}
+	if err := s.mgr.Envd(sb).WriteFile(live, p, "", data); err != nil {
+		ev.Decision, ev.Reason = audit.Denied, "envd refused the write"
+		s.record(r.Context(), ev)
+		s.log.Info("dashboard upload", "sandbox", sb.ID, "err", err)
+		writeError(w, fmt.Errorf("cannot write %q in the sandbox (a directory, or not writable): %w", p, errdefs.ErrInvalidArgument))
+		return
+	}
+	s.record(r.Context(), ev)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) record(ctx context.Context, ev audit.Event) {
+	if al := s.mgr.Audit(); al != nil {
+		al.Record(ctx, ev)
+	}
+}
+
+// resize is the terminal's one control message (text frames); binary
+// frames are keystrokes.
+type resize struct {
+	Cols uint16 `json:"cols"`
+	Rows uint16 `json:"rows"`
+}
+
+func (s *Server) dashTerminal(w http.ResponseWriter, r *http.Request) {
+	sb, live, done, err := s.dashSandbox(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer done()
+	// Origin was checked against Host already; the library checks again.
+	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{terminalProtocol}})
+	if err != nil {
+		return
+	}
+	defer c.CloseNow()
+	if c.Subprotocol() != terminalProtocol {
+		c.Close(websocket.StatusPolicyViolation, "offer the "+terminalProtocol+" subprotocol")
+		return
+	}
+	ctx, cancel := context.WithCancel(live)
+	defer cancel()
+	size := resize{Cols: 80, Rows: 24}
+	if v := r.URL.Query(); v.Get("cols") != "" {
+		fmt.Sscan(v.Get("cols"), &size.Cols)
+		fmt.Sscan(v.Get("rows"), &size.Rows)
+	}
+	pty, err := s.mgr.Envd(sb).StartPTY(ctx, "", clampSize(size.Cols, 80), clampSize(size.Rows, 24))
+	if err != nil {
+		s.log.Warn("dashboard terminal", "sandbox", sb.ID, "err", err)
+		c.Close(websocket.StatusInternalError, "could not start a shell in the sandbox")
+		return
+	}
+	key := keyOf(r.Context())
+	s.record(ctx, audit.Event{SandboxID: sb.ID, TeamID: sb.TeamID, APIKeyID: key.ID, Kind: audit.KindProcess, Action: "terminal", Decision: audit.Allowed, Fields: map[string]any{"cmd": "/bin/bash -i -l", "via": "dashboard"}})
+	defer func() {
+		kctx, kcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer kcancel()
+		_ = pty.Close(kctx)
+	}()
+	go func() {
+		defer cancel()
+		for {
+			typ, msg, err := c.Read(ctx)
+			if err != nil {
+				return
+			}
+			if typ == websocket.MessageBinary {
+				if pty.Write(ctx, msg) != nil {
+					return
+				}
+				continue
+			}
+			var rs resize
+			if json.Unmarshal(msg, &rs) == nil && rs.Cols > 0 && rs.Rows > 0 {
+				_ = pty.Resize(ctx, clampSize(rs.Cols, 80), clampSize(rs.Rows, 24))
+			}
+		}
+	}()
+	for {
+		out, err := pty.Read()
+		if err != nil {
+			if errors.Is(err, envdclient.ErrExited) {
+				c.Close(websocket.StatusNormalClosure, "the shell exited")
+			}
+			return
+		}
+		if err := c.Write(ctx, websocket.MessageBinary, out); err != nil {
+			return
+		}
+	}
+}
+
+func clampSize(v, def uint16) uint16 {
+	if v == 0 || v > 1000 {
+		return def
+	}
+	return v
+}
