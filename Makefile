@@ -25,6 +25,14 @@ tools:
 envd:
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o bin/envd ./cmd/envd
 
+.PHONY: dashboard
+
+# dashboard rebuilds the web dashboard (web/dashboard, pinned npm packages)
+# into internal/dashboard/dist, which the server embeds; commit the result.
+dashboard:
+	@cd web/dashboard && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund --loglevel=error; }
+	cd web/dashboard && node build.mjs
+
 .PHONY: build test up bench
 
 # build builds the server/CLI and the static in-sandbox daemon.

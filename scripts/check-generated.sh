@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fails when generated code (api/gen) or go.mod/go.sum are stale: it
+# Fails when generated code (api/gen), the dashboard's bundle
+# (internal/dashboard/dist) or go.mod/go.sum are stale: it
 # regenerates them (make generate, go mod tidy) and compares the result with
 # what was there before. On a difference the regenerated files stay in place,
 # ready to commit.
@@ -9,12 +10,19 @@ before=$(mktemp -d)
 trap 'rm -rf "$before"' EXIT
 cp -a api/gen "$before/gen"
 cp go.mod go.sum "$before/"
+cp -a internal/dashboard/dist "$before/dashboard"
 make -s generate
+make -s dashboard
 go mod tidy
 stale=0
 if ! diff -r "$before/gen" api/gen >"$before/gen.diff"; then
 	echo "check-generated: api/gen is stale; run 'make generate' and commit:" >&2
 	head -40 "$before/gen.diff" >&2
+	stale=1
+fi
+if ! diff -r "$before/dashboard" internal/dashboard/dist >"$before/dashboard.diff"; then
+	echo "check-generated: internal/dashboard/dist is stale; run 'make dashboard' and commit:" >&2
+	head -c 2000 "$before/dashboard.diff" >&2
 	stale=1
 fi
 for f in go.mod go.sum; do

@@ -20,6 +20,8 @@ pkgs=(runc mmdebstrap nftables iproute2 jq ca-certificates curl make gcc git ipt
 # ipykernel (with the plotting and data stack its tests use), node, R's
 # IRkernel and a JDK (the Java kernel is on jshell).
 pkgs+=(python3-ipykernel python3-matplotlib python3-pandas python3-numpy r-cran-irkernel default-jdk-headless)
+# The dashboard's end-to-end test drives Debian's headless Chromium.
+pkgs+=(chromium)
 # Node.js 20 or newer for the official e2b SDK (it refuses older engines).
 # Debian 12's own nodejs is 18; use the node already on the machine if new enough.
 node_major=0
@@ -138,7 +140,7 @@ fi
 # @e2b/desktop, the MCP SDK), each installed from its lock file; a dir whose lock file
 # has not changed since its last install is skipped (the tests' own npm ci
 # does the same check).
-for js in "$root"/e2e/js "$root"/e2e/interpreter "$root"/e2e/desktop "$root"/e2e/mcp; do
+for js in "$root"/e2e/js "$root"/e2e/interpreter "$root"/e2e/desktop "$root"/e2e/mcp "$root"/e2e/dashboard "$root"/web/dashboard; do
 	[[ -f $js/package-lock.json ]] || continue
 	if [[ ! -f $js/node_modules/.package-lock.json || $js/package-lock.json -nt $js/node_modules/.package-lock.json || $js/package.json -nt $js/node_modules/.package-lock.json ]]; then
 		log "npm ci in ${js#"$root"/}"
