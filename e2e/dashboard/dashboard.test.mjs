@@ -1,0 +1,107 @@
+// The dashboard in headless Chromium against the real server (E2B_API_URL,
+// E2B_API_KEY from the Go test). Screenshots go to $ARTEFACTS.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { randomBytes } from "node:crypto";
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
+import { chromium } from "playwright-core";
+
+const base = process.env.E2B_API_URL;
+const key = process.env.E2B_API_KEY;
+const shots = process.env.ARTEFACTS;
+
+async function rest(method, path, body) {
+  const r = await fetch(base + path, { method, headers: { "X-API-Key": key, "Content-Type": "application/json" }, body: body && JSON.stringify(body) });
+  const text = await r.text();
+  if (!r.ok) throw new Error(`${method} ${path}: ${r.status} ${text}`);
+  return text ? JSON.parse(text) : null;
+}
+
+test("dashboard: log in, sandbox, terminal, files, plot, audit log", { timeout: 8 * 60_000 }, async () => {
+  // A sandbox whose metadata is markup: the page must show it as text.
+  const evil = "<script>window.__pwned=1</script><img src=x onerror=\"window.__pwned=2\">";
+  const xss = await rest("POST", "/v2/sandboxes", { templateID: "base", timeout: 600, metadata: { note: evil } });
+  const browser = await chromium.launch({ executablePath: process.env.CHROMIUM, args: ["--no-sandbox"] });
+  let created;
+  try {
+    const ctx = await browser.newContext({ acceptDownloads: true, viewport: { width: 1400, height: 1000 } });
+    const page = await ctx.newPage();
+    const problems = [];
+    page.on("console", (m) => { if (m.type() === "error") problems.push(m.text()); });
+    page.on("pageerror", (e) => problems.push(String(e)));
+
+    const resp = await page.goto(base + "/dashboard/");
+    assert.equal(resp.status(), 200);
+    assert.match(resp.headers()["content-security-policy"], /script-src 'self'/);
+    assert.equal(resp.headers()["x-frame-options"], "DENY");
+    await page.screenshot({ path: join(shots, "login.png") });
+
+    // A wrong key is refused and not kept.
+    await page.fill("#apikey", "e2b_" + "0".repeat(40));
+    await page.click("#login button");
+    await page.waitForSelector("#error:not([hidden])");
+    problems.length = 0; // the refused login's 401 is logged by the browser
+
+    await page.fill("#apikey", key);
+    await page.click("#login button");
+    await page.waitForSelector(`#sandbox-rows tr[data-id="${xss.sandboxID}"]`);
+    assert.ok(!page.url().includes(key), "the key is never in the URL");
+
+    // Metadata with markup is text: no script ran, no img was made.
+    const meta = await page.textContent(`#sandbox-rows tr[data-id="${xss.sandboxID}"] td.meta`);
+    assert.ok(meta.includes(evil), `metadata shown as text, got ${meta}`);
+    assert.equal(await page.evaluate(() => window.__pwned), undefined);
+    assert.equal(await page.locator("#sandbox-rows img, #sandbox-rows script").count(), 0);
+
+    // Create a sandbox from the page.
+    await page.fill("#new-template", "base");
+    await page.click("#create-button");
+    await page.waitForURL(/#sandbox\/[^/]+$/, { timeout: 120_000 });
+    created = decodeURIComponent(page.url().split("#sandbox/")[1]);
+    await page.goto(base + "/dashboard/#sandboxes");
+    await page.waitForSelector(`#sandbox-rows tr[data-id="${created}"]`);
+    await page.screenshot({ path: join(shots, "sandboxes.png") });
+    await page.click(`#sandbox-rows tr[data-id="${created}"]`);
+
+    // Terminal: type a command, read its output back from the screen.
+    await page.waitForSelector('#terminal[data-state="open"]', { timeout: 60_000 });
+    const token = randomBytes(6).toString("hex");
+    await page.click("#terminal");
+    await page.keyboard.type(`echo hello-${token}\n`);
+    await page.waitForFunction((want) => document.getElementById("terminal").screenText().split("\n").some((l) => l.trim() === want), `hello-${token}`, { timeout: 30_000 });
+
+    // Upload a file, then download it and compare the bytes.
+    const data = randomBytes(200_000);
+    await page.fill("#dir", "/tmp");
+    await page.setInputFiles("#upload", { name: "dash-upload.bin", mimeType: "application/octet-stream", buffer: data });
+    const btn = page.locator('#file-rows button[data-path="/tmp/dash-upload.bin"]');
+    await btn.waitFor({ timeout: 30_000 });
+    const [download] = await Promise.all([page.waitForEvent("download"), btn.click()]);
+    const got = await readFile(await download.path());
+    assert.ok(got.equals(data), `downloaded ${got.length} bytes differ from the ${data.length} uploaded`);
+
+    // The CPU/memory plot has at least one point.
+    await page.waitForFunction(() => Number(document.getElementById("plot").dataset.points || 0) >= 1, null, { timeout: 60_000 });
+    assert.ok(await page.locator("#plot canvas").count() >= 1);
+    await page.screenshot({ path: join(shots, "sandbox.png"), fullPage: true });
+
+    // The audit log, filtered to file events, shows the upload and only file events.
+    await page.goto(base + "/dashboard/#audit/" + encodeURIComponent(created));
+    await page.waitForSelector("#audit-rows tr");
+    await page.selectOption("#audit-kind", "file");
+    await page.waitForFunction(() => [...document.querySelectorAll("#audit-rows tr")].some((r) => r.textContent.includes("dash-upload.bin")), null, { timeout: 30_000 });
+    const kinds = await page.$$eval("#audit-rows tr td:nth-child(3)", (tds) => tds.map((td) => td.textContent));
+    assert.ok(kinds.length > 0 && kinds.every((k) => k === "file"), `only file events, got ${kinds}`);
+    await page.screenshot({ path: join(shots, "audit.png"), fullPage: true });
+
+    // Usage: the numbers, or the plain note that metering is absent.
+    await page.goto(base + "/dashboard/#usage");
+    await page.waitForSelector("#usage-absent, main table");
+
+    assert.deepEqual(problems, [], "no script errors or CSP violations");
+  } finally {
+    await browser.close();
+    for (const id of [xss.sandboxID, created]) if (id) await rest("DELETE", `/sandboxes/${encodeURIComponent(id)}`).catch(() => {});
+  }
+});
