@@ -28,7 +28,7 @@ test("dashboard: log in, sandbox, terminal, files, plot, audit log", { timeout: 
     const ctx = await browser.newContext({ acceptDownloads: true, viewport: { width: 1400, height: 1000 } });
     const page = await ctx.newPage();
     const problems = [];
-    page.on("console", (m) => { if (m.type() === "error") problems.push(m.text()); });
+    page.on("console", (m) => { if (m.type() === "error") problems.push(`${m.text()} (${m.location().url})`); });
     page.on("pageerror", (e) => problems.push(String(e)));
 
     const resp = await page.goto(base + "/dashboard/");

@@ -90,6 +90,7 @@ function login(main) {
       e.preventDefault();
       sessionStorage.setItem(KEY, input.value.trim());
       try { await api("/v2/sandboxes?limit=1"); } catch (err) { if (err.status !== 401) showError(err.message); return; }
+      showError("");
       location.hash = "#sandboxes";
       route();
     } }, input, h("button", { type: "submit" }, "Log in")));
@@ -175,7 +176,9 @@ function metricsPlot(el, id) {
     width: width(), height: 300,
     series: [{}, { label: "CPU %", stroke: "#1a73e8", width: 2, scale: "%" }, { label: "Memory MiB", stroke: "#d93025", width: 2, scale: "mb" }],
     axes: [{}, { scale: "%", label: "CPU %" }, { scale: "mb", side: 1, label: "MiB", grid: { show: false } }],
-    scales: { "%": { range: [0, 100] } },
+    // The last ten minutes, whatever the points cover (one point alone
+    // would otherwise stretch the axis over years).
+    scales: { x: { time: true, range: () => { const now = Date.now() / 1000; return [now - 600, now]; } }, "%": { range: [0, 100] } },
   }, [[], [], []], el);
   cleanup.push(() => u.destroy());
   every(2000, async () => {
