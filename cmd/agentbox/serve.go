@@ -85,7 +85,8 @@ func newServeCmd() *cobra.Command {
 One process serves the E2B-compatible REST API and the sandbox data plane on
 one address: requests carrying E2b-Sandbox-Id/E2b-Sandbox-Port headers, or a
 Host of the form <port>-<sandboxID>.<domain>, go to the sandbox; everything
-else goes to the API. State lives in --data-dir (SQLite); the first start
+else goes to the API (and the web dashboard, at /dashboard/). State lives in
+--data-dir (SQLite); the first start
 creates an API key and writes it to <data-dir>/apikey (mode 0600), and builds
 the "base" template if it is missing (about 1-2 minutes, cached).
 
@@ -639,5 +640,6 @@ Use it from the official E2B SDK (npm install e2b):
 
 Or the CLI:  agentbox create base && agentbox exec <id> -- python3 -c 'print(1)'
 Or an agent over MCP:  %[1]s/mcp with header X-API-Key (or stdio: agentbox mcp)
+Or a browser:  %[1]s/dashboard/ (log in with the API key)
 `, url, shown, filepath.Join(dataDir, "apikey"))
 }
