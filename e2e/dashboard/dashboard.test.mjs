@@ -106,6 +106,35 @@ test("dashboard: log in, sandbox, terminal, files, plot, audit log", { timeout: 
       problems.splice(i, 1);
     }
 
+    // The usage page against the /usage contract (served here by the test,
+    // since metering is another component): totals and per-sandbox rows,
+    // tenant strings as text.
+    await page.route("**/usage", (r) => r.fulfill({ status: 200, contentType: "application/json", body: JSON.stringify({
+      teamID: "team-1", from: "2026-11-01T00:00:00Z", to: "2026-11-26T00:00:00Z",
+      totals: { cpuSeconds: 12.5, memoryGiBSeconds: 3.25, diskGiBHours: 0.5, snapshotGiBHours: 0.125, egressBytes: 4096 },
+      sandboxes: [{ sandboxID: "isbx1", templateID: evil, cpuSeconds: 12.5, memoryGiBSeconds: 3.25, diskGiBHours: 0.5, egressBytes: 4096 }],
+    }) }));
+    await page.goto(base + "/dashboard/#templates");
+    await page.goto(base + "/dashboard/#usage");
+    await page.waitForSelector("main table");
+    const usageText = await page.textContent("main");
+    for (const want of ["team-1", "12.5", "3.3", "4096", "isbx1", evil]) assert.ok(usageText.includes(want), `usage page shows ${want}: ${usageText}`);
+    assert.equal(await page.locator("main img, main script").count(), 0);
+    assert.equal(await page.evaluate(() => window.__pwned), undefined);
+    await page.unroute("**/usage");
+
+    // Templates with their builds: base is listed, its build log opens.
+    await page.goto(base + "/dashboard/#templates");
+    await page.waitForSelector("main table tbody tr");
+    assert.ok(await page.$$eval("main table td", (tds) => tds.some((td) => td.textContent.split(", ").includes("base"))), "base is listed");
+    const logButton = page.locator("main table button").first();
+    if (await logButton.count()) {
+      await logButton.click();
+      await page.waitForFunction(() => { const l = document.getElementById("build-log"); return !l.hidden && !l.textContent.endsWith("loading…"); });
+      problems.splice(0, problems.length, ...problems.filter((p) => !(p.includes("404") && p.includes("/builds/"))));
+    }
+    await page.screenshot({ path: join(shots, "templates.png"), fullPage: true });
+
     assert.deepEqual(problems, [], "no script errors or CSP violations");
   } finally {
     await browser.close();

@@ -306,12 +306,25 @@ function table(headers, rows) {
 }
 
 async function templates(main) {
+  const log = h("pre", { id: "build-log", className: "panel mono", hidden: true });
   main.append(h("h2", {}, "Templates"));
+  const showLog = async (t) => {
+    log.hidden = false;
+    log.textContent = `build ${t.buildID} of ${t.templateID}: loading…`;
+    try {
+      const r = await api(`/templates/${encodeURIComponent(t.templateID)}/builds/${encodeURIComponent(t.buildID)}/logs`);
+      const lines = (r.logs || []).map((e) => `${e.timestamp} ${e.level}${e.step ? " [" + e.step + "]" : ""} ${e.message}`);
+      log.textContent = `build ${t.buildID} of ${t.templateID} (${t.buildStatus})\n` + (lines.join("\n") || "(no log lines)");
+    } catch (err) {
+      log.textContent = `build ${t.buildID} of ${t.templateID}: ${err.status === 404 ? "no build log on this server (built in, or built before it kept logs)" : err.message}`;
+    }
+  };
   try {
     const list = await api("/templates");
-    main.append(table(["Template", "Names", "Build", "Status", "Builds", "CPU / MiB / disk MiB", "Spawns", "Updated"],
+    main.append(table(["Template", "Names", "Build", "Status", "Builds", "CPU / MiB / disk MiB", "Spawns", "Updated", ""],
       list.map((t) => [h("span", { className: "mono" }, t.templateID), (t.names || t.aliases || []).join(", "), h("span", { className: "mono" }, t.buildID), t.buildStatus,
-        String(t.buildCount), `${t.cpuCount} / ${t.memoryMB} / ${t.diskSizeMB}`, String(t.spawnCount), t.updatedAt])));
+        String(t.buildCount), `${t.cpuCount} / ${t.memoryMB} / ${t.diskSizeMB}`, String(t.spawnCount), t.updatedAt,
+        t.buildID ? h("button", { type: "button", onclick: () => showLog(t) }, "Build log") : ""])), log);
   } catch (err) { showError(err.message); }
 }
 
