@@ -72,7 +72,7 @@ test("dashboard: log in, sandbox, terminal, files, plot, audit log", { timeout: 
     await page.waitForFunction((want) => document.getElementById("terminal").screenText().split("\n").some((l) => l.trim() === want), `hello-${token}`, { timeout: 30_000 });
 
     // Upload a file, then download it and compare the bytes.
-    const data = randomBytes(200_000);
+    const data = randomBytes(9_000_000); // over 8 MiB: streamed, not buffered
     await page.fill("#dir", "/tmp");
     await page.setInputFiles("#upload", { name: "dash-upload.bin", mimeType: "application/octet-stream", buffer: data });
     const btn = page.locator('#file-rows button[data-path="/tmp/dash-upload.bin"]');

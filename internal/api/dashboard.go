@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -31,7 +32,7 @@ const (
 	// never the URL); the server never echoes it back.
 	terminalProtocol  = "agentbox.terminal"
 	keyProtocolPrefix = "agentbox.key."
-	maxUploadBytes    = 8 << 20 // envd's file API reads at most this much
+	maxUploadBytes    = 1 << 30
 )
 
 func (s *Server) dashboardRoutes(mux *http.ServeMux, auth func(string, http.HandlerFunc)) {
@@ -142,28 +143,29 @@ func (s *Server) dashDownload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer done()
-	data, err := s.mgr.Envd(sb).ReadFile(live, p, "")
+	rc, size, err := s.mgr.Envd(sb).OpenFile(live, p, "")
 	if err != nil {
 		s.log.Info("dashboard download", "sandbox", sb.ID, "err", err)
 		writeError(w, fmt.Errorf("cannot read %q in the sandbox (no such file, a directory, or not readable): %w", p, errdefs.ErrNotFound))
 		return
 	}
+	defer rc.Close()
 	// Always an attachment of opaque bytes: a file a sandbox wrote must
 	// never render as a page of the dashboard's origin.
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Disposition", "attachment")
-	w.Write(data)
+	if size >= 0 {
+		w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+	}
+	if _, err := io.Copy(w, rc); err != nil {
+		s.log.Info("dashboard download cut", "sandbox", sb.ID, "err", err)
+	}
 }
 
 func (s *Server) dashUpload(w http.ResponseWriter, r *http.Request) {
 	p, err := dashPath(r)
 	if err != nil {
 		writeError(w, err)
-		return
-	}
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxUploadBytes))
-	if err != nil {
-		writeError(w, invalid("body: the file must be at most %d bytes", maxUploadBytes))
 		return
 	}
 	sb, live, done, err := s.dashSandbox(r)
@@ -173,16 +175,34 @@ func (s *Server) dashUpload(w http.ResponseWriter, r *http.Request) {
 	}
 	defer done()
 	key := keyOf(r.Context())
-	ev := audit.Event{SandboxID: sb.ID, TeamID: sb.TeamID, APIKeyID: key.ID, Kind: audit.KindFile, Action: "write", Decision: audit.Allowed, Fields: map[string]any{"path": p, "bytes": len(data), "via": "dashboard"}}
-	if err := s.mgr.Envd(sb).WriteFile(live, p, "", data); err != nil {
-		ev.Decision, ev.Reason = audit.Denied, "envd refused the write"
+	body := &countingReader{r: http.MaxBytesReader(w, r.Body, maxUploadBytes)}
+	ev := audit.Event{SandboxID: sb.ID, TeamID: sb.TeamID, APIKeyID: key.ID, Kind: audit.KindFile, Action: "write", Decision: audit.Allowed, Fields: map[string]any{"path": p, "via": "dashboard"}}
+	err = s.mgr.Envd(sb).WriteFileFrom(live, p, "", body)
+	ev.Fields["bytes"] = body.n
+	if err != nil {
+		ev.Decision, ev.Reason = audit.Denied, "the write failed"
 		s.record(r.Context(), ev)
 		s.log.Info("dashboard upload", "sandbox", sb.ID, "err", err)
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			writeError(w, fmt.Errorf("body: the file is over the limit of %d bytes: %w", maxUploadBytes, errdefs.ErrTooLarge))
+			return
+		}
 		writeError(w, fmt.Errorf("cannot write %q in the sandbox (a directory, or not writable): %w", p, errdefs.ErrInvalidArgument))
 		return
 	}
 	s.record(r.Context(), ev)
 	w.WriteHeader(http.StatusNoContent)
+}
+
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
 }
 
 func (s *Server) record(ctx context.Context, ev audit.Event) {
