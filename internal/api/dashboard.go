@@ -231,6 +231,7 @@ func (s *Server) dashTerminal(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer c.CloseNow()
+	c.SetReadLimit(1 << 20) // a large paste is one message
 	if c.Subprotocol() != terminalProtocol {
 		c.Close(websocket.StatusPolicyViolation, "offer the "+terminalProtocol+" subprotocol")
 		return
