@@ -78,6 +78,7 @@ type Manager struct {
 	// an error fails the build there, as if the step had failed.
 	stepHook func(path, step string) error
 	obs      Observer // measurements (SetObserver); never nil
+	meter    Meter    // usage (SetMeter); nil: not metered
 }
 
 // New makes a manager. Call Reconcile before serving, then Run.
@@ -248,9 +249,13 @@ func (m *Manager) Kill(ctx context.Context, teamID, id string) error {
 		m.mu.Unlock()
 		return err
 	}
+	running := sb.State == StateRunning
 	sb.State = StateKilling
 	snapshot := clone(sb)
 	m.mu.Unlock()
+	if running {
+		m.meterLast(ctx, snapshot)
+	}
 	return m.destroy(context.WithoutCancel(ctx), snapshot, "killed")
 }
 

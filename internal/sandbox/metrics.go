@@ -28,6 +28,7 @@ type series struct {
 const keepSamples = 720
 
 func (m *Manager) sample(ctx context.Context) {
+	stats := map[string]runtime.Stats{}
 	for _, sb := range m.Running() {
 		st, err := m.rt.Stats(ctx, sb.ID)
 		if err != nil {
@@ -35,7 +36,9 @@ func (m *Manager) sample(ctx context.Context) {
 			continue
 		}
 		m.record(sb, st)
+		stats[sb.ID] = st
 	}
+	m.meterTick(ctx, stats)
 }
 
 func (m *Manager) record(sb *Sandbox, st runtime.Stats) Metric {
