@@ -24,7 +24,7 @@ type Config struct {
 	MaxTimeout     time.Duration // longest allowed lifetime from now
 	EnvdReadyWait  time.Duration // how long to wait for envd after the container starts
 	ReapInterval   time.Duration // how often expired sandboxes are looked for
-	SampleInterval time.Duration // how often metrics are sampled
+	SampleInterval time.Duration // how often metrics are sampled; default DefaultSampleInterval
 	HealthInterval time.Duration // how often every sandbox's envd is checked
 	Quota          Quota         // the most a create may ask for, unless the team has its own (quota.go)
 	// MaxCommandLifetime caps every command's run time (cmdlife.go).
@@ -42,7 +42,7 @@ func (c *Config) defaults() {
 		c.ReapInterval = time.Second
 	}
 	if c.SampleInterval == 0 {
-		c.SampleInterval = 5 * time.Second
+		c.SampleInterval = DefaultSampleInterval
 	}
 	if c.HealthInterval == 0 {
 		c.HealthInterval = 30 * time.Second

@@ -102,3 +102,28 @@ func (m *Manager) Metrics(ctx context.Context, teamID, id string, start, end tim
 	}
 	return out, nil
 }
+
+// Latest is the newest sample of one running team sandbox.
+type Latest struct {
+	ID, TeamID string
+	CPUSeconds float64 // cumulative, since the sandbox's cgroup was made
+	MemUsed    uint64  // bytes, page cache excluded
+	DiskUsed   uint64  // bytes of the writable layer
+}
+
+// LatestSamples returns the newest sample of every running team sandbox
+// (warm-pool members and build sandboxes left out).
+func (m *Manager) LatestSamples() []Latest {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Latest, 0, len(m.metrics))
+	for id, s := range m.metrics {
+		sb, ok := m.sandboxes[id]
+		if !ok || !metered(sb) || sb.State != StateRunning || s.last.Timestamp.IsZero() {
+			continue
+		}
+		out = append(out, Latest{ID: id, TeamID: sb.TeamID, CPUSeconds: float64(s.last.CPUUsageNanos) / 1e9,
+			MemUsed: s.last.MemoryUsed, DiskUsed: s.last.DiskUsed})
+	}
+	return out
+}

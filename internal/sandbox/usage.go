@@ -8,6 +8,10 @@ import (
 	"github.com/agentbox/agentbox/internal/usage"
 )
 
+// DefaultSampleInterval is how often running sandboxes' cgroups are read
+// for metrics and usage.
+const DefaultSampleInterval = 5 * time.Second
+
 // Meter receives usage observations (internal/usage.Meter is one).
 type Meter interface {
 	// Observe is every metered sandbox and snapshot at one sampling tick.
