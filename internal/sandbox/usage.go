@@ -29,7 +29,7 @@ func (m *Manager) SetMeter(u Meter) { m.meter = u }
 func metered(sb *Sandbox) bool { return sb.TeamID != poolTeam && sb.TeamID != "" && sb.BuildID == "" }
 
 func sandboxObservation(sb *Sandbox, at time.Time) usage.Observation {
-	return usage.Observation{Kind: usage.KindSandbox, ID: sb.ID, TeamID: sb.TeamID, TemplateID: sb.TemplateID, At: at}
+	return usage.Observation{Kind: usage.KindSandbox, ID: sb.ID, TeamID: sb.TeamID, TemplateID: sb.TemplateID, At: at, Since: sb.StartedAt}
 }
 
 func withStats(o usage.Observation, st runtime.Stats) usage.Observation {

@@ -33,6 +33,10 @@ type Observation struct {
 	CPUNanos   uint64 // cumulative CPU time of the sandbox's cgroup (running only)
 	MemBytes   uint64 // memory in use, page cache excluded (running only)
 	DiskBytes  uint64 // writable layer, or the snapshot's size; 0 = unknown (keep the last)
+	// Since is when the sandbox started (its cgroup counts from zero
+	// there): a sandbox first seen running that started after the meter
+	// did accrues from then, so a short burst before the first tick counts.
+	Since time.Time
 }
 
 // Amount is usage accrued over some interval.
@@ -99,9 +103,10 @@ type Store interface {
 // Meter accrues observations and egress bytes and flushes them to the
 // store. Safe for concurrent use.
 type Meter struct {
-	store  Store
-	maxGap time.Duration
-	log    *slog.Logger
+	store   Store
+	maxGap  time.Duration
+	log     *slog.Logger
+	started time.Time
 
 	mu       sync.Mutex
 	last     map[string]Observation // by Kind+"/"+ID
@@ -112,7 +117,7 @@ type Meter struct {
 // NewMeter returns a meter for observations about interval apart.
 func NewMeter(store Store, interval time.Duration, log *slog.Logger) *Meter {
 	return &Meter{
-		store: store, maxGap: 10 * interval, log: log,
+		store: store, maxGap: 10 * interval, log: log, started: time.Now(),
 		last: map[string]Observation{}, pending: map[Key]*Row{}, template: map[string]string{},
 	}
 }
@@ -149,6 +154,10 @@ func (m *Meter) ObserveOne(o Observation) {
 func (m *Meter) observeLocked(o Observation) {
 	k := o.Kind + "/" + o.ID
 	prev, ok := m.last[k]
+	if !ok && o.Kind == KindSandbox && o.Running && o.Since.After(m.started) {
+		// Started while this meter ran: nothing of it was metered yet.
+		prev, ok = Observation{Kind: o.Kind, ID: o.ID, TeamID: o.TeamID, At: o.Since, Running: true}, true
+	}
 	if ok && !o.At.After(prev.At) {
 		// Stale: a pause or removal observed it later already.
 		return

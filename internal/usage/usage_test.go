@@ -106,3 +106,32 @@ func TestMeterPausedAccruesDiskOnly(t *testing.T) {
 		t.Errorf("after a gap: cpu %v, want still 30", got.CPUSeconds)
 	}
 }
+
+// A sandbox that started while the meter ran counts from its start, so a
+// burst before its first tick is not lost; one that started before (the
+// server restarted) counts only from its first observation.
+func TestMeterFirstObservation(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		since time.Duration // relative to the meter's start
+		cpu   float64
+	}{
+		{"started under this meter", time.Second, 3},
+		{"started before it", -time.Hour, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &memStore{rows: map[Key]Amount{}, tpl: map[Key]string{}}
+			m := NewMeter(st, time.Minute, slog.New(slog.DiscardHandler))
+			since := m.started.Add(tc.since)
+			m.Observe(context.Background(), []Observation{{Kind: KindSandbox, ID: "s", TeamID: "a", Running: true,
+				Since: since, At: m.started.Add(2 * time.Second), CPUNanos: 3e9, MemBytes: gib}})
+			var cpu float64
+			for _, a := range st.rows {
+				cpu += a.CPUSeconds
+			}
+			if cpu != tc.cpu {
+				t.Errorf("cpu %v, want %v", cpu, tc.cpu)
+			}
+		})
+	}
+}
