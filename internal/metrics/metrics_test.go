@@ -18,7 +18,7 @@ type source struct{ n int }
 func (s source) LatestSamples() []sandbox.Latest {
 	out := []sandbox.Latest{}
 	for i := range s.n {
-		out = append(out, sandbox.Latest{ID: fmt.Sprintf("sb%03d", i), TeamID: "team-a", CPUSeconds: 1.5, MemUsed: 1 << 20, DiskUsed: 4096})
+		out = append(out, sandbox.Latest{ID: fmt.Sprintf("sb%03d", i), TeamID: "team-a", Sampled: true, CPUSeconds: 1.5, MemUsed: 1 << 20, DiskUsed: 4096})
 	}
 	return out
 }

@@ -110,9 +110,11 @@ func (c *sandboxCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	for _, s := range shown {
-		ch <- prometheus.MustNewConstMetric(c.cpu, prometheus.CounterValue, s.CPUSeconds, s.ID, s.TeamID)
-		ch <- prometheus.MustNewConstMetric(c.mem, prometheus.GaugeValue, float64(s.MemUsed), s.ID, s.TeamID)
-		ch <- prometheus.MustNewConstMetric(c.disk, prometheus.GaugeValue, float64(s.DiskUsed), s.ID, s.TeamID)
+		if s.Sampled {
+			ch <- prometheus.MustNewConstMetric(c.cpu, prometheus.CounterValue, s.CPUSeconds, s.ID, s.TeamID)
+			ch <- prometheus.MustNewConstMetric(c.mem, prometheus.GaugeValue, float64(s.MemUsed), s.ID, s.TeamID)
+			ch <- prometheus.MustNewConstMetric(c.disk, prometheus.GaugeValue, float64(s.DiskUsed), s.ID, s.TeamID)
+		}
 		b := c.bytes[s.ID]
 		if b == nil {
 			b = &netBytes{}

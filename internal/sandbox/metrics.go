@@ -106,6 +106,7 @@ func (m *Manager) Metrics(ctx context.Context, teamID, id string, start, end tim
 // Latest is the newest sample of one running team sandbox.
 type Latest struct {
 	ID, TeamID string
+	Sampled    bool    // false: not sampled yet, the figures below are zero
 	CPUSeconds float64 // cumulative, since the sandbox's cgroup was made
 	MemUsed    uint64  // bytes, page cache excluded
 	DiskUsed   uint64  // bytes of the writable layer
@@ -116,14 +117,16 @@ type Latest struct {
 func (m *Manager) LatestSamples() []Latest {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]Latest, 0, len(m.metrics))
-	for id, s := range m.metrics {
-		sb, ok := m.sandboxes[id]
-		if !ok || !metered(sb) || sb.State != StateRunning || s.last.Timestamp.IsZero() {
+	out := make([]Latest, 0, len(m.sandboxes))
+	for id, sb := range m.sandboxes {
+		if !metered(sb) || sb.State != StateRunning {
 			continue
 		}
-		out = append(out, Latest{ID: id, TeamID: sb.TeamID, CPUSeconds: float64(s.last.CPUUsageNanos) / 1e9,
-			MemUsed: s.last.MemoryUsed, DiskUsed: s.last.DiskUsed})
+		l := Latest{ID: id, TeamID: sb.TeamID}
+		if s := m.metrics[id]; s != nil && !s.last.Timestamp.IsZero() {
+			l.Sampled, l.CPUSeconds, l.MemUsed, l.DiskUsed = true, float64(s.last.CPUUsageNanos)/1e9, s.last.MemoryUsed, s.last.DiskUsed
+		}
+		out = append(out, l)
 	}
 	return out
 }

@@ -17,7 +17,7 @@ type Meter interface {
 	// Observe is every metered sandbox and snapshot at one sampling tick.
 	Observe(ctx context.Context, obs []usage.Observation)
 	// ObserveOne is one sandbox's last figures before it pauses or goes.
-	ObserveOne(o usage.Observation)
+	ObserveOne(ctx context.Context, o usage.Observation)
 }
 
 // SetMeter sends usage observations to u at each sampling tick. Call
@@ -84,5 +84,5 @@ func (m *Manager) meterLast(ctx context.Context, sb *Sandbox) {
 	if err != nil {
 		return
 	}
-	m.meter.ObserveOne(withStats(sandboxObservation(sb, time.Now()), st))
+	m.meter.ObserveOne(ctx, withStats(sandboxObservation(sb, time.Now()), st))
 }

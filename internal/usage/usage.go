@@ -143,12 +143,13 @@ func (m *Meter) Observe(ctx context.Context, obs []Observation) {
 	m.Flush(ctx)
 }
 
-// ObserveOne accrues one observation outside a tick: the last figures of a
-// sandbox about to pause or be removed.
-func (m *Meter) ObserveOne(o Observation) {
+// ObserveOne accrues and flushes one observation outside a tick: the last
+// figures of a sandbox about to pause or be removed, stored before it does.
+func (m *Meter) ObserveOne(ctx context.Context, o Observation) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.observeLocked(o)
+	m.mu.Unlock()
+	m.Flush(ctx)
 }
 
 func (m *Meter) observeLocked(o Observation) {
