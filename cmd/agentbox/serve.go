@@ -39,6 +39,7 @@ import (
 	"github.com/agentbox/agentbox/internal/seccomprules"
 	"github.com/agentbox/agentbox/internal/store"
 	"github.com/agentbox/agentbox/internal/template"
+	"github.com/agentbox/agentbox/internal/tracing"
 	"github.com/agentbox/agentbox/internal/usage"
 	"github.com/agentbox/agentbox/internal/volume"
 )
@@ -417,6 +418,18 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	mets := metrics.New(mgr)
 	mets.SetMaxSandboxSeries(c.MetricsMaxSB)
 	mgr.SetObserver(mets)
+	tracer, stopTracing, err := tracing.Setup(ctx, os.Getenv) // off unless OTEL_* ask
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := stopTracing(sctx); err != nil {
+			log.Warn("flush traces", "err", err)
+		}
+	}()
+	mgr.SetTracer(tracer)
 	meter := usage.NewMeter(st, sandbox.DefaultSampleInterval, log)
 	mgr.SetMeter(meter)
 	eg.SetObserver(egressFanout{mets: mets, meter: meter}) // serve_metering.go

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/envdclient"
 	"github.com/agentbox/agentbox/internal/errdefs"
@@ -77,8 +79,9 @@ type Manager struct {
 	// stepHook, when set (tests), runs after each pipeline step succeeds;
 	// an error fails the build there, as if the step had failed.
 	stepHook func(path, step string) error
-	obs      Observer // measurements (SetObserver); never nil
-	meter    Meter    // usage (SetMeter); nil: not metered
+	obs      Observer     // measurements (SetObserver); never nil
+	meter    Meter        // usage (SetMeter); nil: not metered
+	tracer   trace.Tracer // start pipelines (SetTracer); nil: not traced
 }
 
 // New makes a manager. Call Reconcile before serving, then Run.
