@@ -145,3 +145,37 @@ func TestSandboxSeriesCap(t *testing.T) {
 		}
 	}
 }
+
+// A sandbox not sampled yet has no CPU, memory or disk series, but its
+// network bytes are kept from its first connection; a sandbox gone is
+// dropped.
+type unsampled struct {
+	source
+	gone bool
+}
+
+func (u *unsampled) LatestSamples() []sandbox.Latest {
+	if u.gone {
+		return nil
+	}
+	return []sandbox.Latest{{ID: "fresh", TeamID: "t"}}
+}
+
+func TestUnsampledSandbox(t *testing.T) {
+	src := &unsampled{}
+	m := New(src)
+	m.EgressDone(egress.Decision{TeamID: "t", SandboxID: "fresh", Allowed: true, Reason: "default", Received: 10})
+	_, body := scrape(t, m.Handler(""), "")
+	if strings.Contains(body, `agentbox_sandbox_cpu_seconds_total{sandbox="fresh"`) {
+		t.Error("an unsampled sandbox has a CPU series")
+	}
+	want := `agentbox_sandbox_network_bytes_total{direction="in",sandbox="fresh",team="t"} 10`
+	if !strings.Contains(body, want) {
+		t.Errorf("scrape lacks %s", want)
+	}
+	src.gone = true
+	_, body = scrape(t, m.Handler(""), "")
+	if strings.Contains(body, `sandbox="fresh"`) {
+		t.Error("a removed sandbox keeps its series")
+	}
+}
