@@ -44,7 +44,8 @@ type sandboxUsage struct {
 
 // TestUsageMetering runs a server of its own with a fake internet: a
 // sandbox burning CPU accrues vCPU-seconds that grow with more work, a
-// download through the egress proxy shows as egress bytes, a paused
+// download through the egress proxy shows as egress bytes, a snapshot
+// accrues snapshot GiB-hours, a gVisor sandbox is metered too, a paused
 // sandbox accrues no CPU or memory, the totals survive the sandbox's
 // removal and a server restart, and the server's /metrics shows the
 // per-sandbox, egress and lifecycle series after that activity.
@@ -129,7 +130,14 @@ func TestUsageMetering(t *testing.T) {
 	}
 	waitFor("the download's egress bytes", func(u usageReply) bool { return of(u, id).EgressBytes >= 8<<20 })
 
-	code, b, err := s.Do(ctx, s.APIKey, http.MethodPost, "/sandboxes/"+id+"/pause", nil)
+	// A snapshot accrues snapshot GiB-hours while it is kept.
+	code, b, err := s.Do(ctx, s.APIKey, http.MethodPost, "/sandboxes/"+id+"/snapshots", map[string]any{})
+	if err != nil || code != http.StatusCreated {
+		t.Fatalf("snapshot: %d %s %v", code, b, err)
+	}
+	waitFor("snapshot GiB-hours", func(u usageReply) bool { return u.Totals.SnapshotGiBHours > 0 })
+
+	code, b, err = s.Do(ctx, s.APIKey, http.MethodPost, "/sandboxes/"+id+"/pause", nil)
 	if err != nil || code != http.StatusNoContent {
 		t.Fatalf("pause: %d %s %v", code, b, err)
 	}
@@ -160,6 +168,17 @@ func TestUsageMetering(t *testing.T) {
 	old := time.Now().Add(-72 * time.Hour).UTC().Format(time.RFC3339)
 	if u := get("/usage?from=" + old + "&to=" + old); len(u.Sandboxes) != 0 || u.Totals.CPUSeconds != 0 {
 		t.Errorf("usage of a past window: %+v", u)
+	}
+
+	// The gVisor tier is metered from its cgroup too.
+	gv, err := c.Create(ctx, wire.CreateRequest{TemplateID: "base", Timeout: 120, Metadata: map[string]string{"agentbox.isolation": "gvisor"}})
+	if err != nil {
+		t.Fatalf("create on gvisor: %v", err)
+	}
+	run(gv, "timeout 3 sh -c 'while :; do :; done'; true")
+	waitFor("CPU of a busy gVisor sandbox", func(u usageReply) bool { return of(u, gv.SandboxID).CPUSeconds > 0.5 && of(u, gv.SandboxID).MemoryGiBSeconds > 0 })
+	if err := c.Kill(ctx, gv.SandboxID); err != nil {
+		t.Errorf("kill the gvisor sandbox: %v", err)
 	}
 
 	// The operator's scrape after all that (a fresh sandbox for the
