@@ -176,7 +176,9 @@ func TestUsageMetering(t *testing.T) {
 		t.Fatalf("create on gvisor: %v", err)
 	}
 	run(gv, "timeout 3 sh -c 'while :; do :; done'; true")
-	waitFor("CPU of a busy gVisor sandbox", func(u usageReply) bool { return of(u, gv.SandboxID).CPUSeconds > 0.5 && of(u, gv.SandboxID).MemoryGiBSeconds > 0 })
+	waitFor("CPU of a busy gVisor sandbox", func(u usageReply) bool {
+		return of(u, gv.SandboxID).CPUSeconds > 0.5 && of(u, gv.SandboxID).MemoryGiBSeconds > 0
+	})
 	if err := c.Kill(ctx, gv.SandboxID); err != nil {
 		t.Errorf("kill the gvisor sandbox: %v", err)
 	}
