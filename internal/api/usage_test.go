@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/json"
 	"net/url"
 	"strings"
 	"testing"
@@ -51,5 +52,30 @@ func TestUsageResponseSplitsSnapshots(t *testing.T) {
 	}
 	if empty := usageResponse("t", time.Time{}, time.Time{}, nil); empty.Sandboxes == nil {
 		t.Error("no rows: sandboxes must be [] on the wire, not null")
+	}
+}
+
+// TestUsageWireJSON pins the bytes of GET /usage: the dashboard parses them.
+func TestUsageWireJSON(t *testing.T) {
+	t0 := time.Date(2026, 3, 4, 5, 0, 0, 0, time.UTC)
+	rows := []usage.Row{{Key: usage.Key{Kind: usage.KindSandbox, ID: "i1"}, TemplateID: "tpl1",
+		Amount: usage.Amount{CPUSeconds: 1.5, MemoryGiBSeconds: 2.25, DiskGiBHours: 0.5, EgressBytes: 1024}}}
+	for _, tc := range []struct {
+		name string
+		v    any
+		want string
+	}{
+		{"usage", usageResponse("team-a", t0, t0.Add(time.Hour), rows),
+			`{"teamID":"team-a","from":"2026-03-04T05:00:00Z","to":"2026-03-04T06:00:00Z","totals":{"cpuSeconds":1.5,"memoryGiBSeconds":2.25,"diskGiBHours":0.5,"snapshotGiBHours":0,"egressBytes":1024},"sandboxes":[{"sandboxID":"i1","templateID":"tpl1","cpuSeconds":1.5,"memoryGiBSeconds":2.25,"diskGiBHours":0.5,"egressBytes":1024}]}`},
+		{"no usage", usageResponse("team-a", t0, t0, nil),
+			`{"teamID":"team-a","from":"2026-03-04T05:00:00Z","to":"2026-03-04T05:00:00Z","totals":{"cpuSeconds":0,"memoryGiBSeconds":0,"diskGiBHours":0,"snapshotGiBHours":0,"egressBytes":0},"sandboxes":[]}`},
+	} {
+		b, err := json.Marshal(tc.v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(b) != tc.want {
+			t.Errorf("%s:\n got %s\nwant %s", tc.name, b, tc.want)
+		}
 	}
 }
