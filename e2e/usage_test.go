@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -164,6 +165,28 @@ func TestUsageMetering(t *testing.T) {
 	if u := get("/teams/" + team + "/usage"); of(u, id).CPUSeconds != after.CPUSeconds {
 		t.Errorf("GET /teams/%s/usage differs from GET /usage: %+v", team, of(u, id))
 	}
+	// The CLI prints the same figures.
+	cli := func(args ...string) (string, error) {
+		cmd := exec.CommandContext(ctx, s.Bin, args...)
+		cmd.Env = s.Env(s.APIKey)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := cli("usage"); err != nil || !strings.Contains(out, id) || !strings.Contains(out, "TOTAL") {
+		t.Errorf("agentbox usage: %v\n%s", err, out)
+	}
+	out, err := cli("usage", "--json")
+	var viaCLI usageReply
+	if err == nil {
+		err = json.Unmarshal([]byte(out), &viaCLI)
+	}
+	if err != nil || of(viaCLI, id).CPUSeconds != after.CPUSeconds {
+		t.Errorf("agentbox usage --json: %v\n%s", err, out)
+	}
+	if out, err := cli("usage", "--from", "yesterday"); err == nil || !strings.Contains(out, "--from") {
+		t.Errorf("agentbox usage --from yesterday: %v %s; want an error naming --from", err, out)
+	}
+
 	// A window before the sandbox existed holds none of it.
 	old := time.Now().Add(-72 * time.Hour).UTC().Format(time.RFC3339)
 	if u := get("/usage?from=" + old + "&to=" + old); len(u.Sandboxes) != 0 || u.Totals.CPUSeconds != 0 {
