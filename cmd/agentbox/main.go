@@ -71,6 +71,7 @@ $AGENTBOX_API_KEY, $E2B_API_KEY, or the file apikey in $AGENTBOX_DATA_DIR
 		newRunCmd(),
 		newHookCmd(),
 		newMCPCmd(),
+		newUsageCmd(),
 	)
 	return root
 }

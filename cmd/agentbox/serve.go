@@ -39,6 +39,8 @@ import (
 	"github.com/agentbox/agentbox/internal/seccomprules"
 	"github.com/agentbox/agentbox/internal/store"
 	"github.com/agentbox/agentbox/internal/template"
+	"github.com/agentbox/agentbox/internal/tracing"
+	"github.com/agentbox/agentbox/internal/usage"
 	"github.com/agentbox/agentbox/internal/volume"
 )
 
@@ -65,6 +67,7 @@ type serveConfig struct {
 	LogFormat       string
 	MetricsToken    string
 	MetricsListen   string
+	MetricsMaxSB    int
 	ConfigFile      string
 	TrustedProxies  []string
 	VolumeSizeMB    int
@@ -128,6 +131,7 @@ which wins over the file.`,
 	f.BoolVar(&c.BuildBase, "build-base", true, "build the base template at start if it is missing")
 	f.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&c.MetricsToken, "metrics-token", "", "serve Prometheus metrics at /metrics on --listen to requests with \"Authorization: Bearer <this token>\" (or set AGENTBOX_METRICS_TOKEN); without it /metrics there is off")
+	f.IntVar(&c.MetricsMaxSB, "metrics-max-sandboxes", metrics.DefaultMaxSandboxSeries, "export per-sandbox CPU, memory, disk and network series for at most this many running sandboxes (the rest are counted in agentbox_sandbox_series_omitted); 0 turns them off")
 	f.StringVar(&c.MetricsListen, "metrics-listen", "", "also serve Prometheus metrics, without a token, at /metrics on this address (keep it private, e.g. 127.0.0.1:9090)")
 	f.StringVar(&c.LogFormat, "log-format", "text", "text (key=value) or json (one object per line, for log collectors)")
 	f.StringVar(&c.ConfigFile, "config", "", "JSON config file with flag names as keys")
@@ -413,7 +417,23 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	}
 	mgr.SetAudit(audit.New(st, append(auditOpts, audit.WithLogger(log))...))
 	mets := metrics.New(mgr)
+	mets.SetMaxSandboxSeries(c.MetricsMaxSB)
 	mgr.SetObserver(mets)
+	tracer, stopTracing, err := tracing.Setup(ctx, os.Getenv) // off unless OTEL_* ask
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := stopTracing(sctx); err != nil {
+			log.Warn("flush traces", "err", err)
+		}
+	}()
+	mgr.SetTracer(tracer)
+	meter := usage.NewMeter(st, sandbox.DefaultSampleInterval, log)
+	mgr.SetMeter(meter)
+	eg.SetObserver(egressFanout{mets: mets, meter: meter}) // serve_metering.go
 	if err := enableLifecycle(mgr, c); err != nil {
 		return err
 	}
@@ -452,6 +472,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	builds.SetObserver(mets.BuildDone)
 	apiSrv.SetBuilds(builds)
 	apiSrv.SetTunneler(gw)
 	proxies, err := parseTrustedProxies(c.TrustedProxies)

@@ -112,6 +112,7 @@ func (s *Server) Handler() http.Handler {
 	s.networkRoutes(auth)
 	s.logsRoutes(auth)
 	s.lifecycleRoutes(auth)
+	s.usageRoutes(auth) // usage.go
 	auth("GET /templates", s.listTemplates)
 	auth("GET /templates/{id}", s.getTemplate)
 	auth("GET /templates/aliases/{alias}", s.templateAlias)

@@ -89,6 +89,7 @@ type Server struct {
 	byIP  map[netip.Addr]*binding
 	byID  map[string]*binding
 	local localAddrs
+	obs   Observer // SetObserver; nil: none
 	wg    sync.WaitGroup
 }
 

@@ -35,6 +35,7 @@ type connEvent struct {
 }
 
 func (s *Server) record(ctx context.Context, e *connEvent, action string, extra map[string]any) {
+	s.observe(e)
 	if s.cfg.Audit == nil {
 		return
 	}

@@ -1,6 +1,7 @@
 // Package metrics exports the server's measurements in Prometheus format:
 // start pipelines by path, tier and template (and by step), lifecycle
-// operations, sandboxes by state and the warm pools, plus the Go runtime
+// operations, sandboxes by state and the warm pools, egress decisions and
+// bytes, template builds, per-sandbox figures (capped), plus the Go runtime
 // and process collectors. It owns its registry (nothing global).
 package metrics
 
@@ -22,6 +23,7 @@ import (
 type Source interface {
 	StateCounts() []sandbox.StateCount
 	Pools() []sandbox.PoolStats
+	LatestSamples() []sandbox.Latest
 }
 
 // MaxTemplates caps the template label's values: templates beyond it are
@@ -36,6 +38,11 @@ type Metrics struct {
 	steps     *prometheus.HistogramVec
 	lifecycle *prometheus.HistogramVec
 	gateway   *prometheus.CounterVec
+
+	egressDecisions *prometheus.CounterVec
+	egressBytes     *prometheus.CounterVec
+	builds          *prometheus.HistogramVec
+	perSandbox      *sandboxCollector
 
 	mu        sync.Mutex
 	templates map[string]bool
@@ -71,8 +78,22 @@ func New(src Source) *Metrics {
 			Name: "agentbox_gateway_requests_total",
 			Help: "Requests the data-plane gateway answered, by target (envd, interpreter, port) and status class.",
 		}, []string{"target", "code"}),
+		egressDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentbox_egress_decisions_total",
+			Help: "Sandbox connections and proxied requests the egress proxy decided, by decision (allow, deny) and reason class (allow_out, deny_out, default, limit, error, other).",
+		}, []string{"decision", "reason"}),
+		egressBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentbox_egress_bytes_total",
+			Help: "Bytes through the egress proxy, by direction (out: sandbox to destination; in: back), counted when a connection or request ends.",
+		}, []string{"direction"}),
+		builds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "agentbox_template_build_seconds",
+			Help:    "Time of a template build (all its steps), by result.",
+			Buckets: []float64{1, 5, 10, 30, 60, 120, 300, 600, 1200, 3600},
+		}, []string{"result"}),
+		perSandbox: newSandboxCollector(src),
 	}
-	m.reg.MustRegister(m.create, m.steps, m.lifecycle, m.gateway,
+	m.reg.MustRegister(m.create, m.steps, m.lifecycle, m.gateway, m.egressDecisions, m.egressBytes, m.builds, m.perSandbox,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		newStateCollector(src))
 	return m

@@ -9,10 +9,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentbox/agentbox/internal/egress"
 	"github.com/agentbox/agentbox/internal/sandbox"
 )
 
-type source struct{}
+type source struct{ n int }
+
+func (s source) LatestSamples() []sandbox.Latest {
+	out := []sandbox.Latest{}
+	for i := range s.n {
+		out = append(out, sandbox.Latest{ID: fmt.Sprintf("sb%03d", i), TeamID: "team-a", Sampled: true, CPUSeconds: 1.5, MemUsed: 1 << 20, DiskUsed: 4096})
+	}
+	return out
+}
 
 func (source) StateCounts() []sandbox.StateCount {
 	return []sandbox.StateCount{{State: sandbox.StateRunning, Isolation: "container", Count: 3}, {State: sandbox.StatePaused, Isolation: "gvisor", Count: 1}}
@@ -91,5 +100,82 @@ func TestTemplateLabelCap(t *testing.T) {
 	_, body := scrape(t, m.Handler(""), "")
 	if n := strings.Count(body, "agentbox_sandbox_start_seconds_count{"); n != MaxTemplates+1 {
 		t.Errorf("%d start series, want %d (the cap plus other)", n, MaxTemplates+1)
+	}
+}
+
+func TestEgressAndBuilds(t *testing.T) {
+	m := New(source{n: 1})
+	m.EgressDone(egress.Decision{TeamID: "team-a", SandboxID: "sb000", Allowed: true, Reason: "default", Sent: 100, Received: 5000})
+	m.EgressDone(egress.Decision{TeamID: "team-a", SandboxID: "sb000", Reason: "deny_out"})
+	m.BuildDone(true, 42*time.Second)
+	_, body := scrape(t, m.Handler(""), "")
+	for _, want := range []string{
+		`agentbox_egress_decisions_total{decision="allow",reason="default"} 1`,
+		`agentbox_egress_decisions_total{decision="deny",reason="deny_out"} 1`,
+		`agentbox_egress_bytes_total{direction="in"} 5000`,
+		`agentbox_egress_bytes_total{direction="out"} 100`,
+		`agentbox_template_build_seconds_count{result="ok"} 1`,
+		`agentbox_sandbox_cpu_seconds_total{sandbox="sb000",team="team-a"} 1.5`,
+		`agentbox_sandbox_memory_bytes{sandbox="sb000",team="team-a"} 1.048576e+06`,
+		`agentbox_sandbox_disk_bytes{sandbox="sb000",team="team-a"} 4096`,
+		`agentbox_sandbox_network_bytes_total{direction="in",sandbox="sb000",team="team-a"} 5000`,
+		`agentbox_sandbox_series_omitted 0`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("scrape lacks %s", want)
+		}
+	}
+}
+
+// Per-sandbox series stop at the cap; the rest are counted, not exported.
+func TestSandboxSeriesCap(t *testing.T) {
+	for _, tc := range []struct{ sandboxes, max, series, omitted int }{
+		{3, 10, 3, 0},
+		{30, 10, 10, 20},
+		{5, 0, 0, -1},
+	} {
+		m := New(source{n: tc.sandboxes})
+		m.SetMaxSandboxSeries(tc.max)
+		_, body := scrape(t, m.Handler(""), "")
+		if n := strings.Count(body, "agentbox_sandbox_memory_bytes{"); n != tc.series {
+			t.Errorf("%d sandboxes, cap %d: %d series, want %d", tc.sandboxes, tc.max, n, tc.series)
+		}
+		if tc.omitted >= 0 && !strings.Contains(body, fmt.Sprintf("agentbox_sandbox_series_omitted %d\n", tc.omitted)) {
+			t.Errorf("%d sandboxes, cap %d: omitted count not %d", tc.sandboxes, tc.max, tc.omitted)
+		}
+	}
+}
+
+// A sandbox not sampled yet has no CPU, memory or disk series, but its
+// network bytes are kept from its first connection; a sandbox gone is
+// dropped.
+type unsampled struct {
+	source
+	gone bool
+}
+
+func (u *unsampled) LatestSamples() []sandbox.Latest {
+	if u.gone {
+		return nil
+	}
+	return []sandbox.Latest{{ID: "fresh", TeamID: "t"}}
+}
+
+func TestUnsampledSandbox(t *testing.T) {
+	src := &unsampled{}
+	m := New(src)
+	m.EgressDone(egress.Decision{TeamID: "t", SandboxID: "fresh", Allowed: true, Reason: "default", Received: 10})
+	_, body := scrape(t, m.Handler(""), "")
+	if strings.Contains(body, `agentbox_sandbox_cpu_seconds_total{sandbox="fresh"`) {
+		t.Error("an unsampled sandbox has a CPU series")
+	}
+	want := `agentbox_sandbox_network_bytes_total{direction="in",sandbox="fresh",team="t"} 10`
+	if !strings.Contains(body, want) {
+		t.Errorf("scrape lacks %s", want)
+	}
+	src.gone = true
+	_, body = scrape(t, m.Handler(""), "")
+	if strings.Contains(body, `sandbox="fresh"`) {
+		t.Error("a removed sandbox keeps its series")
 	}
 }

@@ -269,6 +269,7 @@ func (m *Manager) pause(ctx context.Context, teamID, id string, expired, memory 
 	if err != nil {
 		return err
 	}
+	m.meterLast(ctx, prev)
 	m.fault("pause:persisted")
 	if err := m.thaw(ctx, id); err != nil {
 		m.rollback(ctx, prev)

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/envdclient"
 	"github.com/agentbox/agentbox/internal/errdefs"
@@ -24,7 +26,7 @@ type Config struct {
 	MaxTimeout     time.Duration // longest allowed lifetime from now
 	EnvdReadyWait  time.Duration // how long to wait for envd after the container starts
 	ReapInterval   time.Duration // how often expired sandboxes are looked for
-	SampleInterval time.Duration // how often metrics are sampled
+	SampleInterval time.Duration // how often metrics are sampled; default DefaultSampleInterval
 	HealthInterval time.Duration // how often every sandbox's envd is checked
 	Quota          Quota         // the most a create may ask for, unless the team has its own (quota.go)
 	// MaxCommandLifetime caps every command's run time (cmdlife.go).
@@ -42,7 +44,7 @@ func (c *Config) defaults() {
 		c.ReapInterval = time.Second
 	}
 	if c.SampleInterval == 0 {
-		c.SampleInterval = 5 * time.Second
+		c.SampleInterval = DefaultSampleInterval
 	}
 	if c.HealthInterval == 0 {
 		c.HealthInterval = 30 * time.Second
@@ -77,7 +79,9 @@ type Manager struct {
 	// stepHook, when set (tests), runs after each pipeline step succeeds;
 	// an error fails the build there, as if the step had failed.
 	stepHook func(path, step string) error
-	obs      Observer // measurements (SetObserver); never nil
+	obs      Observer     // measurements (SetObserver); never nil
+	meter    Meter        // usage (SetMeter); nil: not metered
+	tracer   trace.Tracer // start pipelines (SetTracer); nil: not traced
 }
 
 // New makes a manager. Call Reconcile before serving, then Run.
@@ -248,9 +252,13 @@ func (m *Manager) Kill(ctx context.Context, teamID, id string) error {
 		m.mu.Unlock()
 		return err
 	}
+	running := sb.State == StateRunning
 	sb.State = StateKilling
 	snapshot := clone(sb)
 	m.mu.Unlock()
+	if running {
+		m.meterLast(ctx, snapshot)
+	}
 	return m.destroy(context.WithoutCancel(ctx), snapshot, "killed")
 }
 

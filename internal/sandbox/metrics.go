@@ -28,6 +28,7 @@ type series struct {
 const keepSamples = 720
 
 func (m *Manager) sample(ctx context.Context) {
+	stats := map[string]runtime.Stats{}
 	for _, sb := range m.Running() {
 		st, err := m.rt.Stats(ctx, sb.ID)
 		if err != nil {
@@ -35,7 +36,9 @@ func (m *Manager) sample(ctx context.Context) {
 			continue
 		}
 		m.record(sb, st)
+		stats[sb.ID] = st
 	}
+	m.meterTick(ctx, stats)
 }
 
 func (m *Manager) record(sb *Sandbox, st runtime.Stats) Metric {
@@ -98,4 +101,32 @@ func (m *Manager) Metrics(ctx context.Context, teamID, id string, start, end tim
 		out = append(out, pt)
 	}
 	return out, nil
+}
+
+// Latest is the newest sample of one running team sandbox.
+type Latest struct {
+	ID, TeamID string
+	Sampled    bool    // false: not sampled yet, the figures below are zero
+	CPUSeconds float64 // cumulative, since the sandbox's cgroup was made
+	MemUsed    uint64  // bytes, page cache excluded
+	DiskUsed   uint64  // bytes of the writable layer
+}
+
+// LatestSamples returns the newest sample of every running team sandbox
+// (warm-pool members and build sandboxes left out).
+func (m *Manager) LatestSamples() []Latest {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Latest, 0, len(m.sandboxes))
+	for id, sb := range m.sandboxes {
+		if !metered(sb) || sb.State != StateRunning {
+			continue
+		}
+		l := Latest{ID: id, TeamID: sb.TeamID}
+		if s := m.metrics[id]; s != nil && !s.last.Timestamp.IsZero() {
+			l.Sampled, l.CPUSeconds, l.MemUsed, l.DiskUsed = true, float64(s.last.CPUUsageNanos)/1e9, s.last.MemoryUsed, s.last.DiskUsed
+		}
+		out = append(out, l)
+	}
+	return out
 }

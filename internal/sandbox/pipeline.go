@@ -164,12 +164,14 @@ var errNoClaim = errors.New("no warm sandbox for this request")
 
 // run runs p for b. On failure it undoes what the steps made, writes a
 // failure audit event naming the step, and returns the step's error.
-func (m *Manager) run(ctx context.Context, p pipeline, b *build) (*Sandbox, error) {
+func (m *Manager) run(ctx context.Context, p pipeline, b *build) (_ *Sandbox, err error) {
 	defer func() {
 		for _, f := range slices.Backward(b.release) {
 			f()
 		}
 	}()
+	ctx, span := m.traceRun(ctx, b) // trace.go; nil when not tracing
+	defer func() { endSpan(span, b, err) }()
 	start := time.Now()
 	sctx := context.WithoutCancel(ctx)
 	for _, s := range p {
@@ -177,12 +179,14 @@ func (m *Manager) run(ctx context.Context, p pipeline, b *build) (*Sandbox, erro
 		if s.name == StepReserve || s.name == StepResolve {
 			c = ctx
 		}
+		c, stepSpan := m.traceStep(c, s.name)
 		t := time.Now()
 		err := s.run(m, c, b)
 		b.took[s.name] = time.Since(t)
 		if err == nil && m.stepHook != nil {
 			err = m.stepHook(b.path, s.name)
 		}
+		endSpan(stepSpan, nil, err)
 		if err != nil {
 			b.failed = s.name
 			if uerr := b.undo.Run(sctx); uerr != nil {

@@ -82,7 +82,7 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	// One writer at a time is what SQLite does anyway; a single connection
 	// avoids SQLITE_BUSY between our own goroutines.
 	db.SetMaxOpenConns(1)
-	if _, err := db.ExecContext(ctx, schema+volumeSchema); err != nil {
+	if _, err := db.ExecContext(ctx, schema+volumeSchema+usageSchema); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("init schema in %s: %w", path, err)
 	}

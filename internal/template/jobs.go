@@ -53,7 +53,14 @@ type Builds struct {
 
 	mu   sync.Mutex
 	jobs map[string]*Job // by build ID
+
+	// done, when set (SetObserver), hears how each build ended and took.
+	done func(ok bool, took time.Duration)
 }
+
+// SetObserver makes every finished build call done (metrics). Call before
+// serving.
+func (b *Builds) SetObserver(done func(ok bool, took time.Duration)) { b.done = done }
 
 // Job is one build.
 type Job struct {
@@ -306,8 +313,12 @@ func (b *Builds) Start(ctx context.Context, team, templateID, buildID string, sp
 	go func() {
 		defer cancel()
 		j.logf("info", "Building template %s:%s (%s)", j.Name, j.Tag, j.TemplateID)
+		began := time.Now()
 		tpl, err := b.store.BuildFromSpec(bctx, spec, j)
 		j.finish(tpl, err)
+		if b.done != nil {
+			b.done(err == nil, time.Since(began))
+		}
 		if err != nil {
 			b.log.Warn("template build failed", "template", j.TemplateID, "build", j.BuildID, "team", team, "err", err)
 		}

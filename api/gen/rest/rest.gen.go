@@ -610,6 +610,16 @@ type SandboxNetworkUpdate struct {
 	Rules map[string][]SandboxNetworkRule `json:"rules,omitempty"`
 }
 
+// SandboxUsage One sandbox's usage over a window (removed sandboxes included).
+type SandboxUsage struct {
+	SandboxID        string  `json:"sandboxID"`
+	TemplateID       string  `json:"templateID"`
+	CPUSeconds       float64 `json:"cpuSeconds"`
+	MemoryGiBSeconds float64 `json:"memoryGiBSeconds"`
+	DiskGiBHours     float64 `json:"diskGiBHours"`
+	EgressBytes      int64   `json:"egressBytes"`
+}
+
 // SandboxVolumeMount A team volume mounted in a sandbox.
 type SandboxVolumeMount struct {
 	// Name The volume's name.
@@ -662,6 +672,21 @@ type SnapshotRequest struct {
 
 	// Memory false snapshots the files only (agentbox extension); default true.
 	Memory *bool `json:"memory,omitempty"`
+}
+
+// TeamUsage A team's metered usage between from and to.
+type TeamUsage struct {
+	TeamID string `json:"teamID"`
+
+	// From Start of the window as asked (rows are hourly).
+	From time.Time `json:"from"`
+	To   time.Time `json:"to"`
+
+	// Totals A team's usage summed over a window.
+	Totals UsageTotals `json:"totals"`
+
+	// Sandboxes Per sandbox, by sandbox id.
+	Sandboxes []SandboxUsage `json:"sandboxes"`
 }
 
 // TeamUser E2B's user of a team.
@@ -904,6 +929,24 @@ type TimeoutRequest struct {
 	Timeout *int64 `json:"timeout,omitempty"`
 }
 
+// UsageTotals A team's usage summed over a window.
+type UsageTotals struct {
+	// CPUSeconds vCPU-seconds used while running, from cgroup CPU accounting.
+	CPUSeconds float64 `json:"cpuSeconds"`
+
+	// MemoryGiBSeconds GiB-seconds of memory in use while running (page cache excluded).
+	MemoryGiBSeconds float64 `json:"memoryGiBSeconds"`
+
+	// DiskGiBHours GiB-hours of sandboxes' writable layers, running or paused.
+	DiskGiBHours float64 `json:"diskGiBHours"`
+
+	// SnapshotGiBHours GiB-hours of stored snapshots.
+	SnapshotGiBHours float64 `json:"snapshotGiBHours"`
+
+	// EgressBytes Bytes through the egress proxy, both directions.
+	EgressBytes int64 `json:"egressBytes"`
+}
+
 // Volume A team volume.
 type Volume struct {
 	// VolumeID ID of the volume.
@@ -1009,6 +1052,12 @@ type StateFilter = []string
 // TemplateID defines model for templateID.
 type TemplateID = string
 
+// UsageFrom defines model for usageFrom.
+type UsageFrom = time.Time
+
+// UsageTo defines model for usageTo.
+type UsageTo = time.Time
+
 // VolumeForce defines model for volumeForce.
 type VolumeForce = bool
 
@@ -1087,6 +1136,15 @@ type GetSnapshotsParams struct {
 	NextToken *string `form:"nextToken,omitempty" json:"nextToken,omitempty"`
 }
 
+// GetTeamsTeamIDUsageParams defines parameters for GetTeamsTeamIDUsage.
+type GetTeamsTeamIDUsageParams struct {
+	// From Start of the window, RFC 3339; default 30 days before `to`.
+	From *UsageFrom `form:"from,omitempty" json:"from,omitempty"`
+
+	// To End of the window, RFC 3339, not before `from`; default now.
+	To *UsageTo `form:"to,omitempty" json:"to,omitempty"`
+}
+
 // GetTemplatesTemplateIDBuildsBuildIDStatusParams defines parameters for GetTemplatesTemplateIDBuildsBuildIDStatus.
 type GetTemplatesTemplateIDBuildsBuildIDStatusParams struct {
 	// LogsOffset Skip this many log entries; default 0.
@@ -1107,6 +1165,15 @@ type GetTemplatesTemplateIDFilesHashParams struct {
 
 // GetTemplatesTemplateIDFilesHashParamsVerify defines parameters for GetTemplatesTemplateIDFilesHash.
 type GetTemplatesTemplateIDFilesHashParamsVerify string
+
+// GetUsageParams defines parameters for GetUsage.
+type GetUsageParams struct {
+	// From Start of the window, RFC 3339; default 30 days before `to`.
+	From *UsageFrom `form:"from,omitempty" json:"from,omitempty"`
+
+	// To End of the window, RFC 3339, not before `from`; default now.
+	To *UsageTo `form:"to,omitempty" json:"to,omitempty"`
+}
 
 // GetV2SandboxesParams defines parameters for GetV2Sandboxes.
 type GetV2SandboxesParams struct {
