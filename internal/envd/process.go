@@ -201,6 +201,9 @@ func (s *Server) startProcess(ctx context.Context, u *User, req *process.StartRe
 	}
 	s.mu.RUnlock()
 	var statusW, controlR *os.File
+	var readers []io.ReadCloser
+	var kinds []string
+	handed := false // to a spare reaper (spare_linux.go)
 	if s.reaper != "" {
 		// Under the reaper (reaper_linux.go), which leads the session.
 		var err error
@@ -215,9 +218,11 @@ func (s *Server) startProcess(ctx context.Context, u *User, req *process.StartRe
 			return nil, nil, err
 		}
 		p.status = bufio.NewReader(p.statusF)
-		cmd.ExtraFiles = []*os.File{statusW, controlR}
-		cmd.Args = append([]string{s.reaper, "reap", "--", cmd.Path}, cmd.Args[1:]...)
-		cmd.Path = s.reaper
+		if readers, kinds, handed = s.startOnSpare(cmd, req, p, statusW, controlR); !handed {
+			cmd.ExtraFiles = []*os.File{statusW, controlR}
+			cmd.Args = append([]string{s.reaper, "reap", "--", cmd.Path}, cmd.Args[1:]...)
+			cmd.Path = s.reaper
+		}
 	}
 	closeReaperPipes := func(all bool) {
 		if statusW != nil {
@@ -230,9 +235,9 @@ func (s *Server) startProcess(ctx context.Context, u *User, req *process.StartRe
 		}
 	}
 
-	var readers []io.ReadCloser
-	var kinds []string
-	if req.Pty != nil {
+	switch {
+	case handed:
+	case req.Pty != nil:
 		size := req.Pty.GetSize()
 		ws := &pty.Winsize{Cols: 80, Rows: 24}
 		if size.GetCols() > 0 && size.GetRows() > 0 {
@@ -247,7 +252,7 @@ func (s *Server) startProcess(ctx context.Context, u *User, req *process.StartRe
 		}
 		p.tty = tty
 		readers, kinds = []io.ReadCloser{tty}, []string{"pty"}
-	} else {
+	default:
 		files, err := s.startPiped(cmd, req.Stdin == nil || *req.Stdin, p)
 		if err != nil {
 			closeReaperPipes(true)
@@ -256,14 +261,14 @@ func (s *Server) startProcess(ctx context.Context, u *User, req *process.StartRe
 		}
 		readers, kinds = files, []string{"stdout", "stderr"}
 	}
-	p.pid = uint32(cmd.Process.Pid)
+	p.pid = uint32(p.cmd.Process.Pid)
 	if statusW != nil {
 		closeReaperPipes(false)
-		p.reaperPid = cmd.Process.Pid
+		p.reaperPid = p.cmd.Process.Pid
 		pid, err := reaperStarted(p.status)
 		if err != nil {
 			// The reaper could not start the command: no process to report.
-			_ = cmd.Wait()
+			_ = p.cmd.Wait()
 			for _, r := range readers {
 				r.Close()
 			}

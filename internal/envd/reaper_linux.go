@@ -36,6 +36,11 @@ const (
 
 // RunReaper is "envd reap -- argv...". It returns the reaper's exit code.
 func RunReaper(argv []string) int {
+	return runReaper(argv, os.Environ())
+}
+
+// runReaper reaps argv run with env; the pipes to envd are on fds 3 and 4.
+func runReaper(argv, env []string) int {
 	status := os.NewFile(reaperStatusFD, "status")
 	control := os.NewFile(reaperControlFD, "control")
 	if len(argv) == 0 || status == nil || control == nil {
@@ -53,7 +58,7 @@ func RunReaper(argv []string) int {
 	// reset to their defaults in the command by execve.
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
-	p, err := os.StartProcess(argv[0], argv, &os.ProcAttr{Env: os.Environ(), Files: []*os.File{os.Stdin, os.Stdout, os.Stderr}})
+	p, err := os.StartProcess(argv[0], argv, &os.ProcAttr{Env: env, Files: []*os.File{os.Stdin, os.Stdout, os.Stderr}})
 	if err != nil {
 		fmt.Fprintf(status, "err %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
 		return 127
