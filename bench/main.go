@@ -37,7 +37,7 @@ func main() {
 	tiers := flag.String("tiers", "container,gvisor", "isolation: comma-separated isolation tiers to measure")
 	idle := flag.Int("idle", 10, "isolation: idle sandboxes per tier (the memory figure; the neighbour latency needs 4)")
 	echoes := flag.Int("echoes", 30, "isolation: neighbour echo samples per phase")
-	scenario := flag.String("scenario", "server", "server: the server against the raw floor; isolation: start latency, memory per idle sandbox and neighbour latency per isolation tier; interpreter: runCode latency, first context after create and idle kernel memory (--template defaults to code-interpreter-v1, --creates to 5)")
+	scenario := flag.String("scenario", "server", "server: the server against the raw floor; isolation: start latency, memory per idle sandbox and neighbour latency per isolation tier; interpreter: runCode latency, first context after create and idle kernel memory (--template defaults to code-interpreter-v1, --creates to 5); commands: command round trip per tier (--tiers, --commands samples) against its floor, sampled alternately")
 	flag.Parse()
 	if cfg.APIURL == "" || cfg.APIKey == "" {
 		fmt.Fprintln(os.Stderr, "bench: --api-url and --api-key (or E2B_API_URL, E2B_API_KEY) are required")
@@ -58,6 +58,14 @@ func main() {
 			}
 		})
 		if err := benchmark.RunInterpreter(ctx, icfg, os.Stdout, log); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *scenario == "commands" {
+		ccfg := benchmark.CommandsConfig{APIURL: cfg.APIURL, APIKey: cfg.APIKey, Template: cfg.Template, TemplateDir: cfg.TemplateDir, Tiers: strings.Split(*tiers, ","), Samples: cfg.Commands}
+		if err := benchmark.RunCommands(ctx, ccfg, os.Stdout, log); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)
 		}
