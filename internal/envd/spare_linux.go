@@ -23,9 +23,11 @@ import (
 // reaper started ahead ("envd reap --spare"): it waits on a socket for its
 // command (argv, env, cwd, credentials, stdio and its two pipes to envd),
 // takes the command's session, terminal and user, then reaps it like any
-// reaper. The next spare starts off the critical path, after a command took
-// the last one; an unused spare ends after spareIdle so an idle sandbox keeps
-// no extra process.
+// reaper. The next spare starts off the critical path once commands come in
+// succession (a command took the last spare, or came within spareIdle of the
+// one before): a sandbox that ran one command keeps no spare, and an unused
+// spare ends after spareIdle, so idle sandboxes keep no extra process (each
+// costs memory and a handful of host pids).
 //
 // The spare is a fresh exec of envd started by the server: it holds no
 // secret (envd's token lives only in the server's memory). Until it takes a
@@ -74,10 +76,11 @@ type spares struct {
 	starting bool
 	closed   bool
 	idle     *time.Timer
+	last     time.Time // of the previous take
 }
 
 // take returns the spare, or nil when none is ready, and starts the next one
-// in the background.
+// in the background when commands come in succession.
 func (sp *spares) take() *spareReaper {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
@@ -87,7 +90,10 @@ func (sp *spares) take() *spareReaper {
 		sp.idle.Stop()
 		sp.idle = nil
 	}
-	if !sp.starting && !sp.closed && sp.exe != "" {
+	now := time.Now()
+	succession := r != nil || (!sp.last.IsZero() && now.Sub(sp.last) < spareIdle)
+	sp.last = now
+	if succession && !sp.starting && !sp.closed && sp.exe != "" {
 		sp.starting = true
 		go sp.refill()
 	}

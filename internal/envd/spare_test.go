@@ -68,7 +68,14 @@ func TestSpareReaperRunsCommandsLikeAFreshOne(t *testing.T) {
 	for _, spare := range []bool{false, true} {
 		if spare {
 			e.srv.spares = &spares{exe: e.srv.reaper}
-			run(t, c, startReq("true")) // starts the first spare
+			run(t, c, startReq("true"))
+			e.srv.spares.mu.Lock()
+			one := e.srv.spares.spare != nil || e.srv.spares.starting
+			e.srv.spares.mu.Unlock()
+			if one {
+				t.Fatal("one command started a spare reaper: every sandbox that ran a command would keep an extra process")
+			}
+			run(t, c, startReq("true")) // in succession: starts the first spare
 		}
 		for _, tt := range tests {
 			t.Run(map[bool]string{false: "fresh/", true: "spare/"}[spare]+tt.name, func(t *testing.T) {
