@@ -159,6 +159,7 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.initialized = true
+	s.spares.forget()
 	if req.EnvVars != nil {
 		s.envVars = maps.Clone(req.EnvVars)
 	}

@@ -126,6 +126,23 @@ func (sp *spares) refill() {
 	})
 }
 
+// forget starts over as if no command had run: /init starts a sandbox (or
+// one restored from a snapshot taken amid commands), which has no commands
+// in succession yet.
+func (sp *spares) forget() {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	sp.last = time.Time{}
+	if sp.spare != nil {
+		sp.spare.discard()
+		sp.spare = nil
+	}
+	if sp.idle != nil {
+		sp.idle.Stop()
+		sp.idle = nil
+	}
+}
+
 // close ends the parked spare and starts no more.
 func (sp *spares) close() {
 	sp.mu.Lock()

@@ -1,6 +1,7 @@
 package envd
 
 import (
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -114,5 +115,20 @@ func TestSpareReaperRunsCommandsLikeAFreshOne(t *testing.T) {
 				}
 			})
 		}
+	}
+
+	// A sandbox started again (/init, also after a restore from a snapshot
+	// taken amid commands) keeps no spare until commands come in succession.
+	run(t, c, startReq("true"))
+	waitSpare(t, e.srv)
+	if resp := e.do("POST", "/init", jsonBody(map[string]any{}), nil); resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("init: %d", resp.StatusCode)
+	}
+	run(t, c, startReq("true"))
+	e.srv.spares.mu.Lock()
+	kept := e.srv.spares.spare != nil || e.srv.spares.starting
+	e.srv.spares.mu.Unlock()
+	if kept {
+		t.Error("a spare reaper outlived /init, or the first command after it started one")
 	}
 }
