@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -169,6 +170,10 @@ func startSpare(exe string) (*spareReaper, error) {
 		ours.Close()
 		return nil, fmt.Errorf("start spare reaper: %w", err)
 	}
+	// A spare starts while the command that took the last one runs, on
+	// the sandbox's few CPUs: at the lowest priority it does not slow that
+	// command down. It takes the normal priority back with its command.
+	_ = unix.Setpriority(unix.PRIO_PROCESS, cmd.Process.Pid, 19)
 	return &spareReaper{cmd: cmd, sock: ours}, nil
 }
 
@@ -256,6 +261,12 @@ func RunSpareReaper() int {
 		fmt.Fprintf(status, "err %s\n", strings.ReplaceAll(fmt.Sprintf(format, a...), "\n", " "))
 		return 127
 	}
+	// Back to the normal priority (envd's: 0) from the lowest it started
+	// at, on every thread: threads keep their own nice value, and the
+	// command inherits that of the thread that forks it, this one.
+	runtime.LockOSThread()
+	_ = unix.Setpriority(unix.PRIO_PROCESS, 0, 0)
+	_, _, _ = syscall.AllThreadsSyscall(syscall.SYS_SETPRIORITY, unix.PRIO_PROCESS, 0, 0)
 	var req spareRequest
 	if err := json.Unmarshal(buf[:n], &req); err != nil || len(req.Argv) == 0 {
 		return fail("spare reaper: malformed request")

@@ -19,7 +19,7 @@ const whoAmI = `s=$(cat /proc/$$/stat); s=${s##*) }; set -- $s
 echo "reaper=$(tr '\0' ' ' </proc/$2/cmdline)"
 [ "$3" = "$2" ] && [ "$4" = "$2" ] && echo "leads=yes"
 [ "$5" != 0 ] && [ "$6" = "$3" ] && echo "ctty=yes"
-echo "id=$(id -u) $(id -G) cwd=$PWD v=$V"`
+echo "id=$(id -u) $(id -G) cwd=$PWD v=$V nice=$(cut -d' ' -f19 /proc/$$/stat)"`
 
 // waitSpare waits until the server has a spare reaper parked.
 func waitSpare(t *testing.T, s *Server) {
@@ -56,9 +56,9 @@ func TestSpareReaperRunsCommandsLikeAFreshOne(t *testing.T) {
 		wantCode int32
 	}{
 		{name: "default user", req: startReq(whoAmI+"; exit 3", func(r *process.StartRequest) { r.Process.Envs = map[string]string{"V": "x y"} }),
-			wantOut: []string{"leads=yes", "id=12345 12345 23456 cwd=" + e.home + " v=x y"}, wantCode: 3},
+			wantOut: []string{"leads=yes", "id=12345 12345 23456 cwd=" + e.home + " v=x y nice=0"}, wantCode: 3},
 		{name: "root and cwd", req: withHeader(startReq(whoAmI, func(r *process.StartRequest) { r.Process.Cwd = &cwd }), "Authorization", "Basic cm9vdDo="),
-			wantOut: []string{"leads=yes", "id=0 0 cwd=/tmp v="}},
+			wantOut: []string{"leads=yes", "id=0 0 cwd=/tmp v= nice=0"}},
 		{name: "stdin", req: startReq("read -r l; echo got=$l", func(r *process.StartRequest) { r.Stdin = &yes }), input: "hello\n",
 			wantOut: []string{"got=hello"}},
 		{name: "terminal", req: connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", whoAmI}}, Pty: &process.PTY{Size: &process.PTY_Size{Cols: 80, Rows: 24}}}),
