@@ -68,7 +68,7 @@ func RunLifecycle(ctx context.Context, cfg LifecycleConfig, w io.Writer, log *sl
 		if ferr != nil {
 			log.Warn("raw criu floor", "err", ferr)
 		}
-		pause, resume, first, err := pauseResume(ctx, c, cfg, mb)
+		pause, resume, first, inCRIU, err := pauseResume(ctx, c, cfg, mb)
 		if err != nil {
 			fmt.Fprintf(tw, "pause/resume %d MB resident\terror: %s\t\t\n", mb, firstLine(err.Error()))
 			continue
@@ -81,6 +81,9 @@ func RunLifecycle(ctx context.Context, cfg LifecycleConfig, w io.Writer, log *sl
 		}
 		fl, note := floorOf(dump)
 		fmt.Fprintf(tw, "pause %d MB resident (p50/p95 of %d; target ≤1.3x raw criu dump)\t%s\t%s%s\t%s\n", mb, len(pause), pair(pct(pause, 50), pct(pause, 95)), fl, note, ratioIf(ferr, pct(pause, 50), pct(dump, 50)))
+		if len(inCRIU) > 0 {
+			fmt.Fprintf(tw, "pause %d MB: CRIU's own dump of the sandbox's tree inside it (p50/p95, from its dump.log)\t%s\t\t%s of the pause\n", mb, pair(pct(inCRIU, 50), pct(inCRIU, 95)), fmt.Sprintf("%.0f%%", 100*pct(inCRIU, 50).Seconds()/pct(pause, 50).Seconds()))
+		}
 		fl, note = floorOf(restore)
 		fmt.Fprintf(tw, "resume %d MB resident (p50/p95; target ≤1.3x raw criu restore)\t%s\t%s%s\t%s\n", mb, pair(pct(resume, 50), pct(resume, 95)), fl, note, ratioIf(ferr, pct(resume, 50), pct(restore, 50)))
 		fmt.Fprintf(tw, "resume %d MB → first command answered (p50/p95)\t%s\t\t\n", mb, pair(pct(first, 50), pct(first, 95)))
@@ -137,36 +140,39 @@ func apiJSON(ctx context.Context, cfg LifecycleConfig, method, path string, body
 
 // pauseResume creates a sandbox whose python3 holds mb MiB, then pauses and
 // resumes it cfg.Cycles times; first is resume start → a command answered.
-func pauseResume(ctx context.Context, c *wire.Client, cfg LifecycleConfig, mb int) (pause, resume, first []time.Duration, err error) {
+func pauseResume(ctx context.Context, c *wire.Client, cfg LifecycleConfig, mb int) (pause, resume, first, inCRIU []time.Duration, err error) {
 	var sb wire.Sandbox
 	if err := apiJSON(ctx, cfg, http.MethodPost, "/v2/sandboxes", map[string]any{"templateID": cfg.Template, "timeout": 1200, "memoryMB": max(512, 2*mb), "metadata": map[string]string{"bench": "lifecycle"}}, &sb); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	defer func() { _ = c.Kill(context.WithoutCancel(ctx), sb.SandboxID) }()
 	hog := fmt.Sprintf(memHog, mb)
 	if _, err := c.Run(ctx, &sb, "", fmt.Sprintf("nohup python3 -c %q /tmp/ready >/dev/null 2>&1 &", hog)); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	if err := waitReady(ctx, c, &sb); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	for range cfg.Cycles {
 		t := time.Now()
 		if err := apiJSON(ctx, cfg, http.MethodPost, "/sandboxes/"+sb.SandboxID+"/pause", nil, nil); err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		pause = append(pause, time.Since(t))
+		if d, ok := lastCRIUDump(cfg.ImageDir); ok {
+			inCRIU = append(inCRIU, d)
+		}
 		t = time.Now()
 		if err := apiJSON(ctx, cfg, http.MethodPost, "/v2/sandboxes/"+sb.SandboxID+"/connect", map[string]any{"timeout": 1200}, nil); err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		resume = append(resume, time.Since(t))
 		if r, err := c.Run(ctx, &sb, "", "cat /tmp/ready"); err != nil || r.Stdout != "1" {
-			return nil, nil, nil, fmt.Errorf("first command after resume: %v (stdout %q)", err, r.Stdout)
+			return nil, nil, nil, nil, fmt.Errorf("first command after resume: %v (stdout %q)", err, r.Stdout)
 		}
 		first = append(first, time.Since(t))
 	}
-	return pause, resume, first, nil
+	return pause, resume, first, inCRIU, nil
 }
 
 func waitReady(ctx context.Context, c *wire.Client, sb *wire.Sandbox) error {
@@ -308,4 +314,30 @@ func forkVsRestore(ctx context.Context, c *wire.Client, cfg LifecycleConfig) (re
 		return 0, 0, 0, fmt.Errorf("fork: %w", firstErr)
 	}
 	return pct(rs, 50), fork, ok, nil
+}
+
+// lastCRIUDump reads how long CRIU took in the newest dump log under the
+// server's data dir: its last line's elapsed-time stamp.
+func lastCRIUDump(dataDir string) (time.Duration, bool) {
+	logs, _ := filepath.Glob(filepath.Join(dataDir, "sandboxes", "*", "criu-work", "dump.log"))
+	var newest string
+	var at time.Time
+	for _, l := range logs {
+		if fi, err := os.Stat(l); err == nil && fi.ModTime().After(at) {
+			newest, at = l, fi.ModTime()
+		}
+	}
+	if newest == "" {
+		return 0, false
+	}
+	last := tail(newest) // "(00.171205) Dumping finished successfully"
+	end := strings.IndexByte(last, ')')
+	if !strings.HasPrefix(last, "(") || end < 0 {
+		return 0, false
+	}
+	sec, err := strconv.ParseFloat(strings.TrimSpace(last[1:end]), 64)
+	if err != nil {
+		return 0, false
+	}
+	return time.Duration(sec * float64(time.Second)), true
 }

@@ -154,6 +154,12 @@ func keepaliveInterval(h interface{ Get(string) string }) time.Duration {
 // startProcess starts req as user u. The process's lifetime is bounded by
 // ctx's deadline (Connect-Timeout-Ms) but not by ctx's cancellation.
 func (s *Server) startProcess(ctx context.Context, u *User, req *process.StartRequest) (*proc, *subscriber, error) {
+	return s.startProcessOn(ctx, u, req, true)
+}
+
+// startProcessOn is startProcess; spare says whether a spare reaper
+// (spare_linux.go) may take the command.
+func (s *Server) startProcessOn(ctx context.Context, u *User, req *process.StartRequest, spare bool) (*proc, *subscriber, error) {
 	cfg := req.GetProcess()
 	if cfg.GetCmd() == "" {
 		return nil, nil, fmt.Errorf("process.cmd is empty: %w", errdefs.ErrInvalidArgument)
@@ -218,7 +224,10 @@ func (s *Server) startProcess(ctx context.Context, u *User, req *process.StartRe
 			return nil, nil, err
 		}
 		p.status = bufio.NewReader(p.statusF)
-		if readers, kinds, handed = s.startOnSpare(cmd, req, p, statusW, controlR); !handed {
+		if spare {
+			readers, kinds, handed = s.startOnSpare(cmd, req, p, statusW, controlR)
+		}
+		if !handed {
 			cmd.ExtraFiles = []*os.File{statusW, controlR}
 			cmd.Args = append([]string{s.reaper, "reap", "--", cmd.Path}, cmd.Args[1:]...)
 			cmd.Path = s.reaper
@@ -278,6 +287,13 @@ func (s *Server) startProcess(ctx context.Context, u *User, req *process.StartRe
 			p.statusF.Close()
 			p.control.Close()
 			cancel()
+			if handed && errors.Is(err, io.EOF) {
+				// The spare died before it took the command (it reports
+				// the pid as soon as the command is forked): start it
+				// under a reaper of its own instead.
+				s.log.Warn("spare reaper ended before starting its command; starting it anew", "reaper", p.cmd.ProcessState.String(), "cmd", cfg.GetCmd())
+				return s.startProcessOn(ctx, u, req, false)
+			}
 			code := errdefs.ErrInvalidArgument
 			if strings.Contains(err.Error(), "no such file") {
 				code = errdefs.ErrNotFound

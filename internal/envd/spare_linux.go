@@ -166,6 +166,7 @@ func startSpare(exe string) (*spareReaper, error) {
 	cmd := exec.Command(exe, "reap", "--spare")
 	cmd.Env = []string{}
 	cmd.ExtraFiles = []*os.File{theirs}
+	cmd.Stderr = os.Stderr // a Go runtime failure before it takes a command
 	if err := cmd.Start(); err != nil {
 		ours.Close()
 		return nil, fmt.Errorf("start spare reaper: %w", err)
@@ -200,7 +201,7 @@ func (r *spareReaper) hand(req *spareRequest, files []*os.File) error {
 		for i, f := range files {
 			fds[i] = int(f.Fd())
 		}
-		err = unix.Sendmsg(int(r.sock.Fd()), b, unix.UnixRights(fds...), nil, 0)
+		err = unix.Sendmsg(int(r.sock.Fd()), b, unix.UnixRights(fds...), nil, unix.MSG_NOSIGNAL)
 	}
 	r.sock.Close()
 	if err != nil {

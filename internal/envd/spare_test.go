@@ -2,7 +2,10 @@ package envd
 
 import (
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -130,5 +133,44 @@ func TestSpareReaperRunsCommandsLikeAFreshOne(t *testing.T) {
 	e.srv.spares.mu.Unlock()
 	if kept {
 		t.Error("a spare reaper outlived /init, or the first command after it started one")
+	}
+}
+
+// TestSpareReaperDeathStartsTheCommandAnyway kills the parked spare (as
+// sandbox root could) before a command reaches it and while a command
+// waits for it: the command must run once, under a reaper of its own.
+func TestSpareReaperDeathStartsTheCommandAnyway(t *testing.T) {
+	e := newTestEnv(t, "")
+	c := e.processClient(nil)
+	for _, tt := range []struct {
+		name  string
+		whenQ bool // kill it while the command is queued to it, not before
+	}{{"killed before", false}, {"killed while the command waits", true}} {
+		t.Run(tt.name, func(t *testing.T) {
+			run(t, c, startReq("true"))
+			run(t, c, startReq("true"))
+			waitSpare(t, e.srv)
+			e.srv.spares.mu.Lock()
+			spare := e.srv.spares.spare.cmd.Process
+			e.srv.spares.mu.Unlock()
+			if !tt.whenQ {
+				_ = spare.Kill()
+				time.Sleep(100 * time.Millisecond)
+			} else {
+				_ = spare.Signal(syscall.SIGSTOP)
+				go func() {
+					time.Sleep(300 * time.Millisecond)
+					_ = spare.Kill()
+				}()
+			}
+			marker := filepath.Join(e.home, "ran-"+strings.ReplaceAll(tt.name, " ", "-"))
+			r := run(t, c, startReq("echo x >> "+marker+"; echo ran"))
+			if r.err != nil || r.stdout.String() != "ran\n" || r.end.GetExitCode() != 0 {
+				t.Fatalf("stdout %q end %v err %v", r.stdout.String(), r.end, r.err)
+			}
+			if b, _ := os.ReadFile(marker); string(b) != "x\n" {
+				t.Errorf("the command ran %d times, want once", strings.Count(string(b), "x"))
+			}
+		})
 	}
 }
