@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -31,9 +30,8 @@ import (
 // costs memory and a handful of host pids).
 //
 // The spare is a fresh exec of envd started by the server: it holds no
-// secret (envd's token lives only in the server's memory). Until it takes a
-// command it runs as root, which only sandbox root can reach; then it drops
-// to the command's user before running anything the request names.
+// secret (envd's token lives only in the server's memory). It runs as root,
+// which only sandbox root can reach, and starts the command as its user.
 
 const (
 	// spareIdle is how long an unused spare reaper waits before envd ends it.
@@ -171,10 +169,6 @@ func startSpare(exe string) (*spareReaper, error) {
 		ours.Close()
 		return nil, fmt.Errorf("start spare reaper: %w", err)
 	}
-	// A spare starts while the command that took the last one runs, on
-	// the sandbox's few CPUs: at the lowest priority it does not slow that
-	// command down. It takes the normal priority back with its command.
-	_ = unix.Setpriority(unix.PRIO_PROCESS, cmd.Process.Pid, 19)
 	return &spareReaper{cmd: cmd, sock: ours}, nil
 }
 
@@ -262,12 +256,6 @@ func RunSpareReaper() int {
 		fmt.Fprintf(status, "err %s\n", strings.ReplaceAll(fmt.Sprintf(format, a...), "\n", " "))
 		return 127
 	}
-	// Back to the normal priority (envd's: 0) from the lowest it started
-	// at, on every thread: threads keep their own nice value, and the
-	// command inherits that of the thread that forks it, this one.
-	runtime.LockOSThread()
-	_ = unix.Setpriority(unix.PRIO_PROCESS, 0, 0)
-	_, _, _ = syscall.AllThreadsSyscall(syscall.SYS_SETPRIORITY, unix.PRIO_PROCESS, 0, 0)
 	var req spareRequest
 	if err := json.Unmarshal(buf[:n], &req); err != nil || len(req.Argv) == 0 {
 		return fail("spare reaper: malformed request")
@@ -280,28 +268,15 @@ func RunSpareReaper() int {
 			return fail("set controlling terminal: %v", err)
 		}
 	}
+	// The command (not the reaper) takes the user, in the forked child:
+	// switching a running Go process's credentials signals every one of
+	// its threads, which costs milliseconds on a loaded host. The reaper
+	// stays root, so unlike a fresh one its command cannot kill it.
+	sys := &syscall.SysProcAttr{}
 	if req.SetCred {
-		groups := make([]int, len(req.Groups))
-		for i, g := range req.Groups {
-			groups[i] = int(g)
-		}
-		if err := syscall.Setgroups(groups); err != nil {
-			return fail("setgroups: %v", err)
-		}
-		if err := syscall.Setgid(int(req.GID)); err != nil {
-			return fail("setgid: %v", err)
-		}
-		if err := syscall.Setuid(int(req.UID)); err != nil {
-			return fail("setuid: %v", err)
-		}
-		// A reaper started as its user is dumpable; keep it so (CRIU
-		// checkpoints it, and its user may kill it anyway).
-		_ = unix.Prctl(unix.PR_SET_DUMPABLE, 1, 0, 0, 0)
+		sys.Credential = &syscall.Credential{Uid: req.UID, Gid: req.GID, Groups: req.Groups}
 	}
-	if err := os.Chdir(req.Dir); err != nil {
-		return fail("chdir %s: %v", req.Dir, err)
-	}
-	return runReaper(req.Argv, req.Env)
+	return runReaper(req.Argv, req.Env, req.Dir, sys)
 }
 
 // startOnSpare hands cmd (configured as for a reaper of its own) to the
