@@ -274,7 +274,9 @@ func countMounts(dir string) int {
 	}
 	n := 0
 	for line := range strings.SplitSeq(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+		// null-netns is the gVisor driver's one empty netns for restores,
+		// pinned for the server's life, not a sandbox's.
+		if f := strings.Fields(line); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) && filepath.Base(f[4]) != "null-netns" {
 			n++
 		}
 	}
