@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -37,7 +38,13 @@ func main() {
 	tiers := flag.String("tiers", "container,gvisor", "isolation: comma-separated isolation tiers to measure")
 	idle := flag.Int("idle", 10, "isolation: idle sandboxes per tier (the memory figure; the neighbour latency needs 4)")
 	echoes := flag.Int("echoes", 30, "isolation: neighbour echo samples per phase")
-	scenario := flag.String("scenario", "server", "server: the server against the raw floor; isolation: start latency, memory per idle sandbox and neighbour latency per isolation tier; interpreter: runCode latency, first context after create and idle kernel memory (--template defaults to code-interpreter-v1, --creates to 5)")
+	scenario := flag.String("scenario", "server", "server: the server against the raw floor; isolation: start latency, memory per idle sandbox and neighbour latency per isolation tier; interpreter: runCode latency, first context after create and idle kernel memory (--template defaults to code-interpreter-v1, --creates to 5); commands: command round trip per tier (--tiers, --commands samples) against its floor, sampled alternately; lifecycle: pause/resume per --lifecycle-sizes against raw criu dump/restore, first command after resume, fork x10 against one restore; density: --density idle sandboxes of one tier at once, each answering a command, memory per sandbox, then all killed and the host checked for leftovers")
+	density := flag.Int("density", 1000, "density: idle sandboxes of the first --tiers tier to hold at once")
+	parallel := flag.Int("parallel", 8, "density: creates, commands and kills in flight")
+	instance := flag.String("instance", "agentbox", "density: the server's --instance (its host state is checked after the kills)")
+	bridge := flag.String("bridge", "agentbox0", "density: the server's --bridge")
+	sizes := flag.String("lifecycle-sizes", "10,100,1024", "lifecycle: resident MB of the paused process, comma-separated")
+	minFree := flag.Int("min-free-mib", 3072, "density: stop creating when the host's MemAvailable falls below this (MiB)")
 	flag.Parse()
 	if cfg.APIURL == "" || cfg.APIKey == "" {
 		fmt.Fprintln(os.Stderr, "bench: --api-url and --api-key (or E2B_API_URL, E2B_API_KEY) are required")
@@ -58,6 +65,39 @@ func main() {
 			}
 		})
 		if err := benchmark.RunInterpreter(ctx, icfg, os.Stdout, log); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *scenario == "commands" {
+		ccfg := benchmark.CommandsConfig{APIURL: cfg.APIURL, APIKey: cfg.APIKey, Template: cfg.Template, TemplateDir: cfg.TemplateDir, Tiers: strings.Split(*tiers, ","), Samples: cfg.Commands}
+		if err := benchmark.RunCommands(ctx, ccfg, os.Stdout, log); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *scenario == "lifecycle" {
+		lcfg := benchmark.LifecycleConfig{APIURL: cfg.APIURL, APIKey: cfg.APIKey, Template: cfg.Template, ImageDir: *dataDir}
+		for f := range strings.SplitSeq(*sizes, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n <= 0 {
+				fmt.Fprintf(os.Stderr, "bench: --lifecycle-sizes: %q is not a size in MB\n", f)
+				os.Exit(2)
+			}
+			lcfg.SizesMB = append(lcfg.SizesMB, n)
+		}
+		if err := benchmark.RunLifecycle(ctx, lcfg, os.Stdout, log); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *scenario == "density" {
+		dcfg := benchmark.DensityConfig{APIURL: cfg.APIURL, APIKey: cfg.APIKey, Template: cfg.Template, Tier: strings.Split(*tiers, ",")[0], N: *density, Parallel: *parallel,
+			DataDir: *dataDir, Instance: *instance, Bridge: *bridge, ServerPID: cfg.ServerPID, MinFreeMiB: *minFree}
+		if err := benchmark.RunDensity(ctx, dcfg, os.Stdout, log); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)
 		}

@@ -25,6 +25,10 @@ func main() {
 		// anyway; left dumpable, CRIU can checkpoint it across pauses.
 		os.Exit(envd.RunReaper(os.Args[3:]))
 	}
+	if len(os.Args) == 3 && os.Args[1] == "reap" && os.Args[2] == "--spare" {
+		// A reaper started ahead of its command (spare_linux.go).
+		os.Exit(envd.RunSpareReaper())
+	}
 	// First: until this returns, sandbox root could ptrace every envd
 	// process (init, server, interpreter) and read its token. CRIU (host
 	// root) dumps and restores the flag; dumping a sandbox CRIU restored

@@ -79,6 +79,7 @@ type Server struct {
 	startLogDir string
 	localInit   bool
 	reaper      string // envd binary for "envd reap"; "" = none
+	spares      *spares
 }
 
 // NewServer returns a Server with no /init configuration: no token, user root.
@@ -114,11 +115,16 @@ func NewServer(opts Options) *Server {
 	if s.startLogDir == "" {
 		s.startLogDir = StartLogDir
 	}
+	s.spares = &spares{exe: s.reaper}
 	return s
 }
 
-// Close stops watchers. Processes keep running: they belong to the sandbox.
-func (s *Server) Close() { s.watchers.closeAll() }
+// Close stops watchers and the spare reaper. Processes keep running: they
+// belong to the sandbox.
+func (s *Server) Close() {
+	s.watchers.closeAll()
+	s.spares.close()
+}
 
 // Handler returns envd's routes behind the access-token middleware.
 func (s *Server) Handler() http.Handler {
@@ -153,6 +159,7 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.initialized = true
+	s.spares.forget()
 	if req.EnvVars != nil {
 		s.envVars = maps.Clone(req.EnvVars)
 	}

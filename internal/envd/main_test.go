@@ -16,6 +16,9 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 2 && os.Args[1] == "reap" && os.Args[2] == "--" {
 		os.Exit(RunReaper(os.Args[3:]))
 	}
+	if len(os.Args) == 3 && os.Args[1] == "reap" && os.Args[2] == "--spare" {
+		os.Exit(RunSpareReaper())
+	}
 	if os.Getenv("ENVD_DUMPABLE_CHILD") != "" {
 		os.Exit(m.Run()) // a victim of TestNonDumpableRefusesSameUser
 	}

@@ -154,6 +154,12 @@ func keepaliveInterval(h interface{ Get(string) string }) time.Duration {
 // startProcess starts req as user u. The process's lifetime is bounded by
 // ctx's deadline (Connect-Timeout-Ms) but not by ctx's cancellation.
 func (s *Server) startProcess(ctx context.Context, u *User, req *process.StartRequest) (*proc, *subscriber, error) {
+	return s.startProcessOn(ctx, u, req, true)
+}
+
+// startProcessOn is startProcess; spare says whether a spare reaper
+// (spare_linux.go) may take the command.
+func (s *Server) startProcessOn(ctx context.Context, u *User, req *process.StartRequest, spare bool) (*proc, *subscriber, error) {
 	cfg := req.GetProcess()
 	if cfg.GetCmd() == "" {
 		return nil, nil, fmt.Errorf("process.cmd is empty: %w", errdefs.ErrInvalidArgument)
@@ -201,6 +207,9 @@ func (s *Server) startProcess(ctx context.Context, u *User, req *process.StartRe
 	}
 	s.mu.RUnlock()
 	var statusW, controlR *os.File
+	var readers []io.ReadCloser
+	var kinds []string
+	handed := false // to a spare reaper (spare_linux.go)
 	if s.reaper != "" {
 		// Under the reaper (reaper_linux.go), which leads the session.
 		var err error
@@ -215,9 +224,14 @@ func (s *Server) startProcess(ctx context.Context, u *User, req *process.StartRe
 			return nil, nil, err
 		}
 		p.status = bufio.NewReader(p.statusF)
-		cmd.ExtraFiles = []*os.File{statusW, controlR}
-		cmd.Args = append([]string{s.reaper, "reap", "--", cmd.Path}, cmd.Args[1:]...)
-		cmd.Path = s.reaper
+		if spare {
+			readers, kinds, handed = s.startOnSpare(cmd, req, p, statusW, controlR)
+		}
+		if !handed {
+			cmd.ExtraFiles = []*os.File{statusW, controlR}
+			cmd.Args = append([]string{s.reaper, "reap", "--", cmd.Path}, cmd.Args[1:]...)
+			cmd.Path = s.reaper
+		}
 	}
 	closeReaperPipes := func(all bool) {
 		if statusW != nil {
@@ -230,9 +244,9 @@ func (s *Server) startProcess(ctx context.Context, u *User, req *process.StartRe
 		}
 	}
 
-	var readers []io.ReadCloser
-	var kinds []string
-	if req.Pty != nil {
+	switch {
+	case handed:
+	case req.Pty != nil:
 		size := req.Pty.GetSize()
 		ws := &pty.Winsize{Cols: 80, Rows: 24}
 		if size.GetCols() > 0 && size.GetRows() > 0 {
@@ -247,7 +261,7 @@ func (s *Server) startProcess(ctx context.Context, u *User, req *process.StartRe
 		}
 		p.tty = tty
 		readers, kinds = []io.ReadCloser{tty}, []string{"pty"}
-	} else {
+	default:
 		files, err := s.startPiped(cmd, req.Stdin == nil || *req.Stdin, p)
 		if err != nil {
 			closeReaperPipes(true)
@@ -256,14 +270,14 @@ func (s *Server) startProcess(ctx context.Context, u *User, req *process.StartRe
 		}
 		readers, kinds = files, []string{"stdout", "stderr"}
 	}
-	p.pid = uint32(cmd.Process.Pid)
+	p.pid = uint32(p.cmd.Process.Pid)
 	if statusW != nil {
 		closeReaperPipes(false)
-		p.reaperPid = cmd.Process.Pid
+		p.reaperPid = p.cmd.Process.Pid
 		pid, err := reaperStarted(p.status)
 		if err != nil {
 			// The reaper could not start the command: no process to report.
-			_ = cmd.Wait()
+			_ = p.cmd.Wait()
 			for _, r := range readers {
 				r.Close()
 			}
@@ -273,6 +287,13 @@ func (s *Server) startProcess(ctx context.Context, u *User, req *process.StartRe
 			p.statusF.Close()
 			p.control.Close()
 			cancel()
+			if handed && errors.Is(err, io.EOF) {
+				// The spare died before it took the command (it reports
+				// the pid as soon as the command is forked): start it
+				// under a reaper of its own instead.
+				s.log.Warn("spare reaper ended before starting its command; starting it anew", "reaper", p.cmd.ProcessState.String(), "cmd", cfg.GetCmd())
+				return s.startProcessOn(ctx, u, req, false)
+			}
 			code := errdefs.ErrInvalidArgument
 			if strings.Contains(err.Error(), "no such file") {
 				code = errdefs.ErrNotFound

@@ -36,6 +36,12 @@ const (
 
 // RunReaper is "envd reap -- argv...". It returns the reaper's exit code.
 func RunReaper(argv []string) int {
+	return runReaper(argv, os.Environ(), "", nil)
+}
+
+// runReaper reaps argv run with env in dir (empty: the reaper's own) with
+// sys; the pipes to envd are on fds 3 and 4.
+func runReaper(argv, env []string, dir string, sys *syscall.SysProcAttr) int {
 	status := os.NewFile(reaperStatusFD, "status")
 	control := os.NewFile(reaperControlFD, "control")
 	if len(argv) == 0 || status == nil || control == nil {
@@ -53,7 +59,7 @@ func RunReaper(argv []string) int {
 	// reset to their defaults in the command by execve.
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
-	p, err := os.StartProcess(argv[0], argv, &os.ProcAttr{Env: os.Environ(), Files: []*os.File{os.Stdin, os.Stdout, os.Stderr}})
+	p, err := os.StartProcess(argv[0], argv, &os.ProcAttr{Dir: dir, Env: env, Sys: sys, Files: []*os.File{os.Stdin, os.Stdout, os.Stderr}})
 	if err != nil {
 		fmt.Fprintf(status, "err %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
 		return 127

@@ -317,6 +317,9 @@ func (m *Manager) Setup(ctx context.Context) error {
 			return fmt.Errorf("sysctl %s: %w", s.path, err)
 		}
 	}
+	if err := raiseNeighbourTable(m.cfg.Subnet); err != nil {
+		return err
+	}
 	m.mu.Lock()
 	var keep, keepByName []netip.Addr
 	for id := range m.denied {

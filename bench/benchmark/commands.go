@@ -1,0 +1,159 @@
+package benchmark
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentbox/agentbox/e2e/wire"
+)
+
+// CommandsConfig configures RunCommands.
+type CommandsConfig struct {
+	APIURL, APIKey string
+	Template       string
+	TemplateDir    string   // the server's template store, for the shell floor
+	Tiers          []string // isolation tiers; default container
+	Samples        int      // round trips per tier; default 100
+}
+
+// RunCommands measures the command round trip (`bash -l -c true`, what the
+// SDK runs) per isolation tier against its floor: the same shell
+// fork/exec'd chrooted in the template plus one loopback HTTP round trip.
+// Floor and server samples alternate, so both see the same load on a
+// shared host.
+func RunCommands(ctx context.Context, cfg CommandsConfig, w io.Writer, log *slog.Logger) error {
+	if cfg.Template == "" {
+		cfg.Template = "base"
+	}
+	if len(cfg.Tiers) == 0 {
+		cfg.Tiers = []string{"container"}
+	}
+	if cfg.Samples <= 0 {
+		cfg.Samples = 100
+	}
+	layers, err := templateLayers(ctx, cfg.TemplateDir, cfg.Template)
+	if err != nil {
+		return fmt.Errorf("template layers (--template-dir): %w", err)
+	}
+	root, unmount, err := mountTemplate(layers)
+	if err != nil {
+		return err
+	}
+	defer unmount()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
+	defer srv.Close()
+	hc := srv.Client()
+	loopback := func() (time.Duration, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+		if err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		resp, err := hc.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return time.Since(start), nil
+	}
+	if _, err := loopback(); err != nil { // dials
+		return err
+	}
+
+	c := wire.New(cfg.APIURL, cfg.APIKey)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "METRIC\tAGENTBOX\tFLOOR\tRATIO")
+	for _, tier := range cfg.Tiers {
+		sb, err := c.Create(ctx, wire.CreateRequest{TemplateID: cfg.Template, Timeout: 600, Metadata: map[string]string{"agentbox.isolation": tier, "bench": "commands"}})
+		if err != nil {
+			fmt.Fprintf(tw, "%s: command round trip\terror: %s\t\t\n", tier, firstLine(err.Error()))
+			continue
+		}
+		var rtt, floor []time.Duration
+		var errs int
+		for i := range cfg.Samples + 3 {
+			sh, err := shellOnce(ctx, root)
+			if err != nil {
+				_ = c.Kill(ctx, sb.SandboxID)
+				return err
+			}
+			lb, err := loopback()
+			if err != nil {
+				_ = c.Kill(ctx, sb.SandboxID)
+				return err
+			}
+			start := time.Now()
+			r, err := c.Run(ctx, sb, "", "true")
+			d := time.Since(start)
+			if i < 3 { // warm-up: the first commands of a sandbox
+				continue
+			}
+			if err != nil || r.ExitCode != 0 {
+				errs++
+				log.Warn("command", "tier", tier, "err", err)
+				continue
+			}
+			rtt = append(rtt, d)
+			floor = append(floor, sh+lb)
+		}
+		_ = c.Kill(ctx, sb.SandboxID)
+		if len(rtt) == 0 {
+			fmt.Fprintf(tw, "%s: command round trip\tall %d failed\t\t\n", tier, errs)
+			continue
+		}
+		p50, p95, f50, f95 := pct(rtt, 50), pct(rtt, 95), pct(floor, 50), pct(floor, 95)
+		fmt.Fprintf(tw, "%s: command round trip `bash -l -c true` (p50/p95, %d samples, %d errors; target ≤1.5x)\t%s\t%s\t%s\n", tier, len(rtt), errs, pair(p50, p95), pair(f50, f95), ratio(p50, f50))
+	}
+	fmt.Fprintln(tw, "floor: bash -l -c true fork/exec'd chrooted in the template + one loopback HTTP round trip, sampled alternately with the server's\t\t\t")
+	return tw.Flush()
+}
+
+// mountTemplate mounts the template's layers read-only on a new directory.
+func mountTemplate(layers []string) (string, func(), error) {
+	if len(layers) == 0 {
+		return "", nil, fmt.Errorf("template has no rootfs layers")
+	}
+	root, err := os.MkdirTemp("", "agentbox-bench-shell-")
+	if err != nil {
+		return "", nil, err
+	}
+	lower := slices.Clone(layers)
+	slices.Reverse(lower)
+	if len(lower) == 1 {
+		err = unix.Mount(lower[0], root, "", unix.MS_BIND|unix.MS_RDONLY, "")
+	} else {
+		err = unix.Mount("overlay", root, "overlay", unix.MS_RDONLY, "lowerdir="+strings.Join(lower, ":"))
+	}
+	if err != nil {
+		os.Remove(root)
+		return "", nil, fmt.Errorf("mount template rootfs: %w", err)
+	}
+	return root, func() { _ = unix.Unmount(root, unix.MNT_DETACH); os.Remove(root) }, nil
+}
+
+// shellOnce times one `bash -l -c true` chrooted in root.
+func shellOnce(ctx context.Context, root string) (time.Duration, error) {
+	cmd := exec.CommandContext(ctx, "/bin/bash", "-l", "-c", "true")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: root}
+	cmd.Dir = "/"
+	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"}
+	start := time.Now()
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return 0, fmt.Errorf("bash -l -c true in the template: %w: %s", err, b)
+	}
+	return time.Since(start), nil
+}
