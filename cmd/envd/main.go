@@ -16,6 +16,7 @@ import (
 	"syscall"
 
 	"github.com/agentbox/agentbox/internal/envd"
+	"github.com/agentbox/agentbox/internal/guestinit"
 )
 
 func main() {
@@ -24,6 +25,13 @@ func main() {
 		// holds no secret and runs as the command's user, who may kill it
 		// anyway; left dumpable, CRIU can checkpoint it across pauses.
 		os.Exit(envd.RunReaper(os.Args[3:]))
+	}
+	if guestinit.IsGuest() {
+		// A microVM's first process: set the guest up, then exec envd
+		// as its init. Returning means the guest cannot run.
+		err := guestinit.Run()
+		fmt.Fprintln(os.Stderr, "envd: microvm init:", err)
+		os.Exit(1)
 	}
 	// First: until this returns, sandbox root could ptrace every envd
 	// process (init, server, interpreter) and read its token. CRIU (host
