@@ -290,7 +290,9 @@ func setupNetwork(cfg Config) error {
 		if gw == nil {
 			return fmt.Errorf("agentbox.gw=%q is not an address", cfg.Gateway)
 		}
-		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: gw}); err != nil {
+		// On-link: the host may give a /32 address with the gateway
+		// outside its prefix.
+		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: gw, Flags: int(netlink.FLAG_ONLINK)}); err != nil {
 			return fmt.Errorf("default route: %w", err)
 		}
 	}

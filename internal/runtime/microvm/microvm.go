@@ -263,6 +263,7 @@ const (
 	seedDir    = "seed"
 	qmpSock    = "qmp.sock"
 	consoleLog = "console.log"
+	qemuLog    = "qemu.log"
 	specFile   = "spec.json"
 )
 
@@ -355,17 +356,33 @@ func (d *Driver) start(ctx context.Context, spec runtime.Spec, p probe, root, ma
 		"-serial", "file:"+filepath.Join(dir, consoleLog),
 		"-qmp", "unix:"+filepath.Join(dir, qmpSock)+",server=on,wait=off",
 		"-pidfile", filepath.Join(dir, pidFile),
-		"-daemonize",
 	)
 	args = append(args, extra...)
+	// Not -daemonize: QEMU's sandbox forbids the fork it needs. QEMU runs
+	// in a session of its own, outlives the server, and is reaped by
+	// whichever process (server or init) is its parent.
+	// Its output goes to a file: a pipe to the server would break when
+	// the server exits.
+	logPath := filepath.Join(dir, qemuLog)
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	var qemu *exec.Cmd
 	if err := runInNetNS(spec.NetNSPath, func() error {
-		out, err := exec.CommandContext(ctx, p.qemu, args...).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("qemu: %w: %s", err, bytes.TrimSpace(out))
-		}
-		return nil
+		qemu = exec.Command(p.qemu, args...)
+		qemu.SysProcAttr = &unix.SysProcAttr{Setsid: true}
+		qemu.Stdout, qemu.Stderr = logf, logf
+		return qemu.Start()
 	}); err != nil {
-		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		return fmt.Errorf("sandbox %s: qemu: %w", spec.ID, err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- qemu.Wait() }()
+	if err := d.waitQMP(ctx, spec.ID, exited); err != nil {
+		_ = qemu.Process.Kill()
+		return fmt.Errorf("sandbox %s: qemu: %w: %s", spec.ID, err, fileTail(logPath))
 	}
 	pid, err := d.pid(spec.ID)
 	if err != nil {
@@ -379,6 +396,34 @@ func (d *Driver) start(ctx context.Context, spec runtime.Spec, p probe, root, ma
 	}
 	d.log.Debug("microvm started", "id", spec.ID, "pid", pid, "accel", p.accel)
 	return nil
+}
+
+// waitQMP waits until QEMU answers on its monitor (it is initialised) or exits.
+func (d *Driver) waitQMP(ctx context.Context, id string, exited <-chan error) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		select {
+		case err := <-exited:
+			return fmt.Errorf("exited: %v", err)
+		case <-ctx.Done():
+			return fmt.Errorf("no monitor within 30s: %w", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if q, err := d.dialQMP(ctx, id); err == nil {
+			q.Close()
+			return nil
+		}
+	}
+}
+
+// fileTail returns the end of a log file, for an error message.
+func fileTail(path string) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > 500 {
+		b = b[len(b)-500:]
+	}
+	return string(bytes.TrimSpace(b))
 }
 
 // runInNetNS runs f on a thread in the netns at path; processes f starts
