@@ -9,6 +9,7 @@ import os from 'node:os'
 import { Sandbox, CommandExitError } from 'e2b'
 
 const MIN = 60_000
+const EGRESS_PROBE = process.env.E2E_EGRESS_PROBE || '203.0.113.80:80'
 
 describe('microvm tier', { concurrency: false }, () => {
   let sbx
@@ -51,6 +52,38 @@ describe('microvm tier', { concurrency: false }, () => {
     assert.equal(r.stdout, 'hello, microvm\n')
   })
 
+  it('limits: the guest has the CPUs and memory of the sandbox', async () => {
+    const info = await sbx.getInfo()
+    const r = await sbx.commands.run("nproc; awk '/^MemTotal/ {print $2}' /proc/meminfo")
+    const [cpus, memKB] = r.stdout.trim().split('\n').map(Number)
+    assert.equal(cpus, info.cpuCount)
+    // The guest kernel keeps some of its RAM for itself.
+    assert.ok(memKB <= info.memoryMB * 1024 && memKB > info.memoryMB * 1024 * 0.7, `MemTotal ${memKB} kB for memoryMB ${info.memoryMB}`)
+  })
+
+  it('network: the sandbox address, egress by default, none with allowInternetAccess:false', async () => {
+    const ok = await sbx.commands.run(`curl -sS -o /dev/null --connect-timeout 5 --max-time 10 http://${EGRESS_PROBE}/`)
+    assert.equal(ok.exitCode, 0)
+    const closed = await Sandbox.create(process.env.E2E_TEMPLATE || 'base', {
+      timeoutMs: 5 * MIN,
+      requestTimeoutMs: 5 * MIN,
+      allowInternetAccess: false,
+      metadata: { e2e: 'microvm', 'agentbox.isolation': 'microvm' },
+    })
+    try {
+      let code
+      try {
+        code = (await closed.commands.run(`curl -sS -o /dev/null --connect-timeout 3 --max-time 5 http://${EGRESS_PROBE}/`)).exitCode
+      } catch (err) {
+        if (!(err instanceof CommandExitError)) throw err
+        code = err.exitCode
+      }
+      assert.notEqual(code, 0, `egress to ${EGRESS_PROBE} allowed with allowInternetAccess:false`)
+    } finally {
+      await closed.kill()
+    }
+  })
+
   it('pty: create, input, resize, exit', async () => {
     const dec = new TextDecoder()
     let out = ''
@@ -62,5 +95,20 @@ describe('microvm tier', { concurrency: false }, () => {
     assert.equal(r.exitCode, 0)
     assert.match(out, /pty-42/)
     assert.match(out, /45 123/)
+  })
+
+  it('pause and resume keep memory: processes, shell variables, files', async () => {
+    await sbx.files.write('/home/user/kept.txt', 'kept')
+    const bg = await sbx.commands.run('sleep 3600', { background: true })
+    const before = (await sbx.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout.trim()
+    assert.equal(await sbx.pause(), true)
+    assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'paused')
+    const s2 = await Sandbox.connect(sbx.sandboxId, { requestTimeoutMs: 5 * MIN })
+    assert.equal(await s2.isRunning(), true)
+    assert.equal(await s2.files.read('/home/user/kept.txt'), 'kept')
+    const r = await s2.commands.run(`cat /proc/sys/kernel/random/boot_id; tr '\\0' ' ' < /proc/${bg.pid}/cmdline`)
+    const [after, cmdline] = r.stdout.split('\n')
+    assert.equal(after, before, 'the guest was rebooted, not resumed')
+    assert.match(cmdline, /^sleep 3600/)
   })
 })

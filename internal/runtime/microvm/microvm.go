@@ -342,6 +342,11 @@ func memoryMB(spec runtime.Spec) int {
 // start runs QEMU for spec in its netns (daemonized: it outlives the
 // server) with extra arguments (an incoming migration), then wires its tap.
 func (d *Driver) start(ctx context.Context, spec runtime.Spec, p probe, root, mac string, extra []string) error {
+	return d.startWith(ctx, spec, p, root, mac, extra)
+}
+
+// startWith is start with files QEMU inherits as descriptors 3, 4, ...
+func (d *Driver) startWith(ctx context.Context, spec runtime.Spec, p probe, root, mac string, extra []string, files ...*os.File) error {
 	dir := d.dir(spec.ID)
 	cpus := max(spec.Resources.CPUCount, 1)
 	args := d.machineArgs(p, p.accel, cpus, memoryMB(spec), nil)
@@ -374,6 +379,7 @@ func (d *Driver) start(ctx context.Context, spec runtime.Spec, p probe, root, ma
 		qemu = exec.Command(p.qemu, args...)
 		qemu.SysProcAttr = &unix.SysProcAttr{Setsid: true}
 		qemu.Stdout, qemu.Stderr = logf, logf
+		qemu.ExtraFiles = files
 		return qemu.Start()
 	}); err != nil {
 		return fmt.Errorf("sandbox %s: qemu: %w", spec.ID, err)

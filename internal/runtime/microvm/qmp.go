@@ -54,6 +54,11 @@ func (q *qmp) run(cmd string, args any) (json.RawMessage, error) {
 	if _, err := q.c.Write(append(b, '\n')); err != nil {
 		return nil, fmt.Errorf("qemu %s: %w", cmd, err)
 	}
+	return q.read(cmd)
+}
+
+// read returns the answer to command cmd.
+func (q *qmp) read(cmd string) (json.RawMessage, error) {
 	for {
 		line, err := q.r.ReadBytes('\n')
 		if err != nil {
