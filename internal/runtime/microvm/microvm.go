@@ -183,6 +183,14 @@ func (d *Driver) doProbe() (p probe) {
 	if d.cfg.Accel != "" {
 		accels = []string{d.cfg.Accel}
 	}
+	// The boot that picked the accelerator is remembered for this host
+	// boot, kernel and QEMU: every server start (and every test server)
+	// would otherwise pay for it again, up to the KVM probe's timeout.
+	cache := probeCachePath(k, q)
+	if b, err := os.ReadFile(cache); err == nil && d.cfg.Accel == "" && (string(b) == "kvm" || string(b) == "tcg") {
+		p.accel = string(b)
+		return p
+	}
 	var why []string
 	for _, a := range accels {
 		if a == "kvm" {
@@ -198,9 +206,23 @@ func (d *Driver) doProbe() (p probe) {
 			continue
 		}
 		p.accel = a
+		if d.cfg.Accel == "" && cache != "" {
+			_ = os.WriteFile(cache, []byte(a), 0o600)
+		}
 		return p
 	}
 	return unavailable("no accelerator boots a guest (%s)", strings.Join(why, "; "))
+}
+
+// probeCachePath is where the accelerator picked for kernel k and QEMU
+// binary qemu is remembered until the host reboots ("" if it cannot be).
+func probeCachePath(k Kernel, qemu string) string {
+	bootID, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	fi, serr := os.Stat(qemu)
+	if err != nil || serr != nil {
+		return ""
+	}
+	return filepath.Join(filepath.Dir(k.Vmlinux), fmt.Sprintf("accel-%s-%d", strings.TrimSpace(string(bootID)), fi.ModTime().Unix()))
 }
 
 // bootProbe boots the guest kernel under accel until its init answers.
