@@ -305,14 +305,13 @@ func (d *Driver) dir(id string) string { return filepath.Join(d.cfg.StateDir, d.
 
 // Files in a sandbox's state directory.
 const (
-	idFile     = "id"
-	pidFile    = "qemu.pid"
-	diskFile   = "disk.ext4"
-	seedDir    = "seed"
-	qmpSock    = "qmp.sock"
-	consoleLog = "console.log"
-	qemuLog    = "qemu.log"
-	specFile   = "spec.json"
+	idFile   = "id"
+	pidFile  = "qemu.pid"
+	diskFile = "disk.ext4"
+	seedDir  = "seed"
+	qmpSock  = "qmp.sock"
+	qemuLog  = "qemu.log"
+	specFile = "spec.json"
 )
 
 // Create boots the sandbox's VM and returns once QEMU runs (the manager
@@ -406,7 +405,10 @@ func (d *Driver) startWith(ctx context.Context, spec runtime.Spec, p probe, root
 		"-device", "virtio-blk-device,drive=rw,serial="+guestinit.RWDisk,
 		"-netdev", "tap,id=net0,ifname="+tapName+",script=no,downscript=no",
 		"-device", "virtio-net-device,netdev=net0,mac="+mac,
-		"-serial", "file:"+filepath.Join(dir, consoleLog),
+		// The console goes to a ring buffer in QEMU's memory: the guest's
+		// root can write to it without end, which a file would let fill
+		// the host's disk.
+		"-chardev", "ringbuf,id=console,size=65536", "-serial", "chardev:console",
 		"-qmp", "unix:"+filepath.Join(dir, qmpSock)+",server=on,wait=off",
 		"-pidfile", filepath.Join(dir, pidFile),
 	)
