@@ -294,8 +294,10 @@ func machineArgs(p probe, accel string, cpus, memMB int, params []string) []stri
 		"-accel", acc, "-cpu", cpu, "-smp", strconv.Itoa(cpus), "-m", strconv.Itoa(memMB),
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-kernel", p.kernel.Vmlinux, "-initrd", p.initrd, "-append", strings.Join(cmdline, " "),
-		// QEMU itself may not spawn, change privileges or call obsolete syscalls.
-		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+		// QEMU itself may not spawn processes or call obsolete syscalls.
+		// Privilege changes stay allowed: the filter is in place before
+		// -runas drops to the sandbox's uid, after which there is none to gain.
+		"-sandbox", "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny",
 	}
 }
 
@@ -395,13 +397,33 @@ func (d *Driver) start(ctx context.Context, spec runtime.Spec, p probe, root, ma
 // startWith is start with files QEMU inherits as descriptors 3, 4, ...
 func (d *Driver) startWith(ctx context.Context, spec runtime.Spec, p probe, root, mac string, extra []string, files ...*os.File) error {
 	dir := d.dir(spec.ID)
+	uid, err := d.sandboxUID(spec.ID)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	// The disks come as descriptors in fd sets (after the caller's
+	// files): QEMU reopens a disk read-only while it saves the VM, which
+	// by path it could not once it runs as the sandbox's uid.
+	disks, err := openDisks(root, filepath.Join(dir, diskFile))
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	defer func() {
+		for _, f := range disks {
+			f.Close()
+		}
+	}()
+	fd := 3 + len(files)
+	files = append(files, disks...)
 	cpus := max(spec.Resources.CPUCount, 1)
 	args := machineArgs(p, p.accel, cpus, memoryMB(spec), nil)
 	args = append(args,
 		"-name", d.keys.Key(spec.ID),
-		"-drive", "id=root,file="+root+",format=raw,if=none,readonly=on",
+		"-add-fd", fmt.Sprintf("fd=%d,set=1", fd),
+		"-add-fd", fmt.Sprintf("fd=%d,set=2", fd+1), "-add-fd", fmt.Sprintf("fd=%d,set=2", fd+2),
+		"-drive", "id=root,file=/dev/fdset/1,format=raw,if=none,readonly=on",
 		"-device", "virtio-blk-device,drive=root,serial="+guestinit.RootDisk,
-		"-drive", "id=rw,file="+filepath.Join(dir, diskFile)+",format=raw,if=none,discard=unmap",
+		"-drive", "id=rw,file=/dev/fdset/2,format=raw,if=none,discard=unmap",
 		"-device", "virtio-blk-device,drive=rw,serial="+guestinit.RWDisk,
 		"-netdev", "tap,id=net0,ifname="+tapName+",script=no,downscript=no",
 		"-device", "virtio-net-device,netdev=net0,mac="+mac,
@@ -411,6 +433,7 @@ func (d *Driver) startWith(ctx context.Context, spec runtime.Spec, p probe, root
 		"-chardev", "ringbuf,id=console,size=65536", "-serial", "chardev:console",
 		"-qmp", "unix:"+filepath.Join(dir, qmpSock)+",server=on,wait=off",
 		"-pidfile", filepath.Join(dir, pidFile),
+		"-runas", fmt.Sprintf("%d:%d", uid, uid),
 	)
 	args = append(args, extra...)
 	// Not -daemonize: QEMU's sandbox forbids the fork it needs. QEMU runs
@@ -452,6 +475,26 @@ func (d *Driver) startWith(ctx context.Context, spec runtime.Spec, p probe, root
 	}
 	d.log.Debug("microvm started", "id", spec.ID, "pid", pid, "accel", p.accel)
 	return nil
+}
+
+// openDisks opens the template image read-only and the writable disk
+// read-write and read-only, in the order of startWith's fd sets.
+func openDisks(root, disk string) ([]*os.File, error) {
+	var files []*os.File
+	for _, o := range []struct {
+		path string
+		flag int
+	}{{root, os.O_RDONLY}, {disk, os.O_RDWR}, {disk, os.O_RDONLY}} {
+		f, err := os.OpenFile(o.path, o.flag|unix.O_CLOEXEC, 0)
+		if err != nil {
+			for _, f := range files {
+				f.Close()
+			}
+			return nil, err
+		}
+		files = append(files, f)
+	}
+	return files, nil
 }
 
 // waitQMP waits until QEMU answers on its monitor (it is initialised) or exits.
@@ -540,6 +583,7 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	d.removeCgroups(id)
+	d.releaseUID(id)
 	if err := os.RemoveAll(d.dir(id)); err != nil {
 		return fmt.Errorf("sandbox %s: remove state: %w", id, err)
 	}
