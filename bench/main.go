@@ -35,7 +35,7 @@ func main() {
 	flag.StringVar(&cfg.MetricsToken, "metrics-token", os.Getenv("AGENTBOX_METRICS_TOKEN"), "the server's --metrics-token, for --metrics-url on the API address")
 	flag.IntVar(&cfg.ServerPID, "server-pid", 0, "server pid for RSS (default: the process listening on the API port)")
 	runs := flag.Int("runs", 100, "interpreter: warm runCode samples per language")
-	tiers := flag.String("tiers", "container,gvisor", "isolation: comma-separated isolation tiers to measure")
+	tiers := flag.String("tiers", "container,gvisor", "isolation: comma-separated isolation tiers to measure (container, gvisor, microvm)")
 	idle := flag.Int("idle", 10, "isolation: idle sandboxes per tier (the memory figure; the neighbour latency needs 4)")
 	echoes := flag.Int("echoes", 30, "isolation: neighbour echo samples per phase")
 	scenario := flag.String("scenario", "server", "server: the server against the raw floor; isolation: start latency, memory per idle sandbox and neighbour latency per isolation tier; interpreter: runCode latency, first context after create and idle kernel memory (--template defaults to code-interpreter-v1, --creates to 5); commands: command round trip per tier (--tiers, --commands samples) against its floor, sampled alternately; lifecycle: pause/resume per --lifecycle-sizes against raw criu dump/restore, first command after resume, fork x10 against one restore; density: --density idle sandboxes of one tier at once, each answering a command, memory per sandbox, then all killed and the host checked for leftovers")

@@ -18,7 +18,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/e2e/wire"
+	"github.com/agentbox/agentbox/internal/hostkey"
 	"github.com/agentbox/agentbox/internal/runtime/bundle"
+	"github.com/agentbox/agentbox/internal/runtime/microvm"
 )
 
 // IsolationConfig says what the isolation scenario measures.
@@ -111,7 +113,9 @@ func RunIsolation(ctx context.Context, cfg IsolationConfig, w io.Writer, log *sl
 			_ = c.Kill(ctx, sb.SandboxID)
 		}
 		fmt.Fprintf(tw, "%s\tcreate → first command p50/p95\t%s\t%d samples\n", tier, pair(pct(lat, 50), pct(lat, 95)), len(lat))
-		if len(layers) > 0 {
+		if tier == "microvm" {
+			microVMFloor(ctx, tw, cfg.Creates)
+		} else if len(layers) > 0 {
 			runtime := map[string]string{"container": "runc", "gvisor": "runsc"}[tier]
 			if floor, err := rawFloor(ctx, runtime, layers, cfg.Creates); err != nil {
 				fmt.Fprintf(tw, "%s\traw `%s run` /bin/true p50\t-\t%v\n", tier, runtime, firstLine(err.Error()))
@@ -218,6 +222,12 @@ func cgroupRSS(dataDir, id string) (uint64, error) {
 	}
 	m, _ := filepath.Glob("/sys/fs/cgroup/memory/*/" + key + "/memory.stat")
 	if len(m) == 0 {
+		// A microVM: its QEMU's cgroup (guest RAM as QEMU touched it, and QEMU).
+		if k, err := hostkey.Read(filepath.Join(dataDir, "microvm", ".hostkey")); err == nil {
+			m, _ = filepath.Glob("/sys/fs/cgroup/memory/*/microvm-" + k.Key(id) + "/memory.stat")
+		}
+	}
+	if len(m) == 0 {
 		return 0, fmt.Errorf("no memory cgroup for sandbox %s (key %s)", id, key)
 	}
 	b, err := os.ReadFile(m[0])
@@ -298,4 +308,50 @@ func rawFloor(ctx context.Context, runtime string, layers []string, n int) ([]ti
 		_ = os.RemoveAll(wk)
 	}
 	return out, nil
+}
+
+// microVMFloor prints the raw boot of the microVM guest (kernel to envd's
+// init, no devices) under KVM and under TCG separately, saying which one
+// booted: the server uses KVM where it boots, else TCG.
+func microVMFloor(ctx context.Context, tw io.Writer, n int) {
+	initrds, _ := filepath.Glob("/run/*/microvm/initrd-*.cpio")
+	if len(initrds) == 0 {
+		fmt.Fprintf(tw, "microvm\traw guest boot\t-\tno initrd under /run/*/microvm (the server builds it at first use)\n")
+		return
+	}
+	slices.SortFunc(initrds, func(a, b string) int { return modTime(b).Compare(modTime(a)) })
+	ran := ""
+	for _, accel := range []string{"kvm", "tcg"} {
+		var boots []time.Duration
+		var err error
+		for range max(n/2, 3) {
+			bctx, cancel := context.WithTimeout(ctx, map[string]time.Duration{"kvm": 15 * time.Second, "tcg": time.Minute}[accel])
+			var d time.Duration
+			d, err = microvm.RawBoot(bctx, accel, initrds[0])
+			cancel()
+			if err != nil {
+				break
+			}
+			boots = append(boots, d)
+		}
+		if err != nil {
+			fmt.Fprintf(tw, "microvm\traw guest boot to init (%s)\t-\tdid not boot: %s\n", accel, firstLine(err.Error()))
+			continue
+		}
+		if ran == "" {
+			ran = accel
+		}
+		fmt.Fprintf(tw, "microvm\traw guest boot to init (%s) p50\t%s\tqemu microvm + kernel + initrd, %d samples\n", accel, round(pct(boots, 50)), len(boots))
+	}
+	if ran != "" {
+		fmt.Fprintf(tw, "microvm\taccelerator the server runs\t%s\tthe first that boots: kvm, else tcg (unless serve --microvm-accel)\n", ran)
+	}
+}
+
+func modTime(path string) time.Time {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return time.Time{}
+	}
+	return fi.ModTime()
 }

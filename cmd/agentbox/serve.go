@@ -32,6 +32,7 @@ import (
 	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/runtime"
 	"github.com/agentbox/agentbox/internal/runtime/bundle"
+	"github.com/agentbox/agentbox/internal/runtime/microvm"
 	"github.com/agentbox/agentbox/internal/runtime/runc"
 	"github.com/agentbox/agentbox/internal/runtime/runsc"
 	"github.com/agentbox/agentbox/internal/sandbox"
@@ -61,6 +62,7 @@ type serveConfig struct {
 	MaxCommandLife  time.Duration
 	HealthInterval  time.Duration
 	Runsc           string
+	MicroVMAccel    string
 	UserNS          bool
 	BuildBase       bool
 	LogLevel        string
@@ -126,6 +128,7 @@ which wins over the file.`,
 	f.DurationVar(&c.MaxCommandLife, "max-command-lifetime", sandbox.DefaultMaxCommandLifetime, "longest any one command in a sandbox may run; envd kills it then (a create may ask for less with maxCommandSeconds)")
 	f.DurationVar(&c.HealthInterval, "health-interval", 30*time.Second, "how often every sandbox's envd is health-checked")
 	f.StringVar(&c.Runsc, "runsc", "runsc", "gVisor runsc binary for the gvisor isolation tier (the tier is unavailable when it is missing)")
+	f.StringVar(&c.MicroVMAccel, "microvm-accel", "", "accelerator of the microvm isolation tier: kvm, tcg, or empty to use KVM where it boots a guest and TCG (software emulation) elsewhere")
 	f.BoolVar(&c.UserNS, "userns", true, "run container-tier sandboxes in a user namespace that owns their network namespace, each with a host uid range of its own (65536 ids from host uid 100000 on), so sandbox root owns nothing of another sandbox (template layers are shown through idmapped mounts, or uid-shifted copies where the kernel cannot idmap); --userns=false shares the host's user namespace")
 	addLifecycleFlags(f, &c.Lifecycle)
 	f.BoolVar(&c.BuildBase, "build-base", true, "build the base template at start if it is missing")
@@ -237,7 +240,7 @@ func findEnvd(explicit string) (string, error) {
 }
 
 // newRuntime registers the server's isolation tiers over one bundle store:
-// runc (the default) and runsc. The registry is the runtime the sandbox
+// runc (the default), runsc and microvm. The registry is the runtime the sandbox
 // manager uses; it routes each sandbox to its tier's driver.
 func newRuntime(c *serveConfig, runDir, envd, hookBin string, nw *network.Manager, log *slog.Logger) (*bundle.Store, *runtime.Tiers, error) {
 	runcRoot := filepath.Join(runDir, "runc")
@@ -262,7 +265,14 @@ func newRuntime(c *serveConfig, runDir, envd, hookBin string, nw *network.Manage
 	if err != nil {
 		return nil, nil, err
 	}
-	tiers, err := runtime.NewTiers(rc.Tier(), rs.Tier())
+	mv, err := microvm.New(microvm.Config{
+		StateDir: filepath.Join(c.DataDir, "microvm"), RunDir: filepath.Join(runDir, "microvm"), Envd: envd,
+		Accel: c.MicroVMAccel, CgroupParent: c.Instance, Net: nw,
+	}, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	tiers, err := runtime.NewTiers(rc.Tier(), rs.Tier(), mv.Tier())
 	if err != nil {
 		return nil, nil, err
 	}

@@ -16,6 +16,7 @@ import (
 	"syscall"
 
 	"github.com/agentbox/agentbox/internal/envd"
+	"github.com/agentbox/agentbox/internal/guestinit"
 )
 
 func main() {
@@ -28,6 +29,13 @@ func main() {
 	if len(os.Args) == 3 && os.Args[1] == "reap" && os.Args[2] == "--spare" {
 		// A reaper started ahead of its command (spare_linux.go).
 		os.Exit(envd.RunSpareReaper())
+	}
+	if guestinit.IsGuest() {
+		// A microVM's first process: set the guest up, then exec envd
+		// as its init. Returning means the guest cannot run.
+		err := guestinit.Run()
+		fmt.Fprintln(os.Stderr, "envd: microvm init:", err)
+		os.Exit(1)
 	}
 	// First: until this returns, sandbox root could ptrace every envd
 	// process (init, server, interpreter) and read its token. CRIU (host

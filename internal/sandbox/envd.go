@@ -27,7 +27,7 @@ func (m *Manager) envdOf(sb *Sandbox) *envdclient.Client {
 // sandboxes, its access token.
 func (m *Manager) initEnvd(ctx context.Context, sb *Sandbox, startCmd string, pol network.Policy) error {
 	c := m.envdOf(sb)
-	if err := c.WaitHealthy(ctx, m.cfg.EnvdReadyWait); err != nil {
+	if err := c.WaitHealthy(ctx, m.envdReadyWait(sb)); err != nil {
 		return err
 	}
 	// Before /init: the start command (the code interpreter's kernels)
@@ -43,13 +43,25 @@ func (m *Manager) initEnvd(ctx context.Context, sb *Sandbox, startCmd string, po
 	return c.Init(ctx, body, "")
 }
 
+// microVMReadyWait is how long a microVM's envd may take to answer: its
+// guest kernel boots first, under software emulation on hosts without KVM.
+const microVMReadyWait = 90 * time.Second
+
+// envdReadyWait is how long sb's envd may take to answer after its start.
+func (m *Manager) envdReadyWait(sb *Sandbox) time.Duration {
+	if sb.Isolation == IsolationMicroVM {
+		return max(m.cfg.EnvdReadyWait, microVMReadyWait)
+	}
+	return m.cfg.EnvdReadyWait
+}
+
 // reinitEnvd hands a restored or claimed envd its new identity: env vars,
 // command cap, and the access token of the new sandbox. Its memory holds
 // the token of the sandbox it was checkpointed from (or made for), auth,
 // which authorises this call.
 func (m *Manager) reinitEnvd(ctx context.Context, sb *Sandbox, auth string, pol network.Policy) error {
 	c := envdclient.New(m.client, sb.IP, auth)
-	if err := c.WaitHealthy(ctx, m.cfg.EnvdReadyWait); err != nil {
+	if err := c.WaitHealthy(ctx, m.envdReadyWait(sb)); err != nil {
 		return fmt.Errorf("restored envd: %w", err)
 	}
 	if err := m.installEgressCAWith(ctx, c, sb, pol); err != nil {

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
@@ -14,6 +15,7 @@ import (
 const (
 	IsolationContainer = "container" // hardened runc: namespaces, seccomp, minimal caps
 	IsolationGVisor    = "gvisor"    // gVisor runsc: a user-space kernel between the sandbox and the host
+	IsolationMicroVM   = "microvm"   // QEMU microvm: a guest kernel of its own per sandbox
 )
 
 // MetadataIsolation is the metadata key clients that cannot send extension
@@ -21,12 +23,15 @@ const (
 const MetadataIsolation = "agentbox.isolation"
 
 // Isolations lists the tiers clients may ask for.
-func Isolations() []string { return []string{IsolationContainer, IsolationGVisor} }
+func Isolations() []string { return []string{IsolationContainer, IsolationGVisor, IsolationMicroVM} }
 
 // runtimeTier maps a client-facing tier to the runtime driver's name.
 func runtimeTier(isolation string) string {
-	if isolation == IsolationGVisor {
+	switch isolation {
+	case IsolationGVisor:
 		return "runsc"
+	case IsolationMicroVM:
+		return "microvm"
 	}
 	return "runc"
 }
@@ -59,7 +64,7 @@ func (m *Manager) resolveIsolation(req CreateRequest, tpl *template.Template) (s
 	if iso == "" {
 		iso = IsolationContainer
 	}
-	if iso != IsolationContainer && iso != IsolationGVisor {
+	if !slices.Contains(Isolations(), iso) {
 		return "", fmt.Errorf("isolation: %q is not a tier; use one of %s: %w", truncateID(iso), strings.Join(Isolations(), ", "), errdefs.ErrInvalidArgument)
 	}
 	if tc, ok := m.rt.(runtime.TierChecker); ok {

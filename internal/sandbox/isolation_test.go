@@ -56,6 +56,7 @@ func TestResolveIsolation(t *testing.T) {
 		{"metadata", CreateRequest{Metadata: map[string]string{MetadataIsolation: "kvm"}}, template.Template{}, "", `"kvm" is not a tier; use one of container, gvisor`},
 		{"template", CreateRequest{}, template.Template{Isolation: "gvisor"}, "", "only runs"},
 		{"unknown", CreateRequest{Isolation: "vm"}, template.Template{}, "", "not a tier"},
+		{"microvm", CreateRequest{Metadata: map[string]string{MetadataIsolation: "microvm"}}, template.Template{}, "", "only runs"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,0 +1,269 @@
+package microvm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
+)
+
+var (
+	_ runtime.Checkpointer     = (*Driver)(nil)
+	_ runtime.CheckpointProber = (*Driver)(nil)
+)
+
+// A pause image: the VM's state as QEMU migrated it to a file (RAM and
+// devices), beside the writable disk it goes with; or, for a
+// filesystem-only pause, only the marker.
+const (
+	imageDir     = "pause"
+	memoryFile   = "memory.img"
+	completeFile = "complete"
+	fsOnlyFile   = "fs-only"
+)
+
+// CheckpointSupported: a VM that runs can always be saved by its QEMU.
+func (d *Driver) CheckpointSupported() error { return d.available() }
+
+// Freeze stops the guest's CPUs; its memory stays in QEMU.
+func (d *Driver) Freeze(ctx context.Context, id string) error { return d.monitor(ctx, id, "stop") }
+
+// Thaw resumes the guest's CPUs.
+func (d *Driver) Thaw(ctx context.Context, id string) error { return d.monitor(ctx, id, "cont") }
+
+func (d *Driver) monitor(ctx context.Context, id, cmd string) error {
+	if err := bundle.CheckID(id); err != nil {
+		return err
+	}
+	if _, err := d.pid(id); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	q, err := d.dialQMP(ctx, id)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	defer q.Close()
+	if _, err := q.run(cmd, nil); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// errNoSnapshots: the tier pauses in place; snapshots and forks need the
+// writable disk copied beside the memory image, which it does not do yet.
+var errNoSnapshots = fmt.Errorf("the microvm tier pauses and resumes sandboxes but cannot snapshot or fork them yet; use the container tier for snapshots: %w", errdefs.ErrInvalidArgument)
+
+// Checkpoint saves the VM to its pause image and stops QEMU: the guest's
+// RAM and device state through QEMU's migration to a file (passed to QEMU
+// as a descriptor: its sandbox may not open files), the disk as it is.
+func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.CheckpointOptions) error {
+	if err := bundle.CheckID(id); err != nil {
+		return err
+	}
+	if opts.ImageDir != "" || opts.LeaveRunning || opts.UpperCopy != "" {
+		return fmt.Errorf("sandbox %s: %w", id, errNoSnapshots)
+	}
+	img := filepath.Join(d.dir(id), imageDir)
+	if err := os.RemoveAll(img); err != nil {
+		return err
+	}
+	if err := os.Mkdir(img, 0o700); err != nil {
+		return err
+	}
+	if opts.FilesystemOnly {
+		// The guest's unflushed writes may be lost, as on a crash.
+		if err := d.kill(ctx, id); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(img, fsOnlyFile), nil, 0o600); err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(img, completeFile), nil, 0o600)
+	}
+	if err := d.saveMemory(ctx, id, filepath.Join(img, memoryFile)); err != nil {
+		_ = d.Thaw(context.WithoutCancel(ctx), id)
+		return fmt.Errorf("sandbox %s: save VM: %w", id, err)
+	}
+	if err := d.kill(ctx, id); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(img, completeFile), nil, 0o600)
+}
+
+// saveMemory stops the guest and migrates its state into path.
+func (d *Driver) saveMemory(ctx context.Context, id, path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	q, err := d.dialQMP(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	if _, err := q.run("stop", nil); err != nil {
+		return err
+	}
+	if err := q.sendFD("agentbox-migrate", f); err != nil {
+		return err
+	}
+	if _, err := q.run("migrate", map[string]any{"uri": "fd:agentbox-migrate"}); err != nil {
+		return err
+	}
+	for {
+		r, err := q.run("query-migrate", nil)
+		if err != nil {
+			return err
+		}
+		var st struct {
+			Status    string `json:"status"`
+			ErrorDesc string `json:"error-desc"`
+		}
+		if err := json.Unmarshal(r, &st); err != nil {
+			return err
+		}
+		switch st.Status {
+		case "completed":
+			return f.Sync()
+		case "failed", "cancelled":
+			return fmt.Errorf("migration %s: %s", st.Status, st.ErrorDesc)
+		}
+		select {
+		case <-ctx.Done():
+			_, _ = q.run("migrate_cancel", nil)
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// sendFD hands QEMU a descriptor under name (QMP getfd with SCM_RIGHTS).
+func (q *qmp) sendFD(name string, f *os.File) error {
+	uc, ok := q.c.(*net.UnixConn)
+	if !ok {
+		return errors.New("qemu monitor is not a unix socket")
+	}
+	b, _ := json.Marshal(map[string]any{"execute": "getfd", "arguments": map[string]any{"fdname": name}})
+	if _, _, err := uc.WriteMsgUnix(append(b, '\n'), unix.UnixRights(int(f.Fd())), nil); err != nil {
+		return fmt.Errorf("qemu getfd: %w", err)
+	}
+	_, err := q.read("getfd")
+	return err
+}
+
+// Restore starts sandbox spec.ID again from its pause image, in place.
+func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.RestoreOptions) error {
+	if err := bundle.CheckID(spec.ID); err != nil {
+		return err
+	}
+	if opts.ImageDir != "" {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, errNoSnapshots)
+	}
+	p := d.probe()
+	if p.err != nil {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, p.err)
+	}
+	img := filepath.Join(d.dir(spec.ID), imageDir)
+	if _, err := os.Stat(filepath.Join(img, completeFile)); err != nil {
+		return fmt.Errorf("sandbox %s: no pause image: %w", spec.ID, errdefs.ErrNotFound)
+	}
+	if _, err := d.pid(spec.ID); err == nil {
+		return fmt.Errorf("sandbox %s is running: %w", spec.ID, errdefs.ErrConflict)
+	}
+	// In place: the VM is the one Create made, on the same root and
+	// netns, whatever the resume request carries.
+	var created runtime.Spec
+	b, err := os.ReadFile(filepath.Join(d.dir(spec.ID), specFile))
+	if err == nil {
+		err = json.Unmarshal(b, &created)
+	}
+	if err != nil {
+		return fmt.Errorf("sandbox %s: the spec it was created with: %w", spec.ID, err)
+	}
+	spec.Layers, spec.Resources = created.Layers, created.Resources
+	if spec.NetNSPath == "" {
+		spec.NetNSPath = created.NetNSPath
+	}
+	root, err := d.rootImage(ctx, spec.Layers)
+	if err != nil {
+		return err
+	}
+	if d.cfg.Net != nil {
+		if err := d.cfg.Net.Plug(ctx, spec.ID, 0); err != nil {
+			return err
+		}
+	}
+	mac, _, _, _, err := guestNet(spec.NetNSPath)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: network: %w", spec.ID, err)
+	}
+	_, statErr := os.Stat(filepath.Join(img, fsOnlyFile))
+	if opts.FilesystemOnly || statErr == nil {
+		return d.start(ctx, spec, p, root, mac, nil)
+	}
+	f, err := os.Open(filepath.Join(img, memoryFile))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	// The image is QEMU's descriptor 3.
+	if err := d.startWith(ctx, spec, p, root, mac, []string{"-incoming", "fd:3"}, f); err != nil {
+		return err
+	}
+	return d.resumeIncoming(ctx, spec.ID)
+}
+
+// resumeIncoming waits until QEMU has loaded the image, then runs the
+// guest (the source was stopped, so it arrives paused).
+func (d *Driver) resumeIncoming(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	for {
+		st, err := d.qmpStatus(ctx, id)
+		if err != nil {
+			return fmt.Errorf("sandbox %s: restore: %w", id, err)
+		}
+		switch st {
+		case "inmigrate":
+		case "running":
+			return nil
+		case "paused", "prelaunch":
+			return d.Thaw(ctx, id)
+		default:
+			return fmt.Errorf("sandbox %s: restore: the VM is %s", id, st)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("sandbox %s: restore: %w", id, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// HasCheckpoint reports whether a complete pause image of id exists.
+func (d *Driver) HasCheckpoint(ctx context.Context, id string) (bool, error) {
+	if err := bundle.CheckID(id); err != nil {
+		return false, err
+	}
+	_, err := os.Stat(filepath.Join(d.dir(id), imageDir, completeFile))
+	return err == nil, nil
+}
+
+// DropCheckpoint removes id's pause image.
+func (d *Driver) DropCheckpoint(ctx context.Context, id string) error {
+	if err := bundle.CheckID(id); err != nil {
+		return err
+	}
+	return os.RemoveAll(filepath.Join(d.dir(id), imageDir))
+}
