@@ -73,6 +73,8 @@ type serveConfig struct {
 	Net             netFlags
 	Lifecycle       lifecycleFlags // serve_lifecycle.go
 	Audit           auditFlags     // audit.go
+
+	CRIUFreezeTimeout time.Duration // runc.Config.FreezeTimeout
 }
 
 func newServeCmd() *cobra.Command {
@@ -121,6 +123,7 @@ which wins over the file.`,
 	f.DurationVar(&c.MaxTimeout, "max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
 	f.DurationVar(&c.MaxCommandLife, "max-command-lifetime", sandbox.DefaultMaxCommandLifetime, "longest any one command in a sandbox may run; envd kills it then (a create may ask for less with maxCommandSeconds)")
 	f.DurationVar(&c.HealthInterval, "health-interval", 30*time.Second, "how often every sandbox's envd is health-checked")
+	f.DurationVar(&c.CRIUFreezeTimeout, "criu-freeze-timeout", runc.DefaultFreezeTimeout, "how long a pause, snapshot or fork of a container-tier sandbox may take to freeze its processes (CRIU's --timeout, whole seconds, at least 1s); a pause that times out is tried once more, then fails with the sandbox still running")
 	f.StringVar(&c.Runsc, "runsc", "runsc", "gVisor runsc binary for the gvisor isolation tier (the tier is unavailable when it is missing)")
 	f.BoolVar(&c.UserNS, "userns", true, "run container-tier sandboxes in a user namespace that owns their network namespace, each with a host uid range of its own (65536 ids from host uid 100000 on), so sandbox root owns nothing of another sandbox (template layers are shown through idmapped mounts, or uid-shifted copies where the kernel cannot idmap); --userns=false shares the host's user namespace")
 	addLifecycleFlags(f, &c.Lifecycle)
@@ -249,7 +252,7 @@ func newRuntime(c *serveConfig, runDir, envd, hookBin string, nw *network.Manage
 	if err != nil {
 		return nil, nil, err
 	}
-	rc, err := runc.New(runc.Config{Bundles: bundles, Binary: c.Runc, Root: runcRoot, Net: nw}, log)
+	rc, err := runc.New(runc.Config{Bundles: bundles, Binary: c.Runc, Root: runcRoot, Net: nw, FreezeTimeout: c.CRIUFreezeTimeout}, log)
 	if err != nil {
 		return nil, nil, err
 	}
