@@ -309,6 +309,8 @@ func (s *Store) Remove(id string) error {
 	var errs []error
 	if err := Unmount(filepath.Join(dir, "rootfs")); err != nil {
 		errs = append(errs, err)
+	} else {
+		_ = os.Remove(filepath.Join(dir, layersFile)) // its layers are free now
 	}
 	s.releaseIdmaps()
 	if err := unmountDisk(dir); err != nil {
