@@ -74,7 +74,8 @@ type serveConfig struct {
 	Lifecycle       lifecycleFlags // serve_lifecycle.go
 	Audit           auditFlags     // audit.go
 
-	CRIUFreezeTimeout time.Duration // runc.Config.FreezeTimeout
+	CRIUFreezeTimeout    time.Duration // runc.Config.FreezeTimeout
+	VolumeTeamMaxTotalMB int           // volume.Config.MaxTotalMBPerTeam
 }
 
 func newServeCmd() *cobra.Command {
@@ -137,6 +138,7 @@ which wins over the file.`,
 	f.IntVar(&c.VolumeSizeMB, "volume-size", volume.DefaultSizeMB, "size limit in MiB of a team volume created without sizeMB")
 	f.IntVar(&c.VolumeMaxSizeMB, "volume-max-size", volume.DefaultMaxSizeMB, "largest volume in MiB a team may create (images are sparse: the host's disk holds what is written, up to the sum of the sizes)")
 	f.IntVar(&c.MaxVolumes, "max-volumes", volume.DefaultMaxPerTeam, "most volumes one team may have")
+	f.IntVar(&c.VolumeTeamMaxTotalMB, "volume-team-max-total-size", volume.DefaultMaxTotalMBPerTeam, "most MiB the sizes of one team's volumes may add up to")
 	addNetFlags(f, &c.Net)
 	addAuditFlags(f, &c.Audit)
 	return cmd
@@ -420,7 +422,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		return err
 	}
 	vols, err := volume.New(ctx, volume.Config{Dir: filepath.Join(c.DataDir, "volumes"), DefaultSizeMB: c.VolumeSizeMB,
-		MaxSizeMB: c.VolumeMaxSizeMB, MaxPerTeam: c.MaxVolumes}, st, log)
+		MaxSizeMB: c.VolumeMaxSizeMB, MaxPerTeam: c.MaxVolumes, MaxTotalMBPerTeam: c.VolumeTeamMaxTotalMB}, st, log)
 	if err != nil {
 		return err
 	}
