@@ -2,13 +2,16 @@ package outside
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/agentbox/agentbox/e2e/harness"
+	"github.com/agentbox/agentbox/internal/store"
 )
 
 // TestVolumeQuotaAttacks: a team that fills its volume quotas (how many,
@@ -72,4 +75,71 @@ func TestVolumeQuotaAttacks(t *testing.T) {
 			return teamB(16)
 		}},
 	})
+
+	// Creates, mounts and deletes of volumes are in the audit log, with
+	// the team and key that made them.
+	st, b, err := s.Do(ctx, keyA, http.MethodPost, "/sandboxes", map[string]any{"templateID": "base", "timeout": 120,
+		"volumeMounts": []map[string]string{{"name": "a-volume-team-max-total-size-0", "path": "/data"}}})
+	if err != nil || st != http.StatusCreated {
+		t.Fatalf("create a sandbox mounting a volume: %d %s %v", st, b, err)
+	}
+	sbID := jsonField(t, b, "sandboxID")
+	if st, b, err := s.Do(ctx, keyA, http.MethodDelete, "/sandboxes/"+sbID, nil); err != nil || st/100 != 2 {
+		t.Fatalf("kill the sandbox: %d %s %v", st, b, err)
+	}
+	st, b, err = s.Do(ctx, keyA, http.MethodGet, "/volumes", nil)
+	if err != nil || st != http.StatusOK {
+		t.Fatalf("list volumes: %d %s %v", st, b, err)
+	}
+	var vols []struct{ VolumeID, Name string }
+	if err := json.Unmarshal(b, &vols); err != nil {
+		t.Fatal(err)
+	}
+	var delID string
+	for _, v := range vols {
+		if v.Name == "a-max-volumes-0" {
+			delID = v.VolumeID
+		}
+	}
+	if st, b, err := s.Do(ctx, keyA, http.MethodDelete, "/volumes/"+delID, nil); err != nil || st != http.StatusNoContent {
+		t.Fatalf("delete volume %q: %d %s %v", delID, st, b, err)
+	}
+	db, err := store.Open(ctx, filepath.Join(s.DataDir, "agentbox.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rows, err := db.QueryAudit(ctx, store.AuditFilter{Kinds: []string{"lifecycle"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]string{} // action+name or id -> team
+	for _, r := range rows {
+		var f map[string]any
+		_ = json.Unmarshal([]byte(r.Fields), &f)
+		name, _ := f["name"].(string)
+		id, _ := f["volumeID"].(string)
+		seen[r.Action+" "+name+id] = r.TeamID
+	}
+	var teamA string
+	for _, want := range []string{"volume-create a-volume-team-max-total-size-0", "volume-create b-64-0",
+		"volume-mount a-volume-team-max-total-size-0", "volume-delete " + delID} {
+		team, ok := seen[want]
+		if !ok {
+			for k := range seen {
+				if strings.HasPrefix(k, want) {
+					team, ok = seen[k], true
+				}
+			}
+		}
+		if !ok || team == "" {
+			t.Errorf("no audit event %q with a team (events: %v)", want, seen)
+		}
+		if strings.Contains(want, " a-") {
+			teamA = team
+		}
+	}
+	if seen["volume-create b-64-0"] == teamA {
+		t.Errorf("team B's volume create is recorded as team A's (%s)", teamA)
+	}
 }
