@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -127,7 +126,7 @@ func (s *Store) mountRootfs(ctx context.Context, spec runtime.Spec, o Options, d
 	if err := os.WriteFile(filepath.Join(dir, layersFile), []byte(strings.Join(lower, "\n")+"\n"), 0o600); err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
-	opts, done, err := overlayOptions(lower, upper, work)
+	opts, done, err := runtime.OverlayOptions(lower, upper, work)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: mount overlay: %w", spec.ID, err)
 	}
@@ -142,51 +141,8 @@ func (s *Store) mountRootfs(ctx context.Context, spec runtime.Spec, o Options, d
 }
 
 // layersFile lists, one a line, the host paths of the lower layers of the
-// bundle's overlay: its mount options do not name them (overlayOptions).
+// bundle's overlay: its mount options do not name them (runtime.OverlayOptions).
 const layersFile = "layers"
-
-// overlayOptions are the overlay mount options of the layers, each named
-// by an O_PATH descriptor of this process (/proc/self/fd/N): overlay shows
-// its options as given in every /proc/<pid>/mountinfo, the sandbox's own
-// included, where host paths would tell sandbox code where the server keeps
-// templates and sandboxes. done closes the descriptors once the mount is
-// made.
-func overlayOptions(lower []string, upper, work string) (opts string, done func(), err error) {
-	var fds []int
-	done = func() {
-		for _, fd := range fds {
-			_ = unix.Close(fd)
-		}
-	}
-	name := func(p string) (string, error) {
-		fd, err := unix.Open(p, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return "", fmt.Errorf("layer %s: %w", p, err)
-		}
-		fds = append(fds, fd)
-		return "/proc/self/fd/" + strconv.Itoa(fd), nil
-	}
-	names := make([]string, 0, len(lower))
-	for _, l := range lower {
-		n, err := name(l)
-		if err != nil {
-			done()
-			return "", nil, err
-		}
-		names = append(names, n)
-	}
-	up, err := name(upper)
-	if err != nil {
-		done()
-		return "", nil, err
-	}
-	wk, err := name(work)
-	if err != nil {
-		done()
-		return "", nil, err
-	}
-	return "lowerdir=" + strings.Join(names, ":") + ",upperdir=" + up + ",workdir=" + wk, done, nil
-}
 
 // BuildFromImage builds the bundle of a sandbox restored from another
 // one's image: the overlay over spec.Layers (whose top is the captured

@@ -110,7 +110,7 @@ func (s *Store) releaseIdmaps() {
 			overlays = append(overlays, line)
 		}
 	}
-	// Overlays name their layers by descriptor (overlayOptions); each
+	// Overlays name their layers by descriptor (runtime.OverlayOptions); each
 	// bundle lists them in its layers file.
 	listed, _ := filepath.Glob(filepath.Join(s.cfg.StateDir, "*", layersFile))
 	for _, f := range listed {
