@@ -78,6 +78,9 @@ type serveConfig struct {
 	Net             netFlags
 	Lifecycle       lifecycleFlags // serve_lifecycle.go
 	Audit           auditFlags     // audit.go
+
+	CRIUFreezeTimeout    time.Duration // runc.Config.FreezeTimeout
+	VolumeTeamMaxTotalMB int           // volume.Config.MaxTotalMBPerTeam
 }
 
 func newServeCmd() *cobra.Command {
@@ -127,6 +130,7 @@ which wins over the file.`,
 	f.DurationVar(&c.MaxTimeout, "max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
 	f.DurationVar(&c.MaxCommandLife, "max-command-lifetime", sandbox.DefaultMaxCommandLifetime, "longest any one command in a sandbox may run; envd kills it then (a create may ask for less with maxCommandSeconds)")
 	f.DurationVar(&c.HealthInterval, "health-interval", 30*time.Second, "how often every sandbox's envd is health-checked")
+	f.DurationVar(&c.CRIUFreezeTimeout, "criu-freeze-timeout", runc.DefaultFreezeTimeout, "how long a pause, snapshot or fork of a container-tier sandbox may take to freeze its processes (CRIU's --timeout, whole seconds, at least 1s); a pause that times out is tried once more, then fails with the sandbox still running")
 	f.StringVar(&c.Runsc, "runsc", "runsc", "gVisor runsc binary for the gvisor isolation tier (the tier is unavailable when it is missing)")
 	f.StringVar(&c.MicroVMAccel, "microvm-accel", "", "accelerator of the microvm isolation tier: kvm, tcg, or empty to use KVM where it boots a guest and TCG (software emulation) elsewhere")
 	f.BoolVar(&c.UserNS, "userns", true, "run container-tier sandboxes in a user namespace that owns their network namespace, each with a host uid range of its own (65536 ids from host uid 100000 on), so sandbox root owns nothing of another sandbox (template layers are shown through idmapped mounts, or uid-shifted copies where the kernel cannot idmap); --userns=false shares the host's user namespace")
@@ -142,6 +146,7 @@ which wins over the file.`,
 	f.IntVar(&c.VolumeSizeMB, "volume-size", volume.DefaultSizeMB, "size limit in MiB of a team volume created without sizeMB")
 	f.IntVar(&c.VolumeMaxSizeMB, "volume-max-size", volume.DefaultMaxSizeMB, "largest volume in MiB a team may create (images are sparse: the host's disk holds what is written, up to the sum of the sizes)")
 	f.IntVar(&c.MaxVolumes, "max-volumes", volume.DefaultMaxPerTeam, "most volumes one team may have")
+	f.IntVar(&c.VolumeTeamMaxTotalMB, "volume-team-max-total-size", volume.DefaultMaxTotalMBPerTeam, "most MiB the sizes of one team's volumes may add up to")
 	addNetFlags(f, &c.Net)
 	addAuditFlags(f, &c.Audit)
 	return cmd
@@ -257,7 +262,7 @@ func newRuntime(c *serveConfig, runDir, envd, hookBin string, nw *network.Manage
 	if err != nil {
 		return nil, nil, err
 	}
-	rc, err := runc.New(runc.Config{Bundles: bundles, Binary: c.Runc, Root: runcRoot, Net: nw}, log)
+	rc, err := runc.New(runc.Config{Bundles: bundles, Binary: c.Runc, Root: runcRoot, Net: nw, FreezeTimeout: c.CRIUFreezeTimeout}, log)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -448,7 +453,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		return err
 	}
 	vols, err := volume.New(ctx, volume.Config{Dir: filepath.Join(c.DataDir, "volumes"), DefaultSizeMB: c.VolumeSizeMB,
-		MaxSizeMB: c.VolumeMaxSizeMB, MaxPerTeam: c.MaxVolumes}, st, log)
+		MaxSizeMB: c.VolumeMaxSizeMB, MaxPerTeam: c.MaxVolumes, MaxTotalMBPerTeam: c.VolumeTeamMaxTotalMB}, st, log)
 	if err != nil {
 		return err
 	}

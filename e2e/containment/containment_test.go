@@ -194,6 +194,7 @@ func newEnv(ctx context.Context, t *testing.T, srv *server, client *agentbox.Cli
 		"HOST_GW": strings.TrimSpace(gw.Stdout), "API_PORT": u.Port(), "NB_IP": e.nbIP, "NB_ID": e.nb.ID,
 		"DATA_DIR": srv.dataDir, "CANARY": e.canary, "CANARY_TOKEN": e.canaryTok, "HOST_SHADOW_SHA": hex.EncodeToString(sum[:]),
 		"HOST_HOSTNAME": host, "HOST_PORTS": strings.Join(hostListeners(), " "), "HOST_ADDRS": strings.Join(hostAddrs(), " "), "PROBE": e.probe,
+		"INSTANCE": srv.instance,
 	}
 	fwd, _ := os.ReadFile("/proc/sys/net/ipv4/ip_forward")
 	e.ipForward = strings.TrimSpace(string(fwd))

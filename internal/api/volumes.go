@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/agentbox/agentbox/api/gen/rest"
+	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/authlimit"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/sandbox"
@@ -84,11 +86,14 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 		writeError(w, invalid("sizeMB: must be positive, got %d", body.SizeMB))
 		return
 	}
-	v, err := s.vols.Create(detach(r.Context(), r), keyOf(r.Context()).TeamID, body.Name, body.SizeMB)
+	key := keyOf(r.Context())
+	v, err := s.vols.Create(detach(r.Context(), r), key.TeamID, body.Name, body.SizeMB)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
+	s.auditVolume(r.Context(), key, audit.Event{Kind: audit.KindLifecycle, Action: "volume-create",
+		Fields: map[string]any{"volumeID": v.ID, "name": v.Name, "sizeMB": v.SizeMB}})
 	writeJSON(w, http.StatusCreated, s.withToken(v))
 }
 
@@ -108,11 +113,24 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
 	if s.volumesOff(w) {
 		return
 	}
-	if err := s.vols.Delete(detach(r.Context(), r), keyOf(r.Context()).TeamID, r.PathValue("volumeID")); err != nil {
+	key := keyOf(r.Context())
+	id := r.PathValue("volumeID")
+	if err := s.vols.Delete(detach(r.Context(), r), key.TeamID, id); err != nil {
 		writeError(w, err)
 		return
 	}
+	s.auditVolume(r.Context(), key, audit.Event{Kind: audit.KindLifecycle, Action: "volume-delete", Fields: map[string]any{"volumeID": id}})
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// auditVolume records e, an event of the team's volumes rather than of a
+// sandbox, as done with key.
+func (s *Server) auditVolume(ctx context.Context, key store.APIKey, e audit.Event) {
+	if s.mgr == nil || s.mgr.Audit() == nil {
+		return
+	}
+	e.TeamID, e.APIKeyID = key.TeamID, key.ID
+	s.mgr.Audit().Record(ctx, e)
 }
 
 // ---- sandbox creates ----

@@ -23,6 +23,12 @@ import (
 //
 // Interactive mode matters: a non-interactive bash stops reacting to SIGINT
 // after an interrupted child (see research/interpreter.md §4).
+//
+// SIGINT is ignored between cells (PROMPT_COMMAND sets it so, the line that
+// sources a cell restores it): an interrupt that reaches an idle shell (its
+// cell ended as the client gave up) would otherwise make readline print a
+// prompt of its own, with status 130, which the next cell would take for
+// its end. A cell's own INT trap therefore lasts until the cell ends.
 type bashKernel struct {
 	p      *proc
 	dir    string
@@ -75,7 +81,7 @@ func startBash(ctx context.Context, cfg bashConfig) (*bashKernel, error) {
 	cmd.Env = kernelEnv(map[string]string{
 		"PS1": "", "PS2": "", "PS0": "",
 		"__AB_NONCE":     nonce,
-		"PROMPT_COMMAND": `__ab_rc=$?; printf '\036%s\036' "$__AB_NONCE"; printf '\036%s\036' "$__AB_NONCE" >&3; printf '\036%s:%d\036' "$__AB_NONCE" "$__ab_rc" >&2`,
+		"PROMPT_COMMAND": `__ab_rc=$?; trap '' INT; printf '\036%s\036' "$__AB_NONCE"; printf '\036%s\036' "$__AB_NONCE" >&3; printf '\036%s:%d\036' "$__AB_NONCE" "$__ab_rc" >&2`,
 		"HISTFILE":       "",
 		"PAGER":          "cat", "GIT_PAGER": "cat", "TERM": "dumb",
 	})
@@ -286,7 +292,7 @@ func (k *bashKernel) Execute(ctx context.Context, code string, silent bool, sink
 		sink.ExecutionCount(n)
 	}
 	k.stdinMu.Lock()
-	_, err := fmt.Fprintf(k.stdin, "source %s </dev/null 2>&3\n", shellQuote(file))
+	_, err := fmt.Fprintf(k.stdin, "trap - INT; source %s </dev/null 2>&3\n", shellQuote(file))
 	k.stdinMu.Unlock()
 	if err != nil {
 		k.mu.Lock()

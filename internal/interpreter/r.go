@@ -43,8 +43,13 @@ func startR(ctx context.Context, cfg rConfig) (*jupyterKernel, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("r kernel: %w", err)
 	}
-	// IRkernel's own kernelspec command line.
-	cmd := exec.Command(cfg.R, "--slave", "-e", "IRkernel::main()", "--args", connFile)
+	// IRkernel's own kernelspec command line, except that an interrupt
+	// reaching the kernel while idle (its cell ended as the client gave up)
+	// is resumed from instead of ending R with all its state: a running
+	// cell's own interrupt handler is innermost and still stops the cell.
+	cmd := exec.Command(cfg.R, "--slave", "-e",
+		`withCallingHandlers(IRkernel::main(), interrupt = function(c) invokeRestart("resume"))`,
+		"--args", connFile)
 	cmd.Dir = cfg.Cwd
 	cmd.Env = kernelEnv(map[string]string{"JPY_SESSION_NAME": ""})
 	cmd.Stdout, cmd.Stderr = cfg.Log, cfg.Log

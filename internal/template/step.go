@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/runtime"
 )
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -166,7 +167,12 @@ func mountOverlay(work string, lowers []string, upper string) (string, func(), e
 	}
 	top := slices.Clone(lowers)
 	slices.Reverse(top) // overlay lists the topmost lower first
-	opts := "lowerdir=" + strings.Join(top, ":") + ",upperdir=" + upper + ",workdir=" + ovlWork
+	// Layers named by descriptor: RUN steps see no host path in mountinfo.
+	opts, done, err := runtime.OverlayOptions(top, upper, ovlWork)
+	if err != nil {
+		return "", nil, fmt.Errorf("mount overlay: %w", err)
+	}
+	defer done()
 	if len(opts) > 4000 {
 		return "", nil, fmt.Errorf("%d layers are more than one overlay mount can stack: %w", len(lowers), errdefs.ErrResourceExhausted)
 	}

@@ -46,7 +46,9 @@ const (
 	DefaultSizeMB     = 1024
 	DefaultMaxSizeMB  = 16384
 	DefaultMaxPerTeam = 100
-	DefaultTokenTTL   = 24 * time.Hour
+	// DefaultMaxTotalMBPerTeam is Config.MaxTotalMBPerTeam's default.
+	DefaultMaxTotalMBPerTeam = 262144
+	DefaultTokenTTL          = 24 * time.Hour
 	// MinSizeMB is the smallest volume (ext4 needs room for its metadata).
 	MinSizeMB = 16
 	// MaxNameLen is the longest volume name.
@@ -63,6 +65,10 @@ type Config struct {
 	MaxSizeMB int
 	// MaxPerTeam is how many volumes one team may have.
 	MaxPerTeam int
+	// MaxTotalMBPerTeam is the most MiB the sizes of one team's volumes
+	// may add up to (images are sparse, so this bounds what the team can
+	// make the host's disk hold).
+	MaxTotalMBPerTeam int
 	// TokenTTL is how long a volume content token is valid.
 	TokenTTL time.Duration
 }
@@ -94,6 +100,9 @@ func New(ctx context.Context, cfg Config, st *store.Store, log *slog.Logger) (*S
 	}
 	if cfg.MaxSizeMB == 0 {
 		cfg.MaxSizeMB = DefaultMaxSizeMB
+	}
+	if cfg.MaxTotalMBPerTeam == 0 {
+		cfg.MaxTotalMBPerTeam = DefaultMaxTotalMBPerTeam
 	}
 	if cfg.MaxPerTeam == 0 {
 		cfg.MaxPerTeam = DefaultMaxPerTeam
@@ -190,7 +199,18 @@ func (s *Service) Create(ctx context.Context, teamID, name string, sizeMB int) (
 		return store.Volume{}, err
 	}
 	if n >= s.cfg.MaxPerTeam {
-		return store.Volume{}, fmt.Errorf("the team has %d volumes, the most this server allows; delete one first: %w", n, errdefs.ErrResourceExhausted)
+		return store.Volume{}, fmt.Errorf("the team has %d volumes, the most this server allows (agentbox serve --max-volumes); delete one first: %w", n, errdefs.ErrResourceExhausted)
+	}
+	vols, err := s.st.ListVolumes(ctx, teamID)
+	if err != nil {
+		return store.Volume{}, err
+	}
+	total := sizeMB
+	for _, v := range vols {
+		total += v.SizeMB
+	}
+	if total > s.cfg.MaxTotalMBPerTeam {
+		return store.Volume{}, fmt.Errorf("sizeMB: the team's volumes would add up to %d MiB, more than the %d MiB this server allows a team (agentbox serve --volume-team-max-total-size); delete a volume or ask for less: %w", total, s.cfg.MaxTotalMBPerTeam, errdefs.ErrResourceExhausted)
 	}
 	v := store.Volume{ID: newID(), TeamID: teamID, Name: name, SizeMB: sizeMB, CreatedAt: time.Now().UTC()}
 	dir := s.dir(v.ID)

@@ -334,3 +334,31 @@ func TestRemountSharesTheFilesystem(t *testing.T) {
 		t.Fatalf("the image is on %d loop devices", n)
 	}
 }
+
+// TestVolumeTeamTotalSize (root): the sizes of a team's volumes add up to
+// at most MaxTotalMBPerTeam; the refusal names the limit and its flag, and
+// another team's quota is its own.
+func TestVolumeTeamTotalSize(t *testing.T) {
+	testutil.RequireRoot(t)
+	e := newEnv(t, Config{DefaultSizeMB: 16, MaxSizeMB: 64, MaxTotalMBPerTeam: 80})
+	ctx := context.Background()
+	for _, tc := range []struct {
+		team, name string
+		size       int
+		want       error
+	}{
+		{e.a, "big", 64, nil},
+		{e.a, "over", 32, errdefs.ErrResourceExhausted},
+		{e.b, "theirs", 64, nil},
+		{e.a, "fits", 16, nil},
+		{e.a, "one-more", 16, errdefs.ErrResourceExhausted},
+	} {
+		_, err := e.s.Create(ctx, tc.team, tc.name, tc.size)
+		if (tc.want == nil && err != nil) || (tc.want != nil && !errors.Is(err, tc.want)) {
+			t.Fatalf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+		if err != nil && (!strings.Contains(err.Error(), "80 MiB") || !strings.Contains(err.Error(), "--volume-team-max-total-size")) {
+			t.Errorf("%s: the refusal does not name the limit and how to raise it: %v", tc.name, err)
+		}
+	}
+}

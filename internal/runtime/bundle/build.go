@@ -123,8 +123,15 @@ func (s *Store) mountRootfs(ctx context.Context, spec runtime.Spec, o Options, d
 		}
 	}
 	slices.Reverse(lower) // overlay wants the topmost layer first
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(lower, ":"), upper, work)
-	err := unix.Mount("overlay", rootfs, "overlay", 0, opts)
+	if err := os.WriteFile(filepath.Join(dir, layersFile), []byte(strings.Join(lower, "\n")+"\n"), 0o600); err != nil {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	opts, done, err := runtime.OverlayOptions(lower, upper, work)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: mount overlay: %w", spec.ID, err)
+	}
+	err = unix.Mount("overlay", rootfs, "overlay", 0, opts)
+	done()
 	s.idmapsMounted(lower)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: mount overlay: %w", spec.ID, err)
@@ -132,6 +139,10 @@ func (s *Store) mountRootfs(ctx context.Context, spec runtime.Spec, o Options, d
 	rb.Add(func() { _ = Unmount(rootfs) })
 	return nil
 }
+
+// layersFile lists, one a line, the host paths of the lower layers of the
+// bundle's overlay: its mount options do not name them (runtime.OverlayOptions).
+const layersFile = "layers"
 
 // BuildFromImage builds the bundle of a sandbox restored from another
 // one's image: the overlay over spec.Layers (whose top is the captured
@@ -254,6 +265,8 @@ func (s *Store) Remove(id string) error {
 	var errs []error
 	if err := Unmount(filepath.Join(dir, "rootfs")); err != nil {
 		errs = append(errs, err)
+	} else {
+		_ = os.Remove(filepath.Join(dir, layersFile)) // its layers are free now
 	}
 	s.releaseIdmaps()
 	if err := unmountDisk(dir); err != nil {

@@ -110,6 +110,14 @@ func (s *Store) releaseIdmaps() {
 			overlays = append(overlays, line)
 		}
 	}
+	// Overlays name their layers by descriptor (runtime.OverlayOptions); each
+	// bundle lists them in its layers file.
+	listed, _ := filepath.Glob(filepath.Join(s.cfg.StateDir, "*", layersFile))
+	for _, f := range listed {
+		if b, err := os.ReadFile(f); err == nil {
+			overlays = append(overlays, string(b))
+		}
+	}
 	for _, e := range entries {
 		p := filepath.Join(im.dir, e.Name())
 		if im.pending[p] > 0 || slices.ContainsFunc(overlays, func(l string) bool { return strings.Contains(l, p) }) {

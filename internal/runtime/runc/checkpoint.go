@@ -1,14 +1,17 @@
 package runc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	gorunc "github.com/containerd/go-runc"
 
@@ -104,6 +107,23 @@ func (d *Driver) criuClient(logFile string) (*gorunc.Runc, error) {
 	return c, nil
 }
 
+// DefaultFreezeTimeout is Config.FreezeTimeout's default.
+const DefaultFreezeTimeout = 30 * time.Second
+
+// freezeTimeoutConf is the CRIU configuration line of timeout t, rounded up
+// to whole seconds. CRIU applies its configuration file over runc's RPC
+// options, which set no timeout.
+func freezeTimeoutConf(t time.Duration) string {
+	return "timeout " + strconv.Itoa(int((t+time.Second-1)/time.Second))
+}
+
+// freezeTimedOut reports whether the failed dump whose CRIU work dir is
+// work gave up freezing the sandbox's cgroup.
+func freezeTimedOut(work string) bool {
+	b, err := os.ReadFile(filepath.Join(work, "dump.log"))
+	return err == nil && bytes.Contains(b, []byte("Unable to freeze cgroup"))
+}
+
 // criuFailed wraps a failed checkpoint or restore with runc's reason and
 // the first error of CRIU's own log in work, where the real cause is.
 func criuFailed(verb, logFile, work string, err error) error {
@@ -188,7 +208,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 	// connecting at this instant) cannot be dumped; CRIU would fail the
 	// whole pause on them. They are left out: their clients see a reset,
 	// as if the server had been restarted.
-	conf := []string{"skip-in-flight"}
+	conf := []string{"skip-in-flight", freezeTimeoutConf(d.cfg.FreezeTimeout)}
 	if hasBootID(dir) {
 		conf = append(conf, bootIDDumpConf())
 	}
@@ -200,8 +220,23 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 		actions = append(actions, gorunc.LeaveRunning)
 	}
 	copts := &gorunc.CheckpointOpts{ImagePath: img, WorkDir: work, AllowOpenTCP: true, FileLocks: true}
-	if err := rc.Checkpoint(ctx, d.cid(id), copts, actions...); err != nil {
-		return fmt.Errorf("sandbox %s: %w", id, criuFailed("checkpoint", logFile, work, err))
+	// A busy host can keep the freezer from catching every task in time;
+	// CRIU then thaws the sandbox, which keeps running, and one more try
+	// usually succeeds.
+	for attempt := 1; ; attempt++ {
+		err := rc.Checkpoint(ctx, d.cid(id), copts, actions...)
+		if err == nil {
+			break
+		}
+		err = criuFailed("checkpoint", logFile, work, err)
+		if !freezeTimedOut(work) {
+			return fmt.Errorf("sandbox %s: %w", id, err)
+		}
+		if attempt == 2 || !d.running(ctx, id) {
+			return fmt.Errorf("sandbox %s: its processes did not freeze within %s (the host is busy); it keeps running: pause again later, or raise the freeze timeout (agentbox serve --criu-freeze-timeout): %w: %w",
+				id, d.cfg.FreezeTimeout, errdefs.ErrUnavailable, err)
+		}
+		d.log.Warn("checkpoint: freeze timed out, trying once more", "id", id, "timeout", d.cfg.FreezeTimeout)
 	}
 	if base, ok := bundle.BundleRange(dir); ok && ns.OwnNet {
 		// The restored tasks read part of the image themselves, as the

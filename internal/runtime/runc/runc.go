@@ -40,6 +40,10 @@ type Config struct {
 	// CRIUPath is the CRIU binary for checkpoints (>= 4.2). Default:
 	// DefaultCRIUPath, then criu from PATH.
 	CRIUPath string
+	// FreezeTimeout is how long CRIU may take to freeze a sandbox's
+	// processes for a pause (CRIU's --timeout, whole seconds). Default
+	// DefaultFreezeTimeout; CRIU's own 10 s fails pauses on a busy host.
+	FreezeTimeout time.Duration
 	// Net, when set, receives every sandbox's network namespace: the
 	// network package only pre-makes the veth pair (network.Config
 	// Deferred) and Spec.NetNSPath is a placeholder until Net.Plug. It
@@ -76,6 +80,12 @@ func New(cfg Config, log *slog.Logger) (*Driver, error) {
 	}
 	if cfg.Root == "" {
 		cfg.Root = "/run/agentbox/runc"
+	}
+	if cfg.FreezeTimeout == 0 {
+		cfg.FreezeTimeout = DefaultFreezeTimeout
+	}
+	if cfg.FreezeTimeout < time.Second {
+		return nil, fmt.Errorf("runc: FreezeTimeout %s: want at least 1s (CRIU counts whole seconds): %w", cfg.FreezeTimeout, errdefs.ErrInvalidArgument)
 	}
 	bin, err := exec.LookPath(cfg.Binary)
 	if err != nil {
