@@ -9,12 +9,19 @@ before=$(mktemp -d)
 trap 'rm -rf "$before"' EXIT
 cp -a api/gen "$before/gen"
 cp go.mod go.sum "$before/"
+cp -a deploy/k8s/crds "$before/crds"
+mkdir -p "$before/kubeapis" && cp -a internal/kube/apis "$before/kubeapis/"
 make -s generate
 go mod tidy
 stale=0
 if ! diff -r "$before/gen" api/gen >"$before/gen.diff"; then
 	echo "check-generated: api/gen is stale; run 'make generate' and commit:" >&2
 	head -40 "$before/gen.diff" >&2
+	stale=1
+fi
+if ! diff -r "$before/crds" deploy/k8s/crds >"$before/crds.diff" || ! diff -r "$before/kubeapis/apis" internal/kube/apis >>"$before/crds.diff"; then
+	echo "check-generated: deploy/k8s/crds or internal/kube/apis deepcopy is stale; run 'make generate' and commit:" >&2
+	head -40 "$before/crds.diff" >&2
 	stale=1
 fi
 for f in go.mod go.sum; do
