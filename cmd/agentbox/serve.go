@@ -73,6 +73,7 @@ type serveConfig struct {
 	Net             netFlags
 	Lifecycle       lifecycleFlags // serve_lifecycle.go
 	Audit           auditFlags     // audit.go
+	Kube            kubeFlags      // serve_kube.go
 }
 
 func newServeCmd() *cobra.Command {
@@ -136,6 +137,7 @@ which wins over the file.`,
 	f.IntVar(&c.MaxVolumes, "max-volumes", volume.DefaultMaxPerTeam, "most volumes one team may have")
 	addNetFlags(f, &c.Net)
 	addAuditFlags(f, &c.Audit)
+	addKubeFlags(f, &c.Kube)
 	return cmd
 }
 
@@ -439,6 +441,9 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	go mgr.Run(runCtx)
 	defer runAudit(runCtx, mgr.Audit())() // audit.go
 	startSyscallAudit(runCtx, mgr, bundles, c.Instance, log)
+	if err := startKube(runCtx, c.Kube, mgr, st, c, log); err != nil { // serve_kube.go
+		return err
+	}
 
 	apiSrv := api.New(log, st, mgr, templates)
 	if c.MetricsToken != "" {
