@@ -247,7 +247,20 @@ func (r *claimReconciler) coldStart(ctx context.Context, claim *extv1.SandboxCla
 	if err := controllerutil.SetControllerReference(claim, s, r.c.Scheme()); err != nil {
 		return "", err
 	}
-	if err := r.c.Create(ctx, s); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := r.c.Create(ctx, s); apierrors.IsAlreadyExists(err) {
+		// Ours from an earlier try, or someone else's: never take over a
+		// Sandbox the claim did not make.
+		var have agentsv1.Sandbox
+		if err := r.api.Get(ctx, client.ObjectKeyFromObject(s), &have); err != nil {
+			return "", err
+		}
+		if !metav1.IsControlledBy(&have, claim) {
+			msg := fmt.Sprintf("a Sandbox named %q exists and is not this claim's; rename the claim or delete that Sandbox", s.Name)
+			setCond(&claim.Status.Conditions, claim.Generation, agentsv1.ConditionReady, false, extv1.ReasonInvalidClaim, msg)
+			return "", nil
+		}
+		return s.Name, nil
+	} else if err != nil {
 		return "", fmt.Errorf("create Sandbox %s: %w", s.Name, err)
 	}
 	r.event(claim, false, "ColdStart", "Claim", "created Sandbox %s from SandboxTemplate %s", s.Name, tpl.Name)

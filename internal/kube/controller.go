@@ -132,7 +132,7 @@ func New(cfg Config, sbs Sandboxes, logger *slog.Logger) (*Controller, error) {
 		return nil, fmt.Errorf("kube: controller manager: %w", err)
 	}
 	rec := mgr.GetEventRecorder("agentbox")
-	base := reconcilerBase{c: mgr.GetClient(), rec: rec, sbs: sbs, cfg: cfg, log: logger}
+	base := reconcilerBase{c: mgr.GetClient(), api: mgr.GetAPIReader(), rec: rec, sbs: sbs, cfg: cfg, log: logger}
 	opts := controller.Options{MaxConcurrentReconciles: 4}
 	if err := ctrl.NewControllerManagedBy(mgr).For(&agentsv1.Sandbox{}).Named("sandbox").WithOptions(opts).
 		Complete(&sandboxReconciler{base}); err != nil {

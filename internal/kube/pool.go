@@ -27,7 +27,7 @@ type poolReconciler struct{ reconcilerBase }
 // members lists the pool's unclaimed sandboxes.
 func (b reconcilerBase) members(ctx context.Context, pool *extv1.SandboxWarmPool) ([]agentsv1.Sandbox, error) {
 	var list agentsv1.SandboxList
-	if err := b.c.List(ctx, &list, client.InNamespace(pool.Namespace), client.MatchingLabels{agentsv1.LabelWarmPool: pool.Name}); err != nil {
+	if err := b.api.List(ctx, &list, client.InNamespace(pool.Namespace), client.MatchingLabels{agentsv1.LabelWarmPool: pool.Name}); err != nil {
 		return nil, fmt.Errorf("list pool members: %w", err)
 	}
 	out := list.Items[:0]

@@ -22,7 +22,10 @@ import (
 )
 
 type reconcilerBase struct {
-	c   client.Client
+	c client.Client
+	// api reads past the cache: pool membership must not lag behind the
+	// creates and adoptions just made, or a pool over-creates.
+	api client.Reader
 	rec recorder.EventRecorder
 	sbs Sandboxes
 	cfg Config
@@ -199,7 +202,9 @@ func (r *sandboxReconciler) keepAlive(ctx context.Context, team string, obj *age
 			return ctrl.Result{}, err
 		}
 	}
-	next := want / 4
+	// Often enough to undo a client's shorter timeout (an E2B connect sets
+	// one) long before it ends the sandbox.
+	next := min(want/4, time.Minute)
 	if t := obj.Spec.ShutdownTime; t != nil && time.Until(t.Time) < next {
 		next = time.Until(t.Time) + time.Second
 	}
