@@ -78,8 +78,12 @@ func (r *claimReconciler) reconcile(ctx context.Context, claim *extv1.SandboxCla
 	name := st.SandboxStatus.Name
 	if name == "" {
 		got, err := r.acquire(ctx, claim)
-		if err != nil || got == "" {
+		if err != nil {
 			return ctrl.Result{}, err
+		}
+		if got == "" {
+			// Its condition says why; the pool or template may come.
+			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
 		}
 		name = got
 		st.SandboxStatus.Name = name

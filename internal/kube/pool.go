@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -73,7 +74,9 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 	if err := r.c.Get(ctx, client.ObjectKey{Namespace: pool.Namespace, Name: pool.Spec.TemplateRef.Name}, &tpl); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.event(&pool, true, extv1.ReasonTemplateNotFound, "Replenish", "SandboxTemplate %q not found in namespace %q (spec.sandboxTemplateRef.name)", pool.Spec.TemplateRef.Name, pool.Namespace)
-			return ctrl.Result{}, nil // the template's creation enqueues the pool
+			// The template's creation enqueues the pool, unless the pool
+			// was not yet in the cache then: look again.
+			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
 		}
 		return ctrl.Result{}, err
 	}
