@@ -1,0 +1,399 @@
+// Package kube tests `agentbox serve --kube-controller` against a real
+// kube-apiserver and etcd (envtest, binaries built by
+// scripts/k8s-test-bins.sh): agent-sandbox manifests become sandboxes of the
+// server that run commands through its gateway.
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
+
+	"github.com/agentbox/agentbox/e2e/harness"
+	agentbox "github.com/agentbox/agentbox/sdk/go"
+)
+
+// defaultAssets is where scripts/k8s-test-bins.sh puts etcd and
+// kube-apiserver.
+const defaultAssets = "/var/cache/agentbox/k8s-bin/etcd-v3.6.16-kube-apiserver-v1.37.0"
+
+const ns = "agents"
+
+// The manifests as written for agent-sandbox: only the image names an
+// agentbox template.
+const manifests = `
+apiVersion: extensions.agents.x-k8s.io/v1beta1
+kind: SandboxTemplate
+metadata:
+  name: python
+  namespace: agents
+spec:
+  podTemplate:
+    spec:
+      runtimeClassName: runc
+      containers:
+      - name: agent
+        image: base
+        workingDir: /tmp
+        env:
+        - name: FROM_TEMPLATE
+          value: tpl-value
+        resources:
+          limits:
+            cpu: "1"
+            memory: 512Mi
+---
+apiVersion: extensions.agents.x-k8s.io/v1beta1
+kind: SandboxWarmPool
+metadata:
+  name: python-pool
+  namespace: agents
+spec:
+  replicas: 1
+  sandboxTemplateRef:
+    name: python
+---
+apiVersion: extensions.agents.x-k8s.io/v1beta1
+kind: SandboxClaim
+metadata:
+  name: my-claim
+  namespace: agents
+spec:
+  warmPoolRef:
+    name: python-pool
+`
+
+func assets(t *testing.T) string {
+	dir := os.Getenv("KUBEBUILDER_ASSETS")
+	if dir == "" {
+		dir = defaultAssets
+	}
+	for _, b := range []string{"etcd", "kube-apiserver"} {
+		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
+			msg := "envtest binaries missing (" + err.Error() + "): run scripts/k8s-test-bins.sh (install-deps does)"
+			if os.Getenv("AGENTBOX_REQUIRE_ROOT") == "1" {
+				t.Fatal(msg)
+			}
+			t.Skip(msg)
+		}
+	}
+	return dir
+}
+
+func decode(t *testing.T, docs string) []*unstructured.Unstructured {
+	t.Helper()
+	var out []*unstructured.Unstructured
+	for _, doc := range strings.Split(docs, "\n---\n") {
+		if strings.TrimSpace(doc) == "" {
+			continue
+		}
+		u := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
+			t.Fatalf("manifest: %v", err)
+		}
+		out = append(out, u)
+	}
+	return out
+}
+
+var (
+	claimGVK   = schema.GroupVersionKind{Group: "extensions.agents.x-k8s.io", Version: "v1beta1", Kind: "SandboxClaim"}
+	sandboxGVK = schema.GroupVersionKind{Group: "agents.x-k8s.io", Version: "v1beta1", Kind: "Sandbox"}
+)
+
+func get(ctx context.Context, c client.Client, gvk schema.GroupVersionKind, name string) (*unstructured.Unstructured, error) {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(gvk)
+	return u, c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, u)
+}
+
+func condition(u *unstructured.Unstructured, typ string) *metav1.Condition {
+	raw, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	var conds []metav1.Condition
+	for _, r := range raw {
+		m, _ := r.(map[string]any)
+		s, _ := m["type"].(string)
+		st, _ := m["status"].(string)
+		rs, _ := m["reason"].(string)
+		msg, _ := m["message"].(string)
+		conds = append(conds, metav1.Condition{Type: s, Status: metav1.ConditionStatus(st), Reason: rs, Message: msg})
+	}
+	return meta.FindStatusCondition(conds, typ)
+}
+
+// waitFor polls f until it returns true or the context ends.
+func waitFor(ctx context.Context, t *testing.T, what string, f func() (bool, string)) {
+	t.Helper()
+	last := ""
+	for {
+		ok, state := f()
+		if ok {
+			return
+		}
+		last = state
+		select {
+		case <-ctx.Done():
+			t.Fatalf("waiting for %s: %v; last state: %s", what, ctx.Err(), last)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func TestKubeController(t *testing.T) {
+	dir := assets(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: dir,
+		CRDDirectoryPaths:     []string{filepath.Join(harness.RepoRoot(t), "deploy", "k8s", "crds")},
+		ErrorIfCRDPathMissing: true,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		t.Fatalf("envtest start: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := env.Stop(); err != nil {
+			t.Errorf("envtest stop: %v", err)
+		}
+	})
+	user, err := env.AddUser(envtest.User{Name: "agentbox-controller", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := user.KubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kcPath := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kcPath, kc, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nsObj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": ns}}}
+	if err := c.Create(ctx, nsObj); err != nil {
+		t.Fatal(err)
+	}
+
+	s := harness.Start(t, harness.Args("--kube-controller", "--kubeconfig", kcPath, "--kube-node", "node-a", "--kube-team", ns+"=default"))
+	// Before the server's teardown: pools and claims go first, so the
+	// controller makes no sandbox while the teardown kills them.
+	t.Cleanup(func() { drain(t, c) })
+	sdk := agentbox.New(agentbox.WithAPIURL(s.URL), agentbox.WithSandboxURL(s.URL), agentbox.WithAPIKey(s.APIKey))
+
+	t.Run("invalid specs are refused naming the field", func(t *testing.T) {
+		for _, tc := range []struct{ doc, field string }{
+			{`apiVersion: extensions.agents.x-k8s.io/v1beta1
+kind: SandboxWarmPool
+metadata: {name: bad-pool, namespace: agents}
+spec: {replicas: -1, sandboxTemplateRef: {name: python}}`, "spec.replicas"},
+			{`apiVersion: agents.x-k8s.io/v1beta1
+kind: Sandbox
+metadata: {name: bad-sandbox, namespace: agents}
+spec:
+  podTemplate:
+    spec:
+      containers: [{name: a}]`, "containers[0].image"},
+			{`apiVersion: agents.x-k8s.io/v1beta1
+kind: Sandbox
+metadata: {name: bad-mode, namespace: agents}
+spec:
+  operatingMode: Sleeping
+  podTemplate:
+    spec:
+      containers: [{name: a, image: base}]`, "spec.operatingMode"},
+		} {
+			obj := decode(t, tc.doc)[0]
+			err := c.Create(ctx, obj)
+			if err == nil || !strings.Contains(err.Error(), tc.field) {
+				t.Errorf("create %s %s: err = %v, want a refusal naming %s", obj.GetKind(), obj.GetName(), err, tc.field)
+			}
+		}
+	})
+
+	t.Run("claim for a missing pool or template says so", func(t *testing.T) {
+		for _, doc := range decode(t, `apiVersion: extensions.agents.x-k8s.io/v1beta1
+kind: SandboxClaim
+metadata: {name: lost-claim, namespace: agents}
+spec: {warmPoolRef: {name: no-such-pool}}
+---
+apiVersion: extensions.agents.x-k8s.io/v1beta1
+kind: SandboxWarmPool
+metadata: {name: orphan-pool, namespace: agents}
+spec: {replicas: 0, sandboxTemplateRef: {name: no-such-template}}
+---
+apiVersion: extensions.agents.x-k8s.io/v1beta1
+kind: SandboxClaim
+metadata: {name: orphan-claim, namespace: agents}
+spec: {warmPoolRef: {name: orphan-pool}}`) {
+			if err := c.Create(ctx, doc); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for name, want := range map[string][2]string{
+			"lost-claim":   {"WarmPoolNotFound", `"no-such-pool"`},
+			"orphan-claim": {"TemplateNotFound", `"no-such-template"`},
+		} {
+			waitFor(ctx, t, name+" condition", func() (bool, string) {
+				u, err := get(ctx, c, claimGVK, name)
+				if err != nil {
+					return false, err.Error()
+				}
+				cond := condition(u, "Ready")
+				if cond == nil {
+					return false, "no Ready condition"
+				}
+				return cond.Status == metav1.ConditionFalse && cond.Reason == want[0] && strings.Contains(cond.Message, want[1]), cond.Reason + ": " + cond.Message
+			})
+		}
+	})
+
+	var claimed, sandboxID string
+	t.Run("template, warm pool and claim give a ready sandbox reachable through the gateway", func(t *testing.T) {
+		objs := decode(t, manifests)
+		// The pool first, alone: the claim must adopt its ready member.
+		for _, o := range objs[:2] {
+			if err := c.Create(ctx, o); err != nil {
+				t.Fatalf("create %s: %v", o.GetKind(), err)
+			}
+		}
+		waitFor(ctx, t, "a ready pool member", func() (bool, string) {
+			list := &unstructured.UnstructuredList{}
+			list.SetGroupVersionKind(sandboxGVK.GroupVersion().WithKind("SandboxList"))
+			if err := c.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{"agents.x-k8s.io/warm-pool-sandbox": "python-pool"}); err != nil {
+				return false, err.Error()
+			}
+			for _, u := range list.Items {
+				if cond := condition(&u, "Ready"); cond != nil && cond.Status == metav1.ConditionTrue {
+					return true, ""
+				}
+			}
+			return false, "members: " + func() string {
+				var b strings.Builder
+				for _, u := range list.Items {
+					if cond := condition(&u, "Ready"); cond != nil {
+						b.WriteString(u.GetName() + "=" + cond.Reason + ": " + cond.Message + "; ")
+					}
+				}
+				return b.String()
+			}()
+		})
+		if err := c.Create(ctx, objs[2]); err != nil {
+			t.Fatalf("create claim: %v", err)
+		}
+		waitFor(ctx, t, "claim Ready", func() (bool, string) {
+			u, err := get(ctx, c, claimGVK, "my-claim")
+			if err != nil {
+				return false, err.Error()
+			}
+			cond := condition(u, "Ready")
+			if cond == nil || cond.Status != metav1.ConditionTrue {
+				return false, fmtCond(cond)
+			}
+			claimed, _, _ = unstructured.NestedString(u.Object, "status", "sandbox", "name")
+			sandboxID, _, _ = unstructured.NestedString(u.Object, "status", "sandbox", "sandboxID")
+			return sandboxID != "", "no sandboxID yet"
+		})
+		sb, err := get(ctx, c, sandboxGVK, claimed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lt := sb.GetLabels()["agents.x-k8s.io/launch-type"]; lt != "warm" {
+			t.Errorf("claimed Sandbox %s has launch-type %q, want warm (adopted from the pool)", claimed, lt)
+		}
+		if node, _, _ := unstructured.NestedString(sb.Object, "status", "nodeName"); node != "node-a" {
+			t.Errorf("status.nodeName = %q, want node-a", node)
+		}
+		sbx, err := sdk.Connect(ctx, sandboxID, 10*time.Minute)
+		if err != nil {
+			t.Fatalf("connect to %s through the API: %v", sandboxID, err)
+		}
+		res, err := sbx.Commands.Run(ctx, `echo "$FROM_TEMPLATE $(pwd) $(nproc)"`)
+		if err != nil {
+			t.Fatalf("run a command through the gateway: %v", err)
+		}
+		if got := strings.TrimSpace(res.Stdout); got != "tpl-value /tmp 1" {
+			t.Errorf("command output %q, want the template's env, workingDir and CPU limit: %q", got, "tpl-value /tmp 1")
+		}
+		// The pool replenishes the member the claim took.
+		waitFor(ctx, t, "the pool to replenish", func() (bool, string) {
+			u := &unstructured.Unstructured{}
+			u.SetGroupVersionKind(schema.GroupVersionKind{Group: "extensions.agents.x-k8s.io", Version: "v1beta1", Kind: "SandboxWarmPool"})
+			if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "python-pool"}, u); err != nil {
+				return false, err.Error()
+			}
+			ready, _, _ := unstructured.NestedInt64(u.Object, "status", "readyReplicas")
+			return ready == 1, "readyReplicas not 1"
+		})
+	})
+
+	t.Run("deleting the claim kills its sandbox", func(t *testing.T) {
+		if sandboxID == "" {
+			t.Skip("no claimed sandbox")
+		}
+		u, err := get(ctx, c, claimGVK, "my-claim")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Delete(ctx, u); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(ctx, t, "the claim's Sandbox object to go", func() (bool, string) {
+			_, err := get(ctx, c, sandboxGVK, claimed)
+			return client.IgnoreNotFound(err) == nil && err != nil, "Sandbox " + claimed + " still there"
+		})
+		_, err = sdk.Connect(ctx, sandboxID, time.Minute)
+		var apiErr *agentbox.APIError
+		if err == nil || !errors.As(err, &apiErr) || apiErr.Status != 404 {
+			t.Errorf("connect to killed sandbox %s: err = %v, want 404", sandboxID, err)
+		}
+	})
+}
+
+func fmtCond(c *metav1.Condition) string {
+	if c == nil {
+		return "no Ready condition"
+	}
+	return string(c.Status) + " " + c.Reason + ": " + c.Message
+}
+
+// drain deletes every pool, claim and Sandbox of the namespace and waits
+// until the controller has killed their sandboxes (its finalizers go).
+func drain(t *testing.T, c client.Client) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, kind := range []schema.GroupVersionKind{
+		{Group: "extensions.agents.x-k8s.io", Version: "v1beta1", Kind: "SandboxWarmPool"},
+		claimGVK, sandboxGVK,
+	} {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(kind)
+		if err := c.DeleteAllOf(ctx, u, client.InNamespace(ns)); err != nil {
+			t.Errorf("delete %ss: %v", kind.Kind, err)
+		}
+	}
+	waitFor(ctx, t, "every Sandbox object to go", func() (bool, string) {
+		list := &unstructured.UnstructuredList{}
+		list.SetGroupVersionKind(sandboxGVK.GroupVersion().WithKind("SandboxList"))
+		if err := c.List(ctx, list, client.InNamespace(ns)); err != nil {
+			return false, err.Error()
+		}
+		return len(list.Items) == 0, fmt.Sprintf("%d left", len(list.Items))
+	})
+}
