@@ -6,8 +6,10 @@ package kube
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -324,12 +326,24 @@ spec: {warmPoolRef: {name: orphan-pool}}`) {
 		if err != nil {
 			t.Fatalf("connect to %s through the API: %v", sandboxID, err)
 		}
-		res, err := sbx.Commands.Run(ctx, `echo "$FROM_TEMPLATE $(pwd) $(nproc)"`)
+		res, err := sbx.Commands.Run(ctx, `echo "$FROM_TEMPLATE $(pwd)"`)
 		if err != nil {
 			t.Fatalf("run a command through the gateway: %v", err)
 		}
-		if got := strings.TrimSpace(res.Stdout); got != "tpl-value /tmp 1" {
-			t.Errorf("command output %q, want the template's env, workingDir and CPU limit: %q", got, "tpl-value /tmp 1")
+		if got := strings.TrimSpace(res.Stdout); got != "tpl-value /tmp" {
+			t.Errorf("command output %q, want the template's env and workingDir: %q", got, "tpl-value /tmp")
+		}
+		// The container's resource limits became the sandbox's.
+		st, body, err := s.Do(ctx, s.APIKey, http.MethodGet, "/sandboxes/"+sandboxID, nil)
+		if err != nil || st != http.StatusOK {
+			t.Fatalf("GET /sandboxes/%s: %d %s %v", sandboxID, st, body, err)
+		}
+		var info struct {
+			CPUCount int `json:"cpuCount"`
+			MemoryMB int `json:"memoryMB"`
+		}
+		if err := json.Unmarshal(body, &info); err != nil || info.CPUCount != 1 || info.MemoryMB != 512 {
+			t.Errorf("sandbox limits %s (%v), want cpuCount 1 and memoryMB 512 from resources.limits", body, err)
 		}
 		// The pool replenishes the member the claim took.
 		waitFor(ctx, t, "the pool to replenish", func() (bool, string) {
