@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
@@ -357,6 +358,89 @@ spec: {warmPoolRef: {name: orphan-pool}}`) {
 		})
 	})
 
+	t.Run("Suspended pauses with memory kept, Running resumes", func(t *testing.T) {
+		if err := c.Create(ctx, decode(t, direct)[0]); err != nil {
+			t.Fatal(err)
+		}
+		id := waitReady(ctx, t, c, "direct")
+		sbx, err := sdk.Connect(ctx, id, 10*time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A process that only a kept memory image brings back.
+		if _, err := sbx.Commands.Run(ctx, `sleep 600 >/dev/null 2>&1 & echo $! > /tmp/sleeper`); err != nil {
+			t.Fatal(err)
+		}
+		mode(ctx, t, c, "direct", "Suspended")
+		waitFor(ctx, t, "Suspended=True", func() (bool, string) {
+			u, err := get(ctx, c, sandboxGVK, "direct")
+			if err != nil {
+				return false, err.Error()
+			}
+			sc, rc := condition(u, "Suspended"), condition(u, "Ready")
+			return sc != nil && sc.Status == metav1.ConditionTrue && rc != nil && rc.Reason == "SandboxSuspended", fmtCond(sc) + " / " + fmtCond(rc)
+		})
+		if got := apiState(ctx, t, s, id); got != "paused" {
+			t.Errorf("E2B state of the suspended sandbox = %q, want paused", got)
+		}
+		mode(ctx, t, c, "direct", "Running")
+		if got := waitReady(ctx, t, c, "direct"); got != id {
+			t.Errorf("resumed as sandbox %s, want the same %s", got, id)
+		}
+		res, err := sbx.Commands.Run(ctx, `kill -0 "$(cat /tmp/sleeper)" && echo alive`)
+		if err != nil || strings.TrimSpace(res.Stdout) != "alive" {
+			t.Errorf("the process started before the suspension: %v %+v", err, res)
+		}
+	})
+
+	t.Run("shutdownTime with Retain expires the sandbox and keeps the object", func(t *testing.T) {
+		u := decode(t, direct)[0]
+		u.SetName("short")
+		if err := unstructured.SetNestedField(u.Object, time.Now().Add(4*time.Second).UTC().Format(time.RFC3339), "spec", "shutdownTime"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Create(ctx, u); err != nil {
+			t.Fatal(err)
+		}
+		id := waitReady(ctx, t, c, "short")
+		waitFor(ctx, t, "Ready=False SandboxExpired", func() (bool, string) {
+			u, err := get(ctx, c, sandboxGVK, "short")
+			if err != nil {
+				return false, err.Error()
+			}
+			rc := condition(u, "Ready")
+			return rc != nil && rc.Reason == "SandboxExpired", fmtCond(rc)
+		})
+		if got := apiState(ctx, t, s, id); got != "" {
+			t.Errorf("expired sandbox %s is still %q", id, got)
+		}
+	})
+
+	t.Run("a template edit replaces stale pool members (Recreate)", func(t *testing.T) {
+		old := poolMembers(ctx, t, c)
+		if len(old) == 0 {
+			t.Fatal("the pool has no member")
+		}
+		patch(ctx, t, c, schema.GroupVersionKind{Group: "extensions.agents.x-k8s.io", Version: "v1beta1", Kind: "SandboxWarmPool"}, "python-pool",
+			`{"spec":{"updateStrategy":{"type":"Recreate"}}}`)
+		patch(ctx, t, c, schema.GroupVersionKind{Group: "extensions.agents.x-k8s.io", Version: "v1beta1", Kind: "SandboxTemplate"}, "python",
+			`{"spec":{"podTemplate":{"spec":{"containers":[{"name":"agent","image":"base","env":[{"name":"FROM_TEMPLATE","value":"v2"}]}]}}}}`)
+		waitFor(ctx, t, "a fresh ready member in place of the stale ones", func() (bool, string) {
+			now := poolMembers(ctx, t, c)
+			for name := range old {
+				if _, still := now[name]; still {
+					return false, "stale member " + name + " still there"
+				}
+			}
+			for _, ready := range now {
+				if ready {
+					return true, ""
+				}
+			}
+			return false, fmt.Sprintf("members %v", now)
+		})
+	})
+
 	t.Run("deleting the claim kills its sandbox", func(t *testing.T) {
 		if sandboxID == "" {
 			t.Skip("no claimed sandbox")
@@ -378,6 +462,85 @@ spec: {warmPoolRef: {name: orphan-pool}}`) {
 			t.Errorf("connect to killed sandbox %s: err = %v, want 404", sandboxID, err)
 		}
 	})
+}
+
+// direct is a Sandbox made without template or claim.
+const direct = `apiVersion: agents.x-k8s.io/v1beta1
+kind: Sandbox
+metadata: {name: direct, namespace: agents}
+spec:
+  podTemplate:
+    spec:
+      containers: [{name: agent, image: base}]`
+
+// waitReady waits for the Sandbox's Ready condition and returns its id.
+func waitReady(ctx context.Context, t *testing.T, c client.Client, name string) string {
+	t.Helper()
+	var id string
+	waitFor(ctx, t, name+" Ready", func() (bool, string) {
+		u, err := get(ctx, c, sandboxGVK, name)
+		if err != nil {
+			return false, err.Error()
+		}
+		rc := condition(u, "Ready")
+		id, _, _ = unstructured.NestedString(u.Object, "status", "sandboxID")
+		return rc != nil && rc.Status == metav1.ConditionTrue && id != "", fmtCond(rc)
+	})
+	return id
+}
+
+func patch(ctx context.Context, t *testing.T, c client.Client, gvk schema.GroupVersionKind, name, merge string) {
+	t.Helper()
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(gvk)
+	u.SetNamespace(ns)
+	u.SetName(name)
+	if err := c.Patch(ctx, u, client.RawPatch(types.MergePatchType, []byte(merge))); err != nil {
+		t.Fatalf("patch %s %s: %v", gvk.Kind, name, err)
+	}
+}
+
+func mode(ctx context.Context, t *testing.T, c client.Client, name, m string) {
+	t.Helper()
+	patch(ctx, t, c, sandboxGVK, name, `{"spec":{"operatingMode":"`+m+`"}}`)
+}
+
+// apiState is the sandbox's state in the E2B API ("" when it is gone).
+func apiState(ctx context.Context, t *testing.T, s *harness.Server, id string) string {
+	t.Helper()
+	st, body, err := s.Do(ctx, s.APIKey, http.MethodGet, "/sandboxes/"+id, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st == http.StatusNotFound {
+		return ""
+	}
+	var info struct {
+		State string `json:"state"`
+	}
+	if err := json.Unmarshal(body, &info); err != nil {
+		t.Fatalf("GET /sandboxes/%s: %d %s", id, st, body)
+	}
+	return info.State
+}
+
+// poolMembers maps python-pool's unclaimed members to their readiness.
+func poolMembers(ctx context.Context, t *testing.T, c client.Client) map[string]bool {
+	t.Helper()
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(sandboxGVK.GroupVersion().WithKind("SandboxList"))
+	if err := c.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{"agents.x-k8s.io/warm-pool-sandbox": "python-pool"}); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, u := range list.Items {
+		if u.GetDeletionTimestamp() != nil {
+			continue
+		}
+		rc := condition(&u, "Ready")
+		out[u.GetName()] = rc != nil && rc.Status == metav1.ConditionTrue
+	}
+	return out
 }
 
 func fmtCond(c *metav1.Condition) string {
