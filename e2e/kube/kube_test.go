@@ -213,6 +213,13 @@ spec:
   podTemplate:
     spec:
       containers: [{name: a}]`, "containers[0].image"},
+			{`apiVersion: extensions.agents.x-k8s.io/v1beta1
+kind: SandboxTemplate
+metadata: {name: bad-template, namespace: agents}
+spec:
+  podTemplate:
+    spec:
+      containers: [{name: a, image: ""}]`, "containers[0].image"},
 			{`apiVersion: agents.x-k8s.io/v1beta1
 kind: Sandbox
 metadata: {name: bad-mode, namespace: agents}

@@ -68,7 +68,7 @@ type EmbeddedObjectMetadata struct {
 // PodTemplate describes the sandbox as a pod. agentbox reads the first
 // container: its image names the agentbox template, its env, workingDir and
 // resources apply; runtimeClassName picks the isolation tier.
-// +kubebuilder:validation:XValidation:rule="size(self.spec.containers) > 0 && has(self.spec.containers[0].image) && self.spec.containers[0].image != ”",message="spec.podTemplate.spec.containers[0].image is required: it names the agentbox template the sandbox starts from"
+// +kubebuilder:validation:XValidation:rule="size(self.spec.containers) > 0 && has(self.spec.containers[0].image) && size(self.spec.containers[0].image) > 0",message="spec.podTemplate.spec.containers[0].image is required: it names the agentbox template the sandbox starts from"
 type PodTemplate struct {
 	// spec of the pod.
 	// +required
