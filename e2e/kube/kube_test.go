@@ -304,6 +304,7 @@ spec: {warmPoolRef: {name: orphan-pool}}`) {
 				return b.String()
 			}()
 		})
+		claimStart := time.Now()
 		if err := c.Create(ctx, objs[2]); err != nil {
 			t.Fatalf("create claim: %v", err)
 		}
@@ -320,6 +321,8 @@ spec: {warmPoolRef: {name: orphan-pool}}`) {
 			sandboxID, _, _ = unstructured.NestedString(u.Object, "status", "sandbox", "sandboxID")
 			return sandboxID != "", "no sandboxID yet"
 		})
+		// Informational, never asserted: the bench owns timings.
+		t.Logf("claim to Ready (warm adoption): %v", time.Since(claimStart))
 		sb, err := get(ctx, c, sandboxGVK, claimed)
 		if err != nil {
 			t.Fatal(err)
@@ -366,10 +369,21 @@ spec: {warmPoolRef: {name: orphan-pool}}`) {
 	})
 
 	t.Run("Suspended pauses with memory kept, Running resumes", func(t *testing.T) {
+		// The floor: the same template created through the E2B API.
+		floorStart := time.Now()
+		floor, err := sdk.Create(ctx, agentbox.CreateOptions{Template: "base", Timeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		floorTook := time.Since(floorStart)
+		_ = floor.Kill(ctx)
+		coldStart := time.Now()
 		if err := c.Create(ctx, decode(t, direct)[0]); err != nil {
 			t.Fatal(err)
 		}
 		id := waitReady(ctx, t, c, "direct")
+		coldTook := time.Since(coldStart)
+		t.Logf("Sandbox object to Ready (cold): %v; E2B API create floor: %v; ratio %.2f", coldTook, floorTook, coldTook.Seconds()/floorTook.Seconds())
 		sbx, err := sdk.Connect(ctx, id, 10*time.Minute)
 		if err != nil {
 			t.Fatal(err)
