@@ -9,6 +9,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -194,7 +196,14 @@ func TestKubeController(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s := harness.Start(t, harness.Args("--kube-controller", "--kubeconfig", kcPath, "--kube-node", "node-a", "--kube-team", ns+"=default"))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := ln.Addr().String()
+	ln.Close()
+	s := harness.Start(t, harness.Args("--kube-controller", "--kubeconfig", kcPath, "--kube-node", "node-a", "--kube-team", ns+"=default",
+		"--kube-metrics-listen", metricsAddr))
 	// Before the server's teardown: pools and claims go first, so the
 	// controller makes no sandbox while the teardown kills them.
 	t.Cleanup(func() { drain(t, c) })
@@ -366,6 +375,38 @@ spec: {warmPoolRef: {name: orphan-pool}}`) {
 			ready, _, _ := unstructured.NestedInt64(u.Object, "status", "readyReplicas")
 			return ready == 1, "readyReplicas not 1"
 		})
+	})
+
+	t.Run("events and Prometheus metrics", func(t *testing.T) {
+		if claimed == "" {
+			t.Skip("no claim was served")
+		}
+		events := &unstructured.UnstructuredList{}
+		events.SetGroupVersionKind(schema.GroupVersionKind{Group: "events.k8s.io", Version: "v1", Kind: "EventList"})
+		waitFor(ctx, t, "an Adopted event on the claim", func() (bool, string) {
+			if err := c.List(ctx, events, client.InNamespace(ns)); err != nil {
+				return false, err.Error()
+			}
+			for _, e := range events.Items {
+				reason, _, _ := unstructured.NestedString(e.Object, "reason")
+				kind, _, _ := unstructured.NestedString(e.Object, "regarding", "kind")
+				if reason == "Adopted" && kind == "SandboxClaim" {
+					return true, ""
+				}
+			}
+			return false, fmt.Sprintf("%d events, none Adopted", len(events.Items))
+		})
+		resp, err := http.Get("http://" + metricsAddr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, c := range []string{"sandbox", "sandboxclaim", "sandboxwarmpool"} {
+			if want := `controller_runtime_reconcile_total{controller="` + c + `",result="success"}`; !strings.Contains(string(body), want) {
+				t.Errorf("/metrics lacks %s", want)
+			}
+		}
 	})
 
 	t.Run("Suspended pauses with memory kept, Running resumes", func(t *testing.T) {
