@@ -157,10 +157,10 @@ func waitFor(ctx context.Context, t *testing.T, what string, f func() (bool, str
 	}
 }
 
-func TestKubeController(t *testing.T) {
+// cluster starts a kube-apiserver and etcd with the CRDs installed and
+// the namespace made; it returns a client and an admin kubeconfig file.
+func cluster(ctx context.Context, t *testing.T) (client.Client, string) {
 	dir := assets(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: dir,
 		CRDDirectoryPaths:     []string{filepath.Join(harness.RepoRoot(t), "deploy", "k8s", "crds")},
@@ -195,6 +195,13 @@ func TestKubeController(t *testing.T) {
 	if err := c.Create(ctx, nsObj); err != nil {
 		t.Fatal(err)
 	}
+	return c, kcPath
+}
+
+func TestKubeController(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	c, kcPath := cluster(ctx, t)
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -635,4 +642,74 @@ func drain(t *testing.T, c client.Client) {
 		}
 		return len(list.Items) == 0, fmt.Sprintf("%d left", len(list.Items))
 	})
+}
+
+// TestKubeTwoNodes runs two servers as the node agents of two nodes: each
+// Sandbox is bound to one of them and runs there, and killing one agent
+// leaves the other node's sandboxes untouched.
+func TestKubeTwoNodes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	c, kcPath := cluster(ctx, t)
+	agent := func(node string) *harness.Server {
+		return harness.Start(t, harness.Name(t.Name()+"-"+node), harness.Args("--kube-controller", "--kubeconfig", kcPath,
+			"--kube-node", node, "--kube-team", ns+"=default", "--kube-leader-elect", "--kube-leader-elect-namespace", "default"))
+	}
+	servers := map[string]*harness.Server{"node-a": agent("node-a"), "node-b": agent("node-b")}
+	t.Cleanup(func() { drain(t, c) })
+
+	names := []string{"s1", "s2", "s3", "s4"}
+	for _, n := range names {
+		u := decode(t, direct)[0]
+		u.SetName(n)
+		if err := c.Create(ctx, u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type placed struct{ node, id string }
+	where := map[string]placed{}
+	for _, n := range names {
+		id := waitReady(ctx, t, c, n)
+		u, err := get(ctx, c, sandboxGVK, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		node, _, _ := unstructured.NestedString(u.Object, "status", "nodeName")
+		s, ok := servers[node]
+		if !ok {
+			t.Fatalf("Sandbox %s is on node %q, want node-a or node-b", n, node)
+		}
+		where[n] = placed{node, id}
+		// Its node's agent runs it, and no other agent knows it.
+		if got := apiState(ctx, t, s, id); got != "running" {
+			t.Errorf("Sandbox %s (%s) on %s: state %q, want running", n, id, node, got)
+		}
+		for other, os := range servers {
+			if other != node && apiState(ctx, t, os, id) != "" {
+				t.Errorf("Sandbox %s (%s) of %s also exists on %s", n, id, node, other)
+			}
+		}
+	}
+	t.Logf("placement: %v", where)
+
+	servers["node-b"].Kill9(t)
+	a := servers["node-a"]
+	sdk := agentbox.New(agentbox.WithAPIURL(a.URL), agentbox.WithSandboxURL(a.URL), agentbox.WithAPIKey(a.APIKey))
+	for n, p := range where {
+		if p.node != "node-a" {
+			continue
+		}
+		sbx, err := sdk.Connect(ctx, p.id, 10*time.Minute)
+		if err != nil {
+			t.Fatalf("connect to %s on node-a after node-b died: %v", n, err)
+		}
+		if res, err := sbx.Commands.Run(ctx, "echo up"); err != nil || strings.TrimSpace(res.Stdout) != "up" {
+			t.Errorf("command in %s on node-a after node-b died: %v %+v", n, err, res)
+		}
+		if u, err := get(ctx, c, sandboxGVK, n); err != nil || condition(u, "Ready") == nil || condition(u, "Ready").Status != metav1.ConditionTrue {
+			t.Errorf("Sandbox %s on node-a is no longer Ready after node-b died: %v", n, err)
+		}
+	}
+	// node-b comes back for the cleanup: its agent releases its sandboxes.
+	servers["node-b"].Launch(t)
 }

@@ -134,7 +134,11 @@ func New(cfg Config, sbs Sandboxes, logger *slog.Logger) (*Controller, error) {
 	rec := mgr.GetEventRecorder("agentbox")
 	base := reconcilerBase{c: mgr.GetClient(), api: mgr.GetAPIReader(), rec: rec, sbs: sbs, cfg: cfg, log: logger}
 	opts := controller.Options{MaxConcurrentReconciles: 4}
-	if err := ctrl.NewControllerManagedBy(mgr).For(&agentsv1.Sandbox{}).Named("sandbox").WithOptions(opts).
+	// Every node agent runs the sandboxes bound to its node; pools and
+	// claims are the leader's alone (with --kube-leader-elect).
+	everyNode := opts
+	everyNode.NeedLeaderElection = new(false)
+	if err := ctrl.NewControllerManagedBy(mgr).For(&agentsv1.Sandbox{}).Named("sandbox").WithOptions(everyNode).
 		Complete(&sandboxReconciler{base}); err != nil {
 		return nil, fmt.Errorf("kube: sandbox controller: %w", err)
 	}

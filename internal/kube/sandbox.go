@@ -60,6 +60,9 @@ func (r *sandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if !bound {
 		return ctrl.Result{}, nil // the cache watches bound namespaces only
 	}
+	if n := obj.Status.NodeName; n != "" && n != r.cfg.Node {
+		return ctrl.Result{}, nil // bound to another node agent
+	}
 	if !obj.DeletionTimestamp.IsZero() {
 		if !controllerutil.ContainsFinalizer(&obj, agentsv1.Finalizer) {
 			return ctrl.Result{}, nil
@@ -75,13 +78,16 @@ func (r *sandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 			return ctrl.Result{}, err
 		}
 	}
+	if obj.Status.NodeName == "" {
+		won, err := r.bind(ctx, team, &obj)
+		if err != nil || !won {
+			return ctrl.Result{}, err
+		}
+	}
 	before := obj.Status.DeepCopy()
 	res, err := r.reconcile(ctx, team, &obj)
 	obj.Status.ObservedGeneration = obj.Generation
-	obj.Status.NodeName, obj.Status.Team = "", ""
-	if obj.Status.SandboxID != "" {
-		obj.Status.NodeName, obj.Status.Team = r.cfg.Node, team
-	}
+	obj.Status.Team = team
 	if !equalStatus(before, &obj.Status) {
 		if uerr := r.c.Status().Update(ctx, &obj); uerr != nil && !apierrors.IsNotFound(uerr) {
 			return ctrl.Result{}, errors.Join(err, uerr)
@@ -143,6 +149,28 @@ func (r *sandboxReconciler) reconcile(ctx context.Context, team string, obj *age
 	}
 	st.SandboxID = sb.ID
 	return r.converge(ctx, team, obj, sb)
+}
+
+// bind places an unbound Sandbox on this node agent: every agent writes its
+// node name into the status, guarded by the object's resourceVersion, so
+// exactly one wins. Agents bid later the more sandboxes they already run,
+// so the less loaded one usually wins.
+func (r *sandboxReconciler) bind(ctx context.Context, team string, obj *agentsv1.Sandbox) (bool, error) {
+	delay := time.Duration(len(r.sbs.List(ctx, team))) * 50 * time.Millisecond
+	select {
+	case <-ctx.Done():
+		return false, ctx.Err()
+	case <-time.After(min(delay, time.Second)):
+	}
+	obj.Status.NodeName = r.cfg.Node
+	if err := r.c.Status().Update(ctx, obj); err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			return false, nil // another agent bound it (its update requeues this one)
+		}
+		return false, err
+	}
+	r.event(obj, false, "Scheduled", "Bind", "bound to node %s", r.cfg.Node)
+	return true, nil
 }
 
 // converge moves a live sandbox to the operating mode asked for and writes
