@@ -156,11 +156,12 @@ func (r *sandboxReconciler) reconcile(ctx context.Context, team string, obj *age
 // exactly one wins. Agents bid later the more sandboxes they already run,
 // so the less loaded one usually wins.
 func (r *sandboxReconciler) bind(ctx context.Context, team string, obj *agentsv1.Sandbox) (bool, error) {
-	delay := time.Duration(len(r.sbs.List(ctx, team))) * 50 * time.Millisecond
-	select {
-	case <-ctx.Done():
-		return false, ctx.Err()
-	case <-time.After(min(delay, time.Second)):
+	if n := len(r.sbs.List(ctx, team)); n > 0 {
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(min(time.Duration(n)*20*time.Millisecond, 500*time.Millisecond)):
+		}
 	}
 	obj.Status.NodeName = r.cfg.Node
 	if err := r.c.Status().Update(ctx, obj); err != nil {
