@@ -28,9 +28,9 @@ type kubeFlags struct {
 func addKubeFlags(f *pflag.FlagSet, k *kubeFlags) {
 	f.BoolVar(&k.Controller, "kube-controller", false, "reconcile the agent-sandbox kinds (agents.x-k8s.io Sandbox; extensions.agents.x-k8s.io SandboxTemplate, SandboxWarmPool, SandboxClaim) of a Kubernetes cluster into sandboxes of this server (docs/kubernetes.md)")
 	f.StringVar(&k.Kubeconfig, "kubeconfig", "", "kubeconfig of the cluster for --kube-controller (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config)")
-	f.StringVar(&k.Node, "kube-node", "", "node name this server reports in Sandbox status.nodeName (required with --kube-controller)")
+	f.StringVar(&k.Node, "kube-node", "", "node this server is the agent of (required with --kube-controller): it binds unbound Sandboxes to this name in status.nodeName and runs only the Sandboxes bound to it")
 	f.StringSliceVar(&k.Teams, "kube-team", nil, "bind a namespace to the team that owns its sandboxes, as NAMESPACE=TEAM (team name or id; repeatable); the controller acts only in bound namespaces")
-	f.BoolVar(&k.LeaderElect, "kube-leader-elect", false, "with several controllers, only the leader (a Lease in --kube-leader-elect-namespace) reconciles")
+	f.BoolVar(&k.LeaderElect, "kube-leader-elect", false, "with several node agents, only the leader (a Lease in --kube-leader-elect-namespace) reconciles warm pools and claims; every agent runs its own node's Sandboxes (required when several servers share a cluster)")
 	f.StringVar(&k.LeaderElectNS, "kube-leader-elect-namespace", "", "namespace of the leader election Lease (default: the in-cluster namespace)")
 	f.StringVar(&k.MetricsListen, "kube-metrics-listen", "", "serve the controller's Prometheus metrics (reconciles, queue depth, errors) at /metrics on this address (keep it private)")
 }
