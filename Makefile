@@ -1,14 +1,18 @@
 GOBIN ?= $(shell go env GOPATH)/bin
 BUF_VERSION ?= v1.75.0
 OAPI_CODEGEN_VERSION ?= v2.8.2
+CONTROLLER_GEN_VERSION ?= v0.23.0
 
 .PHONY: generate check-generated envd tools
 
 # generate regenerates the code under api/gen: protobuf and Connect from
-# the .proto files, the REST types (api/gen/rest) from api/openapi/agentbox.yaml.
+# the .proto files, the REST types (api/gen/rest) from api/openapi/agentbox.yaml;
+# and the Kubernetes kinds' deepcopy code and CRDs (deploy/k8s/crds) from
+# internal/kube/apis.
 generate: tools
 	cd api && PATH="$(GOBIN):$$PATH" buf generate
 	cd api/openapi && $(GOBIN)/oapi-codegen -config oapi-codegen.yaml agentbox.yaml
+	$(GOBIN)/controller-gen object paths=./internal/kube/apis/... crd:maxDescLen=200 paths=./internal/kube/apis/... output:crd:artifacts:config=deploy/k8s/crds
 
 # check-generated fails when api/gen or go.mod/go.sum are stale (regenerates
 # them and compares).
@@ -19,6 +23,7 @@ tools:
 	@test -x $(GOBIN)/buf || go install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
 	@test -x $(GOBIN)/protoc-gen-go || go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 	@test -x $(GOBIN)/protoc-gen-connect-go || go install connectrpc.com/connect/cmd/protoc-gen-connect-go@v1.21.1
+	@$(GOBIN)/controller-gen --version 2>/dev/null | grep -qx 'Version: $(CONTROLLER_GEN_VERSION)' || go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 	@$(GOBIN)/oapi-codegen --version 2>/dev/null | grep -qx '$(OAPI_CODEGEN_VERSION)' || go install github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@$(OAPI_CODEGEN_VERSION)
 
 # envd builds the in-sandbox daemon as a static binary.

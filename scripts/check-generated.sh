@@ -11,6 +11,8 @@ trap 'rm -rf "$before"' EXIT
 cp -a api/gen "$before/gen"
 cp go.mod go.sum "$before/"
 cp -a internal/dashboard/dist "$before/dashboard"
+cp -a deploy/k8s/crds "$before/crds"
+mkdir -p "$before/kubeapis" && cp -a internal/kube/apis "$before/kubeapis/"
 make -s generate
 make -s dashboard
 go mod tidy
@@ -23,6 +25,11 @@ fi
 if ! diff -r "$before/dashboard" internal/dashboard/dist >"$before/dashboard.diff"; then
 	echo "check-generated: internal/dashboard/dist is stale; run 'make dashboard' and commit:" >&2
 	head -c 2000 "$before/dashboard.diff" >&2
+	stale=1
+fi
+if ! diff -r "$before/crds" deploy/k8s/crds >"$before/crds.diff" || ! diff -r "$before/kubeapis/apis" internal/kube/apis >>"$before/crds.diff"; then
+	echo "check-generated: deploy/k8s/crds or internal/kube/apis deepcopy is stale; run 'make generate' and commit:" >&2
+	head -40 "$before/crds.diff" >&2
 	stale=1
 fi
 for f in go.mod go.sum; do

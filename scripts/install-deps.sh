@@ -176,6 +176,9 @@ else
 	rm -rf "$work"
 	log "installed the microvm guest kernel at $microvm_dir"
 fi
+# etcd and kube-apiserver for the Kubernetes controller's tests (envtest),
+# built from the Go module proxy and cached by version.
+bash "$root/scripts/k8s-test-bins.sh" >/dev/null
 
 # The end-to-end suites' pinned clients (e2b, @e2b/code-interpreter,
 # @e2b/desktop, the MCP SDK), each installed from its lock file; a dir whose lock file

@@ -81,6 +81,7 @@ type serveConfig struct {
 
 	CRIUFreezeTimeout    time.Duration // runc.Config.FreezeTimeout
 	VolumeTeamMaxTotalMB int           // volume.Config.MaxTotalMBPerTeam
+	Kube                 kubeFlags     // serve_kube.go
 }
 
 func newServeCmd() *cobra.Command {
@@ -149,6 +150,7 @@ which wins over the file.`,
 	f.IntVar(&c.VolumeTeamMaxTotalMB, "volume-team-max-total-size", volume.DefaultMaxTotalMBPerTeam, "most MiB the sizes of one team's volumes may add up to")
 	addNetFlags(f, &c.Net)
 	addAuditFlags(f, &c.Audit)
+	addKubeFlags(f, &c.Kube)
 	return cmd
 }
 
@@ -475,6 +477,9 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	go mgr.Run(runCtx)
 	defer runAudit(runCtx, mgr.Audit())() // audit.go
 	startSyscallAudit(runCtx, mgr, bundles, c.Instance, log)
+	if err := startKube(runCtx, c.Kube, mgr, st, c, log); err != nil { // serve_kube.go
+		return err
+	}
 
 	apiSrv := api.New(log, st, mgr, templates)
 	if c.MetricsToken != "" {

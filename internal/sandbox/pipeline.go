@@ -274,6 +274,9 @@ func (m *Manager) resolveTemplate(ctx context.Context, b *build) error {
 	}
 	m.fillFromRequest(sb, req, mergeEnv(tpl.Env, req.EnvVars), limits, isolation, cmdLife)
 	sb.DefaultUser, sb.DefaultWorkdir = tpl.DefaultUser, tpl.DefaultWorkdir
+	if req.Workdir != "" {
+		sb.DefaultWorkdir = req.Workdir
+	}
 	b.layers, b.limits = tpl.Layers, limits
 	b.startup, b.ready = tpl.StartCmd, tpl.ReadyCmd
 	if err := m.claimVolumes(ctx, b, req.VolumeMounts, false); err != nil {

@@ -119,7 +119,7 @@ func (m *Manager) poolTick(ctx context.Context, now time.Time) {
 func (m *Manager) poolFits(req CreateRequest) bool {
 	return len(m.life.cfg.Pools) > 0 && req.TeamID != poolTeam && req.Limits == (Limits{}) &&
 		(req.Isolation == "" || req.Isolation == IsolationContainer) && req.Metadata[MetadataIsolation] == "" &&
-		req.Network == nil && req.MaxCommand == 0 && len(req.VolumeMounts) == 0
+		req.Network == nil && req.MaxCommand == 0 && len(req.VolumeMounts) == 0 && req.Workdir == ""
 }
 
 // resolvePooled claims a warm sandbox of the requested template for the

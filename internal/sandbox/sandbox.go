@@ -109,6 +109,7 @@ type CreateRequest struct {
 	MaxCommand    time.Duration // 0 = the server's command lifetime cap
 	Lifecycle     LifecycleRequest
 	VolumeMounts  []VolumeMount // by name; validated paths
+	Workdir       string        // "" = the template's; absolute (a pod's workingDir)
 }
 
 // newID returns "i" + 20 chars of [a-z0-9], the E2B id shape (no '-': host

@@ -1,0 +1,293 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	agentsv1 "github.com/agentbox/agentbox/internal/kube/apis/agents/v1beta1"
+	extv1 "github.com/agentbox/agentbox/internal/kube/apis/extensions/v1beta1"
+)
+
+// claimFinalizer holds a claim until its sandbox is deleted.
+const claimFinalizer = "extensions.agents.x-k8s.io/agentbox-claim"
+
+type claimReconciler struct{ reconcilerBase }
+
+// Reconcile gives a claim a ready sandbox: a ready member of its pool made
+// from the template's current blueprint, else a cold start.
+func (r *claimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var claim extv1.SandboxClaim
+	if err := r.c.Get(ctx, req.NamespacedName, &claim); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if _, bound := r.cfg.Teams[claim.Namespace]; !bound {
+		return ctrl.Result{}, nil
+	}
+	if !claim.DeletionTimestamp.IsZero() {
+		if err := r.release(ctx, &claim); err != nil {
+			return ctrl.Result{}, err
+		}
+		if controllerutil.RemoveFinalizer(&claim, claimFinalizer) {
+			return ctrl.Result{}, client.IgnoreNotFound(r.c.Update(ctx, &claim))
+		}
+		return ctrl.Result{}, nil
+	}
+	if controllerutil.AddFinalizer(&claim, claimFinalizer) {
+		if err := r.c.Update(ctx, &claim); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	before := claim.Status.DeepCopy()
+	res, err := r.reconcile(ctx, &claim)
+	if !claimStatusEqual(before, &claim.Status) {
+		if uerr := r.c.Status().Update(ctx, &claim); uerr != nil && !apierrors.IsNotFound(uerr) {
+			return ctrl.Result{}, uerr
+		}
+	}
+	return res, err
+}
+
+func (r *claimReconciler) reconcile(ctx context.Context, claim *extv1.SandboxClaim) (ctrl.Result, error) {
+	st, gen := &claim.Status, claim.Generation
+	lc := claim.Spec.Lifecycle
+	if lc != nil && lc.ShutdownTime != nil && time.Until(lc.ShutdownTime.Time) <= 0 {
+		if err := r.release(ctx, claim); err != nil {
+			return ctrl.Result{}, err
+		}
+		switch lc.ShutdownPolicy {
+		case extv1.ClaimShutdownDelete, extv1.ClaimShutdownDeleteForeground:
+			return ctrl.Result{}, client.IgnoreNotFound(r.c.Delete(ctx, claim))
+		}
+		st.SandboxStatus = extv1.ClaimedSandbox{}
+		setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, extv1.ReasonClaimExpired, "shutdownTime reached; sandbox deleted")
+		return ctrl.Result{}, nil
+	}
+	if c := meta.FindStatusCondition(st.Conditions, agentsv1.ConditionReady); c != nil && c.Reason == extv1.ReasonClaimExpired {
+		return ctrl.Result{}, nil // expired and retained
+	}
+	name := st.SandboxStatus.Name
+	if name == "" {
+		got, err := r.acquire(ctx, claim)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if got == "" {
+			// Its condition says why; the pool or template may come.
+			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+		}
+		name = got
+		st.SandboxStatus.Name = name
+	}
+	var sb agentsv1.Sandbox
+	if err := r.c.Get(ctx, client.ObjectKey{Namespace: claim.Namespace, Name: name}, &sb); err != nil {
+		if apierrors.IsNotFound(err) {
+			st.SandboxStatus = extv1.ClaimedSandbox{Name: name}
+			setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, agentsv1.ReasonSandboxGone, "Sandbox "+name+" was deleted")
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	st.SandboxStatus.PodIPs = slices.Clone(sb.Status.PodIPs)
+	st.SandboxStatus.SandboxID = sb.Status.SandboxID
+	if c := meta.FindStatusCondition(sb.Status.Conditions, agentsv1.ConditionFinished); c != nil && c.Status == metav1.ConditionTrue {
+		setCond(&st.Conditions, gen, agentsv1.ConditionFinished, true, c.Reason, c.Message)
+		if lc != nil && lc.TTLSecondsAfterFinished != nil {
+			left := time.Until(c.LastTransitionTime.Add(time.Duration(*lc.TTLSecondsAfterFinished) * time.Second))
+			if left <= 0 {
+				return ctrl.Result{}, client.IgnoreNotFound(r.c.Delete(ctx, claim))
+			}
+			return ctrl.Result{RequeueAfter: left}, nil
+		}
+	}
+	ready := meta.FindStatusCondition(sb.Status.Conditions, agentsv1.ConditionReady)
+	switch {
+	case ready != nil && ready.Status == metav1.ConditionTrue:
+		setCond(&st.Conditions, gen, agentsv1.ConditionReady, true, extv1.ReasonSandboxReady, "Sandbox "+name+" is ready: "+sb.Status.SandboxID)
+	case ready != nil:
+		setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, ready.Reason, ready.Message)
+	default:
+		setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, extv1.ReasonSandboxNotReady, "Sandbox "+name+" is starting")
+	}
+	if lc != nil && lc.ShutdownTime != nil {
+		return ctrl.Result{RequeueAfter: time.Until(lc.ShutdownTime.Time) + time.Second}, nil
+	}
+	return ctrl.Result{}, nil
+}
+
+// acquire adopts a ready pool member or cold-starts a sandbox; "" with no
+// error when the claim cannot be served yet (its condition says why).
+func (r *claimReconciler) acquire(ctx context.Context, claim *extv1.SandboxClaim) (string, error) {
+	st, gen := &claim.Status, claim.Generation
+	var pool extv1.SandboxWarmPool
+	if err := r.c.Get(ctx, client.ObjectKey{Namespace: claim.Namespace, Name: claim.Spec.WarmPoolRef.Name}, &pool); err != nil {
+		if apierrors.IsNotFound(err) {
+			msg := fmt.Sprintf("SandboxWarmPool %q (spec.warmPoolRef.name) not found in namespace %q", claim.Spec.WarmPoolRef.Name, claim.Namespace)
+			setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, extv1.ReasonWarmPoolNotFound, msg)
+			r.event(claim, true, extv1.ReasonWarmPoolNotFound, "Claim", "%s", msg)
+			return "", nil
+		}
+		return "", err
+	}
+	var tpl extv1.SandboxTemplate
+	if err := r.c.Get(ctx, client.ObjectKey{Namespace: claim.Namespace, Name: pool.Spec.TemplateRef.Name}, &tpl); err != nil {
+		if apierrors.IsNotFound(err) {
+			msg := fmt.Sprintf("SandboxTemplate %q (spec.sandboxTemplateRef.name of SandboxWarmPool %q) not found in namespace %q", pool.Spec.TemplateRef.Name, pool.Name, claim.Namespace)
+			setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, extv1.ReasonTemplateNotFound, msg)
+			r.event(claim, true, extv1.ReasonTemplateNotFound, "Claim", "%s", msg)
+			return "", nil
+		}
+		return "", err
+	}
+	if msg := claimRefusal(claim, &tpl); msg != "" {
+		setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, extv1.ReasonInvalidClaim, msg)
+		r.event(claim, true, extv1.ReasonInvalidClaim, "Claim", "%s", msg)
+		return "", nil
+	}
+	hash, err := blueprintHash(tpl.Spec.Blueprint)
+	if err != nil {
+		return "", err
+	}
+	if len(claim.Spec.Env) == 0 {
+		if name, err := r.adopt(ctx, claim, &pool, hash); err != nil || name != "" {
+			return name, err
+		}
+	}
+	return r.coldStart(ctx, claim, &tpl)
+}
+
+// claimRefusal says why the template's policies refuse the claim.
+func claimRefusal(claim *extv1.SandboxClaim, tpl *extv1.SandboxTemplate) string {
+	if len(claim.Spec.VolumeClaimTemplates) > 0 {
+		return "spec.volumeClaimTemplates: not supported by agentbox yet"
+	}
+	pol := tpl.Spec.EnvVarsInjectionPolicy
+	if len(claim.Spec.Env) == 0 || pol == extv1.EnvVarsOverrides {
+		return ""
+	}
+	if pol == "" || pol == extv1.EnvVarsDisallowed {
+		return fmt.Sprintf("spec.env: SandboxTemplate %q has envVarsInjectionPolicy Disallowed; remove spec.env or set the policy to Allowed", tpl.Name)
+	}
+	defined := map[string]bool{}
+	if cs := tpl.Spec.PodTemplate.Spec.Containers; len(cs) > 0 {
+		for _, e := range cs[0].Env {
+			defined[e.Name] = true
+		}
+	}
+	for i, e := range claim.Spec.Env {
+		if defined[e.Name] {
+			return fmt.Sprintf("spec.env[%d]: %q is set by SandboxTemplate %q, whose envVarsInjectionPolicy Allowed forbids overriding it", i, e.Name, tpl.Name)
+		}
+	}
+	return ""
+}
+
+// adopt takes the oldest ready, fresh member of the pool. The update is
+// guarded by the member's resourceVersion: two claims never get one member.
+func (r *claimReconciler) adopt(ctx context.Context, claim *extv1.SandboxClaim, pool *extv1.SandboxWarmPool, hash string) (string, error) {
+	members, err := r.members(ctx, pool)
+	if err != nil {
+		return "", err
+	}
+	slices.SortFunc(members, func(a, b agentsv1.Sandbox) int {
+		return a.CreationTimestamp.Compare(b.CreationTimestamp.Time)
+	})
+	for _, m := range members {
+		if !m.DeletionTimestamp.IsZero() || m.Labels[agentsv1.LabelTemplateHash] != hash ||
+			!meta.IsStatusConditionTrue(m.Status.Conditions, agentsv1.ConditionReady) {
+			continue
+		}
+		delete(m.Labels, agentsv1.LabelWarmPool)
+		m.OwnerReferences = nil
+		for k, v := range claim.Spec.AdditionalPodMetadata.Labels {
+			m.Labels[k] = v
+		}
+		if err := controllerutil.SetControllerReference(claim, &m, r.c.Scheme()); err != nil {
+			return "", err
+		}
+		if err := r.c.Update(ctx, &m); err != nil {
+			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+				continue // another claim took it
+			}
+			return "", err
+		}
+		r.event(claim, false, "Adopted", "Claim", "adopted warm Sandbox %s (sandbox %s)", m.Name, m.Status.SandboxID)
+		return m.Name, nil
+	}
+	return "", nil
+}
+
+// coldStart creates a Sandbox named after the claim from the template.
+func (r *claimReconciler) coldStart(ctx context.Context, claim *extv1.SandboxClaim, tpl *extv1.SandboxTemplate) (string, error) {
+	s := &agentsv1.Sandbox{ObjectMeta: metav1.ObjectMeta{
+		Name: claim.Name, Namespace: claim.Namespace,
+		Labels:      map[string]string{agentsv1.LabelLaunchType: "cold"},
+		Annotations: map[string]string{agentsv1.AnnotationTemplateRef: tpl.Name},
+	}}
+	for k, v := range claim.Spec.AdditionalPodMetadata.Labels {
+		s.Labels[k] = v
+	}
+	s.Spec.Blueprint = *tpl.Spec.Blueprint.DeepCopy()
+	if cs := s.Spec.PodTemplate.Spec.Containers; len(cs) > 0 {
+		for _, e := range claim.Spec.Env {
+			c := &cs[0]
+			i := slices.IndexFunc(c.Env, func(x corev1.EnvVar) bool { return x.Name == e.Name })
+			if i >= 0 {
+				c.Env[i].Value, c.Env[i].ValueFrom = e.Value, nil
+			} else {
+				c.Env = append(c.Env, corev1.EnvVar{Name: e.Name, Value: e.Value})
+			}
+		}
+	}
+	if err := controllerutil.SetControllerReference(claim, s, r.c.Scheme()); err != nil {
+		return "", err
+	}
+	if err := r.c.Create(ctx, s); apierrors.IsAlreadyExists(err) {
+		// Ours from an earlier try, or someone else's: never take over a
+		// Sandbox the claim did not make.
+		var have agentsv1.Sandbox
+		if err := r.api.Get(ctx, client.ObjectKeyFromObject(s), &have); err != nil {
+			return "", err
+		}
+		if !metav1.IsControlledBy(&have, claim) {
+			msg := fmt.Sprintf("a Sandbox named %q exists and is not this claim's; rename the claim or delete that Sandbox", s.Name)
+			setCond(&claim.Status.Conditions, claim.Generation, agentsv1.ConditionReady, false, extv1.ReasonInvalidClaim, msg)
+			return "", nil
+		}
+		return s.Name, nil
+	} else if err != nil {
+		return "", fmt.Errorf("create Sandbox %s: %w", s.Name, err)
+	}
+	r.event(claim, false, "ColdStart", "Claim", "created Sandbox %s from SandboxTemplate %s", s.Name, tpl.Name)
+	return s.Name, nil
+}
+
+// release deletes the claim's sandbox if the claim controls it.
+func (r *claimReconciler) release(ctx context.Context, claim *extv1.SandboxClaim) error {
+	name := claim.Status.SandboxStatus.Name
+	if name == "" {
+		return nil
+	}
+	var sb agentsv1.Sandbox
+	if err := r.c.Get(ctx, client.ObjectKey{Namespace: claim.Namespace, Name: name}, &sb); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if !metav1.IsControlledBy(&sb, claim) {
+		return nil
+	}
+	return client.IgnoreNotFound(r.c.Delete(ctx, &sb))
+}
+
+func claimStatusEqual(a, b *extv1.SandboxClaimStatus) bool {
+	return a.SandboxStatus.Name == b.SandboxStatus.Name && a.SandboxStatus.SandboxID == b.SandboxStatus.SandboxID &&
+		slices.Equal(a.SandboxStatus.PodIPs, b.SandboxStatus.PodIPs) && conditionsEqual(a.Conditions, b.Conditions)
+}

@@ -1,0 +1,183 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	agentsv1 "github.com/agentbox/agentbox/internal/kube/apis/agents/v1beta1"
+	extv1 "github.com/agentbox/agentbox/internal/kube/apis/extensions/v1beta1"
+	"github.com/agentbox/agentbox/internal/sandbox"
+)
+
+// Sandboxes is what the controller needs of the server's sandbox manager
+// (*sandbox.Manager): the same calls the E2B API makes.
+type Sandboxes interface {
+	Create(ctx context.Context, req sandbox.CreateRequest) (*sandbox.Sandbox, error)
+	Get(ctx context.Context, teamID, id string) (*sandbox.Sandbox, error)
+	List(ctx context.Context, teamID string) []*sandbox.Sandbox
+	Kill(ctx context.Context, teamID, id string) error
+	Pause(ctx context.Context, teamID, id string) error
+	Resume(ctx context.Context, teamID, id string, timeout time.Duration, auto bool) (*sandbox.Sandbox, bool, error)
+	SetTimeout(ctx context.Context, teamID, id string, d time.Duration) error
+}
+
+// Config configures the controller.
+type Config struct {
+	// Kubeconfig is the kubeconfig file; "" = in-cluster config, then
+	// $KUBECONFIG and ~/.kube/config.
+	Kubeconfig string
+	// Node is the name this server reports as the node of its sandboxes.
+	Node string
+	// Teams binds namespaces to agentbox team ids: the controller acts only
+	// in these namespaces, and a namespace's sandboxes belong to its team.
+	Teams map[string]string
+	// MaxTimeout is the server's longest sandbox timeout: the controller
+	// keeps its sandboxes alive by extending them before it runs out.
+	MaxTimeout time.Duration
+	// LeaderElection makes only one of several controllers act at a time.
+	LeaderElection          bool
+	LeaderElectionNamespace string
+	// MetricsAddr serves controller-runtime's Prometheus metrics ("" or
+	// "0" = off).
+	MetricsAddr string
+}
+
+// Controller runs the reconcilers of the four kinds.
+type Controller struct {
+	mgr ctrl.Manager
+}
+
+// Scheme returns a scheme with the core kinds and the agent-sandbox kinds.
+func Scheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, agentsv1.AddToScheme, extv1.AddToScheme} {
+		if err := add(s); err != nil {
+			return nil, fmt.Errorf("build scheme: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// RESTConfig loads the kubeconfig (see Config.Kubeconfig).
+func RESTConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("--kubeconfig %s: %w", kubeconfig, err)
+		}
+		return cfg, nil
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return nil, fmt.Errorf("no Kubernetes config (in-cluster, $KUBECONFIG or ~/.kube/config); pass --kubeconfig: %w", err)
+	}
+	return cfg, nil
+}
+
+// New builds the controller against the cluster in cfg.Kubeconfig.
+func New(cfg Config, sbs Sandboxes, logger *slog.Logger) (*Controller, error) {
+	if len(cfg.Teams) == 0 {
+		return nil, errors.New("--kube-team: bind at least one namespace to a team (NAMESPACE=TEAM); the controller acts only in bound namespaces")
+	}
+	if cfg.Node == "" {
+		return nil, errors.New("--kube-node: name the node this server runs sandboxes for")
+	}
+	if cfg.MaxTimeout <= 0 {
+		return nil, errors.New("kube: MaxTimeout must be positive")
+	}
+	rc, err := RESTConfig(cfg.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	scheme, err := Scheme()
+	if err != nil {
+		return nil, err
+	}
+	log.SetLogger(logr.FromSlogHandler(logger.Handler()))
+	nsCache := map[string]cache.Config{}
+	for ns := range cfg.Teams {
+		nsCache[ns] = cache.Config{}
+	}
+	metricsAddr := cfg.MetricsAddr
+	if metricsAddr == "" {
+		metricsAddr = "0"
+	}
+	mgr, err := ctrl.NewManager(rc, ctrl.Options{
+		Scheme:                  scheme,
+		Cache:                   cache.Options{DefaultNamespaces: nsCache},
+		Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
+		HealthProbeBindAddress:  "0",
+		LeaderElection:          cfg.LeaderElection,
+		LeaderElectionID:        "agentbox-controller." + agentsv1.Group,
+		LeaderElectionNamespace: cfg.LeaderElectionNamespace,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kube: controller manager: %w", err)
+	}
+	rec := mgr.GetEventRecorder("agentbox")
+	base := reconcilerBase{c: mgr.GetClient(), api: mgr.GetAPIReader(), rec: rec, sbs: sbs, cfg: cfg, log: logger}
+	opts := controller.Options{MaxConcurrentReconciles: 4}
+	// Every node agent runs the sandboxes bound to its node; pools and
+	// claims are the leader's alone (with --kube-leader-elect).
+	everyNode := opts
+	everyNode.NeedLeaderElection = new(false)
+	if err := ctrl.NewControllerManagedBy(mgr).For(&agentsv1.Sandbox{}).Named("sandbox").WithOptions(everyNode).
+		Complete(&sandboxReconciler{base}); err != nil {
+		return nil, fmt.Errorf("kube: sandbox controller: %w", err)
+	}
+	if err := ctrl.NewControllerManagedBy(mgr).For(&extv1.SandboxWarmPool{}).Named("sandboxwarmpool").WithOptions(opts).
+		Owns(&agentsv1.Sandbox{}).
+		Watches(&extv1.SandboxTemplate{}, handler.EnqueueRequestsFromMapFunc(poolsOfTemplate(mgr.GetClient()))).
+		Complete(&poolReconciler{base}); err != nil {
+		return nil, fmt.Errorf("kube: warm pool controller: %w", err)
+	}
+	if err := ctrl.NewControllerManagedBy(mgr).For(&extv1.SandboxClaim{}).Named("sandboxclaim").WithOptions(opts).
+		Owns(&agentsv1.Sandbox{}).
+		Complete(&claimReconciler{base}); err != nil {
+		return nil, fmt.Errorf("kube: claim controller: %w", err)
+	}
+	return &Controller{mgr: mgr}, nil
+}
+
+// Run reconciles until ctx ends.
+func (c *Controller) Run(ctx context.Context) error {
+	if err := c.mgr.Start(ctx); err != nil {
+		return fmt.Errorf("kube controller: %w", err)
+	}
+	return nil
+}
+
+// poolsOfTemplate maps a template to the pools in its namespace that use
+// it, so a template edit re-checks their members' hashes.
+func poolsOfTemplate(c client.Client) handler.MapFunc {
+	return func(ctx context.Context, o client.Object) []reconcile.Request {
+		var pools extv1.SandboxWarmPoolList
+		if err := c.List(ctx, &pools, client.InNamespace(o.GetNamespace())); err != nil {
+			return nil
+		}
+		var out []reconcile.Request
+		for _, p := range pools.Items {
+			if p.Spec.TemplateRef.Name == o.GetName() {
+				out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&p)})
+			}
+		}
+		return out
+	}
+}
