@@ -18,12 +18,74 @@ package nsjoin
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
-// agentbox_nsjoined is set once the constructor joined the namespace.
+// agentbox_nsjoined is set once the constructor joined the namespace, and
+// agentbox_nslimited once it set the inotify caps of --pid's user namespace
+// (boot-id with --inotify-instances and --inotify-watches).
 static int agentbox_nsjoined;
+static int agentbox_nslimited;
 
 static int nsjoined(void) { return agentbox_nsjoined; }
+static int nslimited(void) { return agentbox_nslimited; }
+
+// number reports whether s is a decimal number that fits an int.
+static int number(const char *s) {
+	return s != NULL && s[0] != '\0' && strspn(s, "0123456789") == strlen(s) && strlen(s) <= 9;
+}
+
+static int write_file(const char *path, const char *v) {
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	ssize_t n = write(fd, v, strlen(v));
+	int err = errno;
+	close(fd);
+	errno = err;
+	return n == (ssize_t)strlen(v) ? 0 : -1;
+}
+
+// limit_userns sets the inotify caps of pid's user namespace, which only a
+// process inside it sees in /proc/sys/user: a child joins it and writes
+// them, so the boot-id hook (which joins the mount namespace as the host's
+// root) does both in one exec. A sandbox in the host's user namespace is
+// left alone: its /proc/sys/user is the host's.
+static int limit_userns(const char *pid, const char *instances, const char *watches) {
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%s/ns/user", pid);
+	struct stat theirs, self;
+	if (stat(path, &theirs) < 0 || stat("/proc/self/ns/user", &self) < 0) {
+		fprintf(stderr, "agentbox __hook boot-id: stat %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	if (theirs.st_dev == self.st_dev && theirs.st_ino == self.st_ino)
+		return 0;
+	pid_t child = fork();
+	if (child < 0) {
+		fprintf(stderr, "agentbox __hook boot-id: fork: %s\n", strerror(errno));
+		return -1;
+	}
+	if (child == 0) {
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0 || setns(fd, CLONE_NEWUSER) < 0) {
+			fprintf(stderr, "agentbox __hook boot-id: join the user namespace of pid %s: %s\n", pid, strerror(errno));
+			_exit(1);
+		}
+		if (write_file("/proc/sys/user/max_inotify_instances", instances) < 0 ||
+		    write_file("/proc/sys/user/max_inotify_watches", watches) < 0) {
+			fprintf(stderr, "agentbox __hook boot-id: set the inotify caps of pid %s's user namespace: %s\n", pid, strerror(errno));
+			_exit(1);
+		}
+		_exit(0);
+	}
+	int status;
+	while (waitpid(child, &status, 0) < 0)
+		if (errno != EINTR)
+			return -1;
+	return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
 
 // joins lists the hooks that run in a namespace of --pid: the user
 // namespace, or (boot-id) the mount namespace, which a multi-threaded
@@ -47,13 +109,23 @@ __attribute__((constructor)) static void agentbox_nsjoin(int argc, char **argv) 
 	const char *ns;
 	if (argc < 5 || strcmp(argv[1], "__hook") != 0 || !joins(argv[2], &nstype, &ns))
 		return;
-	const char *pid = NULL;
-	for (int i = 3; i + 1 < argc; i++)
+	const char *pid = NULL, *instances = NULL, *watches = NULL;
+	for (int i = 3; i + 1 < argc; i++) {
 		if (strcmp(argv[i], "--pid") == 0)
 			pid = argv[i + 1];
-	// A malformed pid is left to the Go side, which names the flag.
-	if (pid == NULL || pid[0] == '\0' || strspn(pid, "0123456789") != strlen(pid) || strlen(pid) > 10)
+		if (strcmp(argv[i], "--inotify-instances") == 0)
+			instances = argv[i + 1];
+		if (strcmp(argv[i], "--inotify-watches") == 0)
+			watches = argv[i + 1];
+	}
+	// A malformed pid or cap is left to the Go side, which names the flag.
+	if (!number(pid))
 		return;
+	if (nstype == CLONE_NEWNS && number(instances) && number(watches)) {
+		if (limit_userns(pid, instances, watches) < 0)
+			_exit(1);
+		agentbox_nslimited = 1;
+	}
 	char path[64];
 	snprintf(path, sizeof path, "/proc/%s/ns/%s", pid, ns);
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -77,3 +149,8 @@ import "C"
 // read the links of a process the host's user namespace made (runc init is
 // not dumpable while it sets the namespaces up).
 func Joined() bool { return C.nsjoined() != 0 }
+
+// Limited reports whether the boot-id hook set the inotify caps of its
+// --pid's user namespace (or found it to be the host's, which it leaves
+// alone) before the Go runtime started.
+func Limited() bool { return C.nslimited() != 0 }

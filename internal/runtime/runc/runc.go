@@ -188,14 +188,8 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
-	t2 := time.Now()
-	if o.UserNS {
-		if err := d.limitUserNS(ctx, spec.ID, pid); err != nil {
-			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
-		}
-	}
-	d.log.Debug("sandbox started", "id", spec.ID, "bundle", t1.Sub(t0).Round(time.Microsecond),
-		"runc", t2.Sub(t1).Round(time.Microsecond), "userns limits", time.Since(t2).Round(time.Microsecond))
+	d.log.Debug("sandbox started", "id", spec.ID, "pid", pid, "bundle", t1.Sub(t0).Round(time.Microsecond),
+		"runc and hook", time.Since(t1).Round(time.Microsecond))
 	return nil
 }
 
