@@ -224,15 +224,22 @@ func (d *Driver) State(ctx context.Context, id string) (runtime.Status, error) {
 }
 
 // surelyRunning answers State without a runc exec in the common case (a
-// warm-pool claim and every health check ask it): from runc's state file,
-// the container's init lives (same pid and start time), it was started
-// (no exec fifo) and its cgroup is not frozen. Anything else, or anything
-// unreadable, is false and left to `runc state`.
+// warm-pool claim and every health check ask it).
 func (d *Driver) surelyRunning(id string) bool {
+	_, ok := d.runningInit(id)
+	return ok
+}
+
+// runningInit returns the host pid of sandbox id's init when runc's state
+// file shows, without a runc exec, that it surely runs: the init lives
+// (same pid and start time), it was started (no exec fifo) and its cgroup
+// is not frozen. Anything else, or anything unreadable, is false and left
+// to `runc state`.
+func (d *Driver) runningInit(id string) (int, bool) {
 	dir := filepath.Join(d.cfg.Root, d.cid(id))
 	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
 	if err != nil {
-		return false
+		return 0, false
 	}
 	var st struct {
 		Pid     int               `json:"init_process_pid"`
@@ -240,30 +247,30 @@ func (d *Driver) surelyRunning(id string) bool {
 		Cgroups map[string]string `json:"cgroup_paths"`
 	}
 	if json.Unmarshal(b, &st) != nil || st.Pid <= 0 {
-		return false
+		return 0, false
 	}
 	if _, err := os.Stat(filepath.Join(dir, "exec.fifo")); !errors.Is(err, fs.ErrNotExist) {
-		return false // created, not started (or unknown)
+		return 0, false // created, not started (or unknown)
 	}
 	stat, err := os.ReadFile("/proc/" + strconv.Itoa(st.Pid) + "/stat")
 	if err != nil {
-		return false
+		return 0, false
 	}
 	// After the command name (in parentheses, may hold spaces): state is
 	// the 1st field, starttime the 20th.
 	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
 	if len(f) < 20 || f[0] == "Z" || f[0] == "X" || f[19] != strconv.FormatUint(st.Start, 10) {
-		return false
+		return 0, false
 	}
+	thawed := false
 	if p, ok := st.Cgroups["freezer"]; ok {
 		v, err := os.ReadFile(filepath.Join(p, "freezer.state"))
-		return err == nil && strings.TrimSpace(string(v)) == "THAWED"
-	}
-	if p, ok := st.Cgroups[""]; ok {
+		thawed = err == nil && strings.TrimSpace(string(v)) == "THAWED"
+	} else if p, ok := st.Cgroups[""]; ok {
 		v, err := os.ReadFile(filepath.Join(p, "cgroup.freeze"))
-		return err == nil && strings.TrimSpace(string(v)) == "0"
+		thawed = err == nil && strings.TrimSpace(string(v)) == "0"
 	}
-	return false
+	return st.Pid, thawed
 }
 
 // Stats reads the sandbox's cgroup and the size of its writable layer.
