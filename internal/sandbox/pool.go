@@ -110,6 +110,7 @@ func (m *Manager) poolTick(ctx context.Context, now time.Time) {
 	var trim []*Sandbox
 	for id, p := range m.life.pools {
 		p.creates = slices.DeleteFunc(p.creates, func(t time.Time) bool { return now.Sub(t) > poolWindow })
+		slices.SortFunc(p.creates, time.Time.Compare) // claims record their arrival, which finish out of order
 		p.target = poolTarget(p.min, m.life.cfg.PoolMax, p.creates)
 		// At most two cold starts at a time: refills must not starve the
 		// creates they are meant to speed up.
@@ -183,7 +184,9 @@ func (m *Manager) resolvePooled(ctx context.Context, b *build) error {
 		m.mu.Unlock()
 		return errNoClaim
 	}
-	p.creates = append(p.creates, time.Now())
+	// Demand counts when the request came, not when it got a create slot:
+	// a burst queues for slots, and the pool must see it as the burst it is.
+	p.creates = append(p.creates, b.sb.StartedAt)
 	var sb *Sandbox
 	for _, c := range m.sandboxes {
 		if c.TeamID == poolTeam && c.State == StateRunning && c.TemplateID == tpl.ID {
