@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -125,4 +126,33 @@ func TestWarmPoolAdapts(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	e.noLeaks(t, keep...)
+}
+
+// A warm claim does not wait for a create slot: with every slot held by
+// cold starts it still completes at once.
+func TestWarmClaimTakesNoCreateSlot(t *testing.T) {
+	ctx := context.Background()
+	e := newFakeEnv(t, LifecycleConfig{Pools: map[string]int{"base": 1}})
+	deadline := time.Now().Add(5 * time.Second)
+	for e.m.poolTick(ctx, time.Now()); len(e.m.Pools()) == 0 || e.m.Pools()[0].Ready < 1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("pool never filled: %+v", e.m.Pools())
+		}
+	}
+	for range createSlots(runtime.GOMAXPROCS(0)) {
+		release, err := e.m.createSlot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer release()
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	sb, err := e.m.Create(cctx, e.req())
+	if err != nil {
+		t.Fatalf("claim with every create slot taken: %v", err)
+	}
+	if p := e.m.Pools()[0]; p.Hits != 1 {
+		t.Fatalf("created %s cold, want a warm claim: %+v", sb.ID, p)
+	}
 }
