@@ -102,12 +102,20 @@ func (m *Manager) poolTick(ctx context.Context, now time.Time) {
 	var fills []fill
 	m.mu.Lock()
 	ready := map[string]int{}
-	for _, sb := range m.sandboxes {
-		if sb.TeamID == poolTeam && sb.State == StateRunning {
-			ready[sb.TemplateID]++
-		}
-	}
 	var trim []*Sandbox
+	for _, sb := range m.sandboxes {
+		if sb.TeamID != poolTeam || sb.State != StateRunning {
+			continue
+		}
+		if sb.Health != "" {
+			// The health check found it broken: a claim would wait for
+			// it in vain. It goes, and the pool refills.
+			sb.State = StateKilling
+			trim = append(trim, clone(sb))
+			continue
+		}
+		ready[sb.TemplateID]++
+	}
 	for id, p := range m.life.pools {
 		p.creates = slices.DeleteFunc(p.creates, func(t time.Time) bool { return now.Sub(t) > poolWindow })
 		slices.SortFunc(p.creates, time.Time.Compare) // claims record their arrival, which finish out of order
@@ -119,11 +127,13 @@ func (m *Manager) poolTick(ctx context.Context, now time.Time) {
 			fills = append(fills, fill{id, n})
 		}
 		// Demand fell: the surplus goes, a few at a time.
+		trimmed := 0
 		for _, sb := range m.sandboxes {
-			if len(trim) >= poolTrimPerTick || ready[id] <= p.target {
+			if trimmed >= poolTrimPerTick || ready[id] <= p.target {
 				break
 			}
 			if sb.TeamID == poolTeam && sb.State == StateRunning && sb.TemplateID == id {
+				trimmed++
 				sb.State = StateKilling // hidden from claims from here on
 				ready[id]--
 				trim = append(trim, clone(sb))
@@ -189,7 +199,7 @@ func (m *Manager) resolvePooled(ctx context.Context, b *build) error {
 	p.creates = append(p.creates, b.sb.StartedAt)
 	var sb *Sandbox
 	for _, c := range m.sandboxes {
-		if c.TeamID == poolTeam && c.State == StateRunning && c.TemplateID == tpl.ID {
+		if c.TeamID == poolTeam && c.State == StateRunning && c.TemplateID == tpl.ID && c.Health == "" {
 			sb = c
 			break
 		}
@@ -246,7 +256,7 @@ func (m *Manager) Pools() []PoolStats {
 	defer m.mu.Unlock()
 	ready := map[string]int{}
 	for _, sb := range m.sandboxes {
-		if sb.TeamID == poolTeam && sb.State == StateRunning {
+		if sb.TeamID == poolTeam && sb.State == StateRunning && sb.Health == "" {
 			ready[sb.TemplateID]++
 		}
 	}

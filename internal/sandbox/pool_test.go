@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -154,5 +155,53 @@ func TestWarmClaimTakesNoCreateSlot(t *testing.T) {
 	}
 	if p := e.m.Pools()[0]; p.Hits != 1 {
 		t.Fatalf("created %s cold, want a warm claim: %+v", sb.ID, p)
+	}
+}
+
+// A warm sandbox the health check found broken is never claimed (the
+// create starts cold at once instead of waiting for its envd), and the
+// pool replaces it.
+func TestWarmPoolSkipsUnhealthy(t *testing.T) {
+	ctx := context.Background()
+	e := newFakeEnv(t, LifecycleConfig{Pools: map[string]int{"base": 1}})
+	waitReady := func() string {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			e.m.poolTick(ctx, time.Now())
+			e.m.mu.Lock()
+			for id, sb := range e.m.sandboxes {
+				if sb.TeamID == poolTeam && sb.State == StateRunning && sb.Health == "" {
+					e.m.mu.Unlock()
+					return id
+				}
+			}
+			e.m.mu.Unlock()
+			if time.Now().After(deadline) {
+				t.Fatalf("pool never filled: %+v", e.m.Pools())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	broken := waitReady()
+	e.m.mu.Lock()
+	e.m.sandboxes[broken].Health, e.m.sandboxes[broken].HealthReason = "error", "envd does not answer"
+	e.m.mu.Unlock()
+	if p := e.m.Pools()[0]; p.Ready != 0 {
+		t.Fatalf("an unhealthy warm sandbox counts as ready: %+v", p)
+	}
+	sb := e.create(t, e.req())
+	if sb.ID == broken {
+		t.Fatalf("claimed the unhealthy warm sandbox %s", broken)
+	}
+	if fresh := waitReady(); fresh == broken {
+		t.Fatalf("the pool kept its unhealthy sandbox %s", broken)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for slices.Contains(e.h.Leaks(), "container "+broken) {
+		if time.Now().After(deadline) {
+			t.Fatalf("unhealthy warm sandbox %s never removed: %v", broken, e.h.Leaks())
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
