@@ -387,7 +387,7 @@ func measureCreateLoad(ctx context.Context, c *wire.Client, cfg Config, runcP50 
 	hits := p.Hits
 	res = burst(ctx, c, cfg, cfg.Burst, map[string]string{"bench": "pool-burst"})
 	if p, err := pool(ctx, cfg); err == nil && p != nil {
-		add(row{"  pooled burst: served warm", fmt.Sprintf("%d of %d", p.Hits-hits, cfg.Burst), "", ""})
+		add(row{"  pooled burst: warm claims (a claim that fails starts cold and is counted too)", fmt.Sprintf("%d for %d creates", p.Hits-hits, cfg.Burst), "", ""})
 	}
 	for _, r := range burstRows(ctx, c, cfg, "pooled burst (target p99 < 1 s)", res, runcP50) {
 		add(r)
