@@ -40,7 +40,7 @@ type PoolStats struct {
 // refillTime how long one warm sandbox takes to make. poolTrimPerTick is
 // how many surplus warm sandboxes go per tick once demand falls.
 const (
-	poolWindow      = time.Minute
+	poolWindow      = 5 * time.Minute // longer than refilling after a burst of 100 takes on a busy 2-core host
 	refillTime      = 2 * time.Second
 	poolTrimPerTick = 4
 )

@@ -37,7 +37,8 @@ func TestPoolTarget(t *testing.T) {
 		{"burst of 100 capped", 2, 50, burst(100, 0, time.Second), 50},
 		{"burst spread over 20 s counts its densest 2 s", 0, 200, burst(100, 0, 20*time.Second), 10},
 		{"two bursts: the larger counts", 0, 200, append(burst(10, 0, time.Second), burst(30, 30*time.Second, time.Second)...), 30},
-		{"steady 1/s: rate term", 0, 200, steady(1, 60), 4},
+		{"steady 1/s for a minute: the densest refill time", 0, 200, steady(1, 60), 2},
+		{"steady 2/s for five minutes: rate term", 0, 2000, steady(2, 300), 8},
 		{"cap below minimum keeps the minimum", 8, 4, burst(100, 0, time.Second), 8},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
