@@ -1,6 +1,8 @@
 package network
 
 import (
+	"context"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -71,5 +73,48 @@ func TestNoInternetMembershipFollowsPolicy(t *testing.T) {
 	member(t, m2, again.IP, false, "new sandbox")
 	if err := m2.Detach(ctx, "sbnew"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A restart re-installs every attached sandbox's rules in one transaction:
+// with 150 sandboxes its acknowledgements must not overflow the netlink
+// socket (ENOBUFS), which would keep the server from starting.
+func TestSetupWithManySandboxes(t *testing.T) {
+	cfg := Config{Bridge: "abnmany0", Subnet: netip.MustParsePrefix("10.96.0.0/24"), NetNSDir: t.TempDir(), Table: "agentbox_nmany"}
+	m := startManager(t, cfg)
+	ctx := t.Context()
+	const n = 150
+	for i := range n {
+		if _, err := m.Attach(ctx, fmt.Sprintf("many%03d", i), Policy{AllowInternet: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for i := range n {
+			_ = m.Detach(context.Background(), fmt.Sprintf("many%03d", i))
+		}
+	})
+	m2, err := New(cfg, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m2.Setup(ctx); err != nil {
+		t.Fatalf("Setup with %d sandboxes attached: %v", n, err)
+	}
+	c, err := nftablesConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bt, ch := bridgeTable(cfg)
+	rules, err := c.GetRules(bt, ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]bool{}
+	for _, r := range rules {
+		ids[string(r.UserData)] = true
+	}
+	if len(ids) < n {
+		t.Fatalf("anti-spoofing rules for %d sandboxes after the restart, want %d", len(ids), n)
 	}
 }
