@@ -30,6 +30,7 @@ func main() {
 	flag.IntVar(&cfg.Creates, "creates", 10, "sequential create → first command samples (also runc floor samples)")
 	flag.IntVar(&cfg.Commands, "commands", 50, "command round-trip samples")
 	flag.IntVar(&cfg.Concurrent, "concurrent", 50, "simultaneous creates")
+	flag.IntVar(&cfg.Burst, "burst", 100, "creates sent at once by the burst rows (cold, then through the server's warm pool if it has one)")
 	flag.IntVar(&cfg.SizeMB, "size-mb", 100, "upload/download size in MB")
 	flag.StringVar(&cfg.MetricsURL, "metrics-url", "", "the server's /metrics (its --metrics-listen address, or the API's /metrics with --metrics-token): adds the create step breakdown")
 	flag.StringVar(&cfg.MetricsToken, "metrics-token", os.Getenv("AGENTBOX_METRICS_TOKEN"), "the server's --metrics-token, for --metrics-url on the API address")
@@ -112,6 +113,7 @@ func main() {
 		}
 		return
 	}
+	cfg.DataDir = *dataDir
 	if err := benchmark.Run(ctx, cfg, os.Stdout, log); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)

@@ -42,6 +42,10 @@ type Config struct {
 	// --metrics-token): when set, the create rows are followed by where the
 	// milliseconds went, step by step.
 	MetricsURL, MetricsToken string
+	// DataDir is the server's --data-dir (sandbox cgroups and leak
+	// checks); Burst how many creates the burst rows send at once.
+	DataDir string
+	Burst   int
 }
 
 func (c *Config) defaults() {
@@ -59,6 +63,9 @@ func (c *Config) defaults() {
 	}
 	if c.SizeMB <= 0 {
 		c.SizeMB = 100
+	}
+	if c.Burst <= 0 {
+		c.Burst = 100
 	}
 }
 
@@ -131,7 +138,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer, log *slog.Logger) error {
 	var createErrs int
 	for range cfg.Creates {
 		start := time.Now()
-		sb, err := c.Create(ctx, wire.CreateRequest{TemplateID: cfg.Template, Timeout: 600, Metadata: map[string]string{"bench": "create"}})
+		sb, err := c.Create(ctx, wire.CreateRequest{TemplateID: cfg.Template, Timeout: 600, Metadata: coldMeta("create")})
 		if err == nil {
 			var r *wire.Result
 			r, err = c.Run(ctx, sb, "", "echo ok")
@@ -171,6 +178,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer, log *slog.Logger) error {
 
 	// Concurrent creates.
 	rows = append(rows, measureConcurrent(ctx, c, cfg, runcP50))
+	rows = append(rows, measureCreateLoad(ctx, c, cfg, runcP50, log)...)
 
 	rssAfter := rssKB(pid)
 	if pid > 0 {
@@ -263,7 +271,7 @@ func measureConcurrent(ctx context.Context, c *wire.Client, cfg Config, runcP50 
 		go func() {
 			defer wg.Done()
 			t0 := time.Now()
-			sb, err := c.Create(ctx, wire.CreateRequest{TemplateID: cfg.Template, Timeout: 600, Metadata: map[string]string{"bench": "concurrent"}})
+			sb, err := c.Create(ctx, wire.CreateRequest{TemplateID: cfg.Template, Timeout: 600, Metadata: coldMeta("concurrent")})
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {

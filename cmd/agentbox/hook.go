@@ -40,7 +40,7 @@ func runHook(name string, args []string) error {
 	case runc.UserNSLimitsHook:
 		return runc.RunUserNSLimitsHook(args, nsjoin.Joined())
 	case runc.BootIDHook:
-		return runc.RunBootIDHook(args, nsjoin.Joined())
+		return runc.RunBootIDHook(args, nsjoin.Joined(), nsjoin.Limited())
 	case bundle.HoldHook:
 		if len(args) > 0 {
 			return fmt.Errorf("%s hook takes no arguments", bundle.HoldHook)

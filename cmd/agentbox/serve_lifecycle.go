@@ -28,8 +28,8 @@ type lifecycleFlags struct {
 
 func addLifecycleFlags(f *pflag.FlagSet, l *lifecycleFlags) {
 	f.StringVar(&l.SnapshotDir, "snapshot-dir", "", "where snapshots (captured writable layer + memory image) are kept (default <data-dir>/snapshots)")
-	f.StringSliceVar(&l.Pools, "pool", nil, "warm pool as <template>=<min size>, e.g. base=2 (repeatable); creates of that template claim a ready sandbox, and the pool grows with the create rate")
-	f.IntVar(&l.PoolMax, "pool-max", 16, "largest size a warm pool grows to under load")
+	f.StringSliceVar(&l.Pools, "pool", nil, "warm pool as <template>=<min size>, e.g. base=2 (repeatable); creates of that template claim a ready sandbox; the pool grows by the largest burst of creates seen within 2 s (or what the last five minutes' rate needs) and shrinks back after five quiet minutes")
+	f.IntVar(&l.PoolMax, "pool-max", 16, "largest size a warm pool grows to under load (a burst of N is absorbed whole only with --pool-max >= N plus the minimum)")
 	f.DurationVar(&l.IdleFreeze, "idle-freeze", 0, "freeze (cgroup freezer, memory kept) sandboxes with no data-plane traffic for this long; traffic thaws them in milliseconds (0 = never)")
 	f.StringVar(&l.FaultStep, "fault-step", "", "exit at this named lifecycle step (crash-safety tests)")
 	_ = f.MarkHidden("fault-step")

@@ -488,11 +488,28 @@ func (m *Manager) applyPolicy(id string, ip netip.Addr, p Policy) error {
 	if err := m.setIPRules(id, ip, p); err != nil {
 		return err
 	}
-	if err := m.setNoInternet(ip, !p.AllowInternet); err != nil {
-		return err
+	// The sets change only where membership does: each change is an
+	// nftables transaction, and a new sandbox (the create path) is in
+	// neither set. A member is recorded before it is added, so a failure
+	// in between leaves Detach something to remove, never a stale member.
+	m.mu.Lock()
+	wasDenied, wasNamed := m.denied[id], m.byName[id]
+	if !p.AllowInternet {
+		m.denied[id] = true
 	}
-	if err := m.setMember(byNameSet, ip, p.DecidesByName()); err != nil {
-		return err
+	if p.DecidesByName() {
+		m.byName[id] = true
+	}
+	m.mu.Unlock()
+	if wasDenied || !p.AllowInternet {
+		if err := m.setNoInternet(ip, !p.AllowInternet); err != nil {
+			return err
+		}
+	}
+	if wasNamed || p.DecidesByName() {
+		if err := m.setMember(byNameSet, ip, p.DecidesByName()); err != nil {
+			return err
+		}
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -526,12 +543,20 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 	}
 	var errs []error
 	ep, ok := m.Lookup(id)
+	m.mu.Lock()
+	denied, named := m.denied[id], m.byName[id]
+	m.mu.Unlock()
 	if ok {
-		if err := m.setNoInternet(ep.IP, false); err != nil {
-			errs = append(errs, err)
+		// Only the sets it is in (applyPolicy records a member first).
+		if denied {
+			if err := m.setNoInternet(ep.IP, false); err != nil {
+				errs = append(errs, err)
+			}
 		}
-		if err := m.setMember(byNameSet, ep.IP, false); err != nil {
-			errs = append(errs, err)
+		if named {
+			if err := m.setMember(byNameSet, ep.IP, false); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		if err := m.setIPRules(id, ep.IP, Policy{}); err != nil {
 			errs = append(errs, err)

@@ -8,6 +8,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -148,7 +149,11 @@ func ipElement(ip netip.Addr) nftables.SetElement {
 // restart) are carried over, plus keep. Per-sandbox IP rules are put back by
 // SetPolicy (the sandbox manager calls it for every sandbox it re-adopts).
 func (m *Manager) installRules(keep, keepByName []netip.Addr) error {
-	c, err := nftables.New()
+	// One transaction holds every sandbox's anti-spoofing rules, and the
+	// kernel acknowledges each message: past about a hundred sandboxes the
+	// acknowledgements overflow a default receive buffer (ENOBUFS) and a
+	// restart would fail.
+	c, err := nftables.New(nftables.WithSockOptions(func(c *netlink.Conn) error { return c.SetReadBuffer(8 << 20) }))
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}

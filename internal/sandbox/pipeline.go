@@ -20,7 +20,7 @@ import (
 // (a check, a limit, an audit event) holds on every path that runs it.
 //
 //	step              create (template)  snapshot restore / fork  warm-pool claim   files-only resume  build step
-//	reserve           team quota, maxSandboxes, a create slot (resume: slot only; the paused sandbox already counts)
+//	reserve           team quota, maxSandboxes, a create slot (resume: slot only; the paused sandbox already counts; claim: no slot)
 //	resolve           template           snapshot                 pooled sandbox    paused sandbox     layers
 //	persist creating  row "creating"     row "creating"           row "creating"    row "resuming"     row "creating"
 //	attach network    netns + policy     netns + policy           set policy        (kept)             netns + policy
@@ -217,7 +217,8 @@ func (m *Manager) run(ctx context.Context, p pipeline, b *build) (_ *Sandbox, er
 
 // reserve reads the team's quota, counts the sandbox against its
 // maxSandboxes (new sandboxes only) and waits for a create slot
-// (admission.go). Both are held until the build ends.
+// (admission.go; not for a warm claim). Both are held until the build
+// ends.
 func (m *Manager) reserve(ctx context.Context, b *build) error {
 	q, err := m.teamQuota(ctx, b.req.TeamID)
 	if err != nil {
@@ -230,6 +231,11 @@ func (m *Manager) reserve(ctx context.Context, b *build) error {
 			return err
 		}
 		b.release = append(b.release, release)
+	}
+	if b.path == "claim" {
+		// A claim starts nothing on the host: it must not queue behind
+		// the cold starts (refills included) the slots pace.
+		return nil
 	}
 	release, err := m.createSlot(ctx)
 	if err != nil {

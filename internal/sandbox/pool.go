@@ -37,12 +37,35 @@ type PoolStats struct {
 }
 
 // poolWindow is how far back creates count for the pool size, and
-// refillTime how long one warm sandbox takes to make: the pool holds what
-// the recent create rate consumes while it refills, twice over.
+// refillTime how long one warm sandbox takes to make. poolTrimPerTick is
+// how many surplus warm sandboxes go per tick once demand falls.
 const (
-	poolWindow = time.Minute
-	refillTime = 2 * time.Second
+	poolWindow      = 5 * time.Minute // longer than refilling after a burst of 100 takes on a busy 2-core host
+	refillTime      = 2 * time.Second
+	poolTrimPerTick = 4
 )
+
+// poolTarget is the adaptive size of a pool whose configured minimum is
+// minSize and cap maxSize, given the times of its template's recent
+// creates (claims and misses, oldest first, none older than poolWindow):
+// the minimum plus the larger of what the recent create rate consumes
+// while one sandbox refills (twice over) and the largest burst seen within
+// one refill time. A burst is absorbed from the next one on; a quiet
+// window shrinks the pool back to its minimum. Never over max(maxSize,
+// minSize).
+func poolTarget(minSize, maxSize int, creates []time.Time) int {
+	rate := float64(len(creates)) / poolWindow.Seconds()
+	demand := int(math.Ceil(2 * rate * refillTime.Seconds()))
+	// The most creates within any refillTime: a sliding window.
+	lo := 0
+	for hi := range creates {
+		for creates[hi].Sub(creates[lo]) >= refillTime {
+			lo++
+		}
+		demand = max(demand, hi-lo+1)
+	}
+	return min(minSize+demand, max(maxSize, minSize))
+}
 
 // poolTick resolves configured pools, resizes them to the create rate and
 // starts refills. Called from the reaper (m.mu not held).
@@ -79,23 +102,52 @@ func (m *Manager) poolTick(ctx context.Context, now time.Time) {
 	var fills []fill
 	m.mu.Lock()
 	ready := map[string]int{}
+	var trim []*Sandbox
 	for _, sb := range m.sandboxes {
-		if sb.TeamID == poolTeam && sb.State == StateRunning {
-			ready[sb.TemplateID]++
+		if sb.TeamID != poolTeam || sb.State != StateRunning {
+			continue
 		}
+		if sb.Health != "" {
+			// The health check found it broken: a claim would wait for
+			// it in vain. It goes, and the pool refills.
+			sb.State = StateKilling
+			trim = append(trim, clone(sb))
+			continue
+		}
+		ready[sb.TemplateID]++
 	}
 	for id, p := range m.life.pools {
 		p.creates = slices.DeleteFunc(p.creates, func(t time.Time) bool { return now.Sub(t) > poolWindow })
-		rate := float64(len(p.creates)) / poolWindow.Seconds()
-		p.target = min(max(p.min, p.min+int(math.Ceil(2*rate*refillTime.Seconds()))), max(m.life.cfg.PoolMax, p.min))
+		slices.SortFunc(p.creates, time.Time.Compare) // claims record their arrival, which finish out of order
+		p.target = poolTarget(p.min, m.life.cfg.PoolMax, p.creates)
 		// At most two cold starts at a time: refills must not starve the
 		// creates they are meant to speed up.
 		if n := min(p.target-ready[id]-p.filling, 2-p.filling); n > 0 {
 			p.filling += n
 			fills = append(fills, fill{id, n})
 		}
+		// Demand fell: the surplus goes, a few at a time.
+		trimmed := 0
+		for _, sb := range m.sandboxes {
+			if trimmed >= poolTrimPerTick || ready[id] <= p.target {
+				break
+			}
+			if sb.TeamID == poolTeam && sb.State == StateRunning && sb.TemplateID == id {
+				trimmed++
+				sb.State = StateKilling // hidden from claims from here on
+				ready[id]--
+				trim = append(trim, clone(sb))
+			}
+		}
 	}
 	m.mu.Unlock()
+	for _, sb := range trim {
+		go func() {
+			if err := m.destroy(context.WithoutCancel(ctx), sb, "warm pool above its size"); err != nil {
+				m.log.Warn("warm pool trim", "sandbox", sb.ID, "err", err)
+			}
+		}()
+	}
 	for _, f := range fills {
 		for range f.n {
 			go func() {
@@ -142,10 +194,12 @@ func (m *Manager) resolvePooled(ctx context.Context, b *build) error {
 		m.mu.Unlock()
 		return errNoClaim
 	}
-	p.creates = append(p.creates, time.Now())
+	// Demand counts when the request came, not when it got a create slot:
+	// a burst queues for slots, and the pool must see it as the burst it is.
+	p.creates = append(p.creates, b.sb.StartedAt)
 	var sb *Sandbox
 	for _, c := range m.sandboxes {
-		if c.TeamID == poolTeam && c.State == StateRunning && c.TemplateID == tpl.ID {
+		if c.TeamID == poolTeam && c.State == StateRunning && c.TemplateID == tpl.ID && c.Health == "" {
 			sb = c
 			break
 		}
@@ -202,7 +256,7 @@ func (m *Manager) Pools() []PoolStats {
 	defer m.mu.Unlock()
 	ready := map[string]int{}
 	for _, sb := range m.sandboxes {
-		if sb.TeamID == poolTeam && sb.State == StateRunning {
+		if sb.TeamID == poolTeam && sb.State == StateRunning && sb.Health == "" {
 			ready[sb.TemplateID]++
 		}
 	}

@@ -2,6 +2,9 @@
 // another process's user or mount namespace, as `runc init` does: a C
 // constructor runs before the Go runtime starts its threads and calls
 // setns(2), which the kernel refuses for either to a multi-threaded process.
+// The hooks on the create path (boot-id with its inotify caps, and hold)
+// finish in the constructor and never start the Go runtime: one fork and
+// exec each, without the milliseconds a Go runtime start costs.
 //
 // It acts only on `<binary> __hook <name> --pid <pid> ...` for the hook
 // names in joins; the Go code of the hook checks that the join
@@ -18,12 +21,79 @@ package nsjoin
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/magic.h>
+#include <linux/openat2.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/vfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
-// agentbox_nsjoined is set once the constructor joined the namespace.
+// agentbox_nsjoined is set once the constructor joined the namespace, and
+// agentbox_nslimited once it set the inotify caps of --pid's user namespace
+// (boot-id with --inotify-instances and --inotify-watches).
 static int agentbox_nsjoined;
+static int agentbox_nslimited;
 
 static int nsjoined(void) { return agentbox_nsjoined; }
+static int nslimited(void) { return agentbox_nslimited; }
+
+// number reports whether s is a decimal number that fits an int.
+static int number(const char *s) {
+	return s != NULL && s[0] != '\0' && strspn(s, "0123456789") == strlen(s) && strlen(s) <= 9;
+}
+
+static int write_file(const char *path, const char *v) {
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	ssize_t n = write(fd, v, strlen(v));
+	int err = errno;
+	close(fd);
+	errno = err;
+	return n == (ssize_t)strlen(v) ? 0 : -1;
+}
+
+// limit_userns sets the inotify caps of pid's user namespace, which only a
+// process inside it sees in /proc/sys/user: a child joins it and writes
+// them, so the boot-id hook (which joins the mount namespace as the host's
+// root) does both in one exec. A sandbox in the host's user namespace is
+// left alone: its /proc/sys/user is the host's.
+static int limit_userns(const char *pid, const char *instances, const char *watches) {
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%s/ns/user", pid);
+	struct stat theirs, self;
+	if (stat(path, &theirs) < 0 || stat("/proc/self/ns/user", &self) < 0) {
+		fprintf(stderr, "agentbox __hook boot-id: stat %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	if (theirs.st_dev == self.st_dev && theirs.st_ino == self.st_ino)
+		return 0;
+	pid_t child = fork();
+	if (child < 0) {
+		fprintf(stderr, "agentbox __hook boot-id: fork: %s\n", strerror(errno));
+		return -1;
+	}
+	if (child == 0) {
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0 || setns(fd, CLONE_NEWUSER) < 0) {
+			fprintf(stderr, "agentbox __hook boot-id: join the user namespace of pid %s: %s\n", pid, strerror(errno));
+			_exit(1);
+		}
+		if (write_file("/proc/sys/user/max_inotify_instances", instances) < 0 ||
+		    write_file("/proc/sys/user/max_inotify_watches", watches) < 0) {
+			fprintf(stderr, "agentbox __hook boot-id: set the inotify caps of pid %s's user namespace: %s\n", pid, strerror(errno));
+			_exit(1);
+		}
+		_exit(0);
+	}
+	int status;
+	while (waitpid(child, &status, 0) < 0)
+		if (errno != EINTR)
+			return -1;
+	return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
 
 // joins lists the hooks that run in a namespace of --pid: the user
 // namespace, or (boot-id) the mount namespace, which a multi-threaded
@@ -42,18 +112,90 @@ static int joins(const char *hook, int *nstype, const char **ns) {
 	return 0;
 }
 
+// hold is `__hook hold` without the Go runtime: it waits for stdin to
+// close (bundle.RunHoldHook), and starting the runtime would only make
+// each idmapped mount's user namespace slower to come by.
+static void hold(void) {
+	char buf[256];
+	for (;;) {
+		ssize_t n = read(0, buf, sizeof buf);
+		if (n == 0 || (n < 0 && errno != EINTR))
+			_exit(n == 0 ? 0 : 1);
+	}
+}
+
+// mount_boot_id is the boot-id hook's work done here, in the mount
+// namespace joined, so the hook never starts the Go runtime: it attaches
+// the detached mount it got as fd 3 over the kernel's boot_id, resolved
+// without symlinks and only if that is procfs's file (runc's
+// RunBootIDHook is the same in Go, for a binary without this package).
+static void mount_boot_id(const char *pid) {
+	int root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (root < 0) {
+		fprintf(stderr, "agentbox __hook boot-id: open /: %s\n", strerror(errno));
+		_exit(1);
+	}
+	struct open_how how = {.flags = O_PATH | O_CLOEXEC, .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
+	int target = syscall(SYS_openat2, root, "proc/sys/kernel/random/boot_id", &how, sizeof how);
+	if (target < 0) {
+		fprintf(stderr, "agentbox __hook boot-id: /proc/sys/kernel/random/boot_id in the sandbox: %s\n", strerror(errno));
+		_exit(1);
+	}
+	struct statfs st;
+	if (fstatfs(target, &st) < 0) {
+		fprintf(stderr, "agentbox __hook boot-id: %s\n", strerror(errno));
+		_exit(1);
+	}
+	if (st.f_type != PROC_SUPER_MAGIC) {
+		fprintf(stderr, "agentbox __hook boot-id: /proc/sys/kernel/random/boot_id in the sandbox of pid %s is not procfs's (filesystem %#lx)\n", pid, (unsigned long)st.f_type);
+		_exit(1);
+	}
+	if (syscall(SYS_move_mount, 3, "", target, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0) {
+		fprintf(stderr, "agentbox __hook boot-id: mount over /proc/sys/kernel/random/boot_id: %s\n", strerror(errno));
+		_exit(1);
+	}
+	_exit(0);
+}
+
+// wellFormed reports whether argv[3:] is exactly the flags the server
+// passes the boot-id hook: --pid <n>, then optionally --inotify-instances
+// <n> --inotify-watches <n>. Anything else is left to the Go side, which
+// names what is wrong.
+static int well_formed_boot_id(int argc, char **argv) {
+	if (argc != 5 && argc != 9)
+		return 0;
+	if (strcmp(argv[3], "--pid") != 0 || !number(argv[4]) || strcmp(argv[4], "0") == 0)
+		return 0;
+	if (argc == 9 && (strcmp(argv[5], "--inotify-instances") != 0 || !number(argv[6]) || atoi(argv[6]) <= 0 ||
+	                  strcmp(argv[7], "--inotify-watches") != 0 || !number(argv[8]) || atoi(argv[8]) <= 0))
+		return 0;
+	return 1;
+}
+
 __attribute__((constructor)) static void agentbox_nsjoin(int argc, char **argv) {
 	int nstype;
 	const char *ns;
+	if (argc == 3 && strcmp(argv[1], "__hook") == 0 && strcmp(argv[2], "hold") == 0)
+		hold();
 	if (argc < 5 || strcmp(argv[1], "__hook") != 0 || !joins(argv[2], &nstype, &ns))
 		return;
-	const char *pid = NULL;
-	for (int i = 3; i + 1 < argc; i++)
+	const char *pid = NULL, *instances = NULL, *watches = NULL;
+	for (int i = 3; i + 1 < argc; i++) {
 		if (strcmp(argv[i], "--pid") == 0)
 			pid = argv[i + 1];
-	// A malformed pid is left to the Go side, which names the flag.
-	if (pid == NULL || pid[0] == '\0' || strspn(pid, "0123456789") != strlen(pid) || strlen(pid) > 10)
+		if (strcmp(argv[i], "--inotify-instances") == 0)
+			instances = argv[i + 1];
+		if (strcmp(argv[i], "--inotify-watches") == 0)
+			watches = argv[i + 1];
+	}
+	// A malformed pid or cap is left to the Go side, which names the flag.
+	if (!number(pid))
 		return;
+	if (nstype == CLONE_NEWNS && number(instances) && number(watches)) {
+		if (limit_userns(pid, instances, watches) < 0)
+			_exit(1);
+		agentbox_nslimited = 1;
+	}
 	char path[64];
 	snprintf(path, sizeof path, "/proc/%s/ns/%s", pid, ns);
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -67,6 +209,8 @@ __attribute__((constructor)) static void agentbox_nsjoin(int argc, char **argv) 
 	}
 	close(fd);
 	agentbox_nsjoined = 1;
+	if (nstype == CLONE_NEWNS && well_formed_boot_id(argc, argv))
+		mount_boot_id(pid);
 }
 */
 import "C"
@@ -77,3 +221,8 @@ import "C"
 // read the links of a process the host's user namespace made (runc init is
 // not dumpable while it sets the namespaces up).
 func Joined() bool { return C.nsjoined() != 0 }
+
+// Limited reports whether the boot-id hook set the inotify caps of its
+// --pid's user namespace (or found it to be the host's, which it leaves
+// alone) before the Go runtime started.
+func Limited() bool { return C.nslimited() != 0 }

@@ -71,8 +71,9 @@ func bootIDRestoreConf(dir string) string {
 // created (not yet started) sandbox whose init is pid. The mount is made
 // here, detached and read-only, and attached by the boot-id hook from
 // inside the sandbox's mount namespace, which only a single-threaded
-// process can join.
-func (d *Driver) mountBootID(ctx context.Context, dir string, pid int) error {
+// process can join. With limitNS the same exec first sets the inotify caps
+// of the sandbox's user namespace (limitUserNS without a second exec).
+func (d *Driver) mountBootID(ctx context.Context, dir string, pid int, limitNS bool) error {
 	if d.b.HookBinary() == "" {
 		return fmt.Errorf("mount the sandbox's boot id: no hook binary configured: %w", errdefs.ErrUnavailable)
 	}
@@ -86,7 +87,11 @@ func (d *Driver) mountBootID(ctx context.Context, dir string, pid int) error {
 	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, attr); err != nil {
 		return fmt.Errorf("mount the sandbox's boot id read-only: %w", err)
 	}
-	argv := d.b.HookArgv(BootIDHook, "--pid", strconv.Itoa(pid))
+	args := []string{BootIDHook, "--pid", strconv.Itoa(pid)}
+	if limitNS {
+		args = append(args, "--inotify-instances", strconv.Itoa(sandboxInotifyInstances), "--inotify-watches", strconv.Itoa(sandboxInotifyWatches))
+	}
+	argv := d.b.HookArgv(args...)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.ExtraFiles = []*os.File{f} // fd 3
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -95,16 +100,20 @@ func (d *Driver) mountBootID(ctx context.Context, dir string, pid int) error {
 	return nil
 }
 
-// RunBootIDHook is `agentbox __hook boot-id --pid <pid>`: in the mount
-// namespace of --pid (joined before the Go runtime started, which joined
-// reports), it attaches the detached mount it got as fd 3 over the
-// kernel's boot_id. The path is resolved without following symlinks and
-// must end on procfs, so files of the sandbox's own making are never
-// mounted over.
-func RunBootIDHook(args []string, joined bool) error {
+// RunBootIDHook is `agentbox __hook boot-id --pid <pid> [--inotify-instances
+// <n> --inotify-watches <n>]`: in the mount namespace of --pid (joined
+// before the Go runtime started, which joined reports), it attaches the
+// detached mount it got as fd 3 over the kernel's boot_id. The path is
+// resolved without following symlinks and must end on procfs, so files of
+// the sandbox's own making are never mounted over. With the inotify flags
+// the constructor has also set those caps in --pid's user namespace, which
+// limited reports.
+func RunBootIDHook(args []string, joined, limited bool) error {
 	fs := flag.NewFlagSet(BootIDHook, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	pid := fs.Int("pid", 0, "")
+	instances := fs.Int("inotify-instances", 0, "")
+	watches := fs.Int("inotify-watches", 0, "")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%s hook: %w", BootIDHook, err)
 	}
@@ -113,6 +122,14 @@ func RunBootIDHook(args []string, joined bool) error {
 	}
 	if !joined {
 		return fmt.Errorf("%s hook: not in the mount namespace of pid %d (the binary lacks internal/runtime/nsjoin, or was built without cgo): %w", BootIDHook, *pid, errdefs.ErrUnavailable)
+	}
+	if *instances != 0 || *watches != 0 {
+		if *instances <= 0 || *watches <= 0 {
+			return fmt.Errorf("%s hook: --inotify-instances and --inotify-watches: want both, positive, got %d and %d", BootIDHook, *instances, *watches)
+		}
+		if !limited {
+			return fmt.Errorf("%s hook: the inotify caps of pid %d's user namespace were not set (the binary lacks internal/runtime/nsjoin): %w", BootIDHook, *pid, errdefs.ErrUnavailable)
+		}
 	}
 	root, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {

@@ -482,16 +482,10 @@ func (d *Driver) fsRestore(ctx context.Context, spec runtime.Spec, inPlace bool)
 	if err := writeBootID(dir, spec.BootID); err != nil { // a new boot
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	pid, err := d.start(ctx, id, dir, bundle.OwnsNetNS(dir))
-	if err != nil {
+	// A fresh boot is a fresh user namespace: start sets its caps.
+	if _, err := d.start(ctx, id, dir, bundle.OwnsNetNS(dir)); err != nil {
 		_ = d.deleteContainer(context.WithoutCancel(ctx), id)
 		return fmt.Errorf("sandbox %s: boot: %w", id, err)
-	}
-	if d.b.UserNS() {
-		// A fresh boot is a fresh user namespace with default caps.
-		if err := d.limitUserNS(ctx, id, pid); err != nil {
-			d.log.Warn("resumed sandbox keeps default inotify caps", "id", id, "err", err)
-		}
 	}
 	return nil
 }

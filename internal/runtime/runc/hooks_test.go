@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 		case UserNSLimitsHook:
 			err = RunUserNSLimitsHook(os.Args[3:], nsjoin.Joined())
 		case BootIDHook:
-			err = RunBootIDHook(os.Args[3:], nsjoin.Joined())
+			err = RunBootIDHook(os.Args[3:], nsjoin.Joined(), nsjoin.Limited())
 		case bundle.HoldHook:
 			err = bundle.RunHoldHook(os.Stdin)
 		default:

@@ -13,6 +13,10 @@ import (
 // `runc delete --force` on a running container. A container that does
 // not exist is not an error.
 func (d *Driver) killInit(ctx context.Context, id string) error {
+	// A running init is found without a runc exec (runc.go).
+	if pid, ok := d.runningInit(id); ok {
+		return bundle.KillWait(ctx, id, pid)
+	}
 	c, err := d.client("").State(ctx, d.cid(id))
 	if err != nil {
 		if !d.exists(id) {

@@ -36,7 +36,8 @@ func (d *Driver) ownsNetNS() bool {
 
 // start runs sandbox id's init from its bundle in dir and returns its host
 // pid. ownNet: runc makes its netns (see ownsNetNS), which is plugged
-// before init runs; its boot id is mounted then too (bootid.go).
+// before init runs; its boot id is mounted then too, and its user
+// namespace's inotify caps set, in one hook exec (bootid.go).
 func (d *Driver) start(ctx context.Context, id, dir string, ownNet bool) (int, error) {
 	logFile := filepath.Join(dir, Name+".log")
 	if d.cfg.Net != nil && !ownNet {
@@ -64,7 +65,7 @@ func (d *Driver) start(ctx context.Context, id, dir string, ownNet bool) (int, e
 			return 0, err
 		}
 	}
-	if err := d.mountBootID(ctx, dir, pid); err != nil {
+	if err := d.mountBootID(ctx, dir, pid, d.b.UserNS()); err != nil {
 		return 0, err
 	}
 	if err := d.client(logFile).Start(ctx, d.cid(id)); err != nil {

@@ -7,7 +7,9 @@
 package runc
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -16,6 +18,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	gorunc "github.com/containerd/go-runc"
@@ -198,14 +202,8 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	if err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
-	t2 := time.Now()
-	if o.UserNS {
-		if err := d.limitUserNS(ctx, spec.ID, pid); err != nil {
-			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
-		}
-	}
-	d.log.Debug("sandbox started", "id", spec.ID, "bundle", t1.Sub(t0).Round(time.Microsecond),
-		"runc", t2.Sub(t1).Round(time.Microsecond), "userns limits", time.Since(t2).Round(time.Microsecond))
+	d.log.Debug("sandbox started", "id", spec.ID, "pid", pid, "bundle", t1.Sub(t0).Round(time.Microsecond),
+		"runc and hook", time.Since(t1).Round(time.Microsecond))
 	return nil
 }
 
@@ -222,6 +220,9 @@ func (d *Driver) State(ctx context.Context, id string) (runtime.Status, error) {
 	if err := bundle.CheckID(id); err != nil {
 		return "", err
 	}
+	if d.surelyRunning(id) {
+		return runtime.StatusRunning, nil
+	}
 	c, err := d.client("").State(ctx, d.cid(id))
 	if err != nil {
 		if !d.exists(id) {
@@ -230,6 +231,56 @@ func (d *Driver) State(ctx context.Context, id string) (runtime.Status, error) {
 		return "", fmt.Errorf("runc state %s: %w", id, err)
 	}
 	return bundle.ContainerStatus(c.Status), nil
+}
+
+// surelyRunning answers State without a runc exec in the common case (a
+// warm-pool claim and every health check ask it).
+func (d *Driver) surelyRunning(id string) bool {
+	_, ok := d.runningInit(id)
+	return ok
+}
+
+// runningInit returns the host pid of sandbox id's init when runc's state
+// file shows, without a runc exec, that it surely runs: the init lives
+// (same pid and start time), it was started (no exec fifo) and its cgroup
+// is not frozen. Anything else, or anything unreadable, is false and left
+// to `runc state`.
+func (d *Driver) runningInit(id string) (int, bool) {
+	dir := filepath.Join(d.cfg.Root, d.cid(id))
+	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
+	if err != nil {
+		return 0, false
+	}
+	var st struct {
+		Pid     int               `json:"init_process_pid"`
+		Start   uint64            `json:"init_process_start"`
+		Cgroups map[string]string `json:"cgroup_paths"`
+	}
+	if json.Unmarshal(b, &st) != nil || st.Pid <= 0 {
+		return 0, false
+	}
+	if _, err := os.Stat(filepath.Join(dir, "exec.fifo")); !errors.Is(err, fs.ErrNotExist) {
+		return 0, false // created, not started (or unknown)
+	}
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(st.Pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	// After the command name (in parentheses, may hold spaces): state is
+	// the 1st field, starttime the 20th.
+	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	if len(f) < 20 || f[0] == "Z" || f[0] == "X" || f[19] != strconv.FormatUint(st.Start, 10) {
+		return 0, false
+	}
+	thawed := false
+	if p, ok := st.Cgroups["freezer"]; ok {
+		v, err := os.ReadFile(filepath.Join(p, "freezer.state"))
+		thawed = err == nil && strings.TrimSpace(string(v)) == "THAWED"
+	} else if p, ok := st.Cgroups[""]; ok {
+		v, err := os.ReadFile(filepath.Join(p, "cgroup.freeze"))
+		thawed = err == nil && strings.TrimSpace(string(v)) == "0"
+	}
+	return st.Pid, thawed
 }
 
 // Stats reads the sandbox's cgroup and the size of its writable layer.

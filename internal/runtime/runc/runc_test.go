@@ -541,15 +541,18 @@ func TestStateAndDeleteOfPausedAndStopped(t *testing.T) {
 		runc []string // turns the running sandbox into the state under test
 		want runtime.Status
 	}{
+		{id: "running1", want: runtime.StatusRunning},
 		{id: "paused1", runc: []string{"pause"}, want: runtime.StatusPaused},
 		{id: "stopped1", runc: []string{"kill", "KILL"}, want: runtime.StatusStopped},
 	}
 	for _, tc := range tests {
 		t.Run(tc.id, func(t *testing.T) {
 			e.sandbox(t, tc.id, runtime.Resources{MemoryMB: 128})
-			args := append([]string{"--root", e.runcRoot, tc.runc[0], e.rc.cid(tc.id)}, tc.runc[1:]...)
-			if out, err := exec.Command(e.rc.cfg.Binary, args...).CombinedOutput(); err != nil {
-				t.Fatalf("runc %v: %v: %s", tc.runc, err, out)
+			if len(tc.runc) > 0 {
+				args := append([]string{"--root", e.runcRoot, tc.runc[0], e.rc.cid(tc.id)}, tc.runc[1:]...)
+				if out, err := exec.Command(e.rc.cfg.Binary, args...).CombinedOutput(); err != nil {
+					t.Fatalf("runc %v: %v: %s", tc.runc, err, out)
+				}
 			}
 			var got runtime.Status
 			for range 100 { // a killed init needs a moment to be reaped
@@ -564,6 +567,10 @@ func TestStateAndDeleteOfPausedAndStopped(t *testing.T) {
 			}
 			if got != tc.want {
 				t.Fatalf("State = %q, want %q", got, tc.want)
+			}
+			// The answer without runc: sure of running only when it is.
+			if sure := e.rc.surelyRunning(tc.id); sure != (tc.want == runtime.StatusRunning) {
+				t.Fatalf("surelyRunning = %v for a %s sandbox", sure, tc.want)
 			}
 			if err := e.rt.Delete(ctx, tc.id); err != nil {
 				t.Fatal(err)
