@@ -25,12 +25,12 @@ type reconcilerBase struct {
 	c client.Client
 	// api reads past the cache: pool membership must not lag behind the
 	// creates and adoptions just made, or a pool over-creates.
-	api client.Reader
-	rec recorder.EventRecorder
+	api  client.Reader
+	rec  recorder.EventRecorder
 	sbs  Sandboxes
 	host Host
 	cfg  Config
-	log *slog.Logger
+	log  *slog.Logger
 }
 
 func (b reconcilerBase) event(obj client.Object, warn bool, reason, action, format string, args ...any) {
