@@ -15,6 +15,9 @@ import (
 
 	"github.com/agentbox/agentbox/internal/kube"
 	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/runtime/microvm"
+	"github.com/agentbox/agentbox/internal/runtime/runc"
+	"github.com/agentbox/agentbox/internal/runtime/runsc"
 	"github.com/agentbox/agentbox/internal/sandbox"
 	"github.com/agentbox/agentbox/internal/store"
 	"github.com/agentbox/agentbox/internal/template"
@@ -109,10 +112,13 @@ type kubeHost struct {
 	log       *slog.Logger
 }
 
+// Tiers reports the tiers by the names clients and runtimeClassName use
+// (container, gvisor, microvm), not the drivers' (runc, runsc, microvm).
 func (h kubeHost) Tiers() map[string]error {
+	driver := map[string]string{sandbox.IsolationContainer: runc.Name, sandbox.IsolationGVisor: runsc.Name, sandbox.IsolationMicroVM: microvm.Name}
 	out := map[string]error{}
-	for _, name := range h.tiers.Names() {
-		out[name] = h.tiers.TierAvailable(name)
+	for _, iso := range sandbox.Isolations() {
+		out[iso] = h.tiers.TierAvailable(driver[iso])
 	}
 	return out
 }
