@@ -3,6 +3,11 @@ package kube
 import (
 	"strings"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	agentsv1 "github.com/agentbox/agentbox/internal/kube/apis/agents/v1beta1"
 )
 
 func TestPlace(t *testing.T) {
@@ -64,5 +69,34 @@ func TestWithBindings(t *testing.T) {
 	nodes[0].FreeCPU = 2
 	if got := withBindings(nodes, nil); got[0].FreeCPU != 2 {
 		t.Errorf("free CPU = %d, want the Lease's 2", got[0].FreeCPU)
+	}
+}
+
+func TestWantOf(t *testing.T) {
+	gv := "gvisor"
+	bad := "kata"
+	sb := func(rc *string, res corev1.ResourceRequirements) *agentsv1.Sandbox {
+		var o agentsv1.Sandbox
+		o.Spec.PodTemplate.Spec.RuntimeClassName = rc
+		o.Spec.PodTemplate.Spec.Containers = []corev1.Container{{Name: "a", Image: "docker.io/library/python:3", Resources: res}}
+		return &o
+	}
+	lim := corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("3"), corev1.ResourceMemory: resource.MustParse("2Gi")}}
+	for _, tc := range []struct {
+		name string
+		obj  *agentsv1.Sandbox
+		want want
+		err  bool
+	}{
+		{"no limits count as the defaults", sb(nil, corev1.ResourceRequirements{}), want{template: "python", cpu: defaultPlaceCPU, mem: defaultPlaceMem}, false},
+		{"limits and tier", sb(&gv, lim), want{tier: "gvisor", template: "python", cpu: 3, mem: 2048}, false},
+		{"unknown runtimeClassName", sb(&bad, lim), want{}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := wantOf(tc.obj)
+			if (err != nil) != tc.err || (!tc.err && got != tc.want) {
+				t.Errorf("wantOf = %+v, %v; want %+v (error %v)", got, err, tc.want, tc.err)
+			}
+		})
 	}
 }
