@@ -477,7 +477,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	go mgr.Run(runCtx)
 	defer runAudit(runCtx, mgr.Audit())() // audit.go
 	startSyscallAudit(runCtx, mgr, bundles, c.Instance, log)
-	if err := startKube(runCtx, c.Kube, mgr, st, c, log); err != nil { // serve_kube.go
+	if err := startKube(runCtx, c.Kube, mgr, rt, templates, st, c, log); err != nil { // serve_kube.go
 		return err
 	}
 

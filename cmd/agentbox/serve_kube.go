@@ -5,13 +5,22 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	goruntime "runtime"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 
 	"github.com/agentbox/agentbox/internal/kube"
+	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/runtime/microvm"
+	"github.com/agentbox/agentbox/internal/runtime/runc"
+	"github.com/agentbox/agentbox/internal/runtime/runsc"
 	"github.com/agentbox/agentbox/internal/sandbox"
 	"github.com/agentbox/agentbox/internal/store"
+	"github.com/agentbox/agentbox/internal/template"
 )
 
 // kubeFlags are the serve settings of the Kubernetes controller.
@@ -23,6 +32,10 @@ type kubeFlags struct {
 	LeaderElect   bool
 	LeaderElectNS string
 	MetricsListen string
+	LeaseNS       string
+	LeaseDuration time.Duration
+	NodeCPU       int
+	NodeMemoryMB  int
 }
 
 func addKubeFlags(f *pflag.FlagSet, k *kubeFlags) {
@@ -32,12 +45,16 @@ func addKubeFlags(f *pflag.FlagSet, k *kubeFlags) {
 	f.StringSliceVar(&k.Teams, "kube-team", nil, "bind a namespace to the team that owns its sandboxes, as NAMESPACE=TEAM (team name or id; repeatable); the controller acts only in bound namespaces")
 	f.BoolVar(&k.LeaderElect, "kube-leader-elect", false, "with several node agents, only the leader (a Lease in --kube-leader-elect-namespace) reconciles warm pools and claims; every agent runs its own node's Sandboxes (required when several servers share a cluster)")
 	f.StringVar(&k.LeaderElectNS, "kube-leader-elect-namespace", "", "namespace of the leader election Lease (default: the in-cluster namespace)")
+	f.StringVar(&k.LeaseNS, "kube-lease-namespace", "agentbox-system", "namespace of the node agents' Leases (agentbox-node-NODE, with the agent's capacity, tiers and templates in annotation agentbox.dev/node-status); placement and node failure detection read them")
+	f.DurationVar(&k.LeaseDuration, "kube-lease-duration", 15*time.Second, "how long a node agent's Lease lasts unrenewed: it is renewed every third of it, and once it runs out other agents mark the node's Sandboxes Ready=False reason NodeLost")
+	f.IntVar(&k.NodeCPU, "kube-node-cpu", 0, "CPUs this node agent may allocate to sandboxes (0 = the host's CPU count)")
+	f.IntVar(&k.NodeMemoryMB, "kube-node-memory-mb", 0, "memory in MiB this node agent may allocate to sandboxes (0 = the host's MemTotal)")
 	f.StringVar(&k.MetricsListen, "kube-metrics-listen", "", "serve the controller's Prometheus metrics (reconciles, queue depth, errors) at /metrics on this address (keep it private)")
 }
 
 // startKube starts the controller when --kube-controller is set; it runs
 // until ctx ends. Each bound namespace's team must exist.
-func startKube(ctx context.Context, k kubeFlags, mgr *sandbox.Manager, st *store.Store, c serveConfig, log *slog.Logger) error {
+func startKube(ctx context.Context, k kubeFlags, mgr *sandbox.Manager, tiers *runtime.Tiers, templates *template.Store, st *store.Store, c serveConfig, log *slog.Logger) error {
 	if !k.Controller {
 		if k.Kubeconfig != "" || k.Node != "" || len(k.Teams) > 0 {
 			return errors.New("--kubeconfig, --kube-node and --kube-team need --kube-controller")
@@ -59,10 +76,21 @@ func startKube(ctx context.Context, k kubeFlags, mgr *sandbox.Manager, st *store
 		}
 		teams[ns] = t.ID
 	}
+	if k.NodeCPU == 0 {
+		k.NodeCPU = goruntime.NumCPU()
+	}
+	if k.NodeMemoryMB == 0 {
+		mb, err := hostMemoryMB()
+		if err != nil {
+			return fmt.Errorf("--kube-node-memory-mb: %w; set it", err)
+		}
+		k.NodeMemoryMB = mb
+	}
 	ctl, err := kube.New(kube.Config{
 		Kubeconfig: k.Kubeconfig, Node: k.Node, Teams: teams, MaxTimeout: c.MaxTimeout,
 		LeaderElection: k.LeaderElect, LeaderElectionNamespace: k.LeaderElectNS, MetricsAddr: k.MetricsListen,
-	}, mgr, log.With("component", "kube"))
+		LeaseNamespace: k.LeaseNS, LeaseDuration: k.LeaseDuration, CPU: k.NodeCPU, MemoryMB: k.NodeMemoryMB,
+	}, mgr, kubeHost{tiers: tiers, templates: templates, teams: teams, log: log}, log.With("component", "kube"))
 	if err != nil {
 		return err
 	}
@@ -73,4 +101,65 @@ func startKube(ctx context.Context, k kubeFlags, mgr *sandbox.Manager, st *store
 	}()
 	log.Info("kubernetes controller started", "node", k.Node, "namespaces", len(teams))
 	return nil
+}
+
+// kubeHost reports this server's tiers and templates to its node agent
+// Lease.
+type kubeHost struct {
+	tiers     *runtime.Tiers
+	templates *template.Store
+	teams     map[string]string
+	log       *slog.Logger
+}
+
+// Tiers reports the tiers by the names clients and runtimeClassName use
+// (container, gvisor, microvm), not the drivers' (runc, runsc, microvm).
+func (h kubeHost) Tiers() map[string]error {
+	driver := map[string]string{sandbox.IsolationContainer: runc.Name, sandbox.IsolationGVisor: runsc.Name, sandbox.IsolationMicroVM: microvm.Name}
+	out := map[string]error{}
+	for _, iso := range sandbox.Isolations() {
+		out[iso] = h.tiers.TierAvailable(driver[iso])
+	}
+	return out
+}
+
+// Templates lists the aliases of the templates the bound teams may use
+// (not other teams' private ones).
+func (h kubeHost) Templates(ctx context.Context) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, team := range h.teams {
+		tpls, err := h.templates.List(ctx, team)
+		if err != nil {
+			h.log.Warn("list templates for the node agent lease", "err", err)
+			continue
+		}
+		for _, t := range tpls {
+			for _, a := range t.Aliases {
+				if !seen[a] {
+					seen[a] = true
+					out = append(out, a)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// hostMemoryMB reads MemTotal from /proc/meminfo.
+func hostMemoryMB() (int, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, fmt.Errorf("read host memory: %w", err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+			kb, err := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")))
+			if err != nil {
+				return 0, fmt.Errorf("parse /proc/meminfo MemTotal %q: %w", rest, err)
+			}
+			return kb / 1024, nil
+		}
+	}
+	return 0, errors.New("no MemTotal in /proc/meminfo")
 }

@@ -210,7 +210,7 @@ func TestKubeController(t *testing.T) {
 	metricsAddr := ln.Addr().String()
 	ln.Close()
 	s := harness.Start(t, harness.Args("--kube-controller", "--kubeconfig", kcPath, "--kube-node", "node-a", "--kube-team", ns+"=default",
-		"--kube-metrics-listen", metricsAddr))
+		"--kube-metrics-listen", metricsAddr, "--kube-lease-namespace", "default"))
 	// Before the server's teardown: pools and claims go first, so the
 	// controller makes no sandbox while the teardown kills them.
 	t.Cleanup(func() { drain(t, c) })
@@ -644,37 +644,88 @@ func drain(t *testing.T, c client.Client) {
 	})
 }
 
-// TestKubeTwoNodes runs two servers as the node agents of two nodes: each
-// Sandbox is bound to one of them and runs there, and killing one agent
-// leaves the other node's sandboxes untouched.
+// TestKubeTwoNodes runs two servers as the node agents of two nodes with
+// different capacity and tiers: placement follows free capacity and the
+// tier a Sandbox asks for, each Sandbox runs on its node's agent only, and
+// killing one agent marks its Sandboxes NodeLost while the other node's
+// stay Ready.
 func TestKubeTwoNodes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	c, kcPath := cluster(ctx, t)
-	agent := func(node string) *harness.Server {
-		return harness.Start(t, harness.Name(t.Name()+"-"+node), harness.Args("--kube-controller", "--kubeconfig", kcPath,
-			"--kube-node", node, "--kube-team", ns+"=default", "--kube-leader-elect", "--kube-leader-elect-namespace", "default"))
+	agent := func(node string, extra ...string) *harness.Server {
+		return harness.Start(t, harness.Name(t.Name()+"-"+node), harness.Args(append([]string{"--kube-controller", "--kubeconfig", kcPath,
+			"--kube-node", node, "--kube-team", ns + "=default", "--kube-leader-elect", "--kube-leader-elect-namespace", "default",
+			"--kube-lease-namespace", "default", "--kube-lease-duration", "3s"}, extra...)...))
 	}
-	servers := map[string]*harness.Server{"node-a": agent("node-a"), "node-b": agent("node-b")}
+	// node-a is small but runs gVisor; node-b is big and cannot (no runsc).
+	servers := map[string]*harness.Server{
+		"node-a": agent("node-a", "--kube-node-cpu", "4", "--kube-node-memory-mb", "4096"),
+		"node-b": agent("node-b", "--kube-node-cpu", "16", "--kube-node-memory-mb", "32768", "--runsc", "/nonexistent/runsc"),
+	}
 	t.Cleanup(func() { drain(t, c) })
 
-	names := []string{"s1", "s2", "s3", "s4"}
-	for _, n := range names {
+	t.Run("each agent reports itself on its Lease", func(t *testing.T) {
+		for node, tiers := range map[string]string{"node-a": "gvisor", "node-b": ""} {
+			var st struct {
+				CPU              int               `json:"cpu"`
+				FreeMemoryMB     int               `json:"freeMemoryMB"`
+				Tiers            []string          `json:"tiers"`
+				UnavailableTiers map[string]string `json:"unavailableTiers"`
+				Templates        []string          `json:"templates"`
+			}
+			waitFor(ctx, t, "the Lease of "+node, func() (bool, string) {
+				u := &unstructured.Unstructured{}
+				u.SetGroupVersionKind(schema.GroupVersionKind{Group: "coordination.k8s.io", Version: "v1", Kind: "Lease"})
+				if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "agentbox-node-" + node}, u); err != nil {
+					return false, err.Error()
+				}
+				raw := u.GetAnnotations()["agentbox.dev/node-status"]
+				return json.Unmarshal([]byte(raw), &st) == nil && u.GetLabels()["agentbox.dev/node-agent"] == "true", raw
+			})
+			hasGVisor := strings.Contains(strings.Join(st.Tiers, ","), "gvisor")
+			if (tiers == "gvisor") != hasGVisor {
+				t.Errorf("%s reports tiers %v (unavailable %v)", node, st.Tiers, st.UnavailableTiers)
+			}
+			if tiers == "" && st.UnavailableTiers["gvisor"] == "" {
+				t.Errorf("%s does not say why it cannot run gvisor: %v", node, st.UnavailableTiers)
+			}
+			if !strings.Contains(strings.Join(st.Templates, ","), "base") {
+				t.Errorf("%s reports templates %v, want base among them", node, st.Templates)
+			}
+			if want := map[string]int{"node-a": 4, "node-b": 16}[node]; st.CPU != want {
+				t.Errorf("%s reports %d CPUs, want %d (--kube-node-cpu)", node, st.CPU, want)
+			}
+		}
+	})
+
+	// Two plain Sandboxes go to the node with more free capacity; the one
+	// asking for gVisor goes to the only node that runs it.
+	want := map[string]string{"s1": "node-b", "s2": "node-b", "g1": "node-a"}
+	for _, n := range []string{"s1", "s2", "g1"} {
 		u := decode(t, direct)[0]
 		u.SetName(n)
+		if n == "g1" {
+			if err := unstructured.SetNestedField(u.Object, "gvisor", "spec", "podTemplate", "spec", "runtimeClassName"); err != nil {
+				t.Fatal(err)
+			}
+		}
 		if err := c.Create(ctx, u); err != nil {
 			t.Fatal(err)
 		}
 	}
 	type placed struct{ node, id string }
 	where := map[string]placed{}
-	for _, n := range names {
+	for n, wantNode := range want {
 		id := waitReady(ctx, t, c, n)
 		u, err := get(ctx, c, sandboxGVK, n)
 		if err != nil {
 			t.Fatal(err)
 		}
 		node, _, _ := unstructured.NestedString(u.Object, "status", "nodeName")
+		if node != wantNode {
+			t.Errorf("Sandbox %s is on node %q, want %s", n, node, wantNode)
+		}
 		s, ok := servers[node]
 		if !ok {
 			t.Fatalf("Sandbox %s is on node %q, want node-a or node-b", n, node)
@@ -693,6 +744,21 @@ func TestKubeTwoNodes(t *testing.T) {
 	t.Logf("placement: %v", where)
 
 	servers["node-b"].Kill9(t)
+	for n, p := range where {
+		if p.node != "node-b" {
+			continue
+		}
+		waitFor(ctx, t, n+" NodeLost", func() (bool, string) {
+			u, err := get(ctx, c, sandboxGVK, n)
+			if err != nil {
+				return false, err.Error()
+			}
+			rc := condition(u, "Ready")
+			node, _, _ := unstructured.NestedString(u.Object, "status", "nodeName")
+			return rc != nil && rc.Status == metav1.ConditionFalse && rc.Reason == "NodeLost" && strings.Contains(rc.Message, "node-b") && node == "node-b",
+				fmtCond(rc) + " on " + node
+		})
+	}
 	a := servers["node-a"]
 	sdk := agentbox.New(agentbox.WithAPIURL(a.URL), agentbox.WithSandboxURL(a.URL), agentbox.WithAPIKey(a.APIKey))
 	for n, p := range where {
@@ -710,6 +776,20 @@ func TestKubeTwoNodes(t *testing.T) {
 			t.Errorf("Sandbox %s on node-a is no longer Ready after node-b died: %v", n, err)
 		}
 	}
-	// node-b comes back for the cleanup: its agent releases its sandboxes.
+	// node-b comes back: its agent reconciles its Sandboxes (no longer
+	// NodeLost) and releases them in the cleanup.
 	servers["node-b"].Launch(t)
+	for n, p := range where {
+		if p.node != "node-b" {
+			continue
+		}
+		waitFor(ctx, t, n+" reconciled by the returning agent", func() (bool, string) {
+			u, err := get(ctx, c, sandboxGVK, n)
+			if err != nil {
+				return false, err.Error()
+			}
+			rc := condition(u, "Ready")
+			return rc != nil && rc.Reason != "NodeLost", fmtCond(rc)
+		})
+	}
 }

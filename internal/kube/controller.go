@@ -32,6 +32,8 @@ type Sandboxes interface {
 	Create(ctx context.Context, req sandbox.CreateRequest) (*sandbox.Sandbox, error)
 	Get(ctx context.Context, teamID, id string) (*sandbox.Sandbox, error)
 	List(ctx context.Context, teamID string) []*sandbox.Sandbox
+	// Running lists the server's running sandboxes of every team.
+	Running() []*sandbox.Sandbox
 	Kill(ctx context.Context, teamID, id string) error
 	Pause(ctx context.Context, teamID, id string) error
 	Resume(ctx context.Context, teamID, id string, timeout time.Duration, auto bool) (*sandbox.Sandbox, bool, error)
@@ -54,6 +56,15 @@ type Config struct {
 	// LeaderElection makes only one of several controllers act at a time.
 	LeaderElection          bool
 	LeaderElectionNamespace string
+	// LeaseNamespace holds the node agents' Leases (agentbox-node-NODE).
+	LeaseNamespace string
+	// LeaseDuration is how long a Lease lasts unrenewed: it is renewed
+	// every third of it, and other agents mark the node's Sandboxes
+	// NodeLost once it runs out.
+	LeaseDuration time.Duration
+	// CPU and MemoryMB are what this agent may allocate to sandboxes.
+	CPU      int
+	MemoryMB int
 	// MetricsAddr serves controller-runtime's Prometheus metrics ("" or
 	// "0" = off).
 	MetricsAddr string
@@ -61,7 +72,8 @@ type Config struct {
 
 // Controller runs the reconcilers of the four kinds.
 type Controller struct {
-	mgr ctrl.Manager
+	mgr  ctrl.Manager
+	base reconcilerBase
 }
 
 // Scheme returns a scheme with the core kinds and the agent-sandbox kinds.
@@ -92,12 +104,21 @@ func RESTConfig(kubeconfig string) (*rest.Config, error) {
 }
 
 // New builds the controller against the cluster in cfg.Kubeconfig.
-func New(cfg Config, sbs Sandboxes, logger *slog.Logger) (*Controller, error) {
+func New(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger) (*Controller, error) {
 	if len(cfg.Teams) == 0 {
 		return nil, errors.New("--kube-team: bind at least one namespace to a team (NAMESPACE=TEAM); the controller acts only in bound namespaces")
 	}
 	if cfg.Node == "" {
 		return nil, errors.New("--kube-node: name the node this server runs sandboxes for")
+	}
+	if cfg.LeaseNamespace == "" {
+		return nil, errors.New("--kube-lease-namespace: name the namespace of the node agents' Leases")
+	}
+	if cfg.LeaseDuration < time.Second {
+		return nil, fmt.Errorf("--kube-lease-duration %v: want at least 1s", cfg.LeaseDuration)
+	}
+	if cfg.CPU <= 0 || cfg.MemoryMB <= 0 {
+		return nil, fmt.Errorf("--kube-node-cpu %d, --kube-node-memory-mb %d: want positive capacity", cfg.CPU, cfg.MemoryMB)
 	}
 	if cfg.MaxTimeout <= 0 {
 		return nil, errors.New("kube: MaxTimeout must be positive")
@@ -132,7 +153,7 @@ func New(cfg Config, sbs Sandboxes, logger *slog.Logger) (*Controller, error) {
 		return nil, fmt.Errorf("kube: controller manager: %w", err)
 	}
 	rec := mgr.GetEventRecorder("agentbox")
-	base := reconcilerBase{c: mgr.GetClient(), api: mgr.GetAPIReader(), rec: rec, sbs: sbs, cfg: cfg, log: logger}
+	base := reconcilerBase{c: mgr.GetClient(), api: mgr.GetAPIReader(), rec: rec, sbs: sbs, host: host, cfg: cfg, log: logger}
 	opts := controller.Options{MaxConcurrentReconciles: 4}
 	// Every node agent runs the sandboxes bound to its node; pools and
 	// claims are the leader's alone (with --kube-leader-elect).
@@ -153,11 +174,19 @@ func New(cfg Config, sbs Sandboxes, logger *slog.Logger) (*Controller, error) {
 		Complete(&claimReconciler{base}); err != nil {
 		return nil, fmt.Errorf("kube: claim controller: %w", err)
 	}
-	return &Controller{mgr: mgr}, nil
+	if err := mgr.Add(&heartbeat{base}); err != nil {
+		return nil, fmt.Errorf("kube: node agent lease: %w", err)
+	}
+	return &Controller{mgr: mgr, base: base}, nil
 }
 
 // Run reconciles until ctx ends.
 func (c *Controller) Run(ctx context.Context) error {
+	// The Lease exists before this agent binds anything: placement only
+	// picks agents that have one.
+	if err := c.base.renew(ctx); err != nil {
+		return fmt.Errorf("kube controller: %w", err)
+	}
 	if err := c.mgr.Start(ctx); err != nil {
 		return fmt.Errorf("kube controller: %w", err)
 	}

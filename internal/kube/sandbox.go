@@ -25,11 +25,12 @@ type reconcilerBase struct {
 	c client.Client
 	// api reads past the cache: pool membership must not lag behind the
 	// creates and adoptions just made, or a pool over-creates.
-	api client.Reader
-	rec recorder.EventRecorder
-	sbs Sandboxes
-	cfg Config
-	log *slog.Logger
+	api  client.Reader
+	rec  recorder.EventRecorder
+	sbs  Sandboxes
+	host Host
+	cfg  Config
+	log  *slog.Logger
 }
 
 func (b reconcilerBase) event(obj client.Object, warn bool, reason, action, format string, args ...any) {
@@ -79,9 +80,9 @@ func (r *sandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		}
 	}
 	if obj.Status.NodeName == "" {
-		won, err := r.bind(ctx, team, &obj)
+		won, res, err := r.bind(ctx, &obj)
 		if err != nil || !won {
-			return ctrl.Result{}, err
+			return res, err
 		}
 	}
 	before := obj.Status.DeepCopy()
@@ -151,27 +152,50 @@ func (r *sandboxReconciler) reconcile(ctx context.Context, team string, obj *age
 	return r.converge(ctx, team, obj, sb)
 }
 
-// bind places an unbound Sandbox on this node agent: every agent writes its
-// node name into the status, guarded by the object's resourceVersion, so
-// exactly one wins. Agents bid later the more sandboxes they already run,
-// so the less loaded one usually wins.
-func (r *sandboxReconciler) bind(ctx context.Context, team string, obj *agentsv1.Sandbox) (bool, error) {
-	if n := len(r.sbs.List(ctx, team)); n > 0 {
-		select {
-		case <-ctx.Done():
-			return false, ctx.Err()
-		case <-time.After(min(time.Duration(n)*20*time.Millisecond, 500*time.Millisecond)):
+// bind places an unbound Sandbox: every agent ranks the live node agents
+// by their Leases (place) and only the one ranked first writes its node
+// name into the status, guarded by the object's resourceVersion, so at most
+// one wins. The others look again a renewal later, in case the first one
+// died or their views differed.
+func (r *sandboxReconciler) bind(ctx context.Context, obj *agentsv1.Sandbox) (bool, ctrl.Result, error) {
+	retry := ctrl.Result{RequeueAfter: r.cfg.LeaseDuration / 3}
+	best, why, ok, err := r.placement(ctx, obj)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrInvalidArgument) {
+			setCond(&obj.Status.Conditions, obj.Generation, agentsv1.ConditionReady, false, agentsv1.ReasonInvalidSpec, err.Error())
+			return false, ctrl.Result{}, r.writeStatus(ctx, obj)
 		}
+		return false, ctrl.Result{}, err
+	}
+	if !ok {
+		if c := meta.FindStatusCondition(obj.Status.Conditions, agentsv1.ConditionReady); c == nil || c.Reason != ReasonUnschedulable || c.Message != why {
+			setCond(&obj.Status.Conditions, obj.Generation, agentsv1.ConditionReady, false, ReasonUnschedulable, why)
+			r.event(obj, true, ReasonUnschedulable, "Bind", "%s", why)
+			if err := r.writeStatus(ctx, obj); err != nil {
+				return false, ctrl.Result{}, err
+			}
+		}
+		return false, retry, nil
+	}
+	if best != r.cfg.Node {
+		return false, retry, nil
 	}
 	obj.Status.NodeName = r.cfg.Node
 	if err := r.c.Status().Update(ctx, obj); err != nil {
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-			return false, nil // another agent bound it (its update requeues this one)
+			return false, ctrl.Result{}, nil // another agent bound it (its update requeues this one)
 		}
-		return false, err
+		return false, ctrl.Result{}, err
 	}
 	r.event(obj, false, "Scheduled", "Bind", "bound to node %s", r.cfg.Node)
-	return true, nil
+	return true, ctrl.Result{}, nil
+}
+
+func (r *sandboxReconciler) writeStatus(ctx context.Context, obj *agentsv1.Sandbox) error {
+	if err := r.c.Status().Update(ctx, obj); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+		return err
+	}
+	return nil
 }
 
 // converge moves a live sandbox to the operating mode asked for and writes
