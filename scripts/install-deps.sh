@@ -12,8 +12,8 @@ if [[ $(id -u) -ne 0 ]]; then
 fi
 
 # Debian packages: the OCI runtime, the template builder, the firewall and
-# netlink tools the server drives (iptables: CRIU locks a sandbox network with
-# it while checkpointing), and the toolchain for the tests.
+# netlink tools the server drives (iptables: CRIU unlocks with it the network of
+# images dumped before it locked with nftables), and the toolchain for the tests.
 # busybox-static: a self-contained rootfs for template build tests.
 pkgs=(runc mmdebstrap nftables iproute2 jq ca-certificates curl make gcc git iptables busybox-static)
 # The code interpreter's tests run real kernels on the host: Debian's

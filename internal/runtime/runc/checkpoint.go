@@ -145,6 +145,21 @@ func criuFailed(verb, logFile, work string, err error) error {
 	return fmt.Errorf("%w%s", failed(verb, logFile, err), hint)
 }
 
+// CRIU locks a dumped netns's traffic until the restore has its sockets
+// back. Its default method runs iptables-restore, twice (IPv4 and IPv6), at
+// the lock and again at the unlock, each a process start on the critical
+// path of a pause, a resume and every fork; the nftables method does the
+// same in CRIU's own process through libnftables. Images dumped with it say
+// so (nftLockMarker): the unlock must use the method of the lock, so older
+// images keep the iptables one.
+const (
+	nftLockConf   = "network-lock nftables"
+	nftLockMarker = "agentbox-nft-lock"
+)
+
+// criuRestoreLog is CRIU's log of the sandbox's last restore, in its bundle.
+const criuRestoreLog = "criu-restore.log"
+
 // Checkpoint dumps the sandbox with CRIU. Established TCP connections (the
 // gateway's, a client's) are dumped too, so they continue after a resume.
 func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.CheckpointOptions) (err error) {
@@ -208,7 +223,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 	// connecting at this instant) cannot be dumped; CRIU would fail the
 	// whole pause on them. They are left out: their clients see a reset,
 	// as if the server had been restarted.
-	conf := []string{"skip-in-flight", freezeTimeoutConf(d.cfg.FreezeTimeout)}
+	conf := []string{"skip-in-flight", freezeTimeoutConf(d.cfg.FreezeTimeout), nftLockConf}
 	if hasBootID(dir) {
 		conf = append(conf, bootIDDumpConf())
 	}
@@ -237,6 +252,9 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 				id, d.cfg.FreezeTimeout, errdefs.ErrUnavailable, err)
 		}
 		d.log.Warn("checkpoint: freeze timed out, trying once more", "id", id, "timeout", d.cfg.FreezeTimeout)
+	}
+	if err := os.WriteFile(filepath.Join(img, nftLockMarker), nil, 0o600); err != nil {
+		return fmt.Errorf("sandbox %s: image: %w", id, err)
 	}
 	if base, ok := bundle.BundleRange(dir); ok && ns.OwnNet {
 		// The restored tasks read part of the image themselves, as the
@@ -373,6 +391,9 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 		}
 	}
 	var conf []string
+	if _, err := os.Stat(filepath.Join(img, nftLockMarker)); err == nil {
+		conf = append(conf, nftLockConf)
+	}
 	if opts.NewNetwork {
 		// Old connections cannot be re-bound to an address the sandbox no
 		// longer has, so they come back closed.
@@ -431,6 +452,10 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 		_ = d.deleteContainer(context.WithoutCancel(ctx), spec.ID)
 		return fmt.Errorf("sandbox %s: %w", spec.ID, criuFailed("restore", logFile, work, err))
 	}
+	// CRIU's own log of the restore stays beside runc's (the work dir
+	// goes): its elapsed stamps tell CRIU's share of a resume from
+	// agentbox's own.
+	_ = os.Rename(filepath.Join(work, "restore.log"), filepath.Join(dir, criuRestoreLog))
 	pid, perr := bundle.ReadPid(pidFile)
 	if perr == nil {
 		bundle.RecordSession(dir, pid)

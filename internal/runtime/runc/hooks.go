@@ -147,7 +147,8 @@ func inSession(loginuid uint32, start func() error) error {
 }
 
 // criuUnlock removes the network lock a CRIU dump leaves in the netns (an
-// iptables CRIU chain dropping everything, lifted by CRIU's own restore):
+// iptables CRIU chain dropping everything, or with the nftables method a
+// table "inet CRIU-<pid>"; lifted by CRIU's own restore):
 // a fresh boot after a memory pause would otherwise be unreachable. The
 // host's iptables is the nftables backend, so the lock is an nftables
 // chain "CRIU" in the ip and ip6 "filter" tables, with jumps to it from
@@ -189,6 +190,17 @@ func removeCRIULock(path string) error {
 		return fmt.Errorf("remove CRIU network lock: list chains: %w", err)
 	}
 	found := false
+	// CRIU's nftables lock is a table of its own, "inet CRIU-<pid>".
+	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return fmt.Errorf("remove CRIU network lock: list tables: %w", err)
+	}
+	for _, t := range tables {
+		if strings.HasPrefix(t.Name, criuLockChain+"-") {
+			c.DelTable(t)
+			found = true
+		}
+	}
 	for _, lock := range chains {
 		if lock.Name != criuLockChain || lock.Table.Name != "filter" {
 			continue

@@ -220,3 +220,57 @@ func TestRemoveCRIULock(t *testing.T) {
 		t.Fatal("a missing netns was accepted")
 	}
 }
+
+// CRIU's nftables lock (a table "inet CRIU-<pid>") is removed too, and the
+// netns's other tables stay.
+func TestRemoveCRIUNftLock(t *testing.T) {
+	testutil.RequireRoot(t)
+	name := "abcriunft" + strconv.Itoa(os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	path := filepath.Join("/run/netns", name)
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	c, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tb := range []*nftables.Table{
+		{Family: nftables.TableFamilyINet, Name: "CRIU-4242"},
+		{Family: nftables.TableFamilyINet, Name: "tenant"},
+		{Family: nftables.TableFamilyIPv4, Name: "CRIU-7"}, // not CRIU's: its lock is inet
+	} {
+		c.AddTable(tb)
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := removeCRIULock(path); err != nil {
+		t.Fatal(err)
+	}
+	tables, err := c.ListTables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, tb := range tables {
+		got[fmt.Sprintf("%d/%s", tb.Family, tb.Name)] = true
+	}
+	want := map[string]bool{
+		fmt.Sprintf("%d/%s", nftables.TableFamilyINet, "tenant"): true,
+		fmt.Sprintf("%d/%s", nftables.TableFamilyIPv4, "CRIU-7"): true,
+	}
+	if len(got) != len(want) {
+		t.Errorf("tables left %v, want %v", got, want)
+	}
+	for k := range want {
+		if !got[k] {
+			t.Errorf("table %s was removed", k)
+		}
+	}
+}
