@@ -323,12 +323,9 @@ func (d *Driver) restoreNew(ctx context.Context, spec runtime.Spec, opts runtime
 	if len(spec.Layers) < 2 {
 		return fmt.Errorf("sandbox %s: spec.Layers: a template root and the snapshot's disk are required: %w", spec.ID, errdefs.ErrInvalidArgument)
 	}
-	upper := spec.Layers[len(spec.Layers)-1]
-	var rootLayers []string
-	for _, l := range spec.Layers {
-		if _, err := os.Stat(filepath.Join(l, diskFile)); err != nil {
-			rootLayers = append(rootLayers, l)
-		}
+	rootLayers, upper := snapshotLayers(spec.Layers)
+	if len(rootLayers) == 0 || upper == "" {
+		return fmt.Errorf("sandbox %s: spec.Layers: %q has no template root or no snapshot disk last: %w", spec.ID, spec.Layers, errdefs.ErrInvalidArgument)
 	}
 	if _, err := os.Stat(filepath.Join(opts.ImageDir, completeFile)); err != nil {
 		return fmt.Errorf("sandbox %s: incomplete image %s: %w", spec.ID, opts.ImageDir, errdefs.ErrNotFound)
@@ -393,4 +390,21 @@ func (d *Driver) restoreNew(ctx context.Context, spec runtime.Spec, opts runtime
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	return nil
+}
+
+// snapshotLayers splits a snapshot's layers into the template's (the
+// root image's) and the directory of the disk to start from (the last;
+// "" if the last holds none). Earlier disk directories, of the snapshots
+// a snapshot was taken from, are dropped: every disk copy is whole.
+func snapshotLayers(layers []string) (root []string, disk string) {
+	for i, l := range layers {
+		if _, err := os.Stat(filepath.Join(l, diskFile)); err == nil {
+			if i == len(layers)-1 {
+				disk = l
+			}
+			continue
+		}
+		root = append(root, l)
+	}
+	return root, disk
 }

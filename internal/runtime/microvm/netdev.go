@@ -83,10 +83,13 @@ func redirect(h *netlink.Handle, from, to netlink.Link) error {
 		return err
 	}
 	// The host's settings frames for a restored guest (and its answers)
-	// pass only between the host and QEMU's tap: none to or from the bridge.
+	// pass only between the host and QEMU's tap: none to or from the
+	// bridge. A filter without actions ends classification first, so
+	// they are not redirected; the netns's own stack, which has no use
+	// for them, drops them (a gact drop needs a module hosts may lack).
 	drop := &netlink.U32{
 		FilterAttrs: netlink.FilterAttrs{LinkIndex: idx, Parent: netlink.MakeHandle(0xffff, 0), Priority: 1, Protocol: guestinit.NetEtherType},
-		Actions:     []netlink.Action{&netlink.GenericAction{ActionAttrs: netlink.ActionAttrs{Action: netlink.TC_ACT_SHOT}}},
+		ClassId:     netlink.MakeHandle(1, 1),
 	}
 	if err := h.FilterAdd(drop); err != nil {
 		return err
