@@ -138,6 +138,7 @@ func TestRestartKeepsMicroVMSandboxes(t *testing.T) {
 		t.Fatalf("run before restart: %v %+v (want a guest kernel, not the host's %s)", err, r, host)
 	}
 	sleeperPID := strings.TrimSpace(strings.Split(strings.TrimSpace(r.Stdout), "\n")[1])
+	assertQEMUChrooted(t, s.DataDir)
 	s.Kill9(t)
 	s.Launch(t)
 	c = s.client()
@@ -149,6 +150,32 @@ func TestRestartKeepsMicroVMSandboxes(t *testing.T) {
 		t.Fatalf("kill: %v", err)
 	}
 	assertNoLeaks(t, s, sb.SandboxID)
+}
+
+// assertQEMUChrooted checks that the server's one QEMU runs in an empty
+// root: no host file (not even /etc) is in its reach.
+func assertQEMUChrooted(t *testing.T, dataDir string) {
+	t.Helper()
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	found := 0
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(b), "qemu-system") || !strings.Contains(string(b), dataDir+"/") {
+			continue
+		}
+		found++
+		dir := filepath.Dir(p)
+		root, err := os.Readlink(filepath.Join(dir, "root"))
+		if err != nil || !strings.HasSuffix(root, "/microvm/empty") {
+			t.Errorf("QEMU %s runs in root %q (%v), want the empty microvm/empty", dir, root, err)
+		}
+		if entries, err := os.ReadDir(filepath.Join(dir, "root")); err != nil || len(entries) != 0 {
+			t.Errorf("QEMU %s sees %d entries in its root (%v), want none", dir, len(entries), err)
+		}
+	}
+	if found != 1 {
+		t.Fatalf("found %d QEMU processes of this server, want 1", found)
+	}
 }
 
 // TestGracefulShutdownKeepsSandboxes is the SIGTERM variant of the restart.
