@@ -116,6 +116,68 @@ func TestRestartKeepsGVisorSandboxes(t *testing.T) {
 	assertNoLeaks(t, s, sb.SandboxID)
 }
 
+// TestRestartKeepsMicroVMSandboxes is the SIGKILL restart on the microvm
+// tier: QEMU outlives the server, which finds it again by its pid file and
+// state directory and keeps serving the guest, memory and all.
+func TestRestartKeepsMicroVMSandboxes(t *testing.T) {
+	s := need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	c := s.client()
+	sb, err := c.Create(ctx, wire.CreateRequest{TemplateID: "base", Timeout: 1800, Metadata: map[string]string{"agentbox.isolation": "microvm"}})
+	if err != nil {
+		t.Fatalf("create on microvm: %v", err)
+	}
+	defer func() { _ = s.client().Kill(context.Background(), sb.SandboxID) }()
+	host, err := os.ReadFile("/proc/sys/kernel/osrelease")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Run(ctx, sb, "user", "uname -r; echo before > /tmp/mark; sleep 3600 >/dev/null 2>&1 & echo $!")
+	if err != nil || r.ExitCode != 0 || strings.HasPrefix(r.Stdout, strings.TrimSpace(string(host))+"\n") {
+		t.Fatalf("run before restart: %v %+v (want a guest kernel, not the host's %s)", err, r, host)
+	}
+	sleeperPID := strings.TrimSpace(strings.Split(strings.TrimSpace(r.Stdout), "\n")[1])
+	assertQEMUChrooted(t, s.DataDir)
+	s.Kill9(t)
+	s.Launch(t)
+	c = s.client()
+	r, err = c.Run(ctx, sb, "user", "cat /tmp/mark; kill -0 "+sleeperPID+" && echo alive")
+	if err != nil || r.Stdout != "before\nalive\n" {
+		t.Fatalf("after restart: %v %+v; want the file and the background process\n%s", err, r, s.LogTail(50))
+	}
+	if err := c.Kill(ctx, sb.SandboxID); err != nil {
+		t.Fatalf("kill: %v", err)
+	}
+	assertNoLeaks(t, s, sb.SandboxID)
+}
+
+// assertQEMUChrooted checks that the server's one QEMU runs in an empty
+// root: no host file (not even /etc) is in its reach.
+func assertQEMUChrooted(t *testing.T, dataDir string) {
+	t.Helper()
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	found := 0
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(b), "qemu-system") || !strings.Contains(string(b), dataDir+"/") {
+			continue
+		}
+		found++
+		dir := filepath.Dir(p)
+		root, err := os.Readlink(filepath.Join(dir, "root"))
+		if err != nil || !strings.HasSuffix(root, "/microvm/empty") {
+			t.Errorf("QEMU %s runs in root %q (%v), want the empty microvm/empty", dir, root, err)
+		}
+		if entries, err := os.ReadDir(filepath.Join(dir, "root")); err != nil || len(entries) != 0 {
+			t.Errorf("QEMU %s sees %d entries in its root (%v), want none", dir, len(entries), err)
+		}
+	}
+	if found != 1 {
+		t.Fatalf("found %d QEMU processes of this server, want 1", found)
+	}
+}
+
 // TestGracefulShutdownKeepsSandboxes is the SIGTERM variant of the restart.
 func TestGracefulShutdownKeepsSandboxes(t *testing.T) {
 	s := need(t)

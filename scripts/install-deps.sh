@@ -33,7 +33,7 @@ if ((node_major < 20)); then
 fi
 command -v npm >/dev/null || pkgs+=(npm)
 # The microvm isolation tier: QEMU, and lz4 to unpack the guest kernel.
-pkgs+=(qemu-system-x86 lz4)
+pkgs+=(qemu-system-x86 lz4 e2fsprogs) # e2fsprogs: mkfs.ext4 and debugfs for the microvm disks
 
 missing=()
 for p in "${pkgs[@]}"; do

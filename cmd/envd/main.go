@@ -77,6 +77,7 @@ func run(args []string) error {
 	logFile := fs.String("log-file", "", "also append logs to this file")
 	version := fs.Bool("version", false, "print the version and exit")
 	auditSyscalls := fs.String("audit-syscalls", "", "as init: x86_64 syscall numbers (comma-separated) the sandbox's seccomp policy refuses, to refuse again with kernel audit logging on (see internal/envd/auditfilter_linux.go)")
+	microvmGuest := fs.Bool(guestinit.GuestFlag[2:], false, "as init: a microVM guest's, which takes new network settings from the host after a restore")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -108,6 +109,13 @@ func run(args []string) error {
 		// Before anything else starts: nothing in the sandbox keeps it.
 		if err := envd.DropSysAdmin(); err != nil {
 			return err
+		}
+		if *microvmGuest {
+			go func() {
+				if err := guestinit.WatchNetwork(context.Background(), log); err != nil {
+					log.Warn("network settings of restores will not apply", "err", err)
+				}
+			}()
 		}
 		return envd.RunInit(context.Background(), log, append([]string{"serve"}, args...))
 	}

@@ -111,4 +111,49 @@ describe('microvm tier', { concurrency: false }, () => {
     assert.equal(after, before, 'the guest was rebooted, not resumed')
     assert.match(cmdline, /^sleep 3600/)
   })
+  it('snapshot and fork: a new sandbox and a fork see the files and processes of the source', async () => {
+    const api = async (path, body) => {
+      const res = await fetch(`${process.env.E2B_API_URL}${path}`, {
+        method: 'POST',
+        headers: { 'X-API-Key': process.env.E2B_API_KEY, 'Content-Type': 'application/json' },
+        body: JSON.stringify(body),
+      })
+      const text = await res.text()
+      assert.ok(res.ok, `POST ${path}: ${res.status} ${text}`)
+      return JSON.parse(text)
+    }
+    await sbx.files.write('/home/user/snap.txt', 'from the source')
+    const bg = await sbx.commands.run('sleep 7200', { background: true })
+    const check = async (s) => {
+      const r = await s.commands.run(`cat /home/user/snap.txt; echo; tr '\\0' ' ' < /proc/${bg.pid}/cmdline`)
+      const [file, cmdline] = r.stdout.split('\n')
+      assert.equal(file, 'from the source')
+      assert.match(cmdline, /^sleep 7200/)
+    }
+    const snap = await api(`/sandboxes/${sbx.sandboxId}/snapshots`, {})
+    assert.ok(snap.snapshotID, JSON.stringify(snap))
+    // The source runs on.
+    await sbx.files.write('/home/user/snap.txt', 'changed after the snapshot')
+    const fromSnap = await Sandbox.create(snap.snapshotID, { timeoutMs: 5 * MIN, requestTimeoutMs: 5 * MIN })
+    try {
+      assert.notEqual(fromSnap.sandboxId, sbx.sandboxId)
+      await check(fromSnap)
+    } finally {
+      await fromSnap.kill()
+    }
+    await sbx.files.write('/home/user/snap.txt', 'from the source')
+    const forks = await api(`/sandboxes/${sbx.sandboxId}/fork`, { count: 1, timeout: 300 })
+    assert.equal(forks.length, 1)
+    assert.ok(forks[0].sandbox, JSON.stringify(forks[0]))
+    const fork = await Sandbox.connect(forks[0].sandbox.sandboxID, { requestTimeoutMs: 5 * MIN })
+    try {
+      await check(fork)
+      // Its own address: the source's answers as before, and both keep going.
+      await check(sbx)
+      await fork.files.write('/home/user/snap.txt', 'fork')
+      assert.equal(await sbx.files.read('/home/user/snap.txt'), 'from the source')
+    } finally {
+      await fork.kill()
+    }
+  })
 })

@@ -47,6 +47,10 @@ const (
 	// as JSON.
 	ConfigFile = "agentbox-guest.json"
 
+	// GuestFlag tells envd, as the guest's init, to apply the settings
+	// frames of a restore (WatchNetwork).
+	GuestFlag = "--microvm-guest"
+
 	envdPath = "/.agentbox/bin/envd" // runtime.EnvdPathInSandbox
 	logDir   = "/.agentbox/log"
 )
@@ -107,7 +111,7 @@ func Run() error {
 		return err
 	}
 	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "TERM=xterm"}
-	return syscall.Exec(envdPath, []string{envdPath, "--log-file", logDir + "/envd.log"}, env)
+	return syscall.Exec(envdPath, []string{envdPath, "--log-file", logDir + "/envd.log", GuestFlag}, env)
 }
 
 // loadModules loads dir's modules in the order dir/order lists them.

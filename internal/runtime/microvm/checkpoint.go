@@ -59,19 +59,20 @@ func (d *Driver) monitor(ctx context.Context, id, cmd string) error {
 	return nil
 }
 
-// errNoSnapshots: the tier pauses in place; snapshots and forks need the
-// writable disk copied beside the memory image, which it does not do yet.
-var errNoSnapshots = fmt.Errorf("the microvm tier pauses and resumes sandboxes but cannot snapshot or fork them yet; use the container tier for snapshots: %w", errdefs.ErrInvalidArgument)
-
 // Checkpoint saves the VM to its pause image and stops QEMU: the guest's
 // RAM and device state through QEMU's migration to a file (passed to QEMU
 // as a descriptor: its sandbox may not open files), the disk as it is.
+// With an ImageDir (a snapshot or fork) it saves there instead and copies
+// the writable disk to UpperCopy while the guest is stopped.
 func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.CheckpointOptions) error {
 	if err := bundle.CheckID(id); err != nil {
 		return err
 	}
-	if opts.ImageDir != "" || opts.LeaveRunning || opts.UpperCopy != "" {
-		return fmt.Errorf("sandbox %s: %w", id, errNoSnapshots)
+	if opts.ImageDir != "" {
+		return d.snapshot(ctx, id, opts)
+	}
+	if opts.LeaveRunning || opts.UpperCopy != "" {
+		return fmt.Errorf("sandbox %s: a checkpoint that leaves the VM running needs an ImageDir: %w", id, errdefs.ErrInvalidArgument)
 	}
 	img := filepath.Join(d.dir(id), imageDir)
 	if err := os.RemoveAll(img); err != nil {
@@ -167,12 +168,12 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 	if err := bundle.CheckID(spec.ID); err != nil {
 		return err
 	}
-	if opts.ImageDir != "" {
-		return fmt.Errorf("sandbox %s: %w", spec.ID, errNoSnapshots)
-	}
 	p := d.probe()
 	if p.err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, p.err)
+	}
+	if opts.ImageDir != "" {
+		return d.restoreNew(ctx, spec, opts, p)
 	}
 	img := filepath.Join(d.dir(spec.ID), imageDir)
 	if _, err := os.Stat(filepath.Join(img, completeFile)); err != nil {
@@ -266,4 +267,144 @@ func (d *Driver) DropCheckpoint(ctx context.Context, id string) error {
 		return err
 	}
 	return os.RemoveAll(filepath.Join(d.dir(id), imageDir))
+}
+
+// snapshot saves the VM (memory unless FilesystemOnly) into opts.ImageDir
+// and copies its writable disk into opts.UpperCopy while the guest is
+// stopped, so memory and disk match; the VM then runs on (LeaveRunning) or
+// stops.
+func (d *Driver) snapshot(ctx context.Context, id string, opts runtime.CheckpointOptions) (err error) {
+	if _, err := d.pid(id); err != nil {
+		return fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrConflict)
+	}
+	if opts.UpperCopy == "" {
+		return fmt.Errorf("sandbox %s: a microvm snapshot needs UpperCopy for its disk: %w", id, errdefs.ErrInvalidArgument)
+	}
+	if err := os.MkdirAll(opts.ImageDir, 0o700); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(opts.UpperCopy, 0o700); err != nil {
+		return err
+	}
+	if opts.FilesystemOnly {
+		// Stopping the CPUs drains QEMU's block layer to the disk file;
+		// the guest's own unflushed writes may be lost, as on a crash.
+		err = d.Freeze(ctx, id)
+	} else {
+		err = d.saveMemory(ctx, id, filepath.Join(opts.ImageDir, memoryFile))
+	}
+	if err == nil {
+		err = copyDisk(ctx, filepath.Join(d.dir(id), diskFile), filepath.Join(opts.UpperCopy, diskFile))
+	}
+	if opts.LeaveRunning || err != nil {
+		// A VM that migrated out runs again after cont, on its own disk.
+		if terr := d.Thaw(context.WithoutCancel(ctx), id); terr != nil && err == nil {
+			err = terr
+		}
+	} else if err == nil {
+		err = d.kill(ctx, id)
+	}
+	if err != nil {
+		return fmt.Errorf("sandbox %s: snapshot: %w", id, err)
+	}
+	if opts.FilesystemOnly {
+		if err := os.WriteFile(filepath.Join(opts.ImageDir, fsOnlyFile), nil, 0o600); err != nil {
+			return err
+		}
+	}
+	return os.WriteFile(filepath.Join(opts.ImageDir, completeFile), nil, 0o600)
+}
+
+// restoreNew starts a new sandbox from a snapshot: spec.Layers end with
+// the snapshot's disk directory (earlier ones of a snapshot of a snapshot
+// are skipped: each disk copy holds all the writes before it); the rest
+// make the root image. The guest takes over the new sandbox's address.
+func (d *Driver) restoreNew(ctx context.Context, spec runtime.Spec, opts runtime.RestoreOptions, p probe) (err error) {
+	if len(spec.Layers) < 2 {
+		return fmt.Errorf("sandbox %s: spec.Layers: a template root and the snapshot's disk are required: %w", spec.ID, errdefs.ErrInvalidArgument)
+	}
+	rootLayers, upper := snapshotLayers(spec.Layers)
+	if len(rootLayers) == 0 || upper == "" {
+		return fmt.Errorf("sandbox %s: spec.Layers: %q has no template root or no snapshot disk last: %w", spec.ID, spec.Layers, errdefs.ErrInvalidArgument)
+	}
+	if _, err := os.Stat(filepath.Join(opts.ImageDir, completeFile)); err != nil {
+		return fmt.Errorf("sandbox %s: incomplete image %s: %w", spec.ID, opts.ImageDir, errdefs.ErrNotFound)
+	}
+	dir := d.dir(spec.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrConflict)
+		}
+		return err
+	}
+	defer func() {
+		if err != nil {
+			_ = d.Delete(context.WithoutCancel(ctx), spec.ID)
+		}
+	}()
+	if err := os.WriteFile(filepath.Join(dir, idFile), []byte(spec.ID), 0o600); err != nil {
+		return err
+	}
+	spec.Layers = rootLayers
+	b, _ := json.Marshal(spec)
+	if err := os.WriteFile(filepath.Join(dir, specFile), b, 0o600); err != nil {
+		return err
+	}
+	root, err := d.rootImage(ctx, spec.Layers)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: root image: %w", spec.ID, err)
+	}
+	disk := filepath.Join(dir, diskFile)
+	if err := copyDisk(ctx, filepath.Join(upper, diskFile), disk); err != nil {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	if d.cfg.Net != nil {
+		if err := d.cfg.Net.Plug(ctx, spec.ID, 0); err != nil {
+			return err
+		}
+	}
+	mac, _, addr, gw, err := guestNet(spec.NetNSPath)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: network: %w", spec.ID, err)
+	}
+	gc := guestConfig(spec.ID, addr, gw, spec.DNS)
+	if err := writeSeed(ctx, dir, disk, gc); err != nil {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	_, statErr := os.Stat(filepath.Join(opts.ImageDir, fsOnlyFile))
+	if opts.FilesystemOnly || statErr == nil {
+		return d.start(ctx, spec, p, root, mac, nil)
+	}
+	f, err := os.Open(filepath.Join(opts.ImageDir, memoryFile))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := d.startWith(ctx, spec, p, root, mac, []string{"-incoming", "fd:3"}, f); err != nil {
+		return err
+	}
+	if err := d.resumeIncoming(ctx, spec.ID); err != nil {
+		return err
+	}
+	if err := renumber(ctx, spec.NetNSPath, mac, gc.Addr, gc.Gateway); err != nil {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	return nil
+}
+
+// snapshotLayers splits a snapshot's layers into the template's (the
+// root image's) and the directory of the disk to start from (the last;
+// "" if the last holds none). Earlier disk directories, of the snapshots
+// a snapshot was taken from, are dropped: every disk copy is whole.
+func snapshotLayers(layers []string) (root []string, disk string) {
+	for i, l := range layers {
+		if _, err := os.Stat(filepath.Join(l, diskFile)); err == nil {
+			if i == len(layers)-1 {
+				disk = l
+			}
+			continue
+		}
+		root = append(root, l)
+	}
+	return root, disk
 }

@@ -413,6 +413,10 @@ func (d *Driver) startWith(ctx context.Context, spec runtime.Spec, p probe, root
 			f.Close()
 		}
 	}()
+	empty, err := d.emptyRoot()
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
 	fd := 3 + len(files)
 	files = append(files, disks...)
 	cpus := max(spec.Resources.CPUCount, 1)
@@ -423,7 +427,10 @@ func (d *Driver) startWith(ctx context.Context, spec runtime.Spec, p probe, root
 		"-add-fd", fmt.Sprintf("fd=%d,set=2", fd+1), "-add-fd", fmt.Sprintf("fd=%d,set=2", fd+2),
 		"-drive", "id=root,file=/dev/fdset/1,format=raw,if=none,readonly=on",
 		"-device", "virtio-blk-device,drive=root,serial="+guestinit.RootDisk,
-		"-drive", "id=rw,file=/dev/fdset/2,format=raw,if=none,discard=unmap",
+		// No image locks: the disk is this QEMU's alone, and its own
+		// read-only descriptor (held since a migration out) would stop
+		// the writable one from relocking when a snapshot's source runs on.
+		"-drive", "id=rw,file=/dev/fdset/2,format=raw,if=none,discard=unmap,file.locking=off",
 		"-device", "virtio-blk-device,drive=rw,serial="+guestinit.RWDisk,
 		"-netdev", "tap,id=net0,ifname="+tapName+",script=no,downscript=no",
 		"-device", "virtio-net-device,netdev=net0,mac="+mac,
@@ -434,6 +441,10 @@ func (d *Driver) startWith(ctx context.Context, spec runtime.Spec, p probe, root
 		"-qmp", "unix:"+filepath.Join(dir, qmpSock)+",server=on,wait=off",
 		"-pidfile", filepath.Join(dir, pidFile),
 		"-runas", fmt.Sprintf("%d:%d", uid, uid),
+		// Once the kernel, initrd, disks, tap and monitor are open, QEMU
+		// leaves the host's filesystem for an empty root: an escape from
+		// the device model finds no file every host user may read.
+		"-chroot", empty,
 	)
 	args = append(args, extra...)
 	// Not -daemonize: QEMU's sandbox forbids the fork it needs. QEMU runs
@@ -644,4 +655,20 @@ func (d *Driver) List(ctx context.Context) ([]string, error) {
 	}
 	slices.Sort(ids)
 	return ids, nil
+}
+
+// emptyRoot is the empty, root-owned directory QEMU chroots into.
+func (d *Driver) emptyRoot() (string, error) {
+	dir := filepath.Join(d.cfg.RunDir, "empty")
+	if err := os.Mkdir(dir, 0o555); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", err
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return "", err
+	}
+	if len(entries) != 0 {
+		return "", fmt.Errorf("%s: QEMU's root must be empty", dir)
+	}
+	return dir, os.Chmod(dir, 0o555)
 }

@@ -82,8 +82,20 @@ func redirect(h *netlink.Handle, from, to netlink.Link) error {
 	if err := h.QdiscAdd(ingress); err != nil {
 		return err
 	}
+	// The host's settings frames for a restored guest (and its answers)
+	// pass only between the host and QEMU's tap: none to or from the
+	// bridge. A filter without actions ends classification first, so
+	// they are not redirected; the netns's own stack, which has no use
+	// for them, drops them (a gact drop needs a module hosts may lack).
+	drop := &netlink.U32{
+		FilterAttrs: netlink.FilterAttrs{LinkIndex: idx, Parent: netlink.MakeHandle(0xffff, 0), Priority: 1, Protocol: guestinit.NetEtherType},
+		ClassId:     netlink.MakeHandle(1, 1),
+	}
+	if err := h.FilterAdd(drop); err != nil {
+		return err
+	}
 	f := &netlink.U32{
-		FilterAttrs: netlink.FilterAttrs{LinkIndex: idx, Parent: netlink.MakeHandle(0xffff, 0), Priority: 1, Protocol: unix.ETH_P_ALL},
+		FilterAttrs: netlink.FilterAttrs{LinkIndex: idx, Parent: netlink.MakeHandle(0xffff, 0), Priority: 2, Protocol: unix.ETH_P_ALL},
 		Actions:     []netlink.Action{netlink.NewMirredAction(to.Attrs().Index)},
 	}
 	return h.FilterAdd(f)
