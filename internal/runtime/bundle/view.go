@@ -19,8 +19,8 @@ import (
 // it (its /etc files, the boot id) shows as "/hosts" and the like; envd's
 // binary and the log dir are overlays mounted inside it whose layers are
 // named by descriptor (runtime.OverlayOptions), so they show as "/" and
-// "/envd". The files on disk stay where they were: the view is rebuilt from
-// them and bundles of earlier versions, without one, keep their paths.
+// "/envd". The files on disk stay where they were: the view is made from
+// them at build, and bundles of earlier versions, without one, keep theirs.
 const (
 	viewDir = "view"
 	// viewEmpty (in the view) is an empty lower layer for the log
