@@ -82,10 +82,10 @@ func attacks() []attack {
 		// Mount tables show each mount's source path and options: they
 		// must not tell where the server keeps its state and templates.
 		{name: "host paths in mountinfo", script: `set -- /var/cache/agentbox /var/lib/agentbox /run/$INSTANCE/ $DATA_DIR ${TEMPLATE_DIR:-}
-for f in /proc/self/mountinfo /proc/1/mountinfo; do
+for f in /proc/self/mountinfo /proc/1/mountinfo /proc/self/mounts /proc/1/maps /proc/self/cgroup; do
   [ -r $f ] || continue
   for p; do grep -F -- "$p" $f | head -3 | grep . && { echo "$f names $p"; exit 1; }; done
-done; true`, gap: map[string]string{"container": "the bind mounts of /etc/hosts, /etc/hostname, /etc/resolv.conf, the boot id and envd's log dir still show their bundle paths (the rootfs overlay no longer does)"}},
+done; true`},
 		{name: "find host processes", script: `! ps -eo comm | grep -Eqx 'agentbox|runc|runsc|runsc-gofer|runsc-sandbox|systemd|sshd|containerd|dockerd|kubelet|node'`},
 		// envd (PID 1) is not dumpable, so its root link is closed to
 		// sandbox root; if it can be read, it must be the sandbox's.

@@ -237,9 +237,10 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, out)
 }
 
-// pools reports the warm pools (agentbox extension).
+// pools reports the warm pools (agentbox extension) as the caller's team
+// may see them: configuration and its own claims, nothing other teams did.
 func (s *Server) pools(w http.ResponseWriter, r *http.Request) {
-	pools := s.mgr.Pools()
+	pools := s.mgr.TeamPools(keyOf(r.Context()).TeamID)
 	out := make([]rest.PoolStats, 0, len(pools))
 	for _, p := range pools {
 		out = append(out, poolStats(p))

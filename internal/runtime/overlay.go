@@ -50,3 +50,25 @@ func OverlayOptions(lower []string, upper, work string) (opts string, done func(
 	}
 	return "lowerdir=" + strings.Join(names, ":") + ",upperdir=" + up + ",workdir=" + wk, done, nil
 }
+
+// LowerOptions are the options of a read-only overlay of lower (two layers
+// at least), each named by descriptor as in OverlayOptions.
+func LowerOptions(lower []string) (opts string, done func(), err error) {
+	var fds []int
+	done = func() {
+		for _, fd := range fds {
+			_ = unix.Close(fd)
+		}
+	}
+	names := make([]string, 0, len(lower))
+	for _, l := range lower {
+		fd, err := unix.Open(l, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			done()
+			return "", nil, fmt.Errorf("layer %s: %w", l, err)
+		}
+		fds = append(fds, fd)
+		names = append(names, "/proc/self/fd/"+strconv.Itoa(fd))
+	}
+	return "lowerdir=" + strings.Join(names, ":"), done, nil
+}

@@ -544,6 +544,13 @@ func TestWarmPoolClaim(t *testing.T) {
 	if p := e.m.Pools()[0]; p.Hits != 1 {
 		t.Fatalf("pool stats %+v", p)
 	}
+	// A team sees its own claim, another team none of it.
+	if p := e.m.TeamPools(e.team)[0]; p.Hits != 1 || p.Ready != 0 || p.Target != 0 {
+		t.Fatalf("claiming team's pool view %+v", p)
+	}
+	if p := e.m.TeamPools("other-team")[0]; p.Hits != 0 || p.Misses != 0 || p.Template != "base" {
+		t.Fatalf("other team's pool view %+v", p)
+	}
 	// A request for other limits starts cold (and gets them).
 	r = e.req()
 	r.Limits.MemoryMB = 256

@@ -21,7 +21,8 @@ type pool struct {
 	filling    int
 	hits       uint64
 	misses     uint64
-	creates    []time.Time // recent creates of the template, for the adaptive size
+	claims     map[string]*teamClaims // by team: what each team may see of its own
+	creates    []time.Time            // recent creates of the template, for the adaptive size
 }
 
 // PoolStats describes one warm pool.
@@ -34,6 +35,22 @@ type PoolStats struct {
 	Target     int    `json:"target"`
 	Hits       uint64 `json:"hits"`
 	Misses     uint64 `json:"misses"`
+}
+
+// teamClaims counts one team's claims on a pool.
+type teamClaims struct{ hits, misses uint64 }
+
+// team returns team's counts, made on first use.
+func (p *pool) team(team string) *teamClaims {
+	if p.claims == nil {
+		p.claims = map[string]*teamClaims{}
+	}
+	c := p.claims[team]
+	if c == nil {
+		c = &teamClaims{}
+		p.claims[team] = c
+	}
+	return c
 }
 
 // poolWindow is how far back creates count for the pool size, and
@@ -206,10 +223,12 @@ func (m *Manager) resolvePooled(ctx context.Context, b *build) error {
 	}
 	if sb == nil || m.checkTimeout(req.Timeout) != nil {
 		p.misses++
+		p.team(req.TeamID).misses++
 		m.mu.Unlock()
 		return errNoClaim
 	}
 	p.hits++
+	p.team(req.TeamID).hits++
 	// Hidden from the pool and from other claims from here on.
 	sb.State = StateCreating
 	sb.TeamID = req.TeamID
@@ -263,6 +282,26 @@ func (m *Manager) Pools() []PoolStats {
 	out := make([]PoolStats, 0, len(m.life.pools))
 	for id, p := range m.life.pools {
 		out = append(out, PoolStats{Template: p.ref, TemplateID: id, Ready: ready[id], Filling: p.filling, Min: p.min, Target: p.target, Hits: p.hits, Misses: p.misses})
+	}
+	slices.SortFunc(out, func(a, b PoolStats) int { return cmpString(a.Template, b.Template) })
+	return out
+}
+
+// TeamPools reports the warm pools as team may see them: the configured
+// template and minimum, and the team's own hits and misses. Ready, filling
+// and the adaptive target follow every team's creates and claims, so they
+// would tell one tenant when another uses the template; they stay 0 here
+// (the operator's metrics have them).
+func (m *Manager) TeamPools(team string) []PoolStats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]PoolStats, 0, len(m.life.pools))
+	for id, p := range m.life.pools {
+		st := PoolStats{Template: p.ref, TemplateID: id, Min: p.min}
+		if c := p.claims[team]; c != nil {
+			st.Hits, st.Misses = c.hits, c.misses
+		}
+		out = append(out, st)
 	}
 	slices.SortFunc(out, func(a, b PoolStats) int { return cmpString(a.Template, b.Template) })
 	return out

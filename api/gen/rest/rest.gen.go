@@ -321,22 +321,22 @@ type PoolStats struct {
 	// TemplateID The template's ID.
 	TemplateID string `json:"templateID"`
 
-	// Ready Sandboxes ready to be claimed.
+	// Ready Sandboxes ready to be claimed; 0 in GET /pools (it follows every team's claims; the operator's metrics have it).
 	Ready int `json:"ready"`
 
-	// Filling Sandboxes being started for the pool.
+	// Filling Sandboxes being started for the pool; 0 in GET /pools.
 	Filling int `json:"filling"`
 
 	// Min Configured minimum size.
 	Min int `json:"min"`
 
-	// Target Current target size, from the recent create rate.
+	// Target Current target size, from the recent create rate of every team; 0 in GET /pools.
 	Target int `json:"target"`
 
-	// Hits Creates served from the pool.
+	// Hits The caller's team's creates served from the pool.
 	Hits uint64 `json:"hits"`
 
-	// Misses Creates that found the pool empty.
+	// Misses The caller's team's creates that found the pool empty.
 	Misses uint64 `json:"misses"`
 }
 

@@ -33,6 +33,10 @@ type Options struct {
 	// Harden is the driver's own hardening of the spec, applied after the
 	// shared one (Harden).
 	Harden func(*specs.Spec)
+	// HidePaths binds the /etc files, the boot id, the log dir and envd
+	// from the bundle's view (view.go), so that the sandbox's mountinfo
+	// names no host path. gVisor's mount table is its own and needs none.
+	HidePaths bool
 }
 
 // Built is a bundle Build made.
@@ -101,6 +105,12 @@ func (s *Store) Build(ctx context.Context, spec runtime.Spec, o Options) (b Buil
 	}
 	if err := writeEtc(dir, spec); err != nil {
 		return b, rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	if o.HidePaths {
+		if err := s.mountView(dir, o.UserNS, b.Base); err != nil {
+			return b, rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+		rb.Add(func() { _ = unmountView(dir) })
 	}
 	if err := WriteConfig(dir, s.HardenedSpec(spec, dir, o, b.Base)); err != nil {
 		return b, rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
@@ -217,6 +227,12 @@ func (s *Store) BuildFromImage(ctx context.Context, spec runtime.Spec, o Options
 	if err := writeEtc(dir, spec); err != nil {
 		return rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
+	if o.HidePaths {
+		if err := s.mountView(dir, o.UserNS, base); err != nil {
+			return rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
+		rb.Add(func() { _ = unmountView(dir) })
+	}
 	oci := s.OCISpec(spec, dir, o, base)
 	addVolumeMounts(oci, dir, spec.Volumes)
 	if err := WriteConfig(dir, oci); err != nil {
@@ -263,6 +279,9 @@ func (s *Store) Remove(id string) error {
 	dir := s.Dir(id)
 	cgPath := s.BundleCgroupPath(id)
 	var errs []error
+	if err := unmountView(dir); err != nil {
+		errs = append(errs, err)
+	}
 	if err := Unmount(filepath.Join(dir, "rootfs")); err != nil {
 		errs = append(errs, err)
 	} else {

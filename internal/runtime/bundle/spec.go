@@ -109,11 +109,11 @@ func (s *Store) OCISpec(spec runtime.Spec, dir string, o Options, base uint32) *
 			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
-			{Destination: runtime.EnvdPathInSandbox, Type: "bind", Source: s.cfg.EnvdPath, Options: bindRO},
-			{Destination: logDirInSandbox, Type: "bind", Source: filepath.Join(dir, "log"), Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
-			{Destination: "/etc/hosts", Type: "bind", Source: filepath.Join(dir, "hosts"), Options: bindRO},
-			{Destination: "/etc/hostname", Type: "bind", Source: filepath.Join(dir, "hostname"), Options: bindRO},
-			{Destination: "/etc/resolv.conf", Type: "bind", Source: filepath.Join(dir, "resolv.conf"), Options: bindRO},
+			{Destination: runtime.EnvdPathInSandbox, Type: "bind", Source: s.envdSource(dir), Options: bindRO},
+			{Destination: logDirInSandbox, Type: "bind", Source: logSource(dir), Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
+			{Destination: "/etc/hosts", Type: "bind", Source: ViewFile(dir, "hosts"), Options: bindRO},
+			{Destination: "/etc/hostname", Type: "bind", Source: ViewFile(dir, "hostname"), Options: bindRO},
+			{Destination: "/etc/resolv.conf", Type: "bind", Source: ViewFile(dir, "resolv.conf"), Options: bindRO},
 		},
 		Linux: &specs.Linux{
 			Namespaces: []specs.LinuxNamespace{

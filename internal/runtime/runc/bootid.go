@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
 )
 
 // Every boot of a sandbox has its own boot id: the kernel's
@@ -45,10 +46,13 @@ func writeBootID(dir, id string) error {
 	if id == "" {
 		id = runtime.NewBootID()
 	}
-	p := filepath.Join(dir, bootIDFile)
-	_ = os.Remove(p) // a mounted file's inode stays with its old mount
-	if err := os.WriteFile(p, []byte(id+"\n"), 0o444); err != nil {
-		return fmt.Errorf("boot id: %w", err)
+	// The bundle's file is the one that lasts; the sandbox's is bound from
+	// the view's copy (bundle.ViewFile), where it names no host path.
+	for _, p := range []string{filepath.Join(dir, bootIDFile), bundle.ViewFile(dir, bootIDFile)} {
+		_ = os.Remove(p) // a mounted file's inode stays with its old mount
+		if err := os.WriteFile(p, []byte(id+"\n"), 0o444); err != nil {
+			return fmt.Errorf("boot id: %w", err)
+		}
 	}
 	return nil
 }
@@ -64,7 +68,7 @@ func hasBootID(dir string) bool {
 // (where) and a restore (from which file).
 func bootIDDumpConf() string { return "external mnt[" + bootIDInSandbox + "]:" + bootIDKey }
 func bootIDRestoreConf(dir string) string {
-	return "external mnt[" + bootIDKey + "]:" + filepath.Join(dir, bootIDFile)
+	return "external mnt[" + bootIDKey + "]:" + bundle.ViewFile(dir, bootIDFile)
 }
 
 // mountBootID mounts the bundle's boot id file over the kernel's in the
@@ -77,7 +81,7 @@ func (d *Driver) mountBootID(ctx context.Context, dir string, pid int, limitNS b
 	if d.b.HookBinary() == "" {
 		return fmt.Errorf("mount the sandbox's boot id: no hook binary configured: %w", errdefs.ErrUnavailable)
 	}
-	tree, err := unix.OpenTree(unix.AT_FDCWD, filepath.Join(dir, bootIDFile), unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	tree, err := unix.OpenTree(unix.AT_FDCWD, bundle.ViewFile(dir, bootIDFile), unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("mount the sandbox's boot id: %w", err)
 	}

@@ -38,3 +38,31 @@ func TestRootfsMountinfoHidesHostPaths(t *testing.T) {
 		})
 	}
 }
+
+// No mount of the sandbox names a host path: not the bind mounts of its
+// /etc files, boot id, log dir and envd (bound from the bundle's view), in
+// its own mountinfo nor in envd's, nor in /proc/self/mounts.
+func TestMountinfoHidesHostPaths(t *testing.T) {
+	for _, userns := range []bool{false, true} {
+		t.Run(fmt.Sprintf("userns=%v", userns), func(t *testing.T) {
+			e := setup(t, userns)
+			ep := e.sandbox(t, "mi2", runtime.Resources{MemoryMB: 256})
+			host := []string{e.bcfg.StateDir, e.runcRoot, e.b.Dir("mi2"), filepath.Dir(e.bcfg.EnvdPath)}
+			for _, f := range []string{"/proc/self/mountinfo", "/proc/1/mountinfo", "/proc/self/mounts"} {
+				text := get(t, ep, "read?p="+f)
+				for _, want := range []string{" /etc/hosts ", " /etc/resolv.conf ", " /.agentbox/log "} {
+					if f != "/proc/self/mounts" && !strings.Contains(text, want) {
+						t.Fatalf("%s has no mount on%s: the check would see nothing:\n%s", f, want, text)
+					}
+				}
+				for line := range strings.Lines(text) {
+					for _, p := range host {
+						if strings.Contains(line, p) {
+							t.Errorf("%s names host path %s: %s", f, p, line)
+						}
+					}
+				}
+			}
+		})
+	}
+}

@@ -170,7 +170,7 @@ func (d *Driver) deleteContainer(ctx context.Context, id string) error {
 
 // options are the bundle options of this tier's sandboxes.
 func (d *Driver) options() bundle.Options {
-	return bundle.Options{Tier: Name, UserNS: d.b.UserNS(), OwnNet: d.ownsNetNS(), Harden: d.harden}
+	return bundle.Options{Tier: Name, UserNS: d.b.UserNS(), OwnNet: d.ownsNetNS(), Harden: d.harden, HidePaths: true}
 }
 
 // Create builds the bundle and starts envd as the container's init.
