@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
@@ -288,7 +289,13 @@ func dirSize(dir string) int64 {
 	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
 		if err == nil && d.Type().IsRegular() {
 			if info, err := d.Info(); err == nil {
-				n += info.Size()
+				// What the host stores: sparse disk copies count their
+				// written blocks, not their apparent size.
+				if st, ok := info.Sys().(*syscall.Stat_t); ok {
+					n += min(info.Size(), st.Blocks*512)
+				} else {
+					n += info.Size()
+				}
 			}
 		}
 		return nil

@@ -229,8 +229,18 @@ func (s *Store) remove(ctx context.Context, id string) error {
 	// A template built before the layer store keeps its rootfs in its own
 	// dir; templates built on top of it reference that dir.
 	if all, err := s.listAll(ctx); err == nil {
+		var owner string
+		for _, o := range all {
+			if o.ID == id {
+				owner = o.TeamID
+			}
+		}
 		for _, o := range all {
 			if o.ID != id && slices.Contains(o.LayerIDs, id) {
+				if o.TeamID != owner {
+					// Another team's template: its id is that team's to know.
+					return fmt.Errorf("template %s is the base of a template of another team; it stays until that one is deleted: %w", id, errdefs.ErrConflict)
+				}
 				return fmt.Errorf("template %s is the base of template %s; delete that first: %w", id, o.ID, errdefs.ErrConflict)
 			}
 		}

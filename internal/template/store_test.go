@@ -261,3 +261,44 @@ func TestStoreIsPrivate(t *testing.T) {
 		}
 	}
 }
+
+// TestDeleteBaseOfOtherTeam: a legacy template another team built on stays,
+// and the refusal does not name the other team's template.
+func TestDeleteBaseOfOtherTeam(t *testing.T) {
+	dir := t.TempDir()
+	write := func(tpl Template) {
+		t.Helper()
+		b, err := json.Marshal(tpl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(dir, tpl.ID, rootfsDir), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, tpl.ID, metaFile), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(Template{ID: "tlegacy", TeamID: "team-a", LayerIDs: []string{"tlegacy"}})
+	write(Template{ID: "tchildofb", TeamID: "team-b", LayerIDs: []string{"tlegacy"}})
+	s, err := NewStore(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	err = s.Delete(ctx, "team-a", "tlegacy")
+	if !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("Delete = %v, want ErrConflict", err)
+	}
+	if strings.Contains(err.Error(), "tchildofb") {
+		t.Errorf("refusal names another team's template: %v", err)
+	}
+	if err := s.Remove(ctx, "tchildofb"); err != nil {
+		t.Fatal(err)
+	}
+	write(Template{ID: "tchildofa", TeamID: "team-a", LayerIDs: []string{"tlegacy"}})
+	err = s.Delete(ctx, "team-a", "tlegacy")
+	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "tchildofa") {
+		t.Errorf("Delete = %v, want a conflict naming the team's own tchildofa", err)
+	}
+}
