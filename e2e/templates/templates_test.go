@@ -222,39 +222,35 @@ func TestE2BTemplateBuild(t *testing.T) {
 	}
 }
 
-// overlayOf returns the lowerdir and upperdir options of sandbox id's
-// overlay mount.
+// overlayOf returns the lower layers (host paths, colon-joined, top first)
+// and the upper dir of sandbox id's rootfs overlay. The mount options name
+// the layers by descriptor (no host path shows in the sandbox's
+// mountinfo), so the bundle's own list of its layers is read instead.
 func overlayOf(t *testing.T, dataDir, id string) (lower, upper string) {
 	t.Helper()
 	// Host paths are named by the sandbox's host key, not its id.
-	key, err := bundle.HostKey(filepath.Join(dataDir, "sandboxes"), id)
+	state := filepath.Join(dataDir, "sandboxes")
+	key, err := bundle.HostKey(state, id)
 	if err != nil {
 		t.Fatalf("host key of %s: %v", id, err)
 	}
-	id = key
-	b, _ := os.ReadFile("/proc/self/mountinfo")
-	for line := range strings.Lines(string(b)) {
-		f := strings.Fields(line)
-		if len(f) < 10 || !strings.Contains(f[4], id) {
-			continue
-		}
-		for i, x := range f {
-			if x == "-" && i+3 < len(f) && f[i+1] == "overlay" {
-				for _, o := range strings.Split(f[i+3], ",") {
-					if v, ok := strings.CutPrefix(o, "lowerdir="); ok {
-						lower = v
-					}
-					if v, ok := strings.CutPrefix(o, "upperdir="); ok {
-						upper = v
-					}
-				}
-			}
-		}
+	dir := filepath.Join(state, key)
+	b, err := os.ReadFile(filepath.Join(dir, "layers"))
+	if err != nil {
+		t.Fatalf("layers of sandbox %s: %v", id, err)
 	}
-	if lower == "" {
-		t.Fatalf("no overlay mount for sandbox %s", id)
+	lower = strings.Join(strings.Fields(string(b)), ":")
+	upper, _ = bundle.LayerDirs(dir, false)
+	if on, _ := bundle.LayerDirs(dir, true); isDir(on) {
+		upper = on
 	}
-	return resolveIdmapped(string(b), lower), upper
+	mountinfo, _ := os.ReadFile("/proc/self/mountinfo")
+	return resolveIdmapped(string(mountinfo), lower), upper
+}
+
+func isDir(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.IsDir()
 }
 
 // resolveIdmapped replaces each lower layer that is an idmapped mount (a
