@@ -79,6 +79,7 @@ func realStack(t *testing.T) (*Manager, *template.Template, netip.Addr) {
 			_ = netlink.LinkDel(l)
 		}
 		_ = exec.Command("nft", "delete", "table", "inet", netCfg.Table).Run()
+		_ = exec.Command("nft", "delete", "table", "bridge", netCfg.Table).Run()
 		idmaps, _ := os.ReadDir(runcRoot + "-idmap")
 		for _, e := range idmaps {
 			p := filepath.Join(runcRoot+"-idmap", e.Name())

@@ -188,6 +188,7 @@ func setup(tb testing.TB, userns ...bool) *env {
 			_ = netlink.LinkDel(l)
 		}
 		_ = exec.Command("nft", "delete", "table", "inet", netCfg.Table).Run()
+		_ = exec.Command("nft", "delete", "table", "bridge", netCfg.Table).Run()
 	})
 
 	e := &env{runcRoot: filepath.Join(tmp, "runc"), runscRoot: filepath.Join(tmp, "runc-runsc"), envd: bin, net: nm, netCfg: netCfg, layers: append(slices.Clone(base), top)}
