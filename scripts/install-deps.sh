@@ -177,8 +177,11 @@ else
 	log "installed the microvm guest kernel at $microvm_dir"
 fi
 # etcd and kube-apiserver for the Kubernetes controller's tests (envtest),
-# built from the Go module proxy and cached by version.
-bash "$root/scripts/k8s-test-bins.sh" >/dev/null
+# built from the Go module proxy and cached by version (minutes cold), so
+# `make up` (AGENTBOX_DEPS=server) leaves them out: the server never runs them.
+if [[ ${AGENTBOX_DEPS:-all} == all ]]; then
+	bash "$root/scripts/k8s-test-bins.sh" >/dev/null
+fi
 
 # The end-to-end suites' pinned clients (e2b, @e2b/code-interpreter,
 # @e2b/desktop, the MCP SDK), each installed from its lock file; a dir whose lock file

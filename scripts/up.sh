@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PATH="/usr/local/go/bin:$PATH"
-bash scripts/install-deps.sh
+AGENTBOX_DEPS=server bash scripts/install-deps.sh
 make build
 exec bin/agentbox serve \
 	--data-dir "${AGENTBOX_DATA_DIR:-/var/lib/agentbox}" \
