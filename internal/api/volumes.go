@@ -27,10 +27,17 @@ func (s *Server) SetVolumes(v *volume.Service) { s.vols = v }
 // key, and each volume's files under the volume's own content token
 // (/volumecontent, which E2B's SDKs reach at E2B_VOLUME_API_URL).
 func (s *Server) volumeRoutes(mux *http.ServeMux, auth func(pattern string, h http.HandlerFunc)) {
-	auth("GET /volumes", s.listVolumes)
-	auth("POST /volumes", s.createVolume)
-	auth("GET /volumes/{volumeID}", s.getVolume)
-	auth("DELETE /volumes/{volumeID}", s.deleteVolume)
+	vol := func(pattern string, h http.HandlerFunc) {
+		auth(pattern, func(w http.ResponseWriter, r *http.Request) {
+			if !s.volumesOff(w) {
+				h(w, r)
+			}
+		})
+	}
+	vol("GET /volumes", s.listVolumes)
+	vol("POST /volumes", s.createVolume)
+	vol("GET /volumes/{volumeID}", s.getVolume)
+	vol("DELETE /volumes/{volumeID}", s.deleteVolume)
 	content := func(pattern string, h volumeHandler) { mux.Handle(pattern, s.volumeToken(h)) }
 	content("GET /volumecontent/{volumeID}/dir", s.volumeList)
 	content("POST /volumecontent/{volumeID}/dir", s.volumeMakeDir)
@@ -58,9 +65,6 @@ func (s *Server) withToken(v store.Volume) rest.VolumeAndToken {
 }
 
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
-	if s.volumesOff(w) {
-		return
-	}
 	vols, err := s.vols.List(r.Context(), keyOf(r.Context()).TeamID)
 	if err != nil {
 		writeError(w, err)
@@ -74,9 +78,6 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
-	if s.volumesOff(w) {
-		return
-	}
 	var body rest.NewVolume
 	if err := decodeBody(w, r, s.MaxBody, false, &body); err != nil {
 		writeError(w, err)
@@ -98,9 +99,6 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
-	if s.volumesOff(w) {
-		return
-	}
 	v, err := s.vols.Get(r.Context(), keyOf(r.Context()).TeamID, r.PathValue("volumeID"))
 	if err != nil {
 		writeError(w, err)
@@ -110,9 +108,6 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
-	if s.volumesOff(w) {
-		return
-	}
 	key := keyOf(r.Context())
 	id := r.PathValue("volumeID")
 	if err := s.vols.Delete(detach(r.Context(), r), key.TeamID, id); err != nil {
