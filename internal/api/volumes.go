@@ -121,11 +121,8 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
 // auditVolume records e, an event of the team's volumes rather than of a
 // sandbox, as done with key.
 func (s *Server) auditVolume(ctx context.Context, key store.APIKey, e audit.Event) {
-	if s.mgr == nil || s.mgr.Audit() == nil {
-		return
-	}
 	e.TeamID, e.APIKeyID = key.TeamID, key.ID
-	s.mgr.Audit().Record(ctx, e)
+	s.record(ctx, e)
 }
 
 // ---- sandbox creates ----
