@@ -12,7 +12,6 @@ import (
 
 	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/audit"
-	"github.com/agentbox/agentbox/internal/authlimit"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/sandbox"
 	"github.com/agentbox/agentbox/internal/store"
@@ -209,22 +208,11 @@ func (s *Server) volumeToken(h volumeHandler) http.Handler {
 			writeError(w, fmt.Errorf("missing volume token: send Authorization: Bearer <token> (VolumeAndToken.token of GET /volumes/{volumeID}): %w", errdefs.ErrUnauthenticated))
 			return
 		}
-		client := s.guesses.Client(r)
-		if wait, failed, ok := s.guesses.Check(client); !ok {
-			authlimit.Refuse(w, client, "volume token", wait, failed)
-			return
-		}
-		if len(tok) > 256 {
-			s.guesses.Fail(client)
-			writeError(w, fmt.Errorf("invalid volume token: %w", errdefs.ErrUnauthenticated))
-			return
-		}
-		v, err := s.vols.Authorize(r.Context(), r.PathValue("volumeID"), tok)
-		if err != nil {
-			if statusOf(err) == http.StatusUnauthorized {
-				s.guesses.Fail(client)
-			}
-			writeError(w, err)
+		var v store.Volume
+		if !s.checkSecret(w, r, "volume token", tok, func() (err error) {
+			v, err = s.vols.Authorize(r.Context(), r.PathValue("volumeID"), tok)
+			return err
+		}) {
 			return
 		}
 		f, err := s.vols.Files(r.Context(), v)
