@@ -170,6 +170,7 @@ func mountTemplate(layers []string) (string, func(), error) {
 	if len(lower) == 1 {
 		err = unix.Mount(lower[0], root, "", unix.MS_BIND|unix.MS_RDONLY, "")
 	} else {
+		// Only lower layers: overlayfs mounts them read-only.
 		err = unix.Mount("overlay", root, "overlay", unix.MS_RDONLY, "lowerdir="+strings.Join(lower, ":"))
 	}
 	if err != nil {

@@ -140,26 +140,11 @@ func diskFloor(dir string, data []byte) (time.Duration, error) {
 // `/bin/bash -l -c true`, chrooted into a read-only overlay of the
 // template's layers (the same shell and profile a sandbox runs).
 func shellFloor(ctx context.Context, layers []string, n int) ([]time.Duration, error) {
-	if len(layers) == 0 {
-		return nil, fmt.Errorf("template has no rootfs layers")
-	}
-	root, err := os.MkdirTemp("", "agentbox-bench-shell-")
+	root, unmount, err := mountTemplate(layers) // commands.go
 	if err != nil {
 		return nil, err
 	}
-	defer os.Remove(root)
-	lower := slices.Clone(layers)
-	slices.Reverse(lower)
-	if len(lower) == 1 {
-		err = unix.Mount(lower[0], root, "", unix.MS_BIND|unix.MS_RDONLY, "")
-	} else {
-		// Only lower layers: overlayfs mounts them read-only.
-		err = unix.Mount("overlay", root, "overlay", unix.MS_RDONLY, "lowerdir="+strings.Join(lower, ":"))
-	}
-	if err != nil {
-		return nil, fmt.Errorf("mount template rootfs: %w", err)
-	}
-	defer unix.Unmount(root, unix.MNT_DETACH)
+	defer unmount()
 	var out []time.Duration
 	for range n {
 		cmd := exec.CommandContext(ctx, "/bin/bash", "-l", "-c", "true")

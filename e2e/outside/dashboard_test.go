@@ -21,12 +21,7 @@ func TestDashboardAttacks(t *testing.T) {
 	s := server(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	st, b, err := s.Do(ctx, s.APIKey, http.MethodPost, "/v2/sandboxes", map[string]any{"templateID": "base", "timeout": 300})
-	if err != nil || st != http.StatusCreated {
-		t.Fatalf("team A creates a sandbox: %d %s %v", st, b, err)
-	}
-	id := jsonField(t, b, "sandboxID")
-	t.Cleanup(func() { _, _, _ = s.Do(context.Background(), s.APIKey, http.MethodDelete, "/sandboxes/"+id, nil) })
+	id := s.teamASandbox(ctx, t)
 	const unknown = "i0000000000000000000"
 	wsURL := "ws" + strings.TrimPrefix(s.URL, "http") + "/dashboard/api/sandboxes/%s/terminal"
 

@@ -1,10 +1,12 @@
 package outside
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -190,6 +192,19 @@ func server(t *testing.T) *target {
 		t.Fatal("no key for the second team")
 	}
 	return &target{Server: s, OtherKey: other.key}
+}
+
+// teamASandbox creates a base sandbox of team A (the suite's key), deleted
+// when the test ends, and returns its id.
+func (s *target) teamASandbox(ctx context.Context, t *testing.T) string {
+	t.Helper()
+	st, b, err := s.Do(ctx, s.APIKey, http.MethodPost, "/v2/sandboxes", map[string]any{"templateID": "base", "timeout": 300})
+	if err != nil || st != http.StatusCreated {
+		t.Fatalf("team A creates a sandbox: %d %s %v", st, b, err)
+	}
+	id := jsonField(t, b, "sandboxID")
+	t.Cleanup(func() { _, _, _ = s.Do(context.Background(), s.APIKey, http.MethodDelete, "/sandboxes/"+id, nil) })
+	return id
 }
 
 func oneLine(s string) string {

@@ -140,28 +140,40 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			writeError(w, fmt.Errorf("missing API key: send it in the X-API-Key header (see <data-dir>/apikey or `agentbox apikey create`): %w", errdefs.ErrUnauthenticated))
 			return
 		}
-		// A guesser is refused before its key is looked at, so it learns
-		// nothing from the refused attempts. Only wrong keys count.
-		client := s.guesses.Client(r)
-		if wait, failed, ok := s.guesses.Check(client); !ok {
-			authlimit.Refuse(w, client, "API key", wait, failed)
-			return
-		}
-		if len(key) > 256 {
-			s.guesses.Fail(client)
-			writeError(w, fmt.Errorf("invalid API key: %w", errdefs.ErrUnauthenticated))
-			return
-		}
-		k, err := s.store.Authenticate(r.Context(), key)
-		if err != nil {
-			if errors.Is(err, errdefs.ErrUnauthenticated) {
-				s.guesses.Fail(client)
-			}
-			writeError(w, err)
+		var k store.APIKey
+		if !s.checkSecret(w, r, "API key", key, func() (err error) {
+			k, err = s.store.Authenticate(r.Context(), key)
+			return err
+		}) {
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, k)))
 	})
+}
+
+// checkSecret looks up secret, a credential the client sent (what names
+// it), with lookup, and writes the answer of a failure. A guesser is
+// refused before its secret is looked at, so it learns nothing from the
+// refused attempts. Only wrong secrets count.
+func (s *Server) checkSecret(w http.ResponseWriter, r *http.Request, what, secret string, lookup func() error) bool {
+	client := s.guesses.Client(r)
+	if wait, failed, ok := s.guesses.Check(client); !ok {
+		authlimit.Refuse(w, client, what, wait, failed)
+		return false
+	}
+	if len(secret) > 256 {
+		s.guesses.Fail(client)
+		writeError(w, fmt.Errorf("invalid %s: %w", what, errdefs.ErrUnauthenticated))
+		return false
+	}
+	if err := lookup(); err != nil {
+		if errors.Is(err, errdefs.ErrUnauthenticated) {
+			s.guesses.Fail(client)
+		}
+		writeError(w, err)
+		return false
+	}
+	return true
 }
 
 // ---- responses (api/gen/rest, E2B wire names) ----

@@ -12,7 +12,6 @@ import (
 
 	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/audit"
-	"github.com/agentbox/agentbox/internal/authlimit"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/sandbox"
 	"github.com/agentbox/agentbox/internal/store"
@@ -27,10 +26,17 @@ func (s *Server) SetVolumes(v *volume.Service) { s.vols = v }
 // key, and each volume's files under the volume's own content token
 // (/volumecontent, which E2B's SDKs reach at E2B_VOLUME_API_URL).
 func (s *Server) volumeRoutes(mux *http.ServeMux, auth func(pattern string, h http.HandlerFunc)) {
-	auth("GET /volumes", s.listVolumes)
-	auth("POST /volumes", s.createVolume)
-	auth("GET /volumes/{volumeID}", s.getVolume)
-	auth("DELETE /volumes/{volumeID}", s.deleteVolume)
+	vol := func(pattern string, h http.HandlerFunc) {
+		auth(pattern, func(w http.ResponseWriter, r *http.Request) {
+			if !s.volumesOff(w) {
+				h(w, r)
+			}
+		})
+	}
+	vol("GET /volumes", s.listVolumes)
+	vol("POST /volumes", s.createVolume)
+	vol("GET /volumes/{volumeID}", s.getVolume)
+	vol("DELETE /volumes/{volumeID}", s.deleteVolume)
 	content := func(pattern string, h volumeHandler) { mux.Handle(pattern, s.volumeToken(h)) }
 	content("GET /volumecontent/{volumeID}/dir", s.volumeList)
 	content("POST /volumecontent/{volumeID}/dir", s.volumeMakeDir)
@@ -58,9 +64,6 @@ func (s *Server) withToken(v store.Volume) rest.VolumeAndToken {
 }
 
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
-	if s.volumesOff(w) {
-		return
-	}
 	vols, err := s.vols.List(r.Context(), keyOf(r.Context()).TeamID)
 	if err != nil {
 		writeError(w, err)
@@ -74,9 +77,6 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
-	if s.volumesOff(w) {
-		return
-	}
 	var body rest.NewVolume
 	if err := decodeBody(w, r, s.MaxBody, false, &body); err != nil {
 		writeError(w, err)
@@ -98,9 +98,6 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
-	if s.volumesOff(w) {
-		return
-	}
 	v, err := s.vols.Get(r.Context(), keyOf(r.Context()).TeamID, r.PathValue("volumeID"))
 	if err != nil {
 		writeError(w, err)
@@ -110,9 +107,6 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
-	if s.volumesOff(w) {
-		return
-	}
 	key := keyOf(r.Context())
 	id := r.PathValue("volumeID")
 	if err := s.vols.Delete(detach(r.Context(), r), key.TeamID, id); err != nil {
@@ -126,11 +120,8 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
 // auditVolume records e, an event of the team's volumes rather than of a
 // sandbox, as done with key.
 func (s *Server) auditVolume(ctx context.Context, key store.APIKey, e audit.Event) {
-	if s.mgr == nil || s.mgr.Audit() == nil {
-		return
-	}
 	e.TeamID, e.APIKeyID = key.TeamID, key.ID
-	s.mgr.Audit().Record(ctx, e)
+	s.record(ctx, e)
 }
 
 // ---- sandbox creates ----
@@ -217,22 +208,11 @@ func (s *Server) volumeToken(h volumeHandler) http.Handler {
 			writeError(w, fmt.Errorf("missing volume token: send Authorization: Bearer <token> (VolumeAndToken.token of GET /volumes/{volumeID}): %w", errdefs.ErrUnauthenticated))
 			return
 		}
-		client := s.guesses.Client(r)
-		if wait, failed, ok := s.guesses.Check(client); !ok {
-			authlimit.Refuse(w, client, "volume token", wait, failed)
-			return
-		}
-		if len(tok) > 256 {
-			s.guesses.Fail(client)
-			writeError(w, fmt.Errorf("invalid volume token: %w", errdefs.ErrUnauthenticated))
-			return
-		}
-		v, err := s.vols.Authorize(r.Context(), r.PathValue("volumeID"), tok)
-		if err != nil {
-			if statusOf(err) == http.StatusUnauthorized {
-				s.guesses.Fail(client)
-			}
-			writeError(w, err)
+		var v store.Volume
+		if !s.checkSecret(w, r, "volume token", tok, func() (err error) {
+			v, err = s.vols.Authorize(r.Context(), r.PathValue("volumeID"), tok)
+			return err
+		}) {
 			return
 		}
 		f, err := s.vols.Files(r.Context(), v)

@@ -139,9 +139,6 @@ func New(ctx context.Context, cfg Config, st *store.Store, log *slog.Logger) (*S
 // deleted. Call before serving.
 func (s *Service) SetUsers(f func(teamID, volumeID string) []string) { s.users = f }
 
-// MaxSizeMB is the largest volume a create may ask for.
-func (s *Service) MaxSizeMB() int { return s.cfg.MaxSizeMB }
-
 var validName = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 
 // CheckName returns an errdefs.ErrInvalidArgument error naming the field
