@@ -272,7 +272,7 @@ func (s *Service) mount(dir string) (string, error) {
 	mnt := mountPath(dir)
 	s.mountMu.Lock()
 	defer s.mountMu.Unlock()
-	if isMountPoint(mnt) {
+	if bundle.IsMountPoint(mnt) {
 		return mnt, nil
 	}
 	img := imagePath(dir)
@@ -315,24 +315,15 @@ func loopOf(img string) string {
 	return ""
 }
 
-// isMountPoint reports whether path is the root of a mount.
-func isMountPoint(path string) bool {
-	var stx unix.Statx_t
-	if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, 0, &stx); err != nil {
-		return false
-	}
-	return stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 && stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0
-}
-
 // removeDir unmounts and removes a volume's host directory.
 func removeDir(dir string) error {
 	mnt := mountPath(dir)
 	for range 100 {
-		if !isMountPoint(mnt) || unix.Unmount(mnt, unix.MNT_DETACH) != nil {
+		if !bundle.IsMountPoint(mnt) || unix.Unmount(mnt, unix.MNT_DETACH) != nil {
 			break
 		}
 	}
-	if isMountPoint(mnt) {
+	if bundle.IsMountPoint(mnt) {
 		return fmt.Errorf("volume dir %s: still mounted", dir)
 	}
 	return os.RemoveAll(dir)
@@ -569,7 +560,7 @@ func (s *Service) Close() {
 		}
 		mnt := mountPath(filepath.Join(s.cfg.Dir, e.Name()))
 		for range 100 {
-			if !isMountPoint(mnt) || unix.Unmount(mnt, unix.MNT_DETACH) != nil {
+			if !bundle.IsMountPoint(mnt) || unix.Unmount(mnt, unix.MNT_DETACH) != nil {
 				break
 			}
 		}

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
 	"github.com/agentbox/agentbox/internal/store"
 	"github.com/agentbox/agentbox/internal/testutil"
 )
@@ -171,7 +172,7 @@ func TestVolumeLifecycle(t *testing.T) {
 	rel()
 
 	m, release, err := e.s.Claim(ctx, e.a, []string{"ws"}, false)
-	if err != nil || len(m) != 1 || m[0].ID != v.ID || !isMountPoint(m[0].HostPath) {
+	if err != nil || len(m) != 1 || m[0].ID != v.ID || !bundle.IsMountPoint(m[0].HostPath) {
 		t.Fatalf("claim: %+v %v", m, err)
 	}
 	if err := e.s.Delete(ctx, e.a, v.ID); !errors.Is(err, errdefs.ErrConflict) {
@@ -207,7 +208,7 @@ func TestVolumeLifecycle(t *testing.T) {
 	f.Close()
 	// The host mount goes at Close and comes back on the next use.
 	e.s.Close()
-	if isMountPoint(m[0].HostPath) {
+	if bundle.IsMountPoint(m[0].HostPath) {
 		t.Fatal("mount left after Close")
 	}
 	f, err = e.s.Files(ctx, v)
@@ -292,7 +293,7 @@ func TestRemountSharesTheFilesystem(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = unix.Unmount(held, unix.MNT_DETACH) })
 	e.s.Close()
-	if isMountPoint(m[0].HostPath) {
+	if bundle.IsMountPoint(m[0].HostPath) {
 		t.Fatal("the server's mount is still there after Close")
 	}
 	// Through the sandbox's mount, then through the remounted server's.

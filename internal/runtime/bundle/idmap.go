@@ -51,7 +51,7 @@ func (s *Store) idmappedLayer(ctx context.Context, layer string, from, to uint32
 	if im.pending == nil {
 		im.pending = map[string]int{}
 	}
-	if isMountPoint(target) {
+	if IsMountPoint(target) {
 		im.pending[target]++
 		return target, nil
 	}
@@ -173,10 +173,10 @@ func (s *Store) mountIdmapped(ctx context.Context, layer, target string, from, t
 	return nil
 }
 
-// isMountPoint reports whether path is the root of a mount. (Comparing
+// IsMountPoint reports whether path is the root of a mount. (Comparing
 // device numbers with the parent fails for a bind mount of the same
 // filesystem, which an idmapped mount of a layer on the root disk is.)
-func isMountPoint(path string) bool {
+func IsMountPoint(path string) bool {
 	var stx unix.Statx_t
 	if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, 0, &stx); err != nil {
 		return false

@@ -109,7 +109,7 @@ func unmountVolumes(dir string) error {
 	for _, e := range entries {
 		p := filepath.Join(dir, volumesDir, e.Name())
 		for range 100 {
-			if !isMountPoint(p) {
+			if !IsMountPoint(p) {
 				break
 			}
 			if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
@@ -117,7 +117,7 @@ func unmountVolumes(dir string) error {
 				break
 			}
 		}
-		if isMountPoint(p) {
+		if IsMountPoint(p) {
 			errs = append(errs, fmt.Errorf("volume %s is still mounted", p))
 			continue
 		}

@@ -41,7 +41,7 @@ func TestRemoveBundleKeepsVolumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range vols {
-		if !isMountPoint(volumeTarget(dir, i)) {
+		if !IsMountPoint(volumeTarget(dir, i)) {
 			t.Fatalf("volume %d not mounted", i)
 		}
 	}
