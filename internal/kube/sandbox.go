@@ -191,8 +191,10 @@ func (r *sandboxReconciler) bind(ctx context.Context, obj *agentsv1.Sandbox) (bo
 	return true, ctrl.Result{}, nil
 }
 
-func (r *sandboxReconciler) writeStatus(ctx context.Context, obj *agentsv1.Sandbox) error {
-	if err := r.c.Status().Update(ctx, obj); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+// writeStatus writes a Sandbox's status; a conflict or a deleted object is
+// no error (the next reconcile sees the newer object).
+func (b reconcilerBase) writeStatus(ctx context.Context, obj *agentsv1.Sandbox) error {
+	if err := b.c.Status().Update(ctx, obj); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
 		return err
 	}
 	return nil
