@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -330,7 +331,7 @@ func (r *sandboxReconciler) finished(obj *agentsv1.Sandbox, reason, msg string) 
 
 func equalStatus(a, b *agentsv1.SandboxStatus) bool {
 	return a.SandboxID == b.SandboxID && a.NodeName == b.NodeName && a.Team == b.Team &&
-		a.ObservedGeneration == b.ObservedGeneration && fmt.Sprint(a.PodIPs) == fmt.Sprint(b.PodIPs) &&
+		a.ObservedGeneration == b.ObservedGeneration && slices.Equal(a.PodIPs, b.PodIPs) &&
 		conditionsEqual(a.Conditions, b.Conditions)
 }
 
