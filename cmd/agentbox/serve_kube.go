@@ -15,9 +15,6 @@ import (
 
 	"github.com/agentbox/agentbox/internal/kube"
 	"github.com/agentbox/agentbox/internal/runtime"
-	"github.com/agentbox/agentbox/internal/runtime/microvm"
-	"github.com/agentbox/agentbox/internal/runtime/runc"
-	"github.com/agentbox/agentbox/internal/runtime/runsc"
 	"github.com/agentbox/agentbox/internal/sandbox"
 	"github.com/agentbox/agentbox/internal/store"
 	"github.com/agentbox/agentbox/internal/template"
@@ -115,10 +112,9 @@ type kubeHost struct {
 // Tiers reports the tiers by the names clients and runtimeClassName use
 // (container, gvisor, microvm), not the drivers' (runc, runsc, microvm).
 func (h kubeHost) Tiers() map[string]error {
-	driver := map[string]string{sandbox.IsolationContainer: runc.Name, sandbox.IsolationGVisor: runsc.Name, sandbox.IsolationMicroVM: microvm.Name}
 	out := map[string]error{}
 	for _, iso := range sandbox.Isolations() {
-		out[iso] = h.tiers.TierAvailable(driver[iso])
+		out[iso] = h.tiers.TierAvailable(sandbox.RuntimeTier(iso))
 	}
 	return out
 }

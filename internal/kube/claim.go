@@ -37,15 +37,10 @@ func (r *claimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 		if err := r.release(ctx, &claim); err != nil {
 			return ctrl.Result{}, err
 		}
-		if controllerutil.RemoveFinalizer(&claim, claimFinalizer) {
-			return ctrl.Result{}, client.IgnoreNotFound(r.c.Update(ctx, &claim))
-		}
-		return ctrl.Result{}, nil
+		return ctrl.Result{}, r.removeFinalizer(ctx, &claim, claimFinalizer)
 	}
-	if controllerutil.AddFinalizer(&claim, claimFinalizer) {
-		if err := r.c.Update(ctx, &claim); err != nil {
-			return ctrl.Result{}, err
-		}
+	if err := r.addFinalizer(ctx, &claim, claimFinalizer); err != nil {
+		return ctrl.Result{}, err
 	}
 	before := claim.Status.DeepCopy()
 	res, err := r.reconcile(ctx, &claim)

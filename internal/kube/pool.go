@@ -60,15 +60,10 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 				return ctrl.Result{}, err
 			}
 		}
-		if controllerutil.RemoveFinalizer(&pool, poolFinalizer) {
-			return ctrl.Result{}, client.IgnoreNotFound(r.c.Update(ctx, &pool))
-		}
-		return ctrl.Result{}, nil
+		return ctrl.Result{}, r.removeFinalizer(ctx, &pool, poolFinalizer)
 	}
-	if controllerutil.AddFinalizer(&pool, poolFinalizer) {
-		if err := r.c.Update(ctx, &pool); err != nil {
-			return ctrl.Result{}, err
-		}
+	if err := r.addFinalizer(ctx, &pool, poolFinalizer); err != nil {
+		return ctrl.Result{}, err
 	}
 	var tpl extv1.SandboxTemplate
 	if err := r.c.Get(ctx, client.ObjectKey{Namespace: pool.Namespace, Name: pool.Spec.TemplateRef.Name}, &tpl); err != nil {

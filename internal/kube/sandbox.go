@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -41,6 +42,23 @@ func (b reconcilerBase) event(obj client.Object, warn bool, reason, action, form
 	b.rec.Eventf(obj, nil, t, reason, action, format, args...)
 }
 
+// addFinalizer adds f to obj, writing obj when f was missing.
+func (b reconcilerBase) addFinalizer(ctx context.Context, obj client.Object, f string) error {
+	if !controllerutil.AddFinalizer(obj, f) {
+		return nil
+	}
+	return b.c.Update(ctx, obj)
+}
+
+// removeFinalizer removes f from obj, writing obj when f was there; an
+// object already gone is no error.
+func (b reconcilerBase) removeFinalizer(ctx context.Context, obj client.Object, f string) error {
+	if !controllerutil.RemoveFinalizer(obj, f) {
+		return nil
+	}
+	return client.IgnoreNotFound(b.c.Update(ctx, obj))
+}
+
 type sandboxReconciler struct{ reconcilerBase }
 
 func setCond(conds *[]metav1.Condition, gen int64, typ string, ok bool, reason, msg string) {
@@ -71,13 +89,10 @@ func (r *sandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		if err := r.kill(ctx, team, &obj); err != nil {
 			return ctrl.Result{}, err
 		}
-		controllerutil.RemoveFinalizer(&obj, agentsv1.Finalizer)
-		return ctrl.Result{}, client.IgnoreNotFound(r.c.Update(ctx, &obj))
+		return ctrl.Result{}, r.removeFinalizer(ctx, &obj, agentsv1.Finalizer)
 	}
-	if controllerutil.AddFinalizer(&obj, agentsv1.Finalizer) {
-		if err := r.c.Update(ctx, &obj); err != nil {
-			return ctrl.Result{}, err
-		}
+	if err := r.addFinalizer(ctx, &obj, agentsv1.Finalizer); err != nil {
+		return ctrl.Result{}, err
 	}
 	if obj.Status.NodeName == "" {
 		won, res, err := r.bind(ctx, &obj)
@@ -191,8 +206,10 @@ func (r *sandboxReconciler) bind(ctx context.Context, obj *agentsv1.Sandbox) (bo
 	return true, ctrl.Result{}, nil
 }
 
-func (r *sandboxReconciler) writeStatus(ctx context.Context, obj *agentsv1.Sandbox) error {
-	if err := r.c.Status().Update(ctx, obj); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+// writeStatus writes a Sandbox's status; a conflict or a deleted object is
+// no error (the next reconcile sees the newer object).
+func (b reconcilerBase) writeStatus(ctx context.Context, obj *agentsv1.Sandbox) error {
+	if err := b.c.Status().Update(ctx, obj); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
 		return err
 	}
 	return nil
@@ -328,7 +345,7 @@ func (r *sandboxReconciler) finished(obj *agentsv1.Sandbox, reason, msg string) 
 
 func equalStatus(a, b *agentsv1.SandboxStatus) bool {
 	return a.SandboxID == b.SandboxID && a.NodeName == b.NodeName && a.Team == b.Team &&
-		a.ObservedGeneration == b.ObservedGeneration && fmt.Sprint(a.PodIPs) == fmt.Sprint(b.PodIPs) &&
+		a.ObservedGeneration == b.ObservedGeneration && slices.Equal(a.PodIPs, b.PodIPs) &&
 		conditionsEqual(a.Conditions, b.Conditions)
 }
 

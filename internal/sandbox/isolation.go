@@ -25,8 +25,8 @@ const MetadataIsolation = "agentbox.isolation"
 // Isolations lists the tiers clients may ask for.
 func Isolations() []string { return []string{IsolationContainer, IsolationGVisor, IsolationMicroVM} }
 
-// runtimeTier maps a client-facing tier to the runtime driver's name.
-func runtimeTier(isolation string) string {
+// RuntimeTier maps a client-facing tier to the runtime driver's name.
+func RuntimeTier(isolation string) string {
 	switch isolation {
 	case IsolationGVisor:
 		return "runsc"
@@ -68,7 +68,7 @@ func (m *Manager) resolveIsolation(req CreateRequest, tpl *template.Template) (s
 		return "", fmt.Errorf("isolation: %q is not a tier; use one of %s: %w", truncateID(iso), strings.Join(Isolations(), ", "), errdefs.ErrInvalidArgument)
 	}
 	if tc, ok := m.rt.(runtime.TierChecker); ok {
-		if err := tc.TierAvailable(runtimeTier(iso)); err != nil {
+		if err := tc.TierAvailable(RuntimeTier(iso)); err != nil {
 			if errors.Is(err, errdefs.ErrUnavailable) {
 				// The client can act on it (pick another tier), so it is a 400.
 				return "", fmt.Errorf("isolation %q: %s: %w", iso, strings.TrimSuffix(err.Error(), ": "+errdefs.ErrUnavailable.Error()), errdefs.ErrInvalidArgument)

@@ -499,7 +499,7 @@ func (m *Manager) setPolicy(ctx context.Context, b *build) error {
 func (m *Manager) spec(b *build) runtime.Spec {
 	return runtime.Spec{
 		ID: b.sb.ID, Layers: b.layers, NetNSPath: b.netns, DNS: m.net.DNS(),
-		Resources: b.limits.resources(), Runtime: runtimeTier(b.sb.Isolation), Volumes: b.volumes, BootID: b.sb.BootID,
+		Resources: b.limits.resources(), Runtime: RuntimeTier(b.sb.Isolation), Volumes: b.volumes, BootID: b.sb.BootID,
 	}
 }
 

@@ -28,7 +28,7 @@ func (m *Manager) Readiness(ctx context.Context) Readiness {
 	for _, iso := range Isolations() {
 		switch {
 		case tc != nil:
-			r.Tiers[iso] = checkResult(tc.TierAvailable(runtimeTier(iso)))
+			r.Tiers[iso] = checkResult(tc.TierAvailable(RuntimeTier(iso)))
 		case iso == IsolationContainer:
 			r.Tiers[iso] = "ok"
 		default:
