@@ -132,14 +132,7 @@ func (sp *spares) forget() {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	sp.last = time.Time{}
-	if sp.spare != nil {
-		sp.spare.discard()
-		sp.spare = nil
-	}
-	if sp.idle != nil {
-		sp.idle.Stop()
-		sp.idle = nil
-	}
+	sp.dropLocked()
 }
 
 // close ends the parked spare and starts no more.
@@ -147,9 +140,18 @@ func (sp *spares) close() {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	sp.closed = true
+	sp.dropLocked()
+}
+
+// dropLocked ends the parked spare, if any, and its idle timer.
+func (sp *spares) dropLocked() {
 	if sp.spare != nil {
 		sp.spare.discard()
 		sp.spare = nil
+	}
+	if sp.idle != nil {
+		sp.idle.Stop()
+		sp.idle = nil
 	}
 }
 
