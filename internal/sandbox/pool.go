@@ -19,10 +19,10 @@ type pool struct {
 	min        int
 	target     int
 	filling    int
-	hits       uint64
-	misses     uint64
-	claims     map[string]*teamClaims // by team: what each team may see of its own
-	creates    []time.Time            // recent creates of the template, for the adaptive size
+	// claims counts each team's hits and misses (what each team may see
+	// of its own); the pool's are their sums.
+	claims  map[string]*teamClaims
+	creates []time.Time // recent creates of the template, for the adaptive size
 }
 
 // PoolStats describes one warm pool.
@@ -222,12 +222,10 @@ func (m *Manager) resolvePooled(ctx context.Context, b *build) error {
 		}
 	}
 	if sb == nil || m.checkTimeout(req.Timeout) != nil {
-		p.misses++
 		p.team(req.TeamID).misses++
 		m.mu.Unlock()
 		return errNoClaim
 	}
-	p.hits++
 	p.team(req.TeamID).hits++
 	// Hidden from the pool and from other claims from here on.
 	sb.State = StateCreating
@@ -281,7 +279,12 @@ func (m *Manager) Pools() []PoolStats {
 	}
 	out := make([]PoolStats, 0, len(m.life.pools))
 	for id, p := range m.life.pools {
-		out = append(out, PoolStats{Template: p.ref, TemplateID: id, Ready: ready[id], Filling: p.filling, Min: p.min, Target: p.target, Hits: p.hits, Misses: p.misses})
+		st := PoolStats{Template: p.ref, TemplateID: id, Ready: ready[id], Filling: p.filling, Min: p.min, Target: p.target}
+		for _, c := range p.claims {
+			st.Hits += c.hits
+			st.Misses += c.misses
+		}
+		out = append(out, st)
 	}
 	slices.SortFunc(out, func(a, b PoolStats) int { return cmpString(a.Template, b.Template) })
 	return out
