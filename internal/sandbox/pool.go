@@ -37,6 +37,12 @@ type PoolStats struct {
 	Misses     uint64 `json:"misses"`
 }
 
+// claimable says whether sb is a warm sandbox a create may claim: running,
+// healthy and no team's yet.
+func claimable(sb *Sandbox) bool {
+	return sb.TeamID == poolTeam && sb.State == StateRunning && sb.Health == ""
+}
+
 // teamClaims counts one team's claims on a pool.
 type teamClaims struct{ hits, misses uint64 }
 
@@ -149,7 +155,7 @@ func (m *Manager) poolTick(ctx context.Context, now time.Time) {
 			if trimmed >= poolTrimPerTick || ready[id] <= p.target {
 				break
 			}
-			if sb.TeamID == poolTeam && sb.State == StateRunning && sb.TemplateID == id {
+			if claimable(sb) && sb.TemplateID == id {
 				trimmed++
 				sb.State = StateKilling // hidden from claims from here on
 				ready[id]--
@@ -216,7 +222,7 @@ func (m *Manager) resolvePooled(ctx context.Context, b *build) error {
 	p.creates = append(p.creates, b.sb.StartedAt)
 	var sb *Sandbox
 	for _, c := range m.sandboxes {
-		if c.TeamID == poolTeam && c.State == StateRunning && c.TemplateID == tpl.ID && c.Health == "" {
+		if claimable(c) && c.TemplateID == tpl.ID {
 			sb = c
 			break
 		}
@@ -273,7 +279,7 @@ func (m *Manager) Pools() []PoolStats {
 	defer m.mu.Unlock()
 	ready := map[string]int{}
 	for _, sb := range m.sandboxes {
-		if sb.TeamID == poolTeam && sb.State == StateRunning && sb.Health == "" {
+		if claimable(sb) {
 			ready[sb.TemplateID]++
 		}
 	}
