@@ -308,11 +308,7 @@ func (s *Server) startOnSpare(cmd *exec.Cmd, req *process.StartRequest, p *proc,
 			sp.discard()
 			return nil, nil, false
 		}
-		ws := &pty.Winsize{Cols: 80, Rows: 24}
-		if size := req.Pty.GetSize(); size.GetCols() > 0 && size.GetRows() > 0 {
-			ws = &pty.Winsize{Cols: uint16(size.GetCols()), Rows: uint16(size.GetRows())}
-		}
-		_ = pty.Setsize(ptmx, ws)
+		_ = pty.Setsize(ptmx, ptySize(req.Pty))
 		sr.Ctty = true
 		child, ours = []*os.File{tty, tty, tty}, []*os.File{ptmx}
 		readers, kinds = []io.ReadCloser{ptmx}, []string{"pty"}
