@@ -247,13 +247,8 @@ func (s *Server) startProcessOn(ctx context.Context, u *User, req *process.Start
 	switch {
 	case handed:
 	case req.Pty != nil:
-		size := req.Pty.GetSize()
-		ws := &pty.Winsize{Cols: 80, Rows: 24}
-		if size.GetCols() > 0 && size.GetRows() > 0 {
-			ws = &pty.Winsize{Cols: uint16(size.GetCols()), Rows: uint16(size.GetRows())}
-		}
 		cmd.SysProcAttr.Setctty = true
-		tty, err := pty.StartWithAttrs(cmd, ws, cmd.SysProcAttr)
+		tty, err := pty.StartWithAttrs(cmd, ptySize(req.Pty), cmd.SysProcAttr)
 		if err != nil {
 			closeReaperPipes(true)
 			cancel()
@@ -312,6 +307,15 @@ func (s *Server) startProcessOn(ctx context.Context, u *User, req *process.Start
 
 // startPiped starts cmd with stdout/stderr pipes (and a stdin pipe if
 // wanted) and returns the read ends.
+// ptySize is the terminal size a start request asks for, 80×24 when it
+// names none.
+func ptySize(t *process.PTY) *pty.Winsize {
+	if size := t.GetSize(); size.GetCols() > 0 && size.GetRows() > 0 {
+		return &pty.Winsize{Cols: uint16(size.GetCols()), Rows: uint16(size.GetRows())}
+	}
+	return &pty.Winsize{Cols: 80, Rows: 24}
+}
+
 func (s *Server) startPiped(cmd *exec.Cmd, wantStdin bool, p *proc) ([]io.ReadCloser, error) {
 	outR, outW, err := os.Pipe()
 	if err != nil {

@@ -132,14 +132,7 @@ func (sp *spares) forget() {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	sp.last = time.Time{}
-	if sp.spare != nil {
-		sp.spare.discard()
-		sp.spare = nil
-	}
-	if sp.idle != nil {
-		sp.idle.Stop()
-		sp.idle = nil
-	}
+	sp.dropLocked()
 }
 
 // close ends the parked spare and starts no more.
@@ -147,9 +140,18 @@ func (sp *spares) close() {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	sp.closed = true
+	sp.dropLocked()
+}
+
+// dropLocked ends the parked spare, if any, and its idle timer.
+func (sp *spares) dropLocked() {
 	if sp.spare != nil {
 		sp.spare.discard()
 		sp.spare = nil
+	}
+	if sp.idle != nil {
+		sp.idle.Stop()
+		sp.idle = nil
 	}
 }
 
@@ -306,11 +308,7 @@ func (s *Server) startOnSpare(cmd *exec.Cmd, req *process.StartRequest, p *proc,
 			sp.discard()
 			return nil, nil, false
 		}
-		ws := &pty.Winsize{Cols: 80, Rows: 24}
-		if size := req.Pty.GetSize(); size.GetCols() > 0 && size.GetRows() > 0 {
-			ws = &pty.Winsize{Cols: uint16(size.GetCols()), Rows: uint16(size.GetRows())}
-		}
-		_ = pty.Setsize(ptmx, ws)
+		_ = pty.Setsize(ptmx, ptySize(req.Pty))
 		sr.Ctty = true
 		child, ours = []*os.File{tty, tty, tty}, []*os.File{ptmx}
 		readers, kinds = []io.ReadCloser{ptmx}, []string{"pty"}

@@ -42,6 +42,13 @@ func waitSpare(t *testing.T, s *Server) {
 	}
 }
 
+// spareKept says whether s has a spare reaper parked or on its way.
+func spareKept(s *Server) bool {
+	s.spares.mu.Lock()
+	defer s.spares.mu.Unlock()
+	return s.spares.spare != nil || s.spares.starting
+}
+
 // TestSpareReaperRunsCommandsLikeAFreshOne runs the same commands on a
 // fresh reaper (the first command of a server has none spare) and on spare
 // reapers, and wants the same view from inside: own session and group led
@@ -73,10 +80,7 @@ func TestSpareReaperRunsCommandsLikeAFreshOne(t *testing.T) {
 		if spare {
 			e.srv.spares = &spares{exe: e.srv.reaper}
 			run(t, c, startReq("true"))
-			e.srv.spares.mu.Lock()
-			one := e.srv.spares.spare != nil || e.srv.spares.starting
-			e.srv.spares.mu.Unlock()
-			if one {
+			if spareKept(e.srv) {
 				t.Fatal("one command started a spare reaper: every sandbox that ran a command would keep an extra process")
 			}
 			run(t, c, startReq("true")) // in succession: starts the first spare
@@ -128,10 +132,7 @@ func TestSpareReaperRunsCommandsLikeAFreshOne(t *testing.T) {
 		t.Fatalf("init: %d", resp.StatusCode)
 	}
 	run(t, c, startReq("true"))
-	e.srv.spares.mu.Lock()
-	kept := e.srv.spares.spare != nil || e.srv.spares.starting
-	e.srv.spares.mu.Unlock()
-	if kept {
+	if spareKept(e.srv) {
 		t.Error("a spare reaper outlived /init, or the first command after it started one")
 	}
 }

@@ -175,18 +175,7 @@ func (c *Client) WriteFile(ctx context.Context, path, user string, data []byte) 
 func (c *Client) files(ctx context.Context, method, path, user string, body []byte) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
-	u := c.base + "/files?" + url.Values{"path": {path}, "username": {user}}.Encode()
-	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	if method == http.MethodPost {
-		req.Header.Set("Content-Type", "application/octet-stream")
-	}
-	if c.token != "" {
-		req.Header.Set("X-Access-Token", c.token)
-	}
-	resp, err := c.hc.Do(req)
+	resp, err := c.fileRequest(ctx, method, path, user, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
@@ -195,10 +184,42 @@ func (c *Client) files(ctx context.Context, method, path, user string, body []by
 	if err != nil {
 		return nil, err
 	}
-	if resp.StatusCode/100 != 2 {
-		return nil, fmt.Errorf("envd %s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(out))
-	}
 	return out, nil
+}
+
+// fileRequest makes one /files call and returns envd's answer; a non-2xx
+// answer is an error that quotes envd's message.
+func (c *Client) fileRequest(ctx context.Context, method, path, user string, body io.Reader) (*http.Response, error) {
+	u := c.base + "/files?" + url.Values{"path": {path}, "username": {user}}.Encode()
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, err
+	}
+	if method == http.MethodPost {
+		req.Header.Set("Content-Type", "application/octet-stream")
+	}
+	c.authorize(req.Header, "")
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode/100 != 2 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		return nil, fmt.Errorf("envd %s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(msg))
+	}
+	return resp, nil
+}
+
+// authorize sets envd's user (Basic auth with an empty password, as E2B's
+// SDKs send it) and the sandbox's access token.
+func (c *Client) authorize(h interface{ Set(string, string) }, user string) {
+	if user != "" {
+		h.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(user+":")))
+	}
+	if c.token != "" {
+		h.Set("X-Access-Token", c.token)
+	}
 }
 
 // Command is one shell command run through envd's process service.
@@ -222,14 +243,7 @@ func (c *Client) Run(ctx context.Context, cmd Command, stdout, stderr io.Writer)
 		cfg.Cwd = &cmd.Workdir
 	}
 	req := connect.NewRequest(&process.StartRequest{Process: cfg, Stdin: &stdin})
-	if cmd.User != "" {
-		// envd takes the user from Basic auth with an empty password, as
-		// E2B's SDKs send it.
-		req.Header().Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(cmd.User+":")))
-	}
-	if c.token != "" {
-		req.Header().Set("X-Access-Token", c.token)
-	}
+	c.authorize(req.Header(), cmd.User)
 	stream, err := c.proc.Start(ctx, req)
 	if err != nil {
 		return -1, err

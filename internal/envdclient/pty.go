@@ -2,7 +2,6 @@ package envdclient
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 
@@ -92,15 +91,4 @@ func (p *PTY) Close(ctx context.Context) error {
 
 func (p *PTY) selector() *process.ProcessSelector {
 	return &process.ProcessSelector{Selector: &process.ProcessSelector_Pid{Pid: p.pid}}
-}
-
-// authorize sets envd's user (Basic auth with an empty password, as E2B's
-// SDKs send it) and the sandbox's access token.
-func (c *Client) authorize(h interface{ Set(string, string) }, user string) {
-	if user != "" {
-		h.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(user+":")))
-	}
-	if c.token != "" {
-		h.Set("X-Access-Token", c.token)
-	}
 }

@@ -1,12 +1,9 @@
 package envdclient
 
 import (
-	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 )
 
 // OpenFile streams the file at path in the sandbox, read as user; size is
@@ -28,28 +25,4 @@ func (c *Client) WriteFileFrom(ctx context.Context, path, user string, r io.Read
 	}
 	resp.Body.Close()
 	return nil
-}
-
-func (c *Client) fileRequest(ctx context.Context, method, path, user string, body io.Reader) (*http.Response, error) {
-	u := c.base + "/files?" + url.Values{"path": {path}, "username": {user}}.Encode()
-	req, err := http.NewRequestWithContext(ctx, method, u, body)
-	if err != nil {
-		return nil, err
-	}
-	if method == http.MethodPost {
-		req.Header.Set("Content-Type", "application/octet-stream")
-	}
-	if c.token != "" {
-		req.Header.Set("X-Access-Token", c.token)
-	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode/100 != 2 {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		resp.Body.Close()
-		return nil, fmt.Errorf("envd %s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(msg))
-	}
-	return resp, nil
 }

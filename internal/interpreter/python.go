@@ -51,16 +51,27 @@ func startPython(ctx context.Context, cfg pythonConfig) (*jupyterKernel, error) 
 		"PYDEVD_DISABLE_FILE_VALIDATION": "1",
 		"JPY_SESSION_NAME":               "",
 	})
-	cmd.Stdout, cmd.Stderr = cfg.Log, cfg.Log
+	k, err := startJupyter(ctx, cmd, "ipykernel", dir, connFile, cfg.Log)
+	if err != nil {
+		return nil, fmt.Errorf("python kernel: %w", err)
+	}
+	return k, nil
+}
+
+// startJupyter starts cmd, the Jupyter kernel name, with its output to log,
+// and connects to it through connFile once it answers. dir, which holds the
+// connection file, goes with the kernel, or at once if it does not start.
+func startJupyter(ctx context.Context, cmd *exec.Cmd, name, dir, connFile string, log io.Writer) (*jupyterKernel, error) {
+	cmd.Stdout, cmd.Stderr = log, log
 	p, err := startProc(cmd)
 	if err != nil {
 		os.RemoveAll(dir)
-		return nil, fmt.Errorf("python kernel: %w", err)
+		return nil, err
 	}
-	k := &jupyterKernel{p: p, dir: dir, name: "ipykernel"}
+	k := &jupyterKernel{p: p, dir: dir, name: name}
 	if err := k.connect(ctx, connFile); err != nil {
 		k.Close()
-		return nil, fmt.Errorf("python kernel: %w", err)
+		return nil, err
 	}
 	return k, nil
 }

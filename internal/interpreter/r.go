@@ -52,15 +52,8 @@ func startR(ctx context.Context, cfg rConfig) (*jupyterKernel, error) {
 		"--args", connFile)
 	cmd.Dir = cfg.Cwd
 	cmd.Env = kernelEnv(map[string]string{"JPY_SESSION_NAME": ""})
-	cmd.Stdout, cmd.Stderr = cfg.Log, cfg.Log
-	p, err := startProc(cmd)
+	k, err := startJupyter(ctx, cmd, "IRkernel (r-cran-irkernel)", dir, connFile, cfg.Log)
 	if err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("r kernel: %w", err)
-	}
-	k := &jupyterKernel{p: p, dir: dir, name: "IRkernel (r-cran-irkernel)"}
-	if err := k.connect(ctx, connFile); err != nil {
-		k.Close()
 		return nil, fmt.Errorf("r kernel: %w", err)
 	}
 	return k, nil

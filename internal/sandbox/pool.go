@@ -19,10 +19,10 @@ type pool struct {
 	min        int
 	target     int
 	filling    int
-	hits       uint64
-	misses     uint64
-	claims     map[string]*teamClaims // by team: what each team may see of its own
-	creates    []time.Time            // recent creates of the template, for the adaptive size
+	// claims counts each team's hits and misses (what each team may see
+	// of its own); the pool's are their sums.
+	claims  map[string]*teamClaims
+	creates []time.Time // recent creates of the template, for the adaptive size
 }
 
 // PoolStats describes one warm pool.
@@ -35,6 +35,12 @@ type PoolStats struct {
 	Target     int    `json:"target"`
 	Hits       uint64 `json:"hits"`
 	Misses     uint64 `json:"misses"`
+}
+
+// claimable says whether sb is a warm sandbox a create may claim: running,
+// healthy and no team's yet.
+func claimable(sb *Sandbox) bool {
+	return sb.TeamID == poolTeam && sb.State == StateRunning && sb.Health == ""
 }
 
 // teamClaims counts one team's claims on a pool.
@@ -149,7 +155,7 @@ func (m *Manager) poolTick(ctx context.Context, now time.Time) {
 			if trimmed >= poolTrimPerTick || ready[id] <= p.target {
 				break
 			}
-			if sb.TeamID == poolTeam && sb.State == StateRunning && sb.TemplateID == id {
+			if claimable(sb) && sb.TemplateID == id {
 				trimmed++
 				sb.State = StateKilling // hidden from claims from here on
 				ready[id]--
@@ -216,18 +222,16 @@ func (m *Manager) resolvePooled(ctx context.Context, b *build) error {
 	p.creates = append(p.creates, b.sb.StartedAt)
 	var sb *Sandbox
 	for _, c := range m.sandboxes {
-		if c.TeamID == poolTeam && c.State == StateRunning && c.TemplateID == tpl.ID && c.Health == "" {
+		if claimable(c) && c.TemplateID == tpl.ID {
 			sb = c
 			break
 		}
 	}
 	if sb == nil || m.checkTimeout(req.Timeout) != nil {
-		p.misses++
 		p.team(req.TeamID).misses++
 		m.mu.Unlock()
 		return errNoClaim
 	}
-	p.hits++
 	p.team(req.TeamID).hits++
 	// Hidden from the pool and from other claims from here on.
 	sb.State = StateCreating
@@ -275,13 +279,18 @@ func (m *Manager) Pools() []PoolStats {
 	defer m.mu.Unlock()
 	ready := map[string]int{}
 	for _, sb := range m.sandboxes {
-		if sb.TeamID == poolTeam && sb.State == StateRunning && sb.Health == "" {
+		if claimable(sb) {
 			ready[sb.TemplateID]++
 		}
 	}
 	out := make([]PoolStats, 0, len(m.life.pools))
 	for id, p := range m.life.pools {
-		out = append(out, PoolStats{Template: p.ref, TemplateID: id, Ready: ready[id], Filling: p.filling, Min: p.min, Target: p.target, Hits: p.hits, Misses: p.misses})
+		st := PoolStats{Template: p.ref, TemplateID: id, Ready: ready[id], Filling: p.filling, Min: p.min, Target: p.target}
+		for _, c := range p.claims {
+			st.Hits += c.hits
+			st.Misses += c.misses
+		}
+		out = append(out, st)
 	}
 	slices.SortFunc(out, func(a, b PoolStats) int { return cmpString(a.Template, b.Template) })
 	return out

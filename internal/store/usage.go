@@ -33,16 +33,21 @@ func (s *Store) AddUsage(ctx context.Context, rows []usage.Row) error {
 		return fmt.Errorf("add usage: %w", err)
 	}
 	defer tx.Rollback()
-	for _, r := range rows {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO usage (team_id, kind, object_id, hour, template_id, cpu_seconds, memory_gib_seconds, disk_gib_hours, egress_bytes)
+	// One statement for every row: a tick flushes a row per metered object.
+	stmt, err := tx.PrepareContext(ctx, `INSERT INTO usage (team_id, kind, object_id, hour, template_id, cpu_seconds, memory_gib_seconds, disk_gib_hours, egress_bytes)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (team_id, hour, kind, object_id) DO UPDATE SET
 				template_id = CASE WHEN excluded.template_id != '' THEN excluded.template_id ELSE template_id END,
 				cpu_seconds = cpu_seconds + excluded.cpu_seconds,
 				memory_gib_seconds = memory_gib_seconds + excluded.memory_gib_seconds,
 				disk_gib_hours = disk_gib_hours + excluded.disk_gib_hours,
-				egress_bytes = egress_bytes + excluded.egress_bytes`,
-			r.TeamID, r.Kind, r.ID, r.Hour.Unix(), r.TemplateID, r.CPUSeconds, r.MemoryGiBSeconds, r.DiskGiBHours, r.EgressBytes); err != nil {
+				egress_bytes = egress_bytes + excluded.egress_bytes`)
+	if err != nil {
+		return fmt.Errorf("add usage: %w", err)
+	}
+	defer stmt.Close()
+	for _, r := range rows {
+		if _, err := stmt.ExecContext(ctx, r.TeamID, r.Kind, r.ID, r.Hour.Unix(), r.TemplateID, r.CPUSeconds, r.MemoryGiBSeconds, r.DiskGiBHours, r.EgressBytes); err != nil {
 			return fmt.Errorf("add usage of %s %s: %w", r.Kind, r.ID, err)
 		}
 	}

@@ -72,35 +72,27 @@ func volumeNotFound(ref string) error {
 
 // Volume returns the team's volume with that id.
 func (s *Store) Volume(ctx context.Context, teamID, id string) (Volume, error) {
-	v, err := scanVolume(s.db.QueryRowContext(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE id = ? AND team_id = ?`, id, teamID))
-	if errors.Is(err, sql.ErrNoRows) {
-		return Volume{}, volumeNotFound(id)
-	}
-	if err != nil {
-		return Volume{}, fmt.Errorf("look up volume: %w", err)
-	}
-	return v, nil
+	return s.volumeWhere(ctx, id, `id = ? AND team_id = ?`, id, teamID)
 }
 
 // VolumeByName returns the team's volume with that name.
 func (s *Store) VolumeByName(ctx context.Context, teamID, name string) (Volume, error) {
-	v, err := scanVolume(s.db.QueryRowContext(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE name = ? AND team_id = ?`, name, teamID))
-	if errors.Is(err, sql.ErrNoRows) {
-		return Volume{}, volumeNotFound(name)
-	}
-	if err != nil {
-		return Volume{}, fmt.Errorf("look up volume: %w", err)
-	}
-	return v, nil
+	return s.volumeWhere(ctx, name, `name = ? AND team_id = ?`, name, teamID)
 }
 
 // VolumeByID returns the volume with that id whatever its team: for
 // callers that authorise by other means (a volume's content token names
 // its team) and for the server's own housekeeping.
 func (s *Store) VolumeByID(ctx context.Context, id string) (Volume, error) {
-	v, err := scanVolume(s.db.QueryRowContext(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE id = ?`, id))
+	return s.volumeWhere(ctx, id, `id = ?`, id)
+}
+
+// volumeWhere returns the one volume that matches where; ref names it in
+// the not-found error.
+func (s *Store) volumeWhere(ctx context.Context, ref, where string, args ...any) (Volume, error) {
+	v, err := scanVolume(s.db.QueryRowContext(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE `+where, args...))
 	if errors.Is(err, sql.ErrNoRows) {
-		return Volume{}, volumeNotFound(id)
+		return Volume{}, volumeNotFound(ref)
 	}
 	if err != nil {
 		return Volume{}, fmt.Errorf("look up volume: %w", err)

@@ -108,17 +108,16 @@ type Meter struct {
 	log     *slog.Logger
 	started time.Time
 
-	mu       sync.Mutex
-	last     map[string]Observation // by Kind+"/"+ID
-	pending  map[Key]*Row
-	template map[string]string // sandbox id → template id, for egress rows
+	mu      sync.Mutex
+	last    map[string]Observation // by Kind+"/"+ID; a sandbox's also names its template for egress rows
+	pending map[Key]*Row
 }
 
 // NewMeter returns a meter for observations about interval apart.
 func NewMeter(store Store, interval time.Duration, log *slog.Logger) *Meter {
 	return &Meter{
 		store: store, maxGap: 10 * interval, log: log, started: time.Now(),
-		last: map[string]Observation{}, pending: map[Key]*Row{}, template: map[string]string{},
+		last: map[string]Observation{}, pending: map[Key]*Row{},
 	}
 }
 
@@ -136,7 +135,6 @@ func (m *Meter) Observe(ctx context.Context, obs []Observation) {
 	for k := range m.last {
 		if !seen[k] {
 			delete(m.last, k)
-			delete(m.template, k)
 		}
 	}
 	m.mu.Unlock()
@@ -174,9 +172,6 @@ func (m *Meter) observeLocked(o Observation) {
 		}
 	}
 	m.last[k] = o
-	if o.Kind == KindSandbox {
-		m.template[k] = o.TemplateID
-	}
 }
 
 // Egress adds bytes a sandbox moved through the egress proxy.
@@ -186,7 +181,7 @@ func (m *Meter) Egress(teamID, sandboxID string, bytes int64, at time.Time) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.addLocked(teamID, KindSandbox, sandboxID, m.template[KindSandbox+"/"+sandboxID], at, Amount{EgressBytes: bytes})
+	m.addLocked(teamID, KindSandbox, sandboxID, m.last[KindSandbox+"/"+sandboxID].TemplateID, at, Amount{EgressBytes: bytes})
 }
 
 func (m *Meter) addLocked(team, kind, id, tpl string, at time.Time, a Amount) {
