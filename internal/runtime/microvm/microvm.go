@@ -83,6 +83,8 @@ type Driver struct {
 	cfg  Config
 	log  *slog.Logger
 	keys hostkey.Keyer
+	// cgroupV2 is whether the host has the unified hierarchy only.
+	cgroupV2 bool
 
 	once   sync.Once
 	probed probe
@@ -125,7 +127,7 @@ func New(cfg Config, log *slog.Logger) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Driver{cfg: cfg, log: log.With("component", Name), keys: keys}, nil
+	return &Driver{cfg: cfg, log: log.With("component", Name), keys: keys, cgroupV2: bundle.IsCgroupV2()}, nil
 }
 
 // Tier is the driver's entry in the tier registry.
