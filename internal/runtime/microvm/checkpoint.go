@@ -219,7 +219,7 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 	}
 	defer f.Close()
 	// The image is QEMU's descriptor 3.
-	if err := d.startWith(ctx, spec, p, root, mac, []string{"-incoming", "fd:3"}, f); err != nil {
+	if err := d.start(ctx, spec, p, root, mac, []string{"-incoming", "fd:3"}, f); err != nil {
 		return err
 	}
 	return d.resumeIncoming(ctx, spec.ID)
@@ -380,7 +380,7 @@ func (d *Driver) restoreNew(ctx context.Context, spec runtime.Spec, opts runtime
 		return err
 	}
 	defer f.Close()
-	if err := d.startWith(ctx, spec, p, root, mac, []string{"-incoming", "fd:3"}, f); err != nil {
+	if err := d.start(ctx, spec, p, root, mac, []string{"-incoming", "fd:3"}, f); err != nil {
 		return err
 	}
 	if err := d.resumeIncoming(ctx, spec.ID); err != nil {
