@@ -35,6 +35,15 @@ type NetSettings struct {
 	Gateway string `json:"gateway"` // default route, on-link
 }
 
+// NetFrame is an Ethernet frame of NetEtherType from src to dst carrying
+// payload.
+func NetFrame(dst, src []byte, payload string) []byte {
+	f := make([]byte, 0, 14+len(payload))
+	f = append(append(f, dst...), src...)
+	f = binary.BigEndian.AppendUint16(f, NetEtherType)
+	return append(f, payload...)
+}
+
 // Htons is a 16-bit value in network byte order, as AF_PACKET wants protocols.
 func Htons(v uint16) uint16 {
 	var b [2]byte
@@ -80,12 +89,8 @@ func WatchNetwork(ctx context.Context, log *slog.Logger) error {
 			log.Warn("network settings", "err", err)
 			continue
 		}
-		ack := make([]byte, 0, 64)
-		ack = append(ack, buf[6:12]...) // back to the sender
 		hw, _ := net.ParseMAC(s.MAC)
-		ack = append(ack, hw...)
-		ack = binary.BigEndian.AppendUint16(ack, NetEtherType)
-		ack = append(ack, NetAckMagic+s.Addr...)
+		ack := NetFrame(buf[6:12], hw, NetAckMagic+s.Addr) // back to the sender
 		var dst [8]byte
 		copy(dst[:], buf[6:12])
 		_ = unix.Sendto(fd, ack, 0, &unix.SockaddrLinklayer{Protocol: Htons(NetEtherType), Ifindex: eth.Attrs().Index, Halen: 6, Addr: dst})

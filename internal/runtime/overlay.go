@@ -15,60 +15,42 @@ import (
 // templates, builds and sandboxes. done closes the descriptors once the mount is
 // made.
 func OverlayOptions(lower []string, upper, work string) (opts string, done func(), err error) {
-	var fds []int
-	done = func() {
-		for _, fd := range fds {
-			_ = unix.Close(fd)
-		}
-	}
-	name := func(p string) (string, error) {
-		fd, err := unix.Open(p, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return "", fmt.Errorf("layer %s: %w", p, err)
-		}
-		fds = append(fds, fd)
-		return "/proc/self/fd/" + strconv.Itoa(fd), nil
-	}
-	names := make([]string, 0, len(lower))
-	for _, l := range lower {
-		n, err := name(l)
-		if err != nil {
-			done()
-			return "", nil, err
-		}
-		names = append(names, n)
-	}
-	up, err := name(upper)
+	names, done, err := openLayers(append(append(make([]string, 0, len(lower)+2), lower...), upper, work))
 	if err != nil {
-		done()
 		return "", nil, err
 	}
-	wk, err := name(work)
-	if err != nil {
-		done()
-		return "", nil, err
-	}
-	return "lowerdir=" + strings.Join(names, ":") + ",upperdir=" + up + ",workdir=" + wk, done, nil
+	n := len(lower)
+	return "lowerdir=" + strings.Join(names[:n], ":") + ",upperdir=" + names[n] + ",workdir=" + names[n+1], done, nil
 }
 
 // LowerOptions are the options of a read-only overlay of lower (two layers
 // at least), each named by descriptor as in OverlayOptions.
 func LowerOptions(lower []string) (opts string, done func(), err error) {
-	var fds []int
+	names, done, err := openLayers(lower)
+	if err != nil {
+		return "", nil, err
+	}
+	return "lowerdir=" + strings.Join(names, ":"), done, nil
+}
+
+// openLayers opens each of dirs O_PATH and names it by its descriptor;
+// done closes them. On an error none stays open.
+func openLayers(dirs []string) (names []string, done func(), err error) {
+	fds := make([]int, 0, len(dirs))
 	done = func() {
 		for _, fd := range fds {
 			_ = unix.Close(fd)
 		}
 	}
-	names := make([]string, 0, len(lower))
-	for _, l := range lower {
-		fd, err := unix.Open(l, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	names = make([]string, 0, len(dirs))
+	for _, d := range dirs {
+		fd, err := unix.Open(d, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			done()
-			return "", nil, fmt.Errorf("layer %s: %w", l, err)
+			return nil, nil, fmt.Errorf("layer %s: %w", d, err)
 		}
 		fds = append(fds, fd)
 		names = append(names, "/proc/self/fd/"+strconv.Itoa(fd))
 	}
-	return "lowerdir=" + strings.Join(names, ":"), done, nil
+	return names, done, nil
 }

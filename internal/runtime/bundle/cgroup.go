@@ -17,9 +17,9 @@ import (
 
 const cgroupRoot = "/sys/fs/cgroup"
 
-// isCgroupV2 reports whether /sys/fs/cgroup is the unified hierarchy (v2
+// IsCgroupV2 reports whether /sys/fs/cgroup is the unified hierarchy (v2
 // only). Hybrid hosts (v1 controllers plus cgroup2 at unified/) count as v1.
-func isCgroupV2() bool {
+func IsCgroupV2() bool {
 	var st unix.Statfs_t
 	return unix.Statfs(cgroupRoot, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
 }

@@ -73,6 +73,7 @@ func (s *Store) OCISpec(spec runtime.Spec, dir string, o Options, base uint32) *
 		netns.Path = "" // made with the user namespace, handed to Net.Plug
 	}
 	bindRO := []string{"bind", "ro", "nosuid", "nodev"}
+	view := viewRoot(dir) // the files below are bound from it
 	var annotations map[string]string
 	if mb := spec.Resources.DiskMB; mb > 0 {
 		annotations = map[string]string{annotationDiskMB: fmt.Sprint(mb)}
@@ -109,11 +110,11 @@ func (s *Store) OCISpec(spec runtime.Spec, dir string, o Options, base uint32) *
 			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
-			{Destination: runtime.EnvdPathInSandbox, Type: "bind", Source: s.envdSource(dir), Options: bindRO},
-			{Destination: logDirInSandbox, Type: "bind", Source: logSource(dir), Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
-			{Destination: "/etc/hosts", Type: "bind", Source: ViewFile(dir, "hosts"), Options: bindRO},
-			{Destination: "/etc/hostname", Type: "bind", Source: ViewFile(dir, "hostname"), Options: bindRO},
-			{Destination: "/etc/resolv.conf", Type: "bind", Source: ViewFile(dir, "resolv.conf"), Options: bindRO},
+			{Destination: runtime.EnvdPathInSandbox, Type: "bind", Source: s.envdSource(dir, view), Options: bindRO},
+			{Destination: logDirInSandbox, Type: "bind", Source: filepath.Join(view, "log"), Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
+			{Destination: "/etc/hosts", Type: "bind", Source: filepath.Join(view, "hosts"), Options: bindRO},
+			{Destination: "/etc/hostname", Type: "bind", Source: filepath.Join(view, "hostname"), Options: bindRO},
+			{Destination: "/etc/resolv.conf", Type: "bind", Source: filepath.Join(view, "resolv.conf"), Options: bindRO},
 		},
 		Linux: &specs.Linux{
 			Namespaces: []specs.LinuxNamespace{

@@ -138,7 +138,7 @@ func New(cfg Config, log *slog.Logger) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bundles: %w", err)
 	}
-	s := &Store{cfg: cfg, log: log.With("component", "bundle"), cgroupV2: isCgroupV2(), keys: keys}
+	s := &Store{cfg: cfg, log: log.With("component", "bundle"), cgroupV2: IsCgroupV2(), keys: keys}
 	s.uids = uidPool{dir: cfg.UIDRangeDir, base: cfg.UserNSBase, size: cfg.UserNSSize, count: cfg.UserNSRanges}
 	s.idmap.dir = cfg.IdmapDir
 	s.ResetIdmaps()

@@ -33,20 +33,13 @@ const (
 	viewBin     = "bin"
 )
 
-// envdSource is where envd's binary is bound from for bundle dir.
-func (s *Store) envdSource(dir string) string {
-	if viewMounted(dir) {
-		return filepath.Join(dir, viewDir, viewBin, filepath.Base(s.cfg.EnvdPath))
+// envdSource is where envd's binary is bound from for a bundle whose
+// view root (viewRoot) is root.
+func (s *Store) envdSource(dir, root string) string {
+	if root != dir {
+		return filepath.Join(root, viewBin, filepath.Base(s.cfg.EnvdPath))
 	}
 	return s.cfg.EnvdPath
-}
-
-// logSource is the log dir's source in bundle dir.
-func logSource(dir string) string {
-	if viewMounted(dir) {
-		return filepath.Join(dir, viewDir, "log")
-	}
-	return filepath.Join(dir, "log")
 }
 
 // unmountView unmounts bundle dir's view and the overlays in it (a bundle
@@ -56,19 +49,21 @@ func unmountView(dir string) error {
 	return errors.Join(Unmount(filepath.Join(v, viewBin)), Unmount(filepath.Join(v, "log")), Unmount(v))
 }
 
-// viewMounted reports whether bundle dir has a mounted view.
-func viewMounted(dir string) bool {
-	_, err := os.Stat(filepath.Join(dir, viewDir, "hosts"))
-	return err == nil
+// viewRoot is the directory bundle dir's sandbox-visible files (hosts,
+// boot_id, the log dir, …) are bound from: its view when it has a mounted
+// one, else dir itself.
+func viewRoot(dir string) string {
+	v := filepath.Join(dir, viewDir)
+	if _, err := os.Stat(filepath.Join(v, "hosts")); err == nil {
+		return v
+	}
+	return dir
 }
 
 // ViewFile is the host path sandbox-visible file name (hosts, boot_id, …)
 // of bundle dir is bound from: in its view when it has one.
 func ViewFile(dir, name string) string {
-	if viewMounted(dir) {
-		return filepath.Join(dir, viewDir, name)
-	}
-	return filepath.Join(dir, name)
+	return filepath.Join(viewRoot(dir), name)
 }
 
 // mountView mounts bundle dir's view: a tmpfs owned by the sandbox's

@@ -15,16 +15,11 @@ import (
 
 const cgroupRoot = "/sys/fs/cgroup"
 
-func cgroupV2() bool {
-	var st unix.Statfs_t
-	return unix.Statfs(cgroupRoot, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
-}
-
 // cgroupDirs are sandbox id's cgroup directories by controller ("" on v2),
 // named by its host key: cgroupfs is world-listable.
 func (d *Driver) cgroupDirs(id string) map[string]string {
 	rel := filepath.Join(d.cfg.CgroupParent, "microvm-"+d.keys.Key(id))
-	if cgroupV2() {
+	if d.cgroupV2 {
 		return map[string]string{"": filepath.Join(cgroupRoot, rel)}
 	}
 	dirs := map[string]string{}
@@ -41,7 +36,7 @@ func (d *Driver) limit(spec runtime.Spec, pid int) error {
 	mem := strconv.FormatInt(int64(memoryMB(spec)+qemuOverheadMB)<<20, 10)
 	cpus := spec.Resources.CPUCount
 	files := map[string]string{}
-	v2 := cgroupV2()
+	v2 := d.cgroupV2
 	if v2 {
 		files["memory.max"], files["memory.swap.max"], files["pids.max"] = mem, "0", "512"
 		if cpus > 0 {

@@ -209,20 +209,27 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 	if err != nil {
 		return fmt.Errorf("sandbox %s: network: %w", spec.ID, err)
 	}
-	_, statErr := os.Stat(filepath.Join(img, fsOnlyFile))
-	if opts.FilesystemOnly || statErr == nil {
-		return d.start(ctx, spec, p, root, mac, nil)
+	_, err = d.startFrom(ctx, spec, p, root, mac, img, opts.FilesystemOnly)
+	return err
+}
+
+// startFrom starts spec's QEMU from image directory img: with the guest's
+// memory, which it resumes, unless fsOnly or the image has the disk only
+// (then the guest boots afresh). resumed reports the former.
+func (d *Driver) startFrom(ctx context.Context, spec runtime.Spec, p probe, root, mac, img string, fsOnly bool) (resumed bool, err error) {
+	if _, err := os.Stat(filepath.Join(img, fsOnlyFile)); fsOnly || err == nil {
+		return false, d.start(ctx, spec, p, root, mac, nil)
 	}
 	f, err := os.Open(filepath.Join(img, memoryFile))
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer f.Close()
 	// The image is QEMU's descriptor 3.
-	if err := d.startWith(ctx, spec, p, root, mac, []string{"-incoming", "fd:3"}, f); err != nil {
-		return err
+	if err := d.start(ctx, spec, p, root, mac, []string{"-incoming", "fd:3"}, f); err != nil {
+		return false, err
 	}
-	return d.resumeIncoming(ctx, spec.ID)
+	return true, d.resumeIncoming(ctx, spec.ID)
 }
 
 // resumeIncoming waits until QEMU has loaded the image, then runs the
@@ -371,19 +378,8 @@ func (d *Driver) restoreNew(ctx context.Context, spec runtime.Spec, opts runtime
 	if err := writeSeed(ctx, dir, disk, gc); err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
-	_, statErr := os.Stat(filepath.Join(opts.ImageDir, fsOnlyFile))
-	if opts.FilesystemOnly || statErr == nil {
-		return d.start(ctx, spec, p, root, mac, nil)
-	}
-	f, err := os.Open(filepath.Join(opts.ImageDir, memoryFile))
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := d.startWith(ctx, spec, p, root, mac, []string{"-incoming", "fd:3"}, f); err != nil {
-		return err
-	}
-	if err := d.resumeIncoming(ctx, spec.ID); err != nil {
+	resumed, err := d.startFrom(ctx, spec, p, root, mac, opts.ImageDir, opts.FilesystemOnly)
+	if err != nil || !resumed {
 		return err
 	}
 	if err := renumber(ctx, spec.NetNSPath, mac, gc.Addr, gc.Gateway); err != nil {

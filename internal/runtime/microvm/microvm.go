@@ -83,6 +83,8 @@ type Driver struct {
 	cfg  Config
 	log  *slog.Logger
 	keys hostkey.Keyer
+	// cgroupV2 is whether the host has the unified hierarchy only.
+	cgroupV2 bool
 
 	once   sync.Once
 	probed probe
@@ -125,7 +127,7 @@ func New(cfg Config, log *slog.Logger) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Driver{cfg: cfg, log: log.With("component", Name), keys: keys}, nil
+	return &Driver{cfg: cfg, log: log.With("component", Name), keys: keys, cgroupV2: bundle.IsCgroupV2()}, nil
 }
 
 // Tier is the driver's entry in the tier registry.
@@ -389,13 +391,9 @@ func memoryMB(spec runtime.Spec) int {
 }
 
 // start runs QEMU for spec in its netns (daemonized: it outlives the
-// server) with extra arguments (an incoming migration), then wires its tap.
-func (d *Driver) start(ctx context.Context, spec runtime.Spec, p probe, root, mac string, extra []string) error {
-	return d.startWith(ctx, spec, p, root, mac, extra)
-}
-
-// startWith is start with files QEMU inherits as descriptors 3, 4, ...
-func (d *Driver) startWith(ctx context.Context, spec runtime.Spec, p probe, root, mac string, extra []string, files ...*os.File) error {
+// server) with extra arguments (an incoming migration) and files it
+// inherits as descriptors 3, 4, ..., then wires its tap.
+func (d *Driver) start(ctx context.Context, spec runtime.Spec, p probe, root, mac string, extra []string, files ...*os.File) error {
 	dir := d.dir(spec.ID)
 	uid, err := d.sandboxUID(spec.ID)
 	if err != nil {
@@ -489,7 +487,7 @@ func (d *Driver) startWith(ctx context.Context, spec runtime.Spec, p probe, root
 }
 
 // openDisks opens the template image read-only and the writable disk
-// read-write and read-only, in the order of startWith's fd sets.
+// read-write and read-only, in the order of start's fd sets.
 func openDisks(root, disk string) ([]*os.File, error) {
 	var files []*os.File
 	for _, o := range []struct {

@@ -61,8 +61,7 @@ func renumber(ctx context.Context, nsPath, mac, addr, gw string) error {
 	// From a locally administered address of no one, to everyone: the
 	// guest may still answer to its old MAC.
 	src := []byte{0x02, 0, 0, 0, 0, 1}
-	frame := append(append(append([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, src...), byte(guestinit.NetEtherType>>8), byte(guestinit.NetEtherType&0xff)), guestinit.NetMagic...)
-	frame = append(frame, b...)
+	frame := guestinit.NetFrame([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, src, guestinit.NetMagic+string(b))
 	buf := make([]byte, 2048)
 	for {
 		if err := unix.Sendto(fd, frame, 0, &unix.SockaddrLinklayer{Ifindex: tapIdx, Halen: 6, Addr: [8]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}}); err != nil {

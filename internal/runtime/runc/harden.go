@@ -1,6 +1,8 @@
 package runc
 
 import (
+	"path/filepath"
+
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/agentbox/agentbox/internal/seccomprules"
@@ -8,8 +10,11 @@ import (
 
 // harden adds the container tier's own hardening to a bundle's spec: the
 // seccomp filter (gVisor's sentry filters its own host syscalls instead)
-// and fewer capabilities.
+// and fewer capabilities. It also points the spec at the bundle's CRIU
+// configuration (setCRIUConf), so a new bundle's config.json is written
+// once.
 func (d *Driver) harden(s *specs.Spec) {
+	setCRIUAnnotation(s, filepath.Dir(s.Root.Path))
 	s.Linux.Seccomp = seccomprules.Profile()
 	// Raw and packet sockets would let the sandbox forge frames on the
 	// bridge (ARP spoofing a neighbour); device nodes are refused by the

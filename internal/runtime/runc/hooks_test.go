@@ -182,15 +182,7 @@ func TestRemoveCRIULock(t *testing.T) {
 	if err := removeCRIULock(path); err != nil {
 		t.Fatal(err)
 	}
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	c, err := nftables.New(nftables.WithNetNSFd(int(ns)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := nftIn(t, path)
 	chains, err := c.ListChains()
 	if err != nil {
 		t.Fatal(err)
@@ -231,15 +223,7 @@ func TestRemoveCRIUNftLock(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
 	path := filepath.Join("/run/netns", name)
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	c, err := nftables.New(nftables.WithNetNSFd(int(ns)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := nftIn(t, path)
 	for _, tb := range []*nftables.Table{
 		{Family: nftables.TableFamilyINet, Name: "CRIU-4242"},
 		{Family: nftables.TableFamilyINet, Name: "tenant"},
@@ -273,4 +257,20 @@ func TestRemoveCRIUNftLock(t *testing.T) {
 			t.Errorf("table %s was removed", k)
 		}
 	}
+}
+
+// nftIn is an nftables connection into the netns at path, open for the
+// rest of the test.
+func nftIn(t *testing.T, path string) *nftables.Conn {
+	t.Helper()
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	c, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

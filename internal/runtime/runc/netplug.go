@@ -105,13 +105,16 @@ func setCRIUConf(dir string, lines []string) error {
 	if err := writeCRIUConf(dir, lines); err != nil {
 		return err
 	}
-	conf := filepath.Join(dir, criuConf)
-	return bundle.UpdateConfig(dir, func(s *specs.Spec) {
-		if s.Annotations == nil {
-			s.Annotations = map[string]string{}
-		}
-		s.Annotations["org.criu.config"] = conf
-	})
+	return bundle.UpdateConfig(dir, func(s *specs.Spec) { setCRIUAnnotation(s, dir) })
+}
+
+// setCRIUAnnotation points s, the spec of the bundle in dir, at the
+// bundle's CRIU configuration file.
+func setCRIUAnnotation(s *specs.Spec, dir string) {
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	s.Annotations["org.criu.config"] = filepath.Join(dir, criuConf)
 }
 
 // writeCRIUConf replaces the options the bundle's CRIU configuration file

@@ -191,7 +191,8 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
 		_ = d.deleteContainer(context.WithoutCancel(ctx), spec.ID)
 		_ = d.b.RemoveCgroups(d.b.CgroupPath(spec.ID))
 	})
-	if err := setCRIUConf(built.Dir, nil); err != nil {
+	// config.json names the file already (harden).
+	if err := writeCRIUConf(built.Dir, nil); err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	if err := writeBootID(built.Dir, spec.BootID); err != nil {
