@@ -21,7 +21,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/internal/api"
 	"github.com/agentbox/agentbox/internal/audit"
@@ -582,8 +581,7 @@ const (
 // server runs on where it is, and says so.
 func placeServer(instance string, log *slog.Logger) {
 	dir, weightFile, weight := filepath.Join("/sys/fs/cgroup/cpu", instance+"-server"), "cpu.shares", serverCPUSharesV1
-	var st unix.Statfs_t
-	if unix.Statfs("/sys/fs/cgroup", &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+	if bundle.IsCgroupV2() {
 		dir, weightFile, weight = filepath.Join("/sys/fs/cgroup", instance+"-server"), "cpu.weight", serverCPUWeightV2
 	}
 	err := os.MkdirAll(dir, 0o755)
