@@ -375,8 +375,14 @@ func (d *Driver) restoreNew(ctx context.Context, spec runtime.Spec, opts runtime
 		return fmt.Errorf("sandbox %s: network: %w", spec.ID, err)
 	}
 	gc := guestConfig(spec.ID, addr, gw, spec.DNS)
-	if err := writeSeed(ctx, dir, disk, gc); err != nil {
-		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	// Only a copy that boots fresh reads its settings from the disk. A
+	// memory image still has the disk's filesystem mounted in the guest:
+	// editing it behind the guest's back would race its cached blocks, so
+	// that guest takes its settings from renumber's frames instead.
+	if _, err := os.Stat(filepath.Join(opts.ImageDir, fsOnlyFile)); opts.FilesystemOnly || err == nil {
+		if err := writeSeed(ctx, dir, disk, gc); err != nil {
+			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		}
 	}
 	resumed, err := d.startFrom(ctx, spec, p, root, mac, opts.ImageDir, opts.FilesystemOnly)
 	if err != nil || !resumed {

@@ -105,6 +105,13 @@ func writeSeed(ctx context.Context, dir, disk string, gc guestinit.Config) error
 		return err
 	}
 	defer os.Remove(cmds)
+	// The guest's journal may hold the latest root directory: replay it
+	// first, as the guest's kernel would at mount (debugfs does not).
+	if out, err := exec.CommandContext(ctx, "e2fsck", "-E", "journal_only", "-p", disk).CombinedOutput(); err != nil {
+		if ee, ok := errors.AsType[*exec.ExitError](err); !ok || ee.ExitCode() > 1 {
+			return fmt.Errorf("e2fsck %s: %w: %s", disk, err, strings.TrimSpace(string(out)))
+		}
+	}
 	if out, err := exec.CommandContext(ctx, "debugfs", "-w", "-f", cmds, disk).CombinedOutput(); err != nil {
 		return fmt.Errorf("debugfs %s: %w: %s", disk, err, strings.TrimSpace(string(out)))
 	}
