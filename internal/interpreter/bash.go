@@ -24,11 +24,14 @@ import (
 // Interactive mode matters: a non-interactive bash stops reacting to SIGINT
 // after an interrupted child (see research/interpreter.md §4).
 //
-// SIGINT is ignored between cells (PROMPT_COMMAND sets it so, the line that
-// sources a cell restores it): an interrupt that reaches an idle shell (its
-// cell ended as the client gave up) would otherwise make readline print a
-// prompt of its own, with status 130, which the next cell would take for
-// its end. A cell's own INT trap therefore lasts until the cell ends.
+// SIGINT is ignored between cells (PROMPT_COMMAND sets it so): an interrupt
+// that reaches an idle shell (its cell ended as the client gave up) would
+// otherwise make readline print a prompt of its own, with status 130, which
+// the next cell would take for its end. The line that sources a cell traps
+// SIGINT with `return 130`, which ends the sourced cell as an interrupt
+// should; `trap - INT` would instead leave SIGINT at its default action
+// (death of the shell) while the cell runs builtins. A cell's own INT trap
+// lasts until the cell ends.
 type bashKernel struct {
 	p      *proc
 	dir    string
@@ -292,7 +295,7 @@ func (k *bashKernel) Execute(ctx context.Context, code string, silent bool, sink
 		sink.ExecutionCount(n)
 	}
 	k.stdinMu.Lock()
-	_, err := fmt.Fprintf(k.stdin, "trap - INT; source %s </dev/null 2>&3\n", shellQuote(file))
+	_, err := fmt.Fprintf(k.stdin, "trap 'return 130 2>/dev/null' INT; source %s </dev/null 2>&3\n", shellQuote(file))
 	k.stdinMu.Unlock()
 	if err != nil {
 		k.mu.Lock()
