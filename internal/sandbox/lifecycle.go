@@ -376,7 +376,7 @@ func (m *Manager) resume(ctx context.Context, teamID, id string, timeout time.Du
 		m.log.Info("sandbox resumed", "sandbox", id, "auto", auto, "files", true, "took", time.Since(start).Round(time.Millisecond))
 		return sb, true, nil
 	}
-	_, prev, err := m.begin(ctx, teamID, id, StateResuming, StatePaused)
+	rec, prev, err := m.begin(ctx, teamID, id, StateResuming, StatePaused)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrConflict) { // someone else resumed it meanwhile
 			return m.resume(ctx, teamID, id, timeout, auto, memory)
@@ -384,7 +384,7 @@ func (m *Manager) resume(ctx context.Context, teamID, id string, timeout time.Du
 		return nil, false, err
 	}
 	m.fault("resume:persisted")
-	if err := ck.Restore(ctx, runtime.Spec{ID: id}, runtime.RestoreOptions{}); err != nil {
+	if err := ck.Restore(ctx, runtime.Spec{ID: id}, runtime.RestoreOptions{Lazy: lazyResume(rec.Metadata)}); err != nil {
 		m.rollback(ctx, prev)
 		m.log.Error("resume failed; sandbox stays paused", "sandbox", id, "err", err)
 		return nil, false, fmt.Errorf("sandbox %s: resume: %v: %w", id, err, errdefs.ErrUnavailable)

@@ -157,8 +157,12 @@ const (
 	nftLockMarker = "agentbox-nft-lock"
 )
 
-// criuRestoreLog is CRIU's log of the sandbox's last restore, in its bundle.
-const criuRestoreLog = "criu-restore.log"
+// criuRestoreLog is CRIU's log of the sandbox's last restore, in its bundle;
+// criuLazyFailedLog that of its last lazy restore that failed.
+const (
+	criuRestoreLog    = "criu-restore.log"
+	criuLazyFailedLog = "criu-restore-lazy-failed.log"
+)
 
 // Checkpoint dumps the sandbox with CRIU. Established TCP connections (the
 // gateway's, a client's) are dumped too, so they continue after a resume.
@@ -411,11 +415,15 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 		// longer has, so they come back closed.
 		conf = append(conf, "tcp-close")
 	}
-	if ownNet {
+	plugHook := func() error {
+		if !ownNet {
+			return nil
+		}
 		// runc has CRIU restore the sandbox into an empty netns (its
 		// checkpoints never include one) and runs the prestart hooks once
 		// the namespaces exist: the hook gives it eth0 back before the
-		// sockets are restored.
+		// sockets are restored. A failed restore took the veth with it;
+		// asking again makes a new pair.
 		if d.cfg.Net == nil {
 			return fmt.Errorf("sandbox %s: its netns is its own but no network plugger is configured: %w", spec.ID, errdefs.ErrInvalidArgument)
 		}
@@ -426,6 +434,10 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 		if err := setPlugHook(dir, d.b.HookArgv(args...)); err != nil {
 			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
+		return nil
+	}
+	if err := plugHook(); err != nil {
+		return err
 	}
 	if !inPlace {
 		// A new sandbox restored from memory keeps the boot of its image.
@@ -465,7 +477,7 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 	// share theirs, which outlives them.
 	var lazy *lazyDaemon
 	if inPlace && opts.ImageDir == "" {
-		want, why := d.lazyWanted(img)
+		want, why := d.lazyWanted(img, opts.Lazy)
 		if !want && why != "" {
 			d.log.Info("resume loads all memory before the sandbox runs: lazy restore unavailable", "id", spec.ID, "why", why)
 		}
@@ -489,8 +501,12 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 		if uffdFailed(work) {
 			d.setLazyOff("userfaultfd unavailable to restored tasks: " + lerr.Error())
 		}
-		d.log.Warn("lazy resume failed; restoring all memory before the sandbox runs", "id", spec.ID, "err", lerr)
+		d.log.Warn("lazy resume failed; restoring all memory before the sandbox runs", "id", spec.ID, "err", lerr, "log", filepath.Join(dir, criuLazyFailedLog))
+		_ = os.Rename(filepath.Join(work, "restore.log"), filepath.Join(dir, criuLazyFailedLog))
 		lazy, ropts.ExtraArgs = nil, nil
+		if err := plugHook(); err != nil {
+			return err
+		}
 		_ = os.RemoveAll(work)
 		if err := os.MkdirAll(work, 0o700); err != nil {
 			return err

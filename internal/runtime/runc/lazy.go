@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/agentbox/agentbox/internal/runtime"
 )
 
 // Lazy resume: a paused sandbox whose memory image is large comes back with
@@ -52,12 +54,14 @@ type lazyState struct {
 
 // lazyWanted says whether the pause image img is restored lazily, and if
 // not while its size would call for it, why not.
-func (d *Driver) lazyWanted(img string) (bool, string) {
-	if d.cfg.LazyResumeMB < 0 {
+func (d *Driver) lazyWanted(img string, mode runtime.Lazy) (bool, string) {
+	switch mode {
+	case runtime.LazyNever:
 		return false, ""
-	}
-	if size := pagesSize(img); size < int64(d.cfg.LazyResumeMB)<<20 {
-		return false, ""
+	case runtime.LazyAuto:
+		if d.cfg.LazyResumeMB < 0 || pagesSize(img) < int64(d.cfg.LazyResumeMB)<<20 {
+			return false, ""
+		}
 	}
 	d.lazy.probe.Do(func() {
 		criu, err := d.criu()
