@@ -319,6 +319,8 @@ func (d *Driver) settleLazy(ctx context.Context, id string) {
 func (d *Driver) dropAfterLazy(id string) bool {
 	dir := d.b.Dir(id)
 	if _, ok := lazyPid(dir); !ok {
+		// A record left by a server that died while its daemon ran.
+		_ = os.Remove(filepath.Join(dir, lazyPidFile))
 		return false
 	}
 	d.lazy.mu.Lock()
@@ -339,6 +341,7 @@ func (d *Driver) dropAfterLazy(id string) bool {
 			close(ch)
 		}()
 		_ = waitLazyGone(context.Background(), dir)
+		_ = os.Remove(filepath.Join(dir, lazyPidFile))
 		if err := d.b.DropImage(id); err != nil {
 			d.log.Warn("lazy resume: remove pause image", "id", id, "err", err)
 		}
