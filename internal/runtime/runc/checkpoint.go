@@ -540,7 +540,7 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 			err = d.cfg.Net.Plug(ctx, spec.ID, pid)
 		}
 		if err != nil {
-			_ = killLazy(context.WithoutCancel(ctx), dir)
+			_ = d.killLazy(context.WithoutCancel(ctx), spec.ID)
 			_ = d.deleteContainer(context.WithoutCancel(ctx), spec.ID)
 			return fmt.Errorf("sandbox %s: network after restore: %w", spec.ID, err)
 		}

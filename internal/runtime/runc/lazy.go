@@ -50,6 +50,8 @@ type lazyState struct {
 	// drops are pause images whose removal waits for their daemon,
 	// closed once removed.
 	drops map[string]chan struct{}
+	// killed are sandboxes whose daemon was killed on purpose (watch).
+	killed map[string]bool
 }
 
 // lazyWanted says whether the pause image img is restored lazily, and if
@@ -179,11 +181,14 @@ func (ld *lazyDaemon) kill() {
 // failed, because the pages it did not deliver read as zeros.
 func (d *Driver) watch(id, dir string, ld *lazyDaemon) {
 	<-ld.done
-	pidFile := filepath.Join(dir, lazyPidFile)
-	if _, err := os.Stat(pidFile); err != nil {
-		return // killed on purpose (killLazy): the sandbox is going
+	_ = os.Remove(filepath.Join(dir, lazyPidFile))
+	d.lazy.mu.Lock()
+	killed := d.lazy.killed[id]
+	delete(d.lazy.killed, id)
+	d.lazy.mu.Unlock()
+	if killed {
+		return // the sandbox is going (killLazy)
 	}
-	_ = os.Remove(pidFile)
 	if ld.err != nil {
 		d.log.Error("lazy resume: the page daemon failed before all memory was in; killing the sandbox, whose memory is incomplete",
 			"id", id, "err", ld.err, "log", logHint(filepath.Join(dir, lazyLog)))
@@ -268,9 +273,23 @@ func waitLazyGone(ctx context.Context, dir string) error {
 	}
 }
 
-// killLazy kills the sandbox's page daemon, if any, and waits for it. The
-// record goes first, which tells watch the end was deliberate.
-func killLazy(ctx context.Context, dir string) error {
+// killLazy kills the page daemon of sandbox id, if any, and waits for it.
+func (d *Driver) killLazy(ctx context.Context, id string) error {
+	dir := d.b.Dir(id)
+	if _, ok := lazyPid(dir); ok {
+		d.lazy.mu.Lock()
+		if d.lazy.killed == nil {
+			d.lazy.killed = map[string]bool{}
+		}
+		d.lazy.killed[id] = true
+		d.lazy.mu.Unlock()
+	}
+	return killLazyDir(ctx, dir)
+}
+
+// killLazyDir kills the page daemon recorded in bundle dir, if any, and
+// waits for it.
+func killLazyDir(ctx context.Context, dir string) error {
 	pid, ok := lazyPid(dir)
 	_ = os.Remove(filepath.Join(dir, lazyPidFile))
 	if !ok {
@@ -308,7 +327,7 @@ func (d *Driver) settleLazy(ctx context.Context, id string) {
 	if d.running(ctx, id) {
 		return // it serves the running sandbox and ends on its own
 	}
-	if err := killLazy(ctx, dir); err != nil {
+	if err := killLazyDir(ctx, dir); err != nil {
 		d.log.Warn("lazy resume: stale page daemon", "id", id, "err", err)
 	}
 }

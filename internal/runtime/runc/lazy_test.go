@@ -88,12 +88,12 @@ func TestLazyPidRecord(t *testing.T) {
 	if err := writeLazyPid(dir, cmd.Process.Pid); err != nil {
 		t.Fatal(err)
 	}
-	if err := killLazy(context.Background(), dir); err != nil {
+	if err := killLazyDir(context.Background(), dir); err != nil {
 		t.Fatal(err)
 	}
 	<-done
 	if _, err := os.Stat(filepath.Join(dir, lazyPidFile)); !os.IsNotExist(err) {
-		t.Fatalf("record left after killLazy: %v", err)
+		t.Fatalf("record left after killLazyDir: %v", err)
 	}
 	if err := waitLazyGone(context.Background(), dir); err != nil {
 		t.Fatal(err)

@@ -224,7 +224,7 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	// A page daemon still loading the sandbox's memory serves nobody now.
-	if err := killLazy(ctx, d.b.Dir(id)); err != nil {
+	if err := d.killLazy(ctx, id); err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	return d.b.Delete(ctx, id, d.killInit, d.deleteContainer)
