@@ -515,7 +515,7 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 	}
 	if lazy != nil {
 		if err == nil {
-			go d.watch(spec.ID, dir, lazy)
+			d.startWatch(spec.ID, dir, lazy)
 		} else {
 			lazy.kill()
 			_ = os.Remove(filepath.Join(dir, lazyPidFile))

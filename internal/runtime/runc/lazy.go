@@ -50,8 +50,9 @@ type lazyState struct {
 	// drops are pause images whose removal waits for their daemon,
 	// closed once removed.
 	drops map[string]chan struct{}
-	// killed are sandboxes whose daemon was killed on purpose (watch).
-	killed map[string]bool
+	// watched are sandboxes whose daemon this process started and
+	// watches: true once it was killed on purpose.
+	watched map[string]bool
 }
 
 // lazyWanted says whether the pause image img is restored lazily, and if
@@ -183,8 +184,8 @@ func (d *Driver) watch(id, dir string, ld *lazyDaemon) {
 	<-ld.done
 	_ = os.Remove(filepath.Join(dir, lazyPidFile))
 	d.lazy.mu.Lock()
-	killed := d.lazy.killed[id]
-	delete(d.lazy.killed, id)
+	killed := d.lazy.watched[id]
+	delete(d.lazy.watched, id)
 	d.lazy.mu.Unlock()
 	if killed {
 		return // the sandbox is going (killLazy)
@@ -196,6 +197,18 @@ func (d *Driver) watch(id, dir string, ld *lazyDaemon) {
 		return
 	}
 	d.log.Info("lazy resume: all memory loaded", "id", id, "took", time.Since(ld.start).Round(time.Millisecond))
+}
+
+// startWatch records that this process watches the daemon of id and
+// starts watch.
+func (d *Driver) startWatch(id, dir string, ld *lazyDaemon) {
+	d.lazy.mu.Lock()
+	if d.lazy.watched == nil {
+		d.lazy.watched = map[string]bool{}
+	}
+	d.lazy.watched[id] = false
+	d.lazy.mu.Unlock()
+	go d.watch(id, dir, ld)
 }
 
 // logHint is the first error line of a CRIU log, for error messages.
@@ -275,16 +288,12 @@ func waitLazyGone(ctx context.Context, dir string) error {
 
 // killLazy kills the page daemon of sandbox id, if any, and waits for it.
 func (d *Driver) killLazy(ctx context.Context, id string) error {
-	dir := d.b.Dir(id)
-	if _, ok := lazyPid(dir); ok {
-		d.lazy.mu.Lock()
-		if d.lazy.killed == nil {
-			d.lazy.killed = map[string]bool{}
-		}
-		d.lazy.killed[id] = true
-		d.lazy.mu.Unlock()
+	d.lazy.mu.Lock()
+	if _, ok := d.lazy.watched[id]; ok {
+		d.lazy.watched[id] = true
 	}
-	return killLazyDir(ctx, dir)
+	d.lazy.mu.Unlock()
+	return killLazyDir(ctx, d.b.Dir(id))
 }
 
 // killLazyDir kills the page daemon recorded in bundle dir, if any, and
