@@ -604,11 +604,13 @@ func (m *Manager) reapLifecycle(ctx context.Context, now time.Time) {
 // rewritten to running) goes through the normal adoption.
 func (m *Manager) reconcileLifecycle(ctx context.Context, sb *Sandbox, adopted map[string]bool) bool {
 	ck, ckErr := m.checkpointer()
-	st, stErr := m.rt.State(ctx, sb.ID)
+	// The image first: its check settles a restore the crash interrupted
+	// (runtime.Checkpointer), which the state then reflects.
 	hasImage := false
 	if ckErr == nil {
 		hasImage, _ = ck.HasCheckpoint(ctx, sb.ID)
 	}
+	st, stErr := m.rt.State(ctx, sb.ID)
 	// A freeze (idle, snapshot) interrupted by the crash: thaw.
 	if stErr == nil && st == runtime.StatusPaused && ckErr == nil {
 		if err := ck.Thaw(ctx, sb.ID); err == nil {

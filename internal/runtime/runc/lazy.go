@@ -325,13 +325,22 @@ func killLazyDir(ctx context.Context, dir string) error {
 }
 
 // settleLazy finishes the bookkeeping of a lazy resume a restarted server
-// finds: a daemon whose sandbox is not running serves nobody (its restore
-// died with the server) and is killed, leaving the sandbox paused.
+// finds. A `runc restore` the dead server started may still run: it is
+// waited for, since killing its daemon would fail it half way. Then a
+// daemon whose sandbox runs finishes on its own, and one whose sandbox does
+// not serves nobody and is killed, leaving the sandbox paused.
 func (d *Driver) settleLazy(ctx context.Context, id string) {
 	dir := d.b.Dir(id)
 	if _, ok := lazyPid(dir); !ok {
 		_ = os.Remove(filepath.Join(dir, lazyPidFile))
 		return
+	}
+	for deadline := time.Now().Add(2 * time.Minute); restoreInFlight(dir) && time.Now().Before(deadline); {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 	if d.running(ctx, id) {
 		return // it serves the running sandbox and ends on its own
@@ -339,6 +348,28 @@ func (d *Driver) settleLazy(ctx context.Context, id string) {
 	if err := killLazyDir(ctx, dir); err != nil {
 		d.log.Warn("lazy resume: stale page daemon", "id", id, "err", err)
 	}
+}
+
+// restoreInFlight reports whether a `runc restore` of the bundle in dir
+// runs (one an earlier server process started).
+func restoreInFlight(dir string) bool {
+	cmds, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range cmds {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		restore, bundle := false, false
+		for i, a := range args {
+			restore = restore || a == "restore"
+			bundle = bundle || a == "--bundle" && i+1 < len(args) && args[i+1] == dir
+		}
+		if restore && bundle {
+			return true
+		}
+	}
+	return false
 }
 
 // dropAfterLazy removes the pause image of id once its page daemon is gone,

@@ -118,3 +118,24 @@ func TestUffdFailed(t *testing.T) {
 		}
 	}
 }
+
+// TestRestoreInFlight finds a process by its `restore ... --bundle dir`
+// arguments, as a restarted server finds the runc restore of its
+// predecessor.
+func TestRestoreInFlight(t *testing.T) {
+	dir := t.TempDir()
+	if restoreInFlight(dir) {
+		t.Fatal("restoreInFlight without any restore")
+	}
+	cmd := exec.Command("/bin/sh", "-c", "sleep 60; :", "restore", "--bundle", dir) // not the last command: the shell stays
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if !restoreInFlight(dir) {
+		t.Fatal("restoreInFlight missed a restore of the bundle")
+	}
+	if restoreInFlight(dir + "x") {
+		t.Fatal("restoreInFlight matched another bundle")
+	}
+}
