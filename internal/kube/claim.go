@@ -42,6 +42,13 @@ func (r *claimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	if err := r.addFinalizer(ctx, &claim, claimFinalizer); err != nil {
 		return ctrl.Result{}, err
 	}
+	if claim.Status.SandboxStatus.Name == "" {
+		// The cache may not hold this claim's last status write yet: a
+		// claim that already adopted a member must not adopt a second.
+		if err := r.api.Get(ctx, req.NamespacedName, &claim); err != nil {
+			return ctrl.Result{}, client.IgnoreNotFound(err)
+		}
+	}
 	before := claim.Status.DeepCopy()
 	res, err := r.reconcile(ctx, &claim)
 	if !claimStatusEqual(before, &claim.Status) {
