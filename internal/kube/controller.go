@@ -147,7 +147,8 @@ func New(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger) (*Controller
 	if err != nil {
 		return nil, err
 	}
-	rc.QPS, rc.Burst = cmp.Or(cfg.QPS, DefaultQPS), cmp.Or(cfg.Burst, DefaultBurst)
+	cfg.QPS, cfg.Burst, cfg.Workers = cmp.Or(cfg.QPS, DefaultQPS), cmp.Or(cfg.Burst, DefaultBurst), cmp.Or(cfg.Workers, DefaultWorkers)
+	rc.QPS, rc.Burst = cfg.QPS, cfg.Burst
 	scheme, err := Scheme()
 	if err != nil {
 		return nil, err
@@ -175,7 +176,7 @@ func New(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger) (*Controller
 	}
 	rec := mgr.GetEventRecorder("agentbox")
 	base := reconcilerBase{c: mgr.GetClient(), api: mgr.GetAPIReader(), rec: rec, sbs: sbs, host: host, cfg: cfg, log: logger}
-	opts := controller.Options{MaxConcurrentReconciles: cmp.Or(cfg.Workers, DefaultWorkers)}
+	opts := controller.Options{MaxConcurrentReconciles: cfg.Workers}
 	// Every node agent runs the sandboxes bound to its node; pools and
 	// claims are the leader's alone (with --kube-leader-elect).
 	everyNode := opts
