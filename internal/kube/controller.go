@@ -188,7 +188,7 @@ func New(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger) (*Controller
 	if err := ctrl.NewControllerManagedBy(mgr).For(&extv1.SandboxWarmPool{}).Named("sandboxwarmpool").WithOptions(opts).
 		Owns(&agentsv1.Sandbox{}).
 		Watches(&extv1.SandboxTemplate{}, handler.EnqueueRequestsFromMapFunc(poolsOfTemplate(mgr.GetClient()))).
-		Complete(&poolReconciler{base}); err != nil {
+		Complete(&poolReconciler{reconcilerBase: base, created: &creations{}}); err != nil {
 		return nil, fmt.Errorf("kube: warm pool controller: %w", err)
 	}
 	if err := ctrl.NewControllerManagedBy(mgr).For(&extv1.SandboxClaim{}).Named("sandboxclaim").WithOptions(opts).

@@ -24,8 +24,7 @@ import (
 
 type reconcilerBase struct {
 	c client.Client
-	// api reads past the cache: pool membership must not lag behind the
-	// creates and adoptions just made, or a pool over-creates.
+	// api reads past the cache, where its lag would do harm.
 	api  client.Reader
 	rec  recorder.EventRecorder
 	sbs  Sandboxes
