@@ -201,17 +201,24 @@ func claimRefusal(claim *extv1.SandboxClaim, tpl *extv1.SandboxTemplate) string 
 // conflict), and each claim starts at its own place among the oldest, so
 // claims arriving together do not all race for the same member.
 func (r *claimReconciler) adopt(ctx context.Context, claim *extv1.SandboxClaim, pool *extv1.SandboxWarmPool, hash string) (string, error) {
-	var list agentsv1.SandboxList
-	// Read-only views of the cache: the one taken is copied before its edit.
-	if err := r.c.List(ctx, &list, client.InNamespace(pool.Namespace), client.MatchingLabels{agentsv1.LabelWarmPool: pool.Name}, client.UnsafeDisableDeepCopy); err != nil {
-		return "", fmt.Errorf("list pool members: %w", err)
-	}
 	var ready []*agentsv1.Sandbox
-	for i := range list.Items {
-		m := &list.Items[i]
-		if metav1.IsControlledBy(m, pool) && m.DeletionTimestamp.IsZero() && m.Labels[agentsv1.LabelTemplateHash] == hash &&
-			meta.IsStatusConditionTrue(m.Status.Conditions, agentsv1.ConditionReady) {
-			ready = append(ready, m)
+	// The cache first; when it shows no ready member, the API server, in
+	// case one just became ready: a cold start is the slow way.
+	for _, rd := range []client.Reader{r.c, r.api} {
+		var list agentsv1.SandboxList
+		// Read-only views of the cache: the one taken is copied before its edit.
+		if err := rd.List(ctx, &list, client.InNamespace(pool.Namespace), client.MatchingLabels{agentsv1.LabelWarmPool: pool.Name}, client.UnsafeDisableDeepCopy); err != nil {
+			return "", fmt.Errorf("list pool members: %w", err)
+		}
+		for i := range list.Items {
+			m := &list.Items[i]
+			if metav1.IsControlledBy(m, pool) && m.DeletionTimestamp.IsZero() && m.Labels[agentsv1.LabelTemplateHash] == hash &&
+				meta.IsStatusConditionTrue(m.Status.Conditions, agentsv1.ConditionReady) {
+				ready = append(ready, m)
+			}
+		}
+		if len(ready) > 0 {
+			break
 		}
 	}
 	slices.SortFunc(ready, func(a, b *agentsv1.Sandbox) int {
