@@ -187,10 +187,11 @@ func TestKubeScaleKwok(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	readyAt := <-ready
-	if readyAt == nil {
-		t.Fatal("not every claim became Ready (see above)")
+	got := <-ready
+	if got.err != nil {
+		t.Fatalf("waiting for every claim to be Ready: %v", got.err)
 	}
+	readyAt := got.at
 	wall := time.Duration(0)
 	lat := make([]time.Duration, n)
 	for i := range n {
@@ -448,13 +449,13 @@ func countSandboxes(ctx context.Context, c client.Client) int {
 }
 
 // watchReady records when each claim is first seen Ready; it sends the
-// times once n claims are Ready, or nil when ctx ends first.
-func watchReady(ctx context.Context, t *testing.T, kcPath string, n int) <-chan map[string]time.Time {
+// times once n claims are Ready, or an error when ctx ends first.
+func watchReady(ctx context.Context, t *testing.T, kcPath string, n int) <-chan readyTimes {
 	c := fastClient(t, kcPath)
-	out := make(chan map[string]time.Time, 1)
+	out := make(chan readyTimes, 1)
 	started := make(chan struct{})
 	go func() {
-		readyAt := map[string]time.Time{}
+		at := map[string]time.Time{}
 		once := sync.OnceFunc(func() { close(started) })
 		for ctx.Err() == nil {
 			w, err := c.Watch(ctx, &extv1.SandboxClaimList{}, client.InNamespace(ns))
@@ -468,22 +469,26 @@ func watchReady(ctx context.Context, t *testing.T, kcPath string, n int) <-chan 
 				if !ok || (ev.Type != watch.Added && ev.Type != watch.Modified) {
 					continue
 				}
-				if _, seen := readyAt[cl.Name]; !seen && meta.IsStatusConditionTrue(cl.Status.Conditions, agentsv1.ConditionReady) {
-					readyAt[cl.Name] = time.Now()
-					if len(readyAt) == n {
+				if _, seen := at[cl.Name]; !seen && meta.IsStatusConditionTrue(cl.Status.Conditions, agentsv1.ConditionReady) {
+					at[cl.Name] = time.Now()
+					if len(at) == n {
 						w.Stop()
-						out <- readyAt
+						out <- readyTimes{at: at}
 						return
 					}
 				}
 			}
 		}
-		t.Errorf("%d of %d claims Ready when the test ran out of time", len(readyAt), n)
-		out <- nil
+		out <- readyTimes{err: fmt.Errorf("%d of %d claims Ready: %w", len(at), n, context.Cause(ctx))}
 	}()
 	select {
 	case <-started:
 	case <-ctx.Done():
 	}
 	return out
+}
+
+type readyTimes struct {
+	at  map[string]time.Time
+	err error
 }

@@ -34,12 +34,12 @@ func (c *creations) add(pool types.UID, name string) {
 
 // pending forgets the creates the cache now shows (seen) or that are older
 // than expectWindow, and counts the others.
-func (c *creations) pending(pool types.UID, seen map[string]bool) int {
+func (c *creations) pending(pool types.UID, seen func(name string) bool) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	m := c.byPool[pool]
 	for name, at := range m {
-		if seen[name] || time.Since(at) > expectWindow {
+		if seen(name) || time.Since(at) > expectWindow {
 			delete(m, name)
 		}
 	}

@@ -24,17 +24,17 @@ func TestCreations(t *testing.T) {
 		{"other pools are apart", "p2", nil, 1},
 		{"unknown pool", "p3", nil, 0},
 	} {
-		if got := c.pending(types.UID(tc.pool), tc.seen); got != tc.want {
+		if got := c.pending(types.UID(tc.pool), func(n string) bool { return tc.seen[n] }); got != tc.want {
 			t.Errorf("%s: pending = %d, want %d", tc.name, got, tc.want)
 		}
 	}
 	// A create the cache never shows stops counting after the window.
 	c.byPool["p1"]["b"] = time.Now().Add(-expectWindow - time.Second)
-	if got := c.pending("p1", nil); got != 0 {
+	if got := c.pending("p1", func(string) bool { return false }); got != 0 {
 		t.Errorf("expired create: pending = %d, want 0", got)
 	}
 	c.forget("p2")
-	if got := c.pending("p2", nil); got != 0 {
+	if got := c.pending("p2", func(string) bool { return false }); got != 0 {
 		t.Errorf("after forget: pending = %d, want 0", got)
 	}
 }

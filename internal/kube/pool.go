@@ -116,9 +116,10 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		}
 		keep = keep[:len(keep)-1]
 	}
-	seen := map[string]bool{}
-	for _, s := range members {
-		seen[s.Name] = true
+	// A create counts as seen once the cache holds it in any state: a
+	// member adopted since is no longer the pool's, and is replaced.
+	seen := func(name string) bool {
+		return r.c.Get(ctx, client.ObjectKey{Namespace: pool.Namespace, Name: name}, &agentsv1.Sandbox{}) == nil
 	}
 	for n := int32(len(keep) + r.created.pending(pool.UID, seen)); n < want; n++ {
 		s := newMember(&pool, &tpl, hash)
