@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 )
 
 func TestForkSlots(t *testing.T) {
@@ -24,14 +25,22 @@ func TestForkSlotSeparateFromCreateSlots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	relFork, err := m.forkSlot(ctx)
+	// A wait that never ends would hang the test; the bound only ends it.
+	wait, stop := context.WithTimeout(context.Background(), time.Minute)
+	defer stop()
+	relFork, err := m.forkSlot(wait)
 	if err != nil {
 		t.Fatalf("create slots all taken: fork slot: %v, want one", err)
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
 	if _, err := m.forkSlot(ctx); !errors.Is(err, context.Canceled) {
 		t.Fatalf("fork slots all taken, context cancelled: err = %v, want context.Canceled", err)
+	}
+	relCreate()
+	relCreate, err = m.createSlot(wait)
+	if err != nil {
+		t.Fatalf("fork slots all taken: create slot: %v, want one", err)
 	}
 	relCreate()
 	relFork()
