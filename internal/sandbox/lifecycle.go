@@ -80,6 +80,8 @@ type lifecycle struct {
 	lastGC   time.Time
 	// createSlots admits cold creates into host setup (admission.go).
 	createSlots chan struct{}
+	// forkSlots admits the copies of forks into their restore (forkslots.go).
+	forkSlots chan struct{}
 	// reserved counts creates in flight per team for maxSandboxes (quota.go).
 	reserved map[string]int
 	// gone is cancelled when the sandbox is removed, ending the data-plane

@@ -237,7 +237,11 @@ func (m *Manager) reserve(ctx context.Context, b *build) error {
 		// the cold starts (refills included) the slots pace.
 		return nil
 	}
-	release, err := m.createSlot(ctx)
+	slot := m.createSlot
+	if b.path == "fork" {
+		slot = m.forkSlot // forkslots.go
+	}
+	release, err := slot(ctx)
 	if err != nil {
 		return err
 	}

@@ -448,12 +448,10 @@ func (m *Manager) Fork(ctx context.Context, teamID, id string, count int, timeou
 		Lifecycle: LifecycleRequest{AutoPause: src.AutoPause, AutoPauseFS: src.AutoPauseFS, AutoResume: src.AutoResume, IdleTimeout: src.IdleTimeout},
 	}
 	out := make([]ForkResult, count)
-	sem := make(chan struct{}, 4)
 	var wg sync.WaitGroup
 	for i := range out {
 		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
+			// The fork slots (forkslots.go) pace the copies' restores.
 			// Each copy is a new sandbox of the team (the pipeline's reserve
 			// step): the copies past maxSandboxes fail on their own, the
 			// others are made.
