@@ -73,7 +73,10 @@ func (m *Manager) attachNetNS(id, path string, ip netip.Addr) error {
 		return fmt.Errorf("netlink in netns: %w", err)
 	}
 	defer h.Close()
-	return m.configureInside(h, id, ip)
+	if err := m.configureInside(h, id, ip); err != nil {
+		return err
+	}
+	return m.seedNeighbours(h, id, ip)
 }
 
 // vethPair makes (if missing) the veth pair of a deferred sandbox, both
@@ -328,7 +331,38 @@ func (m *Manager) Plug(ctx context.Context, id string, pid int) error {
 			return err
 		}
 	}
-	return m.configureInside(h, id, ep.IP)
+	if err := m.configureInside(h, id, ep.IP); err != nil {
+		return err
+	}
+	return m.seedNeighbours(h, id, ep.IP)
+}
+
+// seedNeighbours writes the ARP entries of a sandbox's first exchange with
+// the host before it happens: the host's for the sandbox's address (its
+// MAC is known, sandboxMAC) and the sandbox's for the gateway (the
+// bridge's MAC), both REACHABLE, so they age and are checked again like
+// learnt ones. Left to ARP, the first exchange on a just-plugged veth was
+// lost in about one create in four, and the kernel asks again only after
+// a second (retrans_time_ms), which envd's first health check then waited.
+// h is a netlink handle in the sandbox's netns.
+func (m *Manager) seedNeighbours(h *netlink.Handle, id string, ip netip.Addr) error {
+	br, err := netlink.LinkByName(m.cfg.Bridge)
+	if err != nil {
+		return fmt.Errorf("bridge %s: %w", m.cfg.Bridge, err)
+	}
+	if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: br.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_REACHABLE,
+		IP: ip.AsSlice(), HardwareAddr: sandboxMAC(id)}); err != nil {
+		return fmt.Errorf("neighbour entry of %s on %s: %w", ip, m.cfg.Bridge, err)
+	}
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		return fmt.Errorf("eth0: %w", err)
+	}
+	if err := h.NeighSet(&netlink.Neigh{LinkIndex: eth.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_REACHABLE,
+		IP: m.gateway.AsSlice(), HardwareAddr: br.Attrs().HardwareAddr}); err != nil {
+		return fmt.Errorf("sandbox's neighbour entry of the gateway %s: %w", m.gateway, err)
+	}
+	return nil
 }
 
 // Unplug drops the manager's hold on a sandbox's netns whose processes are
