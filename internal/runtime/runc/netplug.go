@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -68,7 +69,11 @@ func (d *Driver) start(ctx context.Context, id, dir string, ownNet bool) (int, e
 	if err := d.mountBootID(ctx, dir, pid, d.b.UserNS()); err != nil {
 		return 0, err
 	}
-	if err := d.client(logFile).Start(ctx, d.cid(id)); err != nil {
+	err = d.startInit(ctx, id, pid)
+	if errors.Is(err, errNoExecFifo) {
+		err = d.client(logFile).Start(ctx, d.cid(id))
+	}
+	if err != nil {
 		return pid, failed("start", logFile, err)
 	}
 	return pid, nil
