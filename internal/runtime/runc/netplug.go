@@ -21,8 +21,8 @@ import (
 
 // A sandbox in a user namespace gets a network namespace made together with
 // that user namespace (so owned by it): runc creates both, the network
-// package wires the new netns up (Plug) between `runc create` and `runc
-// start`, so envd's first packet already has its address. runc's checkpoints
+// package wires the new netns up (Plug) between `runc create` and the
+// init's start (startInit), so envd's first packet already has its address. runc's checkpoints
 // leave the netns out and restore into an empty one, so a restore runs the
 // network package's netplug hook (`agentbox __hook netplug`) as a prestart
 // hook, which moves the pre-made
