@@ -329,10 +329,10 @@ func (m *Manager) Plug(ctx context.Context, id string, pid int) error {
 // the host before it happens: the host's for the sandbox's address (its
 // MAC is known, sandboxMAC) and the sandbox's for the gateway (the
 // bridge's MAC), both REACHABLE, so they age and are checked again like
-// learnt ones. Left to ARP, the first exchange on a just-plugged veth was
-// lost in about one create in four, and the kernel asks again only after
-// a second (retrans_time_ms), which envd's first health check then waited.
-// h is a netlink handle in the sandbox's netns.
+// learnt ones. The first connection (envd's health check) then needs no
+// ARP round trip, whose loss on a just-plugged veth the kernel repairs only
+// after a second (retrans_time_ms). h is a netlink handle in the sandbox's
+// netns.
 func (m *Manager) seedNeighbours(h *netlink.Handle, id string, ip netip.Addr) error {
 	br, err := netlink.LinkByName(m.cfg.Bridge)
 	if err != nil {
