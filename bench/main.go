@@ -32,7 +32,7 @@ func main() {
 	flag.IntVar(&cfg.Concurrent, "concurrent", 50, "simultaneous creates")
 	flag.IntVar(&cfg.Burst, "burst", 100, "creates sent at once by the burst rows (cold, then through the server's warm pool if it has one)")
 	flag.IntVar(&cfg.SizeMB, "size-mb", 100, "upload/download size in MB")
-	flag.StringVar(&cfg.MetricsURL, "metrics-url", "", "the server's /metrics (its --metrics-listen address, or the API's /metrics with --metrics-token): adds the create step breakdown")
+	flag.StringVar(&cfg.MetricsURL, "metrics-url", "", "the server's /metrics (its --metrics-listen address, or the API's /metrics with --metrics-token): adds the create step breakdown and the warm pool rows' sizes (GET /pools does not show a team the pool's size)")
 	flag.StringVar(&cfg.MetricsToken, "metrics-token", os.Getenv("AGENTBOX_METRICS_TOKEN"), "the server's --metrics-token, for --metrics-url on the API address")
 	flag.IntVar(&cfg.ServerPID, "server-pid", 0, "server pid for RSS (default: the process listening on the API port)")
 	runs := flag.Int("runs", 100, "interpreter: warm runCode samples per language")

@@ -80,3 +80,23 @@ agentbox_sandbox_start_step_seconds_count{path="claim",step="start"} 1
 		t.Fatalf("rows %+v: want start 100ms (claim path ignored, the earlier scrape subtracted) then attach network 20ms", rows)
 	}
 }
+
+// TestParsePoolMetrics: the pool's ready count, target and hits come from
+// the operator's metrics of its template only (GET /pools leaves them 0
+// for a team).
+func TestParsePoolMetrics(t *testing.T) {
+	text := `# HELP agentbox_pool_ready x
+agentbox_pool_claims_total{result="hit",template="base"} 23
+agentbox_pool_claims_total{result="miss",template="base"} 198
+agentbox_pool_ready{template="base"} 21
+agentbox_pool_ready{template="base-large"} 5
+agentbox_pool_target{template="base"} 101
+`
+	p := poolStats{Template: "base", Min: 1}
+	if err := parsePoolMetrics(strings.NewReader(text), &p); err != nil {
+		t.Fatal(err)
+	}
+	if p.Ready != 21 || p.Target != 101 || p.Hits != 23 || p.Min != 1 {
+		t.Fatalf("pool %+v: want ready 21, target 101, hits 23 of template base", p)
+	}
+}

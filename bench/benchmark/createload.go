@@ -1,18 +1,21 @@
 package benchmark
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -278,10 +281,71 @@ func pool(ctx context.Context, cfg Config) (*poolStats, error) {
 	}
 	for _, p := range ps {
 		if p.Template == cfg.Template || p.TemplateID == cfg.Template {
+			if cfg.MetricsURL != "" {
+				// GET /pools shows a team the configuration and its own
+				// claims only; the operator's metrics have the rest.
+				if err := poolFromMetrics(ctx, cfg, &p); err != nil {
+					return nil, err
+				}
+			}
 			return &p, nil
 		}
 	}
 	return nil, nil
+}
+
+// poolFromMetrics fills p's ready count, target and hits from the server's
+// /metrics (cfg.MetricsURL).
+func poolFromMetrics(ctx context.Context, cfg Config, p *poolStats) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cfg.MetricsURL, nil)
+	if err != nil {
+		return err
+	}
+	if cfg.MetricsToken != "" {
+		req.Header.Set("Authorization", "Bearer "+cfg.MetricsToken)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", cfg.MetricsURL, resp.Status)
+	}
+	return parsePoolMetrics(resp.Body, p)
+}
+
+// parsePoolMetrics reads agentbox_pool_ready, agentbox_pool_target and the
+// hits of agentbox_pool_claims_total of p's template out of the Prometheus
+// text format.
+func parsePoolMetrics(r io.Reader, p *poolStats) error {
+	label := `template="` + p.Template + `"`
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		name, rest, ok := strings.Cut(line, "{")
+		if !ok || !strings.HasPrefix(name, "agentbox_pool_") {
+			continue
+		}
+		labels, val, ok := strings.Cut(rest, "} ")
+		if !ok || !slices.Contains(strings.Split(labels, ","), label) {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		if err != nil {
+			return fmt.Errorf("metrics line %q: %w", line, err)
+		}
+		switch {
+		case name == "agentbox_pool_ready":
+			p.Ready = int(v)
+		case name == "agentbox_pool_target":
+			p.Target = int(v)
+		case name == "agentbox_pool_claims_total" && strings.Contains(labels, `result="hit"`):
+			p.Hits = uint64(v)
+		}
+	}
+	return sc.Err()
 }
 
 // waitPool waits until the pool holds its target, ready and not filling.

@@ -33,9 +33,11 @@ const Port = 49983
 // caller's context only (a build step may run for minutes).
 const (
 	healthTimeout = 5 * time.Second
-	callTimeout   = 10 * time.Second
-	initRetryFor  = 30 * time.Second
-	maxFileBytes  = 8 << 20
+	// firstHealthAttempt bounds WaitHealthy's first attempts.
+	firstHealthAttempt = 100 * time.Millisecond
+	callTimeout        = 10 * time.Second
+	initRetryFor       = 30 * time.Second
+	maxFileBytes       = 8 << 20
 )
 
 // NewHTTPClient is the http.Client every envd call of a server shares. No
@@ -66,7 +68,12 @@ func (c *Client) URL() string { return c.base }
 
 // Health asks envd's /health once.
 func (c *Client) Health(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, healthTimeout)
+	return c.health(ctx, healthTimeout)
+}
+
+// health asks envd's /health once, giving it at most within.
+func (c *Client) health(ctx context.Context, within time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/health", nil)
 	if err != nil {
@@ -87,12 +94,20 @@ func (c *Client) Health(ctx context.Context) error {
 // WaitHealthy polls /health until envd answers, for at most within. envd is
 // usually up within a few ms of the container (or restore) start, so it
 // polls tightly at first: the wait is not rounded up.
+//
+// Each attempt is bounded, from firstHealthAttempt on, doubling each time
+// one runs out: a packet of a just-started sandbox's first connection can
+// be lost (its veth is not forwarding yet), and TCP would send its SYN
+// again only after a second; a new attempt sends one at once.
 func (c *Client) WaitHealthy(ctx context.Context, within time.Duration) error {
-	start, delay := time.Now(), 2*time.Millisecond
+	start, delay, bound := time.Now(), 2*time.Millisecond, firstHealthAttempt
 	for {
-		err := c.Health(ctx)
+		err := c.health(ctx, bound)
 		if err == nil {
 			return nil
+		}
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			bound = min(2*bound, healthTimeout)
 		}
 		if time.Since(start) > within || ctx.Err() != nil {
 			return fmt.Errorf("no answer from envd at %s within %s: %w (%w)", c.base, within, err, errdefs.ErrUnavailable)

@@ -73,3 +73,39 @@ func TestInitRetriesLostAnswers(t *testing.T) {
 		}
 	})
 }
+
+// TestWaitHealthyRetriesUnansweredAttempt: a health check whose first
+// connection never gets an answer (a packet of a just-plugged veth lost)
+// is tried again on a new connection well within the wait, instead of
+// waiting out the whole per-call bound.
+func TestWaitHealthyRetriesUnansweredAttempt(t *testing.T) {
+	release := make(chan struct{})
+	var mu sync.Mutex
+	calls := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		calls++
+		first := calls == 1
+		mu.Unlock()
+		if first {
+			select { // never answered while the wait lasts
+			case <-release:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer srv.Close()
+	defer close(release) // before Close, which waits for the handler
+	c := &Client{hc: srv.Client(), base: srv.URL}
+	// Shorter than healthTimeout: one attempt bounded by it would fail.
+	if err := c.WaitHealthy(context.Background(), healthTimeout/2); err != nil {
+		t.Fatalf("WaitHealthy: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if calls < 2 {
+		t.Fatalf("%d health calls, want a second after the unanswered one", calls)
+	}
+}

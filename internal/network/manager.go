@@ -432,9 +432,7 @@ func (m *Manager) Attach(ctx context.Context, id string, p Policy) (ep Endpoint,
 			return Endpoint{}, fmt.Errorf("netns %s: %w", id, err)
 		}
 		undo = append(undo, func() { _ = removeNetNS(path) })
-		if _, err := m.vethPair(id); err != nil {
-			return Endpoint{}, err
-		}
+		// Plug makes the veth pair, with the sandbox's end inside.
 		undo = append(undo, func() { _ = deleteLink(hostVeth(id)); _ = deleteLink(peerVeth(id)) })
 	} else {
 		if err := newNetNS(path); err != nil {

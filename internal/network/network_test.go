@@ -174,6 +174,7 @@ func TestIsolation(t *testing.T) {
 	if a.IP == b.IP || !cfg.Subnet.Contains(a.IP) || a.Gateway != m.Gateway() {
 		t.Fatalf("endpoints %+v %+v", a, b)
 	}
+	checkSeededNeighbours(t, m, "sbb", b.NetNSPath, b.IP)
 	if _, err := m.Attach(ctx, "sba", Policy{}); err == nil {
 		t.Fatal("second Attach of the same id succeeded")
 	}

@@ -25,12 +25,13 @@ import (
 // user namespace: only then does root in the sandbox administer its own
 // network (sysfs, low ports) and can CRIU checkpoint it. Such a netns can
 // only be made by the runtime, together with the user namespace, so with
-// Config.Deferred, Attach makes the veth pair with both ends in the host
-// (the sandbox's end named peerVeth) and the runtime hands the new netns
-// over with Plug before the sandbox's init runs. runc has CRIU restore a
-// sandbox into an empty netns; the hook from PlugHook moves the veth end
-// in before the sockets come back, and Plug then adopts the netns and
-// corrects what differs (a fork's address and MAC).
+// Config.Deferred, Attach records the address and rules only, and the
+// runtime hands the new netns over with Plug before the sandbox's init
+// runs, which makes the veth pair with the sandbox's end inside. runc has
+// CRIU restore a sandbox into an empty netns; the hook from PlugHook moves
+// a pair made in the host (the sandbox's end named peerVeth) in before the
+// sockets come back, and Plug then adopts the netns and corrects what
+// differs (a fork's address and MAC).
 
 // peerVeth names the sandbox's end of its veth pair while it waits in the
 // host namespace for Plug (or the restore hook) to move it in as eth0.
@@ -73,7 +74,10 @@ func (m *Manager) attachNetNS(id, path string, ip netip.Addr) error {
 		return fmt.Errorf("netlink in netns: %w", err)
 	}
 	defer h.Close()
-	return m.configureInside(h, id, ip)
+	if err := m.configureInside(h, id, ip); err != nil {
+		return err
+	}
+	return m.seedNeighbours(h, id, ip)
 }
 
 // vethPair makes (if missing) the veth pair of a deferred sandbox, both
@@ -302,33 +306,80 @@ func (m *Manager) Plug(ctx context.Context, id string, pid int) error {
 		return fmt.Errorf("netlink in netns: %w", err)
 	}
 	defer h.Close()
-	if _, err := h.LinkByName("eth0"); err != nil {
-		peer, err := m.vethPair(id)
-		if err != nil {
-			return err
-		}
-		l, err := netlink.LinkByName(peer)
-		if err != nil {
-			return fmt.Errorf("veth %s: %w", peer, err)
-		}
-		if err := netlink.LinkSetNsFd(l, int(ns)); err != nil {
-			return fmt.Errorf("move veth into netns: %w", err)
-		}
-		if l, err = h.LinkByName(peer); err == nil {
-			err = h.LinkSetName(l, "eth0")
-		}
-		if err != nil {
-			return fmt.Errorf("veth %s as eth0: %w", peer, err)
-		}
-	}
 	if pid > 0 {
 		// A netns made with the sandbox (not by newNetNS) has not had
 		// the sandbox sysctls yet; a restored one may have lost some.
+		// Before eth0 arrives, which takes the "default" ones.
 		if err := runInNetNS(path, netnsSysctls); err != nil {
 			return err
 		}
 	}
-	return m.configureInside(h, id, ep.IP)
+	if _, err := h.LinkByName("eth0"); err != nil {
+		if err := m.plugVeth(id, ns, h); err != nil {
+			return err
+		}
+	}
+	if err := m.configureInside(h, id, ep.IP); err != nil {
+		return err
+	}
+	return m.seedNeighbours(h, id, ep.IP)
+}
+
+// seedNeighbours writes the ARP entries of a sandbox's first exchange with
+// the host before it happens: the host's for the sandbox's address (its
+// MAC is known, sandboxMAC) and the sandbox's for the gateway (the
+// bridge's MAC), both REACHABLE, so they age and are checked again like
+// learnt ones. The first connection (envd's health check) then needs no
+// ARP round trip, whose loss on a just-plugged veth the kernel repairs only
+// after a second (retrans_time_ms). h is a netlink handle in the sandbox's
+// netns.
+func (m *Manager) seedNeighbours(h *netlink.Handle, id string, ip netip.Addr) error {
+	br, err := netlink.LinkByName(m.cfg.Bridge)
+	if err != nil {
+		return fmt.Errorf("bridge %s: %w", m.cfg.Bridge, err)
+	}
+	if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: br.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_REACHABLE,
+		IP: ip.AsSlice(), HardwareAddr: sandboxMAC(id)}); err != nil {
+		return fmt.Errorf("neighbour entry of %s on %s: %w", ip, m.cfg.Bridge, err)
+	}
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		return fmt.Errorf("eth0: %w", err)
+	}
+	if err := h.NeighSet(&netlink.Neigh{LinkIndex: eth.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_REACHABLE,
+		IP: m.gateway.AsSlice(), HardwareAddr: br.Attrs().HardwareAddr}); err != nil {
+		return fmt.Errorf("sandbox's neighbour entry of the gateway %s: %w", m.gateway, err)
+	}
+	return nil
+}
+
+// plugVeth gives the netns open as ns (h: a netlink handle in it) its end
+// of the sandbox's veth pair as eth0. A pair is made with that end already
+// inside: moving a device between namespaces waits for an RCU grace period
+// (10-25 ms on a busy host), creating it there does not. A pair already
+// waiting in the host (made by PlugHook, or by an earlier server's Attach)
+// is moved in instead.
+func (m *Manager) plugVeth(id string, ns netns.NsHandle, h *netlink.Handle) error {
+	peer := peerVeth(id)
+	l, err := netlink.LinkByName(peer)
+	if err != nil {
+		// A host end without its peer is the remains of a pair whose
+		// other end went away with a netns: start over.
+		if err := deleteLink(hostVeth(id)); err != nil {
+			return err
+		}
+		return m.addVeth(id, "eth0", int(ns))
+	}
+	if err := netlink.LinkSetNsFd(l, int(ns)); err != nil {
+		return fmt.Errorf("move veth into netns: %w", err)
+	}
+	if l, err = h.LinkByName(peer); err == nil {
+		err = h.LinkSetName(l, "eth0")
+	}
+	if err != nil {
+		return fmt.Errorf("veth %s as eth0: %w", peer, err)
+	}
+	return nil
 }
 
 // Unplug drops the manager's hold on a sandbox's netns whose processes are

@@ -43,6 +43,46 @@ func reachable(t *testing.T, path string, ip netip.Addr) error {
 	return dial(netip.AddrPortFrom(ip, uint16(l.Addr().(*net.TCPAddr).Port)).String())
 }
 
+// checkSeededNeighbours checks the ARP entries Plug and Attach write before
+// a sandbox's first packet: the host's for ip (the sandbox's MAC) on the
+// bridge, and the netns at path's for the gateway (the bridge's MAC).
+func checkSeededNeighbours(t *testing.T, m *Manager, id, path string, ip netip.Addr) {
+	t.Helper()
+	br, err := netlink.LinkByName(m.cfg.Bridge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hasEntry := func(neighs []netlink.Neigh, err error, ip netip.Addr, mac net.HardwareAddr) string {
+		if err != nil {
+			return err.Error()
+		}
+		for _, n := range neighs {
+			if a, _ := netip.AddrFromSlice(n.IP.To4()); a == ip {
+				if n.HardwareAddr.String() == mac.String() && n.State&(netlink.NUD_REACHABLE|netlink.NUD_STALE|netlink.NUD_DELAY|netlink.NUD_PROBE) != 0 {
+					return ""
+				}
+				return fmt.Sprintf("%s is %s in state %#x, want %s", ip, n.HardwareAddr, n.State, mac)
+			}
+		}
+		return fmt.Sprintf("no entry for %s", ip)
+	}
+	hostNeighs, err := netlink.NeighList(br.Attrs().Index, netlink.FAMILY_V4)
+	if msg := hasEntry(hostNeighs, err, ip, sandboxMAC(id)); msg != "" {
+		t.Errorf("host's neighbour table on %s: %s", m.cfg.Bridge, msg)
+	}
+	msg := inNetNS(t, path, func() string {
+		eth, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err.Error()
+		}
+		neighs, err := netlink.NeighList(eth.Attrs().Index, netlink.FAMILY_V4)
+		return hasEntry(neighs, err, m.gateway, br.Attrs().HardwareAddr)
+	})
+	if msg != "" {
+		t.Errorf("sandbox's neighbour table: %s", msg)
+	}
+}
+
 func TestDeferredPlug(t *testing.T) {
 	ctx := context.Background()
 	cfg := testConfig(t)
@@ -87,6 +127,8 @@ func TestDeferredPlug(t *testing.T) {
 					t.Fatalf("pinned netns is not the process's (%s): %v", got, err)
 				}
 			}
+			// Before any packet: ARP would otherwise have taught both.
+			checkSeededNeighbours(t, m, id, ep.NetNSPath, ep.IP)
 			if err := reachable(t, ep.NetNSPath, ep.IP); err != nil {
 				t.Fatalf("host cannot reach the sandbox: %v", err)
 			}

@@ -333,6 +333,12 @@ func (s *Store) Stats(id string) (runtime.Stats, error) {
 		}
 		return runtime.Stats{}, fmt.Errorf("sandbox %s stats: %w", id, err)
 	}
+	// A disk of its own answers with one statfs; otherwise the writable
+	// layer is walked and config.json read for the limit.
+	if used, total, ok := diskUsageStatfs(dir); ok {
+		st.DiskUsed, st.DiskTotal = used, total
+		return st, nil
+	}
 	st.DiskUsed = diskUsage(filepath.Join(dir, "upper"))
 	if mb := s.DiskMB(id); mb > 0 {
 		st.DiskTotal = uint64(mb) << 20
@@ -341,9 +347,6 @@ func (s *Store) Stats(id string) (runtime.Stats, error) {
 		if err := unix.Statfs(s.cfg.StateDir, &sfs); err == nil {
 			st.DiskTotal = sfs.Blocks * uint64(sfs.Bsize)
 		}
-	}
-	if used, total, ok := diskUsageStatfs(dir); ok {
-		st.DiskUsed, st.DiskTotal = used, total
 	}
 	return st, nil
 }

@@ -22,7 +22,7 @@ import (
 // /proc/sys/kernel/random/boot_id is the host's, the same in every
 // container, so it would both tie sandboxes together and name the host.
 // The bundle holds the boot's id in a file, which is mounted read-only over
-// the kernel's between `runc create` and `runc start`: runc 1.1 refuses
+// the kernel's between `runc create` and the init's start: runc 1.1 refuses
 // spec mounts under /proc/sys, and envd's seccomp filter refuses mount(2)
 // (and umount(2): the sandbox cannot take it off). A CRIU dump records the
 // mount as external and a restore mounts the bundle's file again, so a

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -20,8 +21,8 @@ import (
 
 // A sandbox in a user namespace gets a network namespace made together with
 // that user namespace (so owned by it): runc creates both, the network
-// package wires the new netns up (Plug) between `runc create` and `runc
-// start`, so envd's first packet already has its address. runc's checkpoints
+// package wires the new netns up (Plug) between `runc create` and the
+// init's start (startInit), so envd's first packet already has its address. runc's checkpoints
 // leave the netns out and restore into an empty one, so a restore runs the
 // network package's netplug hook (`agentbox __hook netplug`) as a prestart
 // hook, which moves the pre-made
@@ -68,7 +69,11 @@ func (d *Driver) start(ctx context.Context, id, dir string, ownNet bool) (int, e
 	if err := d.mountBootID(ctx, dir, pid, d.b.UserNS()); err != nil {
 		return 0, err
 	}
-	if err := d.client(logFile).Start(ctx, d.cid(id)); err != nil {
+	err = d.startInit(ctx, id, pid)
+	if errors.Is(err, errNoExecFifo) {
+		err = d.client(logFile).Start(ctx, d.cid(id))
+	}
+	if err != nil {
 		return pid, failed("start", logFile, err)
 	}
 	return pid, nil

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	gorunc "github.com/containerd/go-runc"
+	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/runtime"
@@ -171,10 +172,43 @@ func failed(verb, logFile string, err error) error {
 // deleteContainer removes sandbox id's container record, killing what is
 // left of it; a container that does not exist is not an error.
 func (d *Driver) deleteContainer(ctx context.Context, id string) error {
+	if removeIfInitGone(filepath.Join(d.cfg.Root, d.cid(id))) {
+		return nil
+	}
 	if err := d.client("").Delete(ctx, d.cid(id), &gorunc.DeleteOpts{Force: true}); err != nil && d.exists(id) {
 		return fmt.Errorf("runc delete %s: %w", id, err)
 	}
 	return nil
+}
+
+// removeIfInitGone removes the record of a container (its runc state
+// directory dir) when runc's state file shows that its init is surely gone (not the process
+// that has its pid now, not a zombie): for a stopped container `runc
+// delete` only removes its cgroups, which the bundle's removal does too,
+// and that record (it runs no poststop hooks: the driver's bundles have
+// none). Saving that exec saves a Go runtime start on every kill. Anything
+// else, or anything unreadable, is left to `runc delete --force`.
+func removeIfInitGone(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
+	if err != nil {
+		return false
+	}
+	var st struct {
+		Pid   int    `json:"init_process_pid"`
+		Start uint64 `json:"init_process_start"`
+	}
+	if json.Unmarshal(b, &st) != nil || st.Pid <= 0 || st.Start == 0 {
+		return false
+	}
+	if stat, err := os.ReadFile("/proc/" + strconv.Itoa(st.Pid) + "/stat"); err == nil {
+		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(f) < 20 || (f[19] == strconv.FormatUint(st.Start, 10) && f[0] != "Z" && f[0] != "X") {
+			return false // alive, or unknown
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, unix.ESRCH) {
+		return false
+	}
+	return os.RemoveAll(dir) == nil
 }
 
 // options are the bundle options of this tier's sandboxes.
