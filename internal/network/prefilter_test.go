@@ -96,8 +96,13 @@ func TestDeniedSynRefused(t *testing.T) {
 			t.Errorf("%s: the proxy accepted it; want a refusal at the SYN", addr)
 		case !wantProxy && !errors.Is(err, syscall.ECONNREFUSED):
 			t.Errorf("%s: %v, want ECONNREFUSED", addr, err)
-		case !wantProxy && took > time.Second:
-			t.Errorf("%s: refused after %s, want at once", addr, took)
+		case !wantProxy && took > 2500*time.Millisecond:
+			// A refusal answers the first SYN that arrives. One
+			// retransmission (after 1 s) is allowed: on a loaded host the
+			// first packet of a just-made netns is sometimes lost before
+			// it reaches the rules; a SYN the rules dropped silently
+			// instead would time out (3 s), not be refused.
+			t.Errorf("%s: refused after %s, want at the first or second SYN", addr, took)
 		}
 	}
 	steps := []struct {
