@@ -80,7 +80,7 @@ func TestDeniedSynRefused(t *testing.T) {
 	host := hostAddr(t, cfg.Subnet)
 
 	// try connects from the sandbox and reports whether the proxy got the
-	// connection; a refusal must be ECONNREFUSED within a second.
+	// connection; a refusal must be ECONNREFUSED by the second SYN.
 	try := func(t *testing.T, addr string, wantProxy bool) {
 		t.Helper()
 		before := px.accepted.Load()
