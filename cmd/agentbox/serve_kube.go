@@ -33,6 +33,7 @@ type kubeFlags struct {
 	LeaseDuration time.Duration
 	NodeCPU       int
 	NodeMemoryMB  int
+	ObjectStore   objectStoreFlags // serve_objstore.go
 }
 
 func addKubeFlags(f *pflag.FlagSet, k *kubeFlags) {
@@ -46,6 +47,7 @@ func addKubeFlags(f *pflag.FlagSet, k *kubeFlags) {
 	f.DurationVar(&k.LeaseDuration, "kube-lease-duration", 15*time.Second, "how long a node agent's Lease lasts unrenewed: it is renewed every third of it, and once it runs out other agents mark the node's Sandboxes Ready=False reason NodeLost")
 	f.IntVar(&k.NodeCPU, "kube-node-cpu", 0, "CPUs this node agent may allocate to sandboxes (0 = the host's CPU count)")
 	f.IntVar(&k.NodeMemoryMB, "kube-node-memory-mb", 0, "memory in MiB this node agent may allocate to sandboxes (0 = the host's MemTotal)")
+	addObjectStoreFlags(f, &k.ObjectStore)
 	f.StringVar(&k.MetricsListen, "kube-metrics-listen", "", "serve the controller's Prometheus metrics (reconciles, queue depth, errors) at /metrics on this address (keep it private)")
 }
 
@@ -53,8 +55,8 @@ func addKubeFlags(f *pflag.FlagSet, k *kubeFlags) {
 // until ctx ends. Each bound namespace's team must exist.
 func startKube(ctx context.Context, k kubeFlags, mgr *sandbox.Manager, tiers *runtime.Tiers, templates *template.Store, st *store.Store, c serveConfig, log *slog.Logger) error {
 	if !k.Controller {
-		if k.Kubeconfig != "" || k.Node != "" || len(k.Teams) > 0 {
-			return errors.New("--kubeconfig, --kube-node and --kube-team need --kube-controller")
+		if k.Kubeconfig != "" || k.Node != "" || len(k.Teams) > 0 || k.ObjectStore.URL != "" {
+			return errors.New("--kubeconfig, --kube-node, --kube-team and --kube-object-store need --kube-controller")
 		}
 		return nil
 	}
@@ -83,10 +85,15 @@ func startKube(ctx context.Context, k kubeFlags, mgr *sandbox.Manager, tiers *ru
 		}
 		k.NodeMemoryMB = mb
 	}
+	images, err := openImages(ctx, k.ObjectStore, mgr, c)
+	if err != nil {
+		return err
+	}
 	ctl, err := kube.New(kube.Config{
 		Kubeconfig: k.Kubeconfig, Node: k.Node, Teams: teams, MaxTimeout: c.MaxTimeout,
 		LeaderElection: k.LeaderElect, LeaderElectionNamespace: k.LeaderElectNS, MetricsAddr: k.MetricsListen,
 		LeaseNamespace: k.LeaseNS, LeaseDuration: k.LeaseDuration, CPU: k.NodeCPU, MemoryMB: k.NodeMemoryMB,
+		Images: images,
 	}, mgr, kubeHost{tiers: tiers, templates: templates, teams: teams, log: log}, log.With("component", "kube"))
 	if err != nil {
 		return err
