@@ -71,7 +71,12 @@ func imageOf(obj *agentsv1.Sandbox) *storedImage {
 		return nil
 	}
 	var img storedImage
-	if json.Unmarshal([]byte(raw), &img) != nil || img.Prefix == "" {
+	if json.Unmarshal([]byte(raw), &img) != nil || !sandbox.ValidID(img.SandboxID) {
+		return nil
+	}
+	// Anyone who may edit the Sandbox may edit its annotations: only the
+	// Sandbox's own namespace's objects are ever read or deleted for it.
+	if img.Prefix != objstore.ImagePrefix(obj.Namespace, img.SandboxID, img.Generation) {
 		return nil
 	}
 	return &img
