@@ -173,7 +173,9 @@ func (r *sandboxReconciler) dropImage(ctx context.Context, obj *agentsv1.Sandbox
 		return nil
 	}
 	if r.cfg.Images == nil {
-		return fmt.Errorf("the Sandbox's image is stored under %s but this agent has no --kube-object-store to delete it: %w", img.Prefix, errdefs.ErrUnavailable)
+		// Not fatal: a delete must not wait for a flag this agent lacks.
+		r.event(obj, true, ReasonImageRestoreFailed, "DeleteImage", "the image stored under %s stays in the bucket: this agent (node %s) has no --kube-object-store", img.Prefix, r.cfg.Node)
+		return nil
 	}
 	if err := r.cfg.Images.Store.DeletePrefix(ctx, img.Prefix); err != nil {
 		return fmt.Errorf("delete stored image %s: %w", img.Prefix, err)
@@ -209,6 +211,9 @@ func (r *sandboxReconciler) restoreMoved(ctx context.Context, team string, obj *
 		}
 		if sb.Metadata[MetaRestoredFrom] == img.Prefix {
 			restored = sb
+			continue
+		}
+		if !sb.State.Paused() {
 			continue
 		}
 		if err := r.sbs.Kill(ctx, team, sb.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
@@ -272,7 +277,8 @@ func (r *sandboxReconciler) restoreMoved(ctx context.Context, team string, obj *
 // another node (its suspended image was moved while this node was lost).
 func (r *sandboxReconciler) releaseElsewhere(ctx context.Context, team string, obj *agentsv1.Sandbox) (ctrl.Result, error) {
 	for _, sb := range r.sbs.List(ctx, team) {
-		if sb.Metadata[MetaUID] != string(obj.UID) {
+		// Only suspended Sandboxes move, so a stale copy is a paused one.
+		if sb.Metadata[MetaUID] != string(obj.UID) || !sb.State.Paused() {
 			continue
 		}
 		if err := r.sbs.Kill(ctx, team, sb.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
