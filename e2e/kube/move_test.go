@@ -22,9 +22,9 @@ import (
 	"github.com/johannesboyne/gofakes3/backend/s3mem"
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentbox/agentbox/e2e/harness"
@@ -111,17 +111,21 @@ func storedImageOf(u *unstructured.Unstructured) (img struct {
 	return img, ok && json.Unmarshal([]byte(raw), &img) == nil
 }
 
-// events lists the messages of the events of the Sandbox named name.
+// events lists the reasons and notes of the events of the Sandbox name.
 func events(ctx context.Context, t *testing.T, c client.Client, name string) []string {
 	t.Helper()
-	var list corev1.EventList
-	if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(schema.GroupVersionKind{Group: "events.k8s.io", Version: "v1", Kind: "EventList"})
+	if err := c.List(ctx, list, client.InNamespace(ns)); err != nil {
 		t.Fatal(err)
 	}
 	var out []string
 	for _, e := range list.Items {
-		if e.InvolvedObject.Name == name {
-			out = append(out, e.Reason+": "+e.Message)
+		reason, _, _ := unstructured.NestedString(e.Object, "reason")
+		note, _, _ := unstructured.NestedString(e.Object, "note")
+		who, _, _ := unstructured.NestedString(e.Object, "regarding", "name")
+		if who == name {
+			out = append(out, reason+": "+note)
 		}
 	}
 	return out
@@ -290,18 +294,15 @@ pid=$(cat /tmp/counter.pid); echo "$pid $(cut -d' ' -f2 /proc/$pid/stat)"`)
 	waitCond(ns, "mover", "Ready", "moved to node-b", func(_ *metav1.Condition, u *unstructured.Unstructured) bool {
 		return status(u, "nodeName") == "node-b"
 	})
-	moved := false
-	for _, e := range events(ctx, t, c, "mover") {
-		if strings.HasPrefix(e, "NodeLost") {
-			t.Logf("event %s", e)
+	waitFor(ctx, t, "a Moved event naming both nodes", func() (bool, string) {
+		evs := events(ctx, t, c, "mover")
+		for _, e := range evs {
+			if strings.HasPrefix(e, "Moved: ") && strings.Contains(e, "from node node-a to node node-b") {
+				return true, ""
+			}
 		}
-		if strings.HasPrefix(e, "Moved") && strings.Contains(e, "from node node-a to node node-b") {
-			moved = true
-		}
-	}
-	if !moved {
-		t.Errorf("no Moved event naming both nodes: %q", events(ctx, t, c, "mover"))
-	}
+		return false, strings.Join(evs, " | ")
+	})
 	waitCond(ns, "mover", "Suspended", "Suspended on node-b", func(c *metav1.Condition, _ *unstructured.Unstructured) bool {
 		return c.Status == metav1.ConditionTrue && strings.Contains(c.Message, "node-b")
 	})
