@@ -307,8 +307,10 @@ pid=$(cat /tmp/counter.pid); echo "$pid $(cut -d' ' -f2 /proc/$pid/stat)"`)
 		return c.Status == metav1.ConditionTrue && strings.Contains(c.Message, "node-b")
 	})
 
+	restoreStart := time.Now()
 	mode(ctx, t, c, "mover", "Running")
 	idB := waitReady(ctx, t, c, "mover")
+	restoreTook := time.Since(restoreStart)
 	if idB == idA {
 		t.Fatalf("restored with the same id %s, want a new sandbox", idB)
 	}
@@ -348,9 +350,32 @@ pid=$(cat /tmp/counter.pid); echo "$pid $(cut -d' ' -f2 /proc/$pid/stat)"`)
 
 	t.Run("another tenant's Sandbox cannot restore the image", func(t *testing.T) {
 		mode(ctx, t, c, "mover", "Suspended")
-		u := waitCond(ns, "mover", "ImageStored", "stored again on node-b", func(c *metav1.Condition, u *unstructured.Unstructured) bool {
+		u := waitCond(ns, "mover", "ImageStored", "stored on node-b", func(c *metav1.Condition, u *unstructured.Unstructured) bool {
 			img, _ := storedImageOf(u)
 			return c.Status == metav1.ConditionTrue && img.Node == "node-b"
+		})
+		first, _ := storedImageOf(u)
+		// A resume in place (the floor of a restore through the bucket)
+		// deletes the stored image: no other agent may restore it after.
+		localStart := time.Now()
+		mode(ctx, t, c, "mover", "Running")
+		if got := waitReady(ctx, t, c, "mover"); got != idB {
+			t.Errorf("resumed in place as %s, want %s", got, idB)
+		}
+		localTook := time.Since(localStart)
+		t.Logf("Running to Ready: restored through the bucket on another node %v; resumed in place (floor) %v; ratio %.2f",
+			restoreTook, localTook, restoreTook.Seconds()/localTook.Seconds())
+		waitCond(ns, "mover", "ImageStored", "ImageStored=False after the resume", func(c *metav1.Condition, u *unstructured.Unstructured) bool {
+			_, has := storedImageOf(u)
+			return c.Status == metav1.ConditionFalse && c.Reason == "Resumed" && !has
+		})
+		if left := bucketKeys(ctx, t, raw, first.Prefix); len(left) != 0 {
+			t.Errorf("stored image kept after a resume in place: %v", left)
+		}
+		mode(ctx, t, c, "mover", "Suspended")
+		u = waitCond(ns, "mover", "ImageStored", "stored again on node-b", func(c *metav1.Condition, u *unstructured.Unstructured) bool {
+			img, _ := storedImageOf(u)
+			return c.Status == metav1.ConditionTrue && img.Node == "node-b" && img.Prefix != first.Prefix
 		})
 		img, _ := storedImageOf(u)
 		// A bucket writer copies the objects under the other tenant's
