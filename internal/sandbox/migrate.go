@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
@@ -21,6 +23,9 @@ type MovedImage struct {
 	// EnvdAuth is the token the restored envd holds (a secure sandbox's),
 	// which authorises its re-/init on the new server.
 	EnvdAuth string `json:"envdAuth,omitempty"`
+	// BaseLayers counts the captured layers under the writable one
+	// (base-0 lowest) that the sandbox ran on besides its template's.
+	BaseLayers int `json:"baseLayers,omitempty"`
 }
 
 // ExportPaused copies the team's sandbox, paused with its memory, into dir
@@ -43,14 +48,33 @@ func (m *Manager) ExportPaused(ctx context.Context, teamID, id, dir string) (*Mo
 		return nil, notFound(id)
 	case src.State != StatePaused || src.PausedFS:
 		return nil, fmt.Errorf("sandbox %s is %s, not paused with its memory: %w", id, src.State, errdefs.ErrConflict)
-	case src.BaseSnapshot != "":
-		return nil, fmt.Errorf("sandbox %s runs on the layers of snapshot %s, which stay on this server: %w", id, src.BaseSnapshot, errdefs.ErrUnavailable)
+	}
+	// A sandbox restored from a snapshot (a fork, a moved one) runs on its
+	// snapshot's captured layers too: they travel along, lowest first.
+	var extra []string
+	tplID := src.TemplateID
+	if src.BaseSnapshot != "" {
+		base, err := m.life.snaps.load(src.BaseSnapshot)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox %s: base snapshot: %w", id, err)
+		}
+		tplID = base.TemplateID
+		for _, l := range base.Layers {
+			if rel, err := filepath.Rel(m.life.snaps.dir, l); err == nil && !strings.HasPrefix(rel, "..") {
+				extra = append(extra, l)
+			}
+		}
+	}
+	for i, l := range extra {
+		if out, err := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", l, filepath.Join(dir, fmt.Sprintf("base-%d", i))).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("sandbox %s: copy base layer %s: %w: %s", id, l, err, strings.TrimSpace(string(out)))
+		}
 	}
 	if err := ex.ExportPause(ctx, id, filepath.Join(dir, "image"), filepath.Join(dir, "upper")); err != nil {
 		return nil, err
 	}
-	out := &MovedImage{Snapshot: Snapshot{
-		TeamID: src.TeamID, SandboxID: src.ID, TemplateID: src.TemplateID, Alias: src.Alias,
+	out := &MovedImage{BaseLayers: len(extra), Snapshot: Snapshot{
+		TeamID: src.TeamID, SandboxID: src.ID, TemplateID: tplID, Alias: src.Alias,
 		CPUCount: src.CPUCount, MemoryMB: src.MemoryMB, DiskMB: src.DiskMB, PIDs: src.PIDs, TmpMB: src.TmpMB,
 		Isolation: src.Isolation, VolumeMounts: slices.Clone(src.VolumeMounts), DefaultUser: src.DefaultUser,
 		DefaultWorkdir: src.DefaultWorkdir, EnvVars: maps.Clone(src.EnvVars), Secure: src.Secure,
@@ -110,7 +134,14 @@ func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func
 	}
 	snap.ID, snap.Name, snap.TeamID, snap.Hidden = sid, "", req.TeamID, true
 	snap.TemplateID, snap.CreatedAt = tpl.ID, time.Now().UTC()
-	snap.Layers = append(slices.Clone(tpl.Layers), filepath.Join(final, "upper"))
+	if img.BaseLayers < 0 || img.BaseLayers > 64 {
+		return nil, fmt.Errorf("moved image of sandbox %s: %d base layers: %w", snap.SandboxID, img.BaseLayers, errdefs.ErrInvalidArgument)
+	}
+	snap.Layers = slices.Clone(tpl.Layers)
+	for i := range img.BaseLayers {
+		snap.Layers = append(snap.Layers, filepath.Join(final, fmt.Sprintf("base-%d", i)))
+	}
+	snap.Layers = append(snap.Layers, filepath.Join(final, "upper"))
 	snap.SizeBytes = dirSize(tmp)
 	b, _ := json.MarshalIndent(&snap, "", "  ")
 	if err := os.WriteFile(filepath.Join(tmp, snapshotMeta), b, 0o600); err != nil {
