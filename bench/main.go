@@ -39,7 +39,7 @@ func main() {
 	tiers := flag.String("tiers", "container,gvisor", "isolation: comma-separated isolation tiers to measure (container, gvisor, microvm)")
 	idle := flag.Int("idle", 10, "isolation: idle sandboxes per tier (the memory figure; the neighbour latency needs 4)")
 	echoes := flag.Int("echoes", 30, "isolation: neighbour echo samples per phase")
-	scenario := flag.String("scenario", "server", "server: the server against the raw floor; isolation: start latency, memory per idle sandbox and neighbour latency per isolation tier; interpreter: runCode latency, first context after create and idle kernel memory (--template defaults to code-interpreter-v1, --creates to 5); commands: command round trip per tier (--tiers, --commands samples) against its floor, sampled alternately; lifecycle: pause/resume per --lifecycle-sizes against raw criu dump/restore, first command after resume, fork x10 against one restore; density: --density idle sandboxes of one tier at once, each answering a command, memory per sandbox, then all killed and the host checked for leftovers")
+	scenario := flag.String("scenario", "server", "server: the server against the raw floor; isolation: start latency, memory per idle sandbox and neighbour latency per isolation tier; interpreter: runCode latency, first context after create and idle kernel memory (--template defaults to code-interpreter-v1, --creates to 5); commands: command round trip per tier (--tiers, --commands samples) against its floor, sampled alternately; lifecycle: pause/resume per --lifecycle-sizes against raw criu dump/restore, first command after resume with lazy restore off and on against raw criu restore (full and --lazy-pages) and the time until all memory is loaded, fork x10 against one restore; density: --density idle sandboxes of one tier at once, each answering a command, memory per sandbox, then all killed and the host checked for leftovers; gvisor: gVisor create → first command against runsc run /bin/true on the template's layers (--creates samples each), with the create step breakdown (--metrics-url)")
 	density := flag.Int("density", 1000, "density: idle sandboxes of the first --tiers tier to hold at once")
 	parallel := flag.Int("parallel", 8, "density: creates, commands and kills in flight")
 	instance := flag.String("instance", "agentbox", "density: the server's --instance (its host state is checked after the kills)")
@@ -90,6 +90,15 @@ func main() {
 			lcfg.SizesMB = append(lcfg.SizesMB, n)
 		}
 		if err := benchmark.RunLifecycle(ctx, lcfg, os.Stdout, log); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *scenario == "gvisor" {
+		gcfg := benchmark.GVisorConfig{APIURL: cfg.APIURL, APIKey: cfg.APIKey, Template: cfg.Template, TemplateDir: cfg.TemplateDir, Creates: cfg.Creates,
+			MetricsURL: cfg.MetricsURL, MetricsToken: cfg.MetricsToken}
+		if err := benchmark.RunGVisor(ctx, gcfg, os.Stdout, log); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)
 		}

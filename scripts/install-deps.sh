@@ -85,7 +85,9 @@ fi
 # Our patches (scripts/criu-*.patch, applied in name order): criu-rlimit-eperm
 # lets CRIU read the rlimits of sandbox processes of other users where the host
 # withholds CAP_SYS_RESOURCE; criu-userns-nondumpable lets it dump again a
-# sandbox it restored whose envd is non-dumpable. A stamp next to the binary
+# sandbox it restored whose envd is non-dumpable; criu-uffd-userns has the
+# lazy-pages daemon pass /dev/userfaultfd to a restore into a user namespace
+# (lazy resume, internal/runtime/runc/lazy.go). A stamp next to the binary
 # records which patches it was built with.
 criu_bin=/usr/local/libexec/agentbox/criu
 criu_patches=("$root"/scripts/criu-*.patch)

@@ -3,6 +3,8 @@
 # kube-apiserver, from the Go module proxy, pinned by the modules under
 # tools/k8s-bins. They land in /var/cache/agentbox/k8s-bin/<versions>/ and
 # are rebuilt only when absent. Prints that directory (KUBEBUILDER_ASSETS).
+# kwok, the scale test's simulated data plane, lands the same way in
+# /var/cache/agentbox/k8s-bin/kwok-<version>/.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -37,6 +39,17 @@ if [[ ! -x $dir/kube-apiserver ]]; then
 	(cd "$root/tools/k8s-bins/apiserver" && CGO_ENABLED=0 go build -mod=readonly -trimpath \
 		-ldflags="$ldf" -o "$dir/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver)
 	mv "$dir/kube-apiserver.tmp" "$dir/kube-apiserver"
+fi
+
+kwok_version=v0.8.0
+kwok_dir=/var/cache/agentbox/k8s-bin/kwok-${kwok_version}
+mkdir -p "$kwok_dir"
+chmod 0755 "$kwok_dir"
+if [[ ! -x $kwok_dir/kwok ]]; then
+	log "building kwok $kwok_version (about 2 minutes cold)"
+	(cd "$root/tools/k8s-bins/kwok" && CGO_ENABLED=0 go build -mod=readonly -trimpath \
+		-ldflags='-s -w' -o "$kwok_dir/kwok.tmp" sigs.k8s.io/kwok/cmd/kwok)
+	mv "$kwok_dir/kwok.tmp" "$kwok_dir/kwok"
 fi
 
 echo "$dir"

@@ -98,6 +98,7 @@ func RunLifecycle(ctx context.Context, cfg LifecycleConfig, w io.Writer, log *sl
 			fmt.Fprintf(tw, "resume %d MB against CRIU's restore of the same tree (target ≤1.3x)\t%s\t%s\t%s\n", mb, round(pct(resume, 50)), round(pct(inRestore, 50)), ratio(pct(resume, 50), pct(inRestore, 50)))
 		}
 		fmt.Fprintf(tw, "resume %d MB → first command answered (p50/p95)\t%s\t\t\n", mb, pair(pct(first, 50), pct(first, 95)))
+		lazyRows(ctx, tw, c, cfg, mb, restore, ferr)
 	}
 
 	// Fork ×N of a running sandbox against one restore of it.

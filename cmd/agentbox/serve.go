@@ -79,6 +79,7 @@ type serveConfig struct {
 	Audit           auditFlags     // audit.go
 
 	CRIUFreezeTimeout    time.Duration // runc.Config.FreezeTimeout
+	LazyResumeMB         int           // runc.Config.LazyResumeMB
 	VolumeTeamMaxTotalMB int           // volume.Config.MaxTotalMBPerTeam
 	Kube                 kubeFlags     // serve_kube.go
 }
@@ -131,6 +132,7 @@ which wins over the file.`,
 	f.DurationVar(&c.MaxCommandLife, "max-command-lifetime", sandbox.DefaultMaxCommandLifetime, "longest any one command in a sandbox may run; envd kills it then (a create may ask for less with maxCommandSeconds)")
 	f.DurationVar(&c.HealthInterval, "health-interval", 30*time.Second, "how often every sandbox's envd is health-checked")
 	f.DurationVar(&c.CRIUFreezeTimeout, "criu-freeze-timeout", runc.DefaultFreezeTimeout, "how long a pause, snapshot or fork of a container-tier sandbox may take to freeze its processes (CRIU's --timeout, whole seconds, at least 1s); a pause that times out is tried once more, then fails with the sandbox still running")
+	f.IntVar(&c.LazyResumeMB, "lazy-resume-mb", runc.DefaultLazyResumeMB, "resume a paused container-tier sandbox whose memory image is at least this many MiB lazily: it runs at once and its memory is loaded on first touch and in the background (CRIU lazy pages over userfaultfd; a full restore where that is unavailable); -1 never")
 	f.StringVar(&c.Runsc, "runsc", "runsc", "gVisor runsc binary for the gvisor isolation tier (the tier is unavailable when it is missing)")
 	f.StringVar(&c.MicroVMAccel, "microvm-accel", "", "accelerator of the microvm isolation tier: kvm, tcg, or empty to use KVM where it boots a guest and TCG (software emulation) elsewhere")
 	f.BoolVar(&c.UserNS, "userns", true, "run container-tier sandboxes in a user namespace that owns their network namespace, each with a host uid range of its own (65536 ids from host uid 100000 on), so sandbox root owns nothing of another sandbox (template layers are shown through idmapped mounts, or uid-shifted copies where the kernel cannot idmap); --userns=false shares the host's user namespace")
@@ -263,7 +265,7 @@ func newRuntime(c *serveConfig, runDir, envd, hookBin string, nw *network.Manage
 	if err != nil {
 		return nil, nil, err
 	}
-	rc, err := runc.New(runc.Config{Bundles: bundles, Binary: c.Runc, Root: runcRoot, Net: nw, FreezeTimeout: c.CRIUFreezeTimeout}, log)
+	rc, err := runc.New(runc.Config{Bundles: bundles, Binary: c.Runc, Root: runcRoot, Net: nw, FreezeTimeout: c.CRIUFreezeTimeout, LazyResumeMB: c.LazyResumeMB}, log)
 	if err != nil {
 		return nil, nil, err
 	}

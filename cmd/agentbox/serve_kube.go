@@ -34,12 +34,15 @@ type kubeFlags struct {
 	NodeCPU       int
 	NodeMemoryMB  int
 	ObjectStore   objectStoreFlags // serve_objstore.go
+	QPS           float32
+	Burst         int
+	Workers       int
 }
 
 func addKubeFlags(f *pflag.FlagSet, k *kubeFlags) {
 	f.BoolVar(&k.Controller, "kube-controller", false, "reconcile the agent-sandbox kinds (agents.x-k8s.io Sandbox; extensions.agents.x-k8s.io SandboxTemplate, SandboxWarmPool, SandboxClaim) of a Kubernetes cluster into sandboxes of this server (docs/kubernetes.md)")
 	f.StringVar(&k.Kubeconfig, "kubeconfig", "", "kubeconfig of the cluster for --kube-controller (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config)")
-	f.StringVar(&k.Node, "kube-node", "", "node this server is the agent of (required with --kube-controller): it binds unbound Sandboxes to this name in status.nodeName and runs only the Sandboxes bound to it")
+	f.StringVar(&k.Node, "kube-node", "", "node this server is the agent of: it binds unbound Sandboxes to this name in status.nodeName and runs only the Sandboxes bound to it; without it the controller runs alone (pools, claims, and binding Sandboxes to the best live node agent) and runs no sandbox")
 	f.StringSliceVar(&k.Teams, "kube-team", nil, "bind a namespace to the team that owns its sandboxes, as NAMESPACE=TEAM (team name or id; repeatable); the controller acts only in bound namespaces")
 	f.BoolVar(&k.LeaderElect, "kube-leader-elect", false, "with several node agents, only the leader (a Lease in --kube-leader-elect-namespace) reconciles warm pools and claims; every agent runs its own node's Sandboxes (required when several servers share a cluster)")
 	f.StringVar(&k.LeaderElectNS, "kube-leader-elect-namespace", "", "namespace of the leader election Lease (default: the in-cluster namespace)")
@@ -48,6 +51,9 @@ func addKubeFlags(f *pflag.FlagSet, k *kubeFlags) {
 	f.IntVar(&k.NodeCPU, "kube-node-cpu", 0, "CPUs this node agent may allocate to sandboxes (0 = the host's CPU count)")
 	f.IntVar(&k.NodeMemoryMB, "kube-node-memory-mb", 0, "memory in MiB this node agent may allocate to sandboxes (0 = the host's MemTotal)")
 	addObjectStoreFlags(f, &k.ObjectStore)
+	f.Float32Var(&k.QPS, "kube-qps", kube.DefaultQPS, "requests per second the controller may send the Kubernetes API server (sustained)")
+	f.IntVar(&k.Burst, "kube-burst", kube.DefaultBurst, "requests the controller may send the Kubernetes API server at once above --kube-qps")
+	f.IntVar(&k.Workers, "kube-workers", kube.DefaultWorkers, "objects of each kind (Sandbox, SandboxWarmPool, SandboxClaim) reconciled at once")
 	f.StringVar(&k.MetricsListen, "kube-metrics-listen", "", "serve the controller's Prometheus metrics (reconciles, queue depth, errors) at /metrics on this address (keep it private)")
 }
 
@@ -75,10 +81,10 @@ func startKube(ctx context.Context, k kubeFlags, mgr *sandbox.Manager, tiers *ru
 		}
 		teams[ns] = t.ID
 	}
-	if k.NodeCPU == 0 {
+	if k.NodeCPU == 0 && k.Node != "" {
 		k.NodeCPU = goruntime.NumCPU()
 	}
-	if k.NodeMemoryMB == 0 {
+	if k.NodeMemoryMB == 0 && k.Node != "" {
 		mb, err := hostMemoryMB()
 		if err != nil {
 			return fmt.Errorf("--kube-node-memory-mb: %w; set it", err)
@@ -94,6 +100,7 @@ func startKube(ctx context.Context, k kubeFlags, mgr *sandbox.Manager, tiers *ru
 		LeaderElection: k.LeaderElect, LeaderElectionNamespace: k.LeaderElectNS, MetricsAddr: k.MetricsListen,
 		LeaseNamespace: k.LeaseNS, LeaseDuration: k.LeaseDuration, CPU: k.NodeCPU, MemoryMB: k.NodeMemoryMB,
 		Images: images,
+		QPS:    k.QPS, Burst: k.Burst, Workers: k.Workers,
 	}, mgr, kubeHost{tiers: tiers, templates: templates, teams: teams, log: log}, log.With("component", "kube"))
 	if err != nil {
 		return err

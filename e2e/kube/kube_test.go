@@ -151,7 +151,7 @@ func waitFor(ctx context.Context, t *testing.T, what string, f func() (bool, str
 		last = state
 		select {
 		case <-ctx.Done():
-			t.Fatalf("waiting for %s: %v; last state: %s", what, ctx.Err(), last)
+			t.Fatalf("waiting for %s: %v; last state: %s", what, context.Cause(ctx), last)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}

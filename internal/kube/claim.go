@@ -1,8 +1,10 @@
 package kube
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"time"
 
@@ -41,6 +43,13 @@ func (r *claimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	}
 	if err := r.addFinalizer(ctx, &claim, claimFinalizer); err != nil {
 		return ctrl.Result{}, err
+	}
+	if claim.Status.SandboxStatus.Name == "" {
+		// The cache may not hold this claim's last status write yet: a
+		// claim that already adopted a member must not adopt a second.
+		if err := r.api.Get(ctx, req.NamespacedName, &claim); err != nil {
+			return ctrl.Result{}, client.IgnoreNotFound(err)
+		}
 	}
 	before := claim.Status.DeepCopy()
 	res, err := r.reconcile(ctx, &claim)
@@ -186,32 +195,55 @@ func claimRefusal(claim *extv1.SandboxClaim, tpl *extv1.SandboxTemplate) string 
 	return ""
 }
 
-// adopt takes the oldest ready, fresh member of the pool. The update is
-// guarded by the member's resourceVersion: two claims never get one member.
+// adopt takes a ready, fresh member of the pool, preferring the oldest. The
+// update is guarded by the member's resourceVersion: two claims never get
+// one member. Candidates come from the cache (a stale one only costs a
+// conflict), and each claim starts at its own place among the oldest, so
+// claims arriving together do not all race for the same member.
 func (r *claimReconciler) adopt(ctx context.Context, claim *extv1.SandboxClaim, pool *extv1.SandboxWarmPool, hash string) (string, error) {
-	members, err := r.members(ctx, pool)
-	if err != nil {
-		return "", err
-	}
-	slices.SortFunc(members, func(a, b agentsv1.Sandbox) int {
-		return a.CreationTimestamp.Compare(b.CreationTimestamp.Time)
-	})
-	for _, m := range members {
-		if !m.DeletionTimestamp.IsZero() || m.Labels[agentsv1.LabelTemplateHash] != hash ||
-			!meta.IsStatusConditionTrue(m.Status.Conditions, agentsv1.ConditionReady) {
-			continue
+	var ready []*agentsv1.Sandbox
+	// The cache first; when it shows no ready member, the API server, in
+	// case one just became ready: a cold start is the slow way.
+	for _, rd := range []client.Reader{r.c, r.api} {
+		var list agentsv1.SandboxList
+		// Read-only views of the cache: the one taken is copied before its edit.
+		if err := rd.List(ctx, &list, client.InNamespace(pool.Namespace), client.MatchingLabels{agentsv1.LabelWarmPool: pool.Name}, client.UnsafeDisableDeepCopy); err != nil {
+			return "", fmt.Errorf("list pool members: %w", err)
 		}
+		for i := range list.Items {
+			m := &list.Items[i]
+			if metav1.IsControlledBy(m, pool) && m.DeletionTimestamp.IsZero() && m.Labels[agentsv1.LabelTemplateHash] == hash &&
+				meta.IsStatusConditionTrue(m.Status.Conditions, agentsv1.ConditionReady) {
+				ready = append(ready, m)
+			}
+		}
+		if len(ready) > 0 {
+			break
+		}
+	}
+	slices.SortFunc(ready, func(a, b *agentsv1.Sandbox) int {
+		return cmp.Or(a.CreationTimestamp.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Name, b.Name))
+	})
+	h := fnv.New32a()
+	h.Write([]byte(claim.UID))
+	spread := min(len(ready), r.cfg.Workers*2, 64)
+	start := 0
+	if spread > 0 {
+		start = int(h.Sum32() % uint32(spread))
+	}
+	for i := range ready {
+		m := ready[(start+i)%len(ready)].DeepCopy()
 		delete(m.Labels, agentsv1.LabelWarmPool)
 		m.OwnerReferences = nil
 		for k, v := range claim.Spec.AdditionalPodMetadata.Labels {
 			m.Labels[k] = v
 		}
-		if err := controllerutil.SetControllerReference(claim, &m, r.c.Scheme()); err != nil {
+		if err := controllerutil.SetControllerReference(claim, m, r.c.Scheme()); err != nil {
 			return "", err
 		}
-		if err := r.c.Update(ctx, &m); err != nil {
+		if err := r.c.Update(ctx, m); err != nil {
 			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-				continue // another claim took it
+				continue // another claim took it, or the cache was behind
 			}
 			return "", err
 		}

@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -45,7 +46,10 @@ type Config struct {
 	// Kubeconfig is the kubeconfig file; "" = in-cluster config, then
 	// $KUBECONFIG and ~/.kube/config.
 	Kubeconfig string
-	// Node is the name this server reports as the node of its sandboxes.
+	// Node is the name this server reports as the node of its sandboxes;
+	// "" runs the controller alone: it reconciles pools and claims and binds
+	// unbound Sandboxes to the best live node agent, but runs no sandbox and
+	// writes no Lease of its own.
 	Node string
 	// Teams binds namespaces to agentbox team ids: the controller acts only
 	// in these namespaces, and a namespace's sandboxes belong to its team.
@@ -71,7 +75,23 @@ type Config struct {
 	// MetricsAddr serves controller-runtime's Prometheus metrics ("" or
 	// "0" = off).
 	MetricsAddr string
+	// QPS and Burst bound the client's request rate to the API server
+	// (0 = DefaultQPS, DefaultBurst).
+	QPS   float32
+	Burst int
+	// Workers is how many objects of each kind reconcile at once (0 =
+	// DefaultWorkers).
+	Workers int
 }
+
+// Client-side rate limits and workers when Config leaves them 0. client-go's
+// own default (5 requests/s, bursts of 10) makes a burst of claims queue for
+// minutes: each claim costs a few writes, each pool member several.
+const (
+	DefaultQPS     = 200
+	DefaultBurst   = 400
+	DefaultWorkers = 16
+)
 
 // Controller runs the reconcilers of the four kinds.
 type Controller struct {
@@ -111,25 +131,27 @@ func New(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger) (*Controller
 	if len(cfg.Teams) == 0 {
 		return nil, errors.New("--kube-team: bind at least one namespace to a team (NAMESPACE=TEAM); the controller acts only in bound namespaces")
 	}
-	if cfg.Node == "" {
-		return nil, errors.New("--kube-node: name the node this server runs sandboxes for")
-	}
 	if cfg.LeaseNamespace == "" {
 		return nil, errors.New("--kube-lease-namespace: name the namespace of the node agents' Leases")
 	}
 	if cfg.LeaseDuration < time.Second {
 		return nil, fmt.Errorf("--kube-lease-duration %v: want at least 1s", cfg.LeaseDuration)
 	}
-	if cfg.CPU <= 0 || cfg.MemoryMB <= 0 {
+	if cfg.Node != "" && (cfg.CPU <= 0 || cfg.MemoryMB <= 0) {
 		return nil, fmt.Errorf("--kube-node-cpu %d, --kube-node-memory-mb %d: want positive capacity", cfg.CPU, cfg.MemoryMB)
 	}
 	if cfg.MaxTimeout <= 0 {
 		return nil, errors.New("kube: MaxTimeout must be positive")
 	}
+	if cfg.QPS < 0 || cfg.Burst < 0 || cfg.Workers < 0 {
+		return nil, fmt.Errorf("--kube-qps %v, --kube-burst %d, --kube-workers %d: want 0 (the default) or more", cfg.QPS, cfg.Burst, cfg.Workers)
+	}
 	rc, err := RESTConfig(cfg.Kubeconfig)
 	if err != nil {
 		return nil, err
 	}
+	cfg.QPS, cfg.Burst, cfg.Workers = cmp.Or(cfg.QPS, DefaultQPS), cmp.Or(cfg.Burst, DefaultBurst), cmp.Or(cfg.Workers, DefaultWorkers)
+	rc.QPS, rc.Burst = cfg.QPS, cfg.Burst
 	scheme, err := Scheme()
 	if err != nil {
 		return nil, err
@@ -157,7 +179,7 @@ func New(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger) (*Controller
 	}
 	rec := mgr.GetEventRecorder("agentbox")
 	base := reconcilerBase{c: mgr.GetClient(), api: mgr.GetAPIReader(), rec: rec, sbs: sbs, host: host, cfg: cfg, log: logger}
-	opts := controller.Options{MaxConcurrentReconciles: 4}
+	opts := controller.Options{MaxConcurrentReconciles: cfg.Workers}
 	// Every node agent runs the sandboxes bound to its node; pools and
 	// claims are the leader's alone (with --kube-leader-elect).
 	everyNode := opts
@@ -169,7 +191,7 @@ func New(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger) (*Controller
 	if err := ctrl.NewControllerManagedBy(mgr).For(&extv1.SandboxWarmPool{}).Named("sandboxwarmpool").WithOptions(opts).
 		Owns(&agentsv1.Sandbox{}).
 		Watches(&extv1.SandboxTemplate{}, handler.EnqueueRequestsFromMapFunc(poolsOfTemplate(mgr.GetClient()))).
-		Complete(&poolReconciler{base}); err != nil {
+		Complete(&poolReconciler{reconcilerBase: base, created: &creations{}}); err != nil {
 		return nil, fmt.Errorf("kube: warm pool controller: %w", err)
 	}
 	if err := ctrl.NewControllerManagedBy(mgr).For(&extv1.SandboxClaim{}).Named("sandboxclaim").WithOptions(opts).
@@ -177,8 +199,10 @@ func New(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger) (*Controller
 		Complete(&claimReconciler{base}); err != nil {
 		return nil, fmt.Errorf("kube: claim controller: %w", err)
 	}
-	if err := mgr.Add(&heartbeat{base}); err != nil {
-		return nil, fmt.Errorf("kube: node agent lease: %w", err)
+	if cfg.Node != "" {
+		if err := mgr.Add(&heartbeat{base}); err != nil {
+			return nil, fmt.Errorf("kube: node agent lease: %w", err)
+		}
 	}
 	return &Controller{mgr: mgr, base: base}, nil
 }
@@ -187,8 +211,10 @@ func New(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger) (*Controller
 func (c *Controller) Run(ctx context.Context) error {
 	// The Lease exists before this agent binds anything: placement only
 	// picks agents that have one.
-	if err := c.base.renew(ctx); err != nil {
-		return fmt.Errorf("kube controller: %w", err)
+	if c.base.cfg.Node != "" {
+		if err := c.base.renew(ctx); err != nil {
+			return fmt.Errorf("kube controller: %w", err)
+		}
 	}
 	if err := c.mgr.Start(ctx); err != nil {
 		return fmt.Errorf("kube controller: %w", err)

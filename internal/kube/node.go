@@ -339,7 +339,8 @@ func (b reconcilerBase) placement(ctx context.Context, obj *agentsv1.Sandbox) (b
 	bound := map[string][2]int{}
 	for ns := range b.cfg.Teams {
 		var list agentsv1.SandboxList
-		if err := b.c.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		// Read-only: no copy of every Sandbox for each binding.
+		if err := b.c.List(ctx, &list, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
 			return "", "", false, err
 		}
 		for i := range list.Items {

@@ -23,12 +23,18 @@ import (
 // garbage collector may not run, e.g. on a bare API server).
 const poolFinalizer = "extensions.agents.x-k8s.io/agentbox-warm-pool"
 
-type poolReconciler struct{ reconcilerBase }
+type poolReconciler struct {
+	reconcilerBase
+	// created covers the cache's lag behind this reconciler's own creates.
+	created *creations
+}
 
-// members lists the pool's unclaimed sandboxes.
+// members lists the pool's unclaimed sandboxes from the cache: a listing
+// from the API server on every reconcile costs it more than the rest of a
+// burst of claims.
 func (b reconcilerBase) members(ctx context.Context, pool *extv1.SandboxWarmPool) ([]agentsv1.Sandbox, error) {
 	var list agentsv1.SandboxList
-	if err := b.api.List(ctx, &list, client.InNamespace(pool.Namespace), client.MatchingLabels{agentsv1.LabelWarmPool: pool.Name}); err != nil {
+	if err := b.c.List(ctx, &list, client.InNamespace(pool.Namespace), client.MatchingLabels{agentsv1.LabelWarmPool: pool.Name}); err != nil {
 		return nil, fmt.Errorf("list pool members: %w", err)
 	}
 	out := list.Items[:0]
@@ -60,6 +66,7 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 				return ctrl.Result{}, err
 			}
 		}
+		r.created.forget(pool.UID)
 		return ctrl.Result{}, r.removeFinalizer(ctx, &pool, poolFinalizer)
 	}
 	if err := r.addFinalizer(ctx, &pool, poolFinalizer); err != nil {
@@ -109,7 +116,12 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		}
 		keep = keep[:len(keep)-1]
 	}
-	for n := int32(len(keep)); n < want; n++ {
+	// A create counts as seen once the cache holds it in any state: a
+	// member adopted since is no longer the pool's, and is replaced.
+	seen := func(name string) bool {
+		return r.c.Get(ctx, client.ObjectKey{Namespace: pool.Namespace, Name: name}, &agentsv1.Sandbox{}) == nil
+	}
+	for n := int32(len(keep) + r.created.pending(pool.UID, seen)); n < want; n++ {
 		s := newMember(&pool, &tpl, hash)
 		if err := controllerutil.SetControllerReference(&pool, s, r.c.Scheme()); err != nil {
 			return ctrl.Result{}, err
@@ -117,6 +129,7 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		if err := r.c.Create(ctx, s); err != nil {
 			return ctrl.Result{}, fmt.Errorf("create pool member: %w", err)
 		}
+		r.created.add(pool.UID, s.Name)
 		keep = append(keep, *s)
 	}
 	ready := int32(0)
@@ -131,7 +144,8 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 	}
 	if st != pool.Status {
 		pool.Status = st
-		if err := r.c.Status().Update(ctx, &pool); err != nil {
+		// A conflict is no error: the newer pool's event reconciles it again.
+		if err := r.c.Status().Update(ctx, &pool); err != nil && !apierrors.IsConflict(err) {
 			return ctrl.Result{}, client.IgnoreNotFound(err)
 		}
 	}

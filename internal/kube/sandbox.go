@@ -24,8 +24,7 @@ import (
 
 type reconcilerBase struct {
 	c client.Client
-	// api reads past the cache: pool membership must not lag behind the
-	// creates and adoptions just made, or a pool over-creates.
+	// api reads past the cache, where its lag would do harm.
 	api  client.Reader
 	rec  recorder.EventRecorder
 	sbs  Sandboxes
@@ -101,7 +100,7 @@ func (r *sandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 	if obj.Status.NodeName == "" {
 		won, res, err := r.bind(ctx, &obj)
-		if err != nil || !won {
+		if err != nil || !won || obj.Status.NodeName != r.cfg.Node {
 			return res, err
 		}
 	}
@@ -200,17 +199,18 @@ func (r *sandboxReconciler) bind(ctx context.Context, obj *agentsv1.Sandbox) (bo
 		}
 		return false, retry, nil
 	}
-	if best != r.cfg.Node {
+	// A controller without a node of its own (Node "") binds for any agent.
+	if r.cfg.Node != "" && best != r.cfg.Node {
 		return false, retry, nil
 	}
-	obj.Status.NodeName = r.cfg.Node
+	obj.Status.NodeName = best
 	if err := r.c.Status().Update(ctx, obj); err != nil {
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 			return false, ctrl.Result{}, nil // another agent bound it (its update requeues this one)
 		}
 		return false, ctrl.Result{}, err
 	}
-	r.event(obj, false, "Scheduled", "Bind", "bound to node %s", r.cfg.Node)
+	r.event(obj, false, "Scheduled", "Bind", "bound to node %s", best)
 	return true, ctrl.Result{}, nil
 }
 

@@ -118,7 +118,19 @@ type RestoreOptions struct {
 	// layers and writable layer, ignoring any memory in the image, which is
 	// left untouched.
 	FilesystemOnly bool
+	// Lazy chooses whether a resume starts the sandbox before its memory
+	// is loaded (drivers that can; the default decides by image size).
+	Lazy Lazy
 }
+
+// Lazy is RestoreOptions.Lazy.
+type Lazy int
+
+const (
+	LazyAuto   Lazy = iota // the driver's rule (by image size)
+	LazyAlways             // whenever the host can
+	LazyNever              // load all memory before the sandbox runs
+)
 
 // Optional capabilities. A driver implements those it has; the manager
 // asks with a type assertion on these interfaces (never an anonymous one)

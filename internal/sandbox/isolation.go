@@ -22,6 +22,22 @@ const (
 // fields (the E2B SDKs) use to pick a tier.
 const MetadataIsolation = "agentbox.isolation"
 
+// MetadataLazyResume ("on" or "off") overrides the server's rule for
+// whether a resume of the sandbox runs it before its memory is loaded
+// (agentbox serve --lazy-resume-mb).
+const MetadataLazyResume = "agentbox.lazyResume"
+
+// lazyResume is the restore option the sandbox's metadata asks for.
+func lazyResume(md map[string]string) runtime.Lazy {
+	switch md[MetadataLazyResume] {
+	case "on":
+		return runtime.LazyAlways
+	case "off":
+		return runtime.LazyNever
+	}
+	return runtime.LazyAuto
+}
+
 // Isolations lists the tiers clients may ask for.
 func Isolations() []string { return []string{IsolationContainer, IsolationGVisor, IsolationMicroVM} }
 

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/runtime"
 	"github.com/agentbox/agentbox/internal/template"
 )
 
@@ -71,5 +72,21 @@ func TestResolveIsolation(t *testing.T) {
 				t.Fatalf("got %q, %v; want %q", got, err, tt.want)
 			}
 		})
+	}
+}
+
+func TestLazyResumeMetadata(t *testing.T) {
+	for _, tc := range []struct {
+		md   map[string]string
+		want runtime.Lazy
+	}{
+		{nil, runtime.LazyAuto},
+		{map[string]string{MetadataLazyResume: "on"}, runtime.LazyAlways},
+		{map[string]string{MetadataLazyResume: "off"}, runtime.LazyNever},
+		{map[string]string{MetadataLazyResume: "yes"}, runtime.LazyAuto},
+	} {
+		if got := lazyResume(tc.md); got != tc.want {
+			t.Errorf("lazyResume(%v) = %v, want %v", tc.md, got, tc.want)
+		}
 	}
 }

@@ -376,7 +376,7 @@ func (m *Manager) resume(ctx context.Context, teamID, id string, timeout time.Du
 		m.log.Info("sandbox resumed", "sandbox", id, "auto", auto, "files", true, "took", time.Since(start).Round(time.Millisecond))
 		return sb, true, nil
 	}
-	_, prev, err := m.begin(ctx, teamID, id, StateResuming, StatePaused)
+	rec, prev, err := m.begin(ctx, teamID, id, StateResuming, StatePaused)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrConflict) { // someone else resumed it meanwhile
 			return m.resume(ctx, teamID, id, timeout, auto, memory)
@@ -384,7 +384,7 @@ func (m *Manager) resume(ctx context.Context, teamID, id string, timeout time.Du
 		return nil, false, err
 	}
 	m.fault("resume:persisted")
-	if err := ck.Restore(ctx, runtime.Spec{ID: id}, runtime.RestoreOptions{}); err != nil {
+	if err := ck.Restore(ctx, runtime.Spec{ID: id}, runtime.RestoreOptions{Lazy: lazyResume(rec.Metadata)}); err != nil {
 		m.rollback(ctx, prev)
 		m.log.Error("resume failed; sandbox stays paused", "sandbox", id, "err", err)
 		return nil, false, fmt.Errorf("sandbox %s: resume: %v: %w", id, err, errdefs.ErrUnavailable)
@@ -604,11 +604,13 @@ func (m *Manager) reapLifecycle(ctx context.Context, now time.Time) {
 // rewritten to running) goes through the normal adoption.
 func (m *Manager) reconcileLifecycle(ctx context.Context, sb *Sandbox, adopted map[string]bool) bool {
 	ck, ckErr := m.checkpointer()
-	st, stErr := m.rt.State(ctx, sb.ID)
+	// The image first: its check settles a restore the crash interrupted
+	// (runtime.Checkpointer), which the state then reflects.
 	hasImage := false
 	if ckErr == nil {
 		hasImage, _ = ck.HasCheckpoint(ctx, sb.ID)
 	}
+	st, stErr := m.rt.State(ctx, sb.ID)
 	// A freeze (idle, snapshot) interrupted by the crash: thaw.
 	if stErr == nil && st == runtime.StatusPaused && ckErr == nil {
 		if err := ck.Thaw(ctx, sb.ID); err == nil {

@@ -157,8 +157,12 @@ const (
 	nftLockMarker = "agentbox-nft-lock"
 )
 
-// criuRestoreLog is CRIU's log of the sandbox's last restore, in its bundle.
-const criuRestoreLog = "criu-restore.log"
+// criuRestoreLog is CRIU's log of the sandbox's last restore, in its bundle;
+// criuLazyFailedLog that of its last lazy restore that failed.
+const (
+	criuRestoreLog    = "criu-restore.log"
+	criuLazyFailedLog = "criu-restore-lazy-failed.log"
+)
 
 // Checkpoint dumps the sandbox with CRIU. Established TCP connections (the
 // gateway's, a client's) are dumped too, so they continue after a resume.
@@ -169,6 +173,11 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 	dir := d.b.Dir(id)
 	if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	// A lazy resume still loading memory finishes first: the dump reads
+	// every page, and the new image must not be removed as the old one.
+	if err := d.waitLazy(ctx, id); err != nil {
+		return fmt.Errorf("sandbox %s: waiting for its memory to load after a resume: %w", id, err)
 	}
 	if opts.FilesystemOnly {
 		return d.b.FSCheckpoint(ctx, id, opts, d)
@@ -319,6 +328,9 @@ func (d *Driver) HasCheckpoint(ctx context.Context, id string) (bool, error) {
 		_, err := os.Stat(filepath.Join(img, criuStatsDump))
 		return err == nil
 	}
+	if bundle.CheckID(id) == nil {
+		d.settleLazy(ctx, id)
+	}
 	finish := func(ctx context.Context) bool {
 		st, err := d.State(ctx, id)
 		if err != nil || st != runtime.StatusStopped {
@@ -333,7 +345,11 @@ func (d *Driver) HasCheckpoint(ctx context.Context, id string) (bool, error) {
 }
 
 // DropCheckpoint removes the sandbox's pause image.
+// After a lazy resume the image goes once all memory is loaded.
 func (d *Driver) DropCheckpoint(ctx context.Context, id string) error {
+	if bundle.CheckID(id) == nil && d.dropAfterLazy(id) {
+		return nil
+	}
 	return d.b.DropImage(id)
 }
 
@@ -403,11 +419,15 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 		// longer has, so they come back closed.
 		conf = append(conf, "tcp-close")
 	}
-	if ownNet {
+	plugHook := func() error {
+		if !ownNet {
+			return nil
+		}
 		// runc has CRIU restore the sandbox into an empty netns (its
 		// checkpoints never include one) and runs the prestart hooks once
 		// the namespaces exist: the hook gives it eth0 back before the
-		// sockets are restored.
+		// sockets are restored. A failed restore took the veth with it;
+		// asking again makes a new pair.
 		if d.cfg.Net == nil {
 			return fmt.Errorf("sandbox %s: its netns is its own but no network plugger is configured: %w", spec.ID, errdefs.ErrInvalidArgument)
 		}
@@ -418,6 +438,10 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 		if err := setPlugHook(dir, d.b.HookArgv(args...)); err != nil {
 			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
+		return nil
+	}
+	if err := plugHook(); err != nil {
+		return err
 	}
 	if !inPlace {
 		// A new sandbox restored from memory keeps the boot of its image.
@@ -444,13 +468,63 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 		Detach:         true,
 		PidFile:        pidFile,
 	}
-	err = d.inSession(func() error {
-		return nullIO(func(io gorunc.IO) error {
-			ropts.IO = io
-			_, err := rc.Restore(ctx, d.cid(spec.ID), dir, ropts)
-			return err
+	restore := func() error {
+		return d.inSession(func() error {
+			return nullIO(func(io gorunc.IO) error {
+				ropts.IO = io
+				_, err := rc.Restore(ctx, d.cid(spec.ID), dir, ropts)
+				return err
+			})
 		})
-	})
+	}
+	// Only a resume of the sandbox's own pause image is lazy: forks
+	// share theirs, which outlives them.
+	var lazy *lazyDaemon
+	if inPlace && opts.ImageDir == "" {
+		want, why := d.lazyWanted(img, opts.Lazy)
+		if !want && why != "" {
+			d.log.Info("resume loads all memory before the sandbox runs: lazy restore unavailable", "id", spec.ID, "why", why)
+		}
+		if want {
+			if lazy, err = d.startLazyPages(ctx, spec.ID, dir, img, work); err != nil {
+				d.log.Warn("resume loads all memory before the sandbox runs: the page daemon did not start", "id", spec.ID, "err", err)
+				lazy = nil
+			}
+		}
+	}
+	if lazy != nil {
+		ropts.ExtraArgs = []string{"--lazy-pages"}
+	}
+	err = restore()
+	if err != nil && lazy != nil {
+		// Whatever failed, a full restore may not: try it once.
+		lazy.kill()
+		_ = os.Remove(filepath.Join(dir, lazyPidFile))
+		lerr := criuFailed("restore", logFile, work, err)
+		_ = d.deleteContainer(context.WithoutCancel(ctx), spec.ID)
+		if uffdFailed(work) {
+			d.setLazyOff("userfaultfd unavailable to restored tasks: " + lerr.Error())
+		}
+		d.log.Warn("lazy resume failed; restoring all memory before the sandbox runs", "id", spec.ID, "err", lerr, "log", filepath.Join(dir, criuLazyFailedLog))
+		_ = os.Rename(filepath.Join(work, "restore.log"), filepath.Join(dir, criuLazyFailedLog))
+		lazy, ropts.ExtraArgs = nil, nil
+		if err := plugHook(); err != nil {
+			return err
+		}
+		_ = os.RemoveAll(work)
+		if err := os.MkdirAll(work, 0o700); err != nil {
+			return err
+		}
+		err = restore()
+	}
+	if lazy != nil {
+		if err == nil {
+			d.startWatch(spec.ID, dir, lazy)
+		} else {
+			lazy.kill()
+			_ = os.Remove(filepath.Join(dir, lazyPidFile))
+		}
+	}
 	if err != nil {
 		// A failed restore may leave a container record or cgroup behind.
 		_ = d.deleteContainer(context.WithoutCancel(ctx), spec.ID)
@@ -470,6 +544,7 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 			err = d.cfg.Net.Plug(ctx, spec.ID, pid)
 		}
 		if err != nil {
+			_ = d.killLazy(context.WithoutCancel(ctx), spec.ID)
 			_ = d.deleteContainer(context.WithoutCancel(ctx), spec.ID)
 			return fmt.Errorf("sandbox %s: network after restore: %w", spec.ID, err)
 		}
@@ -482,6 +557,13 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 		}
 	}
 	return nil
+}
+
+// uffdFailed reports whether the failed restore whose CRIU work dir is
+// work could not make the tasks' userfaultfds.
+func uffdFailed(work string) bool {
+	b, err := os.ReadFile(filepath.Join(work, "restore.log"))
+	return err == nil && (bytes.Contains(b, []byte("Lazy pages are not available")) || bytes.Contains(b, []byte("Unable to open an userfaultfd")))
 }
 
 // fsRestore boots the sandbox fresh: in place on its bundle (whose rootfs

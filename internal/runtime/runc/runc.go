@@ -53,6 +53,11 @@ type Config struct {
 	// Deferred) and Spec.NetNSPath is a placeholder until Net.Plug. It
 	// lets a sandbox in a user namespace own its netns, which CRIU needs.
 	Net runtime.NetPlugger
+	// LazyResumeMB is the memory image size (MiB) from which a resume
+	// restores lazily: the sandbox runs at once and its memory is loaded
+	// on first touch and in the background (lazy.go). Default
+	// DefaultLazyResumeMB; negative never.
+	LazyResumeMB int
 }
 
 // Driver is the runc driver. It keeps no state in memory besides its
@@ -62,6 +67,7 @@ type Driver struct {
 	b        *bundle.Store
 	log      *slog.Logger
 	criuOnce criuFinder
+	lazy     lazyState
 	// auditSyscalls is envd's --audit-syscalls list (see harden).
 	auditSyscalls string
 }
@@ -84,6 +90,9 @@ func New(cfg Config, log *slog.Logger) (*Driver, error) {
 	}
 	if cfg.Root == "" {
 		cfg.Root = "/run/agentbox/runc"
+	}
+	if cfg.LazyResumeMB == 0 {
+		cfg.LazyResumeMB = DefaultLazyResumeMB
 	}
 	if cfg.FreezeTimeout == 0 {
 		cfg.FreezeTimeout = DefaultFreezeTimeout
@@ -211,6 +220,13 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
 // Delete kills the sandbox and removes its container, rootfs mount, bundle
 // directory and cgroups. Deleting an unknown id is not an error.
 func (d *Driver) Delete(ctx context.Context, id string) error {
+	if err := bundle.CheckID(id); err != nil {
+		return err
+	}
+	// A page daemon still loading the sandbox's memory serves nobody now.
+	if err := d.killLazy(ctx, id); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
 	return d.b.Delete(ctx, id, d.killInit, d.deleteContainer)
 }
 
