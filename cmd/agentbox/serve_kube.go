@@ -33,6 +33,7 @@ type kubeFlags struct {
 	LeaseDuration time.Duration
 	NodeCPU       int
 	NodeMemoryMB  int
+	ObjectStore   objectStoreFlags // serve_objstore.go
 	QPS           float32
 	Burst         int
 	Workers       int
@@ -49,6 +50,7 @@ func addKubeFlags(f *pflag.FlagSet, k *kubeFlags) {
 	f.DurationVar(&k.LeaseDuration, "kube-lease-duration", 15*time.Second, "how long a node agent's Lease lasts unrenewed: it is renewed every third of it, and once it runs out other agents mark the node's Sandboxes Ready=False reason NodeLost")
 	f.IntVar(&k.NodeCPU, "kube-node-cpu", 0, "CPUs this node agent may allocate to sandboxes (0 = the host's CPU count)")
 	f.IntVar(&k.NodeMemoryMB, "kube-node-memory-mb", 0, "memory in MiB this node agent may allocate to sandboxes (0 = the host's MemTotal)")
+	addObjectStoreFlags(f, &k.ObjectStore)
 	f.Float32Var(&k.QPS, "kube-qps", kube.DefaultQPS, "requests per second the controller may send the Kubernetes API server (sustained)")
 	f.IntVar(&k.Burst, "kube-burst", kube.DefaultBurst, "requests the controller may send the Kubernetes API server at once above --kube-qps")
 	f.IntVar(&k.Workers, "kube-workers", kube.DefaultWorkers, "objects of each kind (Sandbox, SandboxWarmPool, SandboxClaim) reconciled at once")
@@ -59,8 +61,8 @@ func addKubeFlags(f *pflag.FlagSet, k *kubeFlags) {
 // until ctx ends. Each bound namespace's team must exist.
 func startKube(ctx context.Context, k kubeFlags, mgr *sandbox.Manager, tiers *runtime.Tiers, templates *template.Store, st *store.Store, c serveConfig, log *slog.Logger) error {
 	if !k.Controller {
-		if k.Kubeconfig != "" || k.Node != "" || len(k.Teams) > 0 {
-			return errors.New("--kubeconfig, --kube-node and --kube-team need --kube-controller")
+		if k.Kubeconfig != "" || k.Node != "" || len(k.Teams) > 0 || k.ObjectStore.URL != "" {
+			return errors.New("--kubeconfig, --kube-node, --kube-team and --kube-object-store need --kube-controller")
 		}
 		return nil
 	}
@@ -89,11 +91,16 @@ func startKube(ctx context.Context, k kubeFlags, mgr *sandbox.Manager, tiers *ru
 		}
 		k.NodeMemoryMB = mb
 	}
+	images, err := openImages(ctx, k.ObjectStore, mgr, c)
+	if err != nil {
+		return err
+	}
 	ctl, err := kube.New(kube.Config{
 		Kubeconfig: k.Kubeconfig, Node: k.Node, Teams: teams, MaxTimeout: c.MaxTimeout,
 		LeaderElection: k.LeaderElect, LeaderElectionNamespace: k.LeaderElectNS, MetricsAddr: k.MetricsListen,
 		LeaseNamespace: k.LeaseNS, LeaseDuration: k.LeaseDuration, CPU: k.NodeCPU, MemoryMB: k.NodeMemoryMB,
-		QPS: k.QPS, Burst: k.Burst, Workers: k.Workers,
+		Images: images,
+		QPS:    k.QPS, Burst: k.Burst, Workers: k.Workers,
 	}, mgr, kubeHost{tiers: tiers, templates: templates, teams: teams, log: log}, log.With("component", "kube"))
 	if err != nil {
 		return err

@@ -69,6 +69,9 @@ type Config struct {
 	// CPU and MemoryMB are what this agent may allocate to sandboxes.
 	CPU      int
 	MemoryMB int
+	// Images stores suspended Sandboxes' images in an object store so any
+	// agent can resume them (nil: they stay on their node).
+	Images *Images
 	// MetricsAddr serves controller-runtime's Prometheus metrics ("" or
 	// "0" = off).
 	MetricsAddr string

@@ -205,6 +205,12 @@ func (h *heartbeat) markLost(ctx context.Context) error {
 			if !ok || meta.IsStatusConditionTrue(obj.Status.Conditions, agentsv1.ConditionFinished) {
 				continue
 			}
+			if moved, err := h.moveStored(ctx, obj, n); err != nil || moved {
+				if err != nil {
+					return err
+				}
+				continue
+			}
 			if c := meta.FindStatusCondition(obj.Status.Conditions, agentsv1.ConditionReady); c != nil && c.Reason == ReasonNodeLost {
 				continue
 			}

@@ -79,13 +79,18 @@ func (r *sandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		return ctrl.Result{}, nil // the cache watches bound namespaces only
 	}
 	if n := obj.Status.NodeName; n != "" && n != r.cfg.Node {
-		return ctrl.Result{}, nil // bound to another node agent
+		// Bound to another node agent; a copy left here (its image moved
+		// while this node was lost) goes.
+		return r.releaseElsewhere(ctx, team, &obj)
 	}
 	if !obj.DeletionTimestamp.IsZero() {
 		if !controllerutil.ContainsFinalizer(&obj, agentsv1.Finalizer) {
 			return ctrl.Result{}, nil
 		}
 		if err := r.kill(ctx, team, &obj); err != nil {
+			return ctrl.Result{}, err
+		}
+		if err := r.dropImage(ctx, &obj, "", ""); err != nil {
 			return ctrl.Result{}, err
 		}
 		return ctrl.Result{}, r.removeFinalizer(ctx, &obj, agentsv1.Finalizer)
@@ -124,6 +129,9 @@ func (r *sandboxReconciler) reconcile(ctx context.Context, team string, obj *age
 	}
 	if meta.IsStatusConditionTrue(st.Conditions, agentsv1.ConditionFinished) {
 		return ctrl.Result{}, nil // a finished sandbox is not restarted
+	}
+	if done, res, err := r.restoreMoved(ctx, team, obj); done {
+		return res, err
 	}
 	var sb *sandbox.Sandbox
 	if st.SandboxID != "" {
@@ -237,13 +245,17 @@ func (r *sandboxReconciler) converge(ctx context.Context, team string, obj *agen
 		}
 		r.event(obj, false, "Resumed", "Resume", "sandbox %s resumed", sb.ID)
 		sb = got
+		// The stored image is stale now: no other agent may restore it.
+		if err := r.dropImage(ctx, obj, ReasonImageDropped, "resumed on node "+r.cfg.Node+"; the stored image was deleted"); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	st.PodIPs = nil
 	switch {
 	case sb.State == sandbox.StatePaused:
 		setCond(&st.Conditions, gen, agentsv1.ConditionSuspended, true, agentsv1.ReasonPaused, "paused with its memory kept")
 		setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, agentsv1.ReasonSuspended, "operatingMode is Suspended")
-		return ctrl.Result{}, nil
+		return r.storeImage(ctx, team, obj, sb)
 	case sb.State == sandbox.StateRunning:
 		if meta.FindStatusCondition(st.Conditions, agentsv1.ConditionSuspended) != nil {
 			setCond(&st.Conditions, gen, agentsv1.ConditionSuspended, false, agentsv1.ReasonNotSuspended, "running")

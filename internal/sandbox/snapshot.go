@@ -375,8 +375,12 @@ func (m *Manager) snapshotGC(ctx context.Context) {
 			continue
 		}
 		for _, l := range s.Layers[:len(s.Layers)-1] {
+			// A moved image carries its base layers in its own dir: only
+			// other snapshots' layers keep those snapshots.
 			if rel, err := filepath.Rel(snaps.dir, l); err == nil && !strings.HasPrefix(rel, "..") {
-				used[strings.Split(rel, string(filepath.Separator))[0]] = true
+				if owner := strings.Split(rel, string(filepath.Separator))[0]; owner != s.ID {
+					used[owner] = true
+				}
 			}
 		}
 	}

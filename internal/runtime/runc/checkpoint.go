@@ -392,6 +392,10 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 		base, ok := bundle.ImageRange(img)
 		if !ok {
 			base = d.b.UserNSBase()
+		} else if err := bundle.EnsureSearchable(filepath.Dir(img)); err != nil {
+			// The restored tasks read part of the image as the mapped root
+			// (an image made on another server arrives in a private dir).
+			return fmt.Errorf("sandbox %s: image: %w", spec.ID, err)
 		}
 		if rb, err = d.b.BuildFromImage(ctx, spec, d.options(), base); err != nil {
 			return err

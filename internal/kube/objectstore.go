@@ -1,0 +1,324 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+	agentsv1 "github.com/agentbox/agentbox/internal/kube/apis/agents/v1beta1"
+	"github.com/agentbox/agentbox/internal/objstore"
+	"github.com/agentbox/agentbox/internal/sandbox"
+)
+
+// A suspended Sandbox's image in the object store: recorded in an
+// annotation (read by whichever agent restores it) and a condition.
+const (
+	AnnotationImage      = "agentbox.dev/image"
+	ConditionImageStored = "ImageStored"
+	ReasonImageStored    = "Stored"
+	// ReasonImageUploadFailed: the image stays on its node only.
+	ReasonImageUploadFailed = "UploadFailed"
+	// ReasonImageIntegrity: the stored image failed authentication; nothing
+	// was restored.
+	ReasonImageIntegrity = "ImageIntegrityFailed"
+	// ReasonImageRestoreFailed: the image could not be restored here.
+	ReasonImageRestoreFailed = "ImageRestoreFailed"
+	ReasonImageRestored      = "Restored"
+	ReasonImageDropped       = "Resumed"
+	// ReasonMoved: a Suspended Sandbox with a stored image was rebound
+	// from its lost node to a live one.
+	ReasonMoved = "Moved"
+	// MetaRestoredFrom marks the sandbox restored from a stored image (its
+	// prefix), so a retry after a lost status write does not restore twice.
+	MetaRestoredFrom = "k8s.restored-from"
+)
+
+// Mover is what moving suspended sandboxes needs of the sandbox manager
+// (*sandbox.Manager).
+type Mover interface {
+	ExportPaused(ctx context.Context, teamID, id, dir string) (*sandbox.MovedImage, error)
+	ImportPaused(ctx context.Context, req sandbox.CreateRequest, fill func(dir string) (*sandbox.MovedImage, error)) (*sandbox.Sandbox, error)
+}
+
+// Images stores suspended Sandboxes' memory images in an object store, so
+// another agent can resume them when their node is lost.
+type Images struct {
+	Store *objstore.Store
+	Mover Mover
+	// TempDir stages exports (private to the server).
+	TempDir string
+}
+
+// storedImage is the JSON of AnnotationImage.
+type storedImage struct {
+	Node       string `json:"node"`
+	SandboxID  string `json:"sandboxID"`
+	Generation int64  `json:"generation"`
+	Prefix     string `json:"prefix"`
+}
+
+func imageOf(obj *agentsv1.Sandbox) *storedImage {
+	raw, ok := obj.Annotations[AnnotationImage]
+	if !ok {
+		return nil
+	}
+	var img storedImage
+	if json.Unmarshal([]byte(raw), &img) != nil || !sandbox.ValidID(img.SandboxID) {
+		return nil
+	}
+	// Anyone who may edit the Sandbox may edit its annotations: only the
+	// Sandbox's own namespace's objects are ever read or deleted for it.
+	if img.Prefix != objstore.ImagePrefix(obj.Namespace, img.SandboxID, img.Generation) {
+		return nil
+	}
+	return &img
+}
+
+// binding ties a Sandbox's objects to its namespace (the tenant: it is
+// bound to one team) and its uid, so no other Sandbox restores them.
+func binding(obj *agentsv1.Sandbox) objstore.Binding {
+	return objstore.Binding{Team: obj.Namespace, Sandbox: string(obj.UID)}
+}
+
+// setImage writes (or with img nil removes) the annotation. The metadata
+// update returns the server's status; the status being made is kept.
+func (b reconcilerBase) setImage(ctx context.Context, obj *agentsv1.Sandbox, img *storedImage) error {
+	if obj.Annotations == nil {
+		obj.Annotations = map[string]string{}
+	}
+	if img == nil {
+		if _, ok := obj.Annotations[AnnotationImage]; !ok {
+			return nil
+		}
+		delete(obj.Annotations, AnnotationImage)
+	} else {
+		raw, err := json.Marshal(img)
+		if err != nil {
+			return err
+		}
+		obj.Annotations[AnnotationImage] = string(raw)
+	}
+	st := obj.Status.DeepCopy()
+	err := b.c.Update(ctx, obj)
+	obj.Status = *st
+	return err
+}
+
+// storeImage uploads the image of the paused sandbox sb once per pause.
+func (r *sandboxReconciler) storeImage(ctx context.Context, team string, obj *agentsv1.Sandbox, sb *sandbox.Sandbox) (ctrl.Result, error) {
+	im := r.cfg.Images
+	if im == nil || sb.PausedFS {
+		return ctrl.Result{}, nil
+	}
+	old := imageOf(obj)
+	if old != nil && old.SandboxID == sb.ID && old.Node == r.cfg.Node {
+		return ctrl.Result{}, nil
+	}
+	st, gen := &obj.Status, obj.Generation
+	fail := func(err error) (ctrl.Result, error) {
+		msg := "the image stays on node " + r.cfg.Node + " only: " + err.Error()
+		setCond(&st.Conditions, gen, ConditionImageStored, false, ReasonImageUploadFailed, msg)
+		r.event(obj, true, ReasonImageUploadFailed, "StoreImage", "%s", msg)
+		return ctrl.Result{RequeueAfter: time.Minute}, nil
+	}
+	dir, err := os.MkdirTemp(im.TempDir, "export-")
+	if err != nil {
+		return fail(err)
+	}
+	defer os.RemoveAll(dir)
+	start := time.Now()
+	moved, err := im.Mover.ExportPaused(ctx, team, sb.ID, dir)
+	if err != nil {
+		return fail(err)
+	}
+	rec, err := json.Marshal(moved)
+	if err != nil {
+		return fail(err)
+	}
+	img := &storedImage{Node: r.cfg.Node, SandboxID: sb.ID, Generation: gen, Prefix: objstore.ImagePrefix(obj.Namespace, sb.ID, gen)}
+	if err := im.Store.PutImage(ctx, img.Prefix, binding(obj), dir, objstore.Manifest{
+		SandboxID: sb.ID, Node: r.cfg.Node, Generation: gen, CreatedAt: time.Now().UTC(), Record: rec,
+	}); err != nil {
+		return fail(err)
+	}
+	if err := r.setImage(ctx, obj, img); err != nil {
+		// Not recorded: the objects are unreachable, so they go.
+		_ = im.Store.DeletePrefix(ctx, img.Prefix)
+		return ctrl.Result{}, err
+	}
+	if old != nil && old.Prefix != img.Prefix {
+		if err := im.Store.DeletePrefix(ctx, old.Prefix); err != nil {
+			r.log.Warn("delete an older stored image", "prefix", old.Prefix, "err", err)
+		}
+	}
+	msg := fmt.Sprintf("image of sandbox %s stored (sealed) under %s by node %s; any agent with the object store can resume it", sb.ID, img.Prefix, r.cfg.Node)
+	setCond(&st.Conditions, gen, ConditionImageStored, true, ReasonImageStored, msg)
+	r.event(obj, false, ReasonImageStored, "StoreImage", "%s in %s", msg, time.Since(start).Round(time.Millisecond))
+	return ctrl.Result{}, nil
+}
+
+// dropImage deletes a Sandbox's stored image (resumed in place, restored,
+// or deleted) and its annotation.
+func (r *sandboxReconciler) dropImage(ctx context.Context, obj *agentsv1.Sandbox, reason, msg string) error {
+	img := imageOf(obj)
+	if img == nil {
+		return nil
+	}
+	if r.cfg.Images == nil {
+		// Not fatal: a delete must not wait for a flag this agent lacks.
+		r.event(obj, true, ReasonImageRestoreFailed, "DeleteImage", "the image stored under %s stays in the bucket: this agent (node %s) has no --kube-object-store", img.Prefix, r.cfg.Node)
+		return nil
+	}
+	if err := r.cfg.Images.Store.DeletePrefix(ctx, img.Prefix); err != nil {
+		return fmt.Errorf("delete stored image %s: %w", img.Prefix, err)
+	}
+	if obj.DeletionTimestamp.IsZero() {
+		if err := r.setImage(ctx, obj, nil); err != nil {
+			return err
+		}
+	}
+	if reason != "" {
+		setCond(&obj.Status.Conditions, obj.Generation, ConditionImageStored, false, reason, msg)
+	}
+	return nil
+}
+
+// restoreMoved handles a Sandbox bound to this agent whose image another
+// agent stored: kept suspended, or restored here (new sandbox id and
+// address, memory and files as they were) when set Running. done is false
+// when the Sandbox has no such image.
+func (r *sandboxReconciler) restoreMoved(ctx context.Context, team string, obj *agentsv1.Sandbox) (done bool, res ctrl.Result, err error) {
+	img := imageOf(obj)
+	if img == nil || img.Node == r.cfg.Node {
+		return false, ctrl.Result{}, nil
+	}
+	st, gen := &obj.Status, obj.Generation
+	st.PodIPs = nil
+	// A restore whose status write was lost: the sandbox is here already.
+	// Any other local sandbox of this Sandbox is a stale copy.
+	var restored *sandbox.Sandbox
+	for _, sb := range r.sbs.List(ctx, team) {
+		if sb.Metadata[MetaUID] != string(obj.UID) {
+			continue
+		}
+		if sb.Metadata[MetaRestoredFrom] == img.Prefix {
+			restored = sb
+			continue
+		}
+		if !sb.State.Paused() {
+			continue
+		}
+		if err := r.sbs.Kill(ctx, team, sb.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			return true, ctrl.Result{}, err
+		}
+	}
+	if restored == nil && obj.Spec.OperatingMode == agentsv1.OperatingModeSuspended {
+		setCond(&st.Conditions, gen, agentsv1.ConditionSuspended, true, agentsv1.ReasonPaused,
+			fmt.Sprintf("suspended; its image (stored by node %s) is restored on node %s when set Running", img.Node, r.cfg.Node))
+		setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, agentsv1.ReasonSuspended, "operatingMode is Suspended")
+		return true, ctrl.Result{}, nil
+	}
+	if restored == nil {
+		im := r.cfg.Images
+		if im == nil {
+			msg := fmt.Sprintf("its image is stored under %s by node %s, but this agent (node %s) has no --kube-object-store", img.Prefix, img.Node, r.cfg.Node)
+			setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, ReasonImageRestoreFailed, msg)
+			return true, ctrl.Result{}, nil
+		}
+		start := time.Now()
+		req := sandbox.CreateRequest{TeamID: team, Timeout: r.timeout(obj), Metadata: map[string]string{
+			MetaUID: string(obj.UID), MetaNamespace: obj.Namespace, MetaName: obj.Name, MetaRestoredFrom: img.Prefix,
+		}}
+		sb, err := im.Mover.ImportPaused(ctx, req, func(dir string) (*sandbox.MovedImage, error) {
+			m, err := im.Store.GetImage(ctx, img.Prefix, binding(obj), dir)
+			if err != nil {
+				return nil, err
+			}
+			if m.SandboxID != img.SandboxID || m.Generation != img.Generation {
+				return nil, fmt.Errorf("image under %s is of sandbox %s generation %d, want %s generation %d: %w", img.Prefix, m.SandboxID, m.Generation, img.SandboxID, img.Generation, objstore.ErrIntegrity)
+			}
+			var moved sandbox.MovedImage
+			if err := json.Unmarshal(m.Record, &moved); err != nil {
+				return nil, fmt.Errorf("image under %s: record: %w", img.Prefix, err)
+			}
+			return &moved, nil
+		})
+		if err != nil {
+			reason := ReasonImageRestoreFailed
+			if errors.Is(err, objstore.ErrIntegrity) {
+				reason = ReasonImageIntegrity
+			}
+			msg := fmt.Sprintf("restore of the image stored by node %s under %s failed; nothing was restored: %v", img.Node, img.Prefix, err)
+			setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, reason, msg)
+			r.event(obj, true, reason, "RestoreImage", "%s", msg)
+			return true, ctrl.Result{RequeueAfter: time.Minute}, nil
+		}
+		r.event(obj, false, ReasonImageRestored, "RestoreImage", "sandbox %s restored on node %s from the image node %s stored of sandbox %s, in %s",
+			sb.ID, r.cfg.Node, img.Node, img.SandboxID, time.Since(start).Round(time.Millisecond))
+		restored = sb
+	}
+	st.SandboxID = restored.ID
+	if err := r.dropImage(ctx, obj, ReasonImageRestored, fmt.Sprintf("restored on node %s as sandbox %s; the stored image was deleted", r.cfg.Node, restored.ID)); err != nil {
+		return true, ctrl.Result{}, err
+	}
+	res, err = r.converge(ctx, team, obj, restored)
+	return true, res, err
+}
+
+// releaseElsewhere removes this agent's copy of a Sandbox now bound to
+// another node (its suspended image was moved while this node was lost).
+func (r *sandboxReconciler) releaseElsewhere(ctx context.Context, team string, obj *agentsv1.Sandbox) (ctrl.Result, error) {
+	for _, sb := range r.sbs.List(ctx, team) {
+		// Only suspended Sandboxes move, so a stale copy is a paused one.
+		if sb.Metadata[MetaUID] != string(obj.UID) || !sb.State.Paused() {
+			continue
+		}
+		if err := r.sbs.Kill(ctx, team, sb.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			return ctrl.Result{}, fmt.Errorf("remove local copy %s of a Sandbox bound to node %s: %w", sb.ID, obj.Status.NodeName, err)
+		}
+		r.event(obj, false, "Released", "Release", "local copy %s on node %s removed: the Sandbox is bound to node %s", sb.ID, r.cfg.Node, obj.Status.NodeName)
+	}
+	return ctrl.Result{}, nil
+}
+
+// moveStored rebinds a Sandbox of a lost node whose image that node stored
+// to the live agent placement ranks first (only that agent writes; the
+// write is guarded by the resourceVersion). It reports whether the Sandbox
+// was handled (moved, or left to another agent to move).
+func (b reconcilerBase) moveStored(ctx context.Context, obj *agentsv1.Sandbox, lost node) (bool, error) {
+	img := imageOf(obj)
+	if img == nil || img.Node != obj.Status.NodeName {
+		return false, nil
+	}
+	// Marked NodeLost on an earlier pass first, so the loss is on record.
+	if c := meta.FindStatusCondition(obj.Status.Conditions, agentsv1.ConditionReady); c == nil || c.Reason != ReasonNodeLost {
+		return false, nil
+	}
+	best, _, ok, err := b.placement(ctx, obj)
+	if err != nil || !ok {
+		return false, err
+	}
+	if best != b.cfg.Node {
+		return true, nil
+	}
+	msg := fmt.Sprintf("node %s is lost (Lease not renewed since %s); the Sandbox's image is in the object store, so it moved from node %s to node %s",
+		lost.Node, lost.renewed.UTC().Format(time.RFC3339), lost.Node, best)
+	obj.Status.NodeName = best
+	setCond(&obj.Status.Conditions, obj.Generation, agentsv1.ConditionReady, false, ReasonMoved, msg)
+	if err := b.c.Status().Update(ctx, obj); err != nil {
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			return true, nil // changed meanwhile: the next pass looks again
+		}
+		return true, err
+	}
+	b.event(obj, true, ReasonMoved, "Move", "%s", msg)
+	return true, nil
+}
