@@ -81,6 +81,7 @@ type serveConfig struct {
 	CRIUFreezeTimeout    time.Duration // runc.Config.FreezeTimeout
 	VolumeTeamMaxTotalMB int           // volume.Config.MaxTotalMBPerTeam
 	Kube                 kubeFlags     // serve_kube.go
+	KubeAPI              kubeAPIFlags  // serve_kubeapi.go
 }
 
 func newServeCmd() *cobra.Command {
@@ -150,6 +151,7 @@ which wins over the file.`,
 	addNetFlags(f, &c.Net)
 	addAuditFlags(f, &c.Audit)
 	addKubeFlags(f, &c.Kube)
+	addKubeAPIFlags(f, &c.KubeAPI)
 	return cmd
 }
 
@@ -338,6 +340,9 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if c.KubeAPI.Enabled {
+		return serveKubeAPI(ctx, c, log) // serve_kubeapi.go: unprivileged, no store
+	}
 	if os.Geteuid() != 0 {
 		return errors.New("agentbox serve needs root (namespaces, cgroups, nftables, mounts); run it with sudo")
 	}
@@ -427,7 +432,11 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	mgr, err := sandbox.New(ctx, sandbox.Config{MaxTimeout: c.MaxTimeout, HealthInterval: c.HealthInterval, MaxCommandLifetime: c.MaxCommandLife}, log, st, rt, nw, templates)
+	tokenSecret, err := readTokenSecret(c.KubeAPI.TokenSecretFile)
+	if err != nil {
+		return err
+	}
+	mgr, err := sandbox.New(ctx, sandbox.Config{MaxTimeout: c.MaxTimeout, HealthInterval: c.HealthInterval, MaxCommandLifetime: c.MaxCommandLife, TokenSecret: tokenSecret}, log, st, rt, nw, templates)
 	if err != nil {
 		return err
 	}

@@ -73,6 +73,9 @@ func startKube(ctx context.Context, k kubeFlags, mgr *sandbox.Manager, tiers *ru
 		}
 		teams[ns] = t.ID
 	}
+	if err := bindLabelledNamespaces(ctx, k.Kubeconfig, teams, st); err != nil { // serve_kubeapi.go
+		return err
+	}
 	if k.NodeCPU == 0 {
 		k.NodeCPU = goruntime.NumCPU()
 	}
@@ -83,7 +86,12 @@ func startKube(ctx context.Context, k kubeFlags, mgr *sandbox.Manager, tiers *ru
 		}
 		k.NodeMemoryMB = mb
 	}
+	addr, err := advertiseAddress(c.KubeAPI.AdvertiseAddress, c.Listen) // serve_kubeapi.go
+	if err != nil {
+		return err
+	}
 	ctl, err := kube.New(kube.Config{
+		Address:    addr,
 		Kubeconfig: k.Kubeconfig, Node: k.Node, Teams: teams, MaxTimeout: c.MaxTimeout,
 		LeaderElection: k.LeaderElect, LeaderElectionNamespace: k.LeaderElectNS, MetricsAddr: k.MetricsListen,
 		LeaseNamespace: k.LeaseNS, LeaseDuration: k.LeaseDuration, CPU: k.NodeCPU, MemoryMB: k.NodeMemoryMB,

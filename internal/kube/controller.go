@@ -65,6 +65,9 @@ type Config struct {
 	// CPU and MemoryMB are what this agent may allocate to sandboxes.
 	CPU      int
 	MemoryMB int
+	// Address is where the API tier reaches this agent's gateway
+	// (host:port), reported on the Lease.
+	Address string
 	// MetricsAddr serves controller-runtime's Prometheus metrics ("" or
 	// "0" = off).
 	MetricsAddr string
