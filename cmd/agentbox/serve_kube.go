@@ -73,7 +73,7 @@ func startKube(ctx context.Context, k kubeFlags, mgr *sandbox.Manager, tiers *ru
 		}
 		teams[ns] = t.ID
 	}
-	if err := bindLabelledNamespaces(ctx, k.Kubeconfig, teams, st); err != nil { // serve_kubeapi.go
+	if err := bindLabelledNamespaces(ctx, k.Kubeconfig, teams, st, log); err != nil { // serve_kubeapi.go
 		return err
 	}
 	if k.NodeCPU == 0 {

@@ -8,9 +8,11 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/agentbox/agentbox/internal/authlimit"
 	"github.com/agentbox/agentbox/internal/kube"
@@ -44,7 +46,13 @@ func readTokenSecret(path string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--token-secret-file: %w", err)
 	}
-	if fi.Mode().Perm()&0o077 != 0 {
+	perm := fi.Mode().Perm()
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Gid) == os.Getegid() && os.Getegid() != 0 {
+		// A Kubernetes Secret volume with fsGroup: group-readable by this
+		// process's own group only.
+		perm &^= 0o040
+	}
+	if perm&0o077 != 0 {
 		return nil, fmt.Errorf("--token-secret-file %s: mode %04o lets other users read the token secret; chmod 600 %s", path, fi.Mode().Perm(), path)
 	}
 	b, err := os.ReadFile(path)
@@ -125,8 +133,14 @@ func serveKubeAPI(ctx context.Context, c serveConfig, log *slog.Logger) error {
 // (and not bound by --kube-team) to the team NAME of this server, created
 // if new, so node agents need no per-team flags. Namespaces are read when
 // the agent starts.
-func bindLabelledNamespaces(ctx context.Context, kubeconfig string, teams map[string]string, st *store.Store) error {
+func bindLabelledNamespaces(ctx context.Context, kubeconfig string, teams map[string]string, st *store.Store, log *slog.Logger) error {
 	labelled, err := kube.LabelledNamespaces(ctx, kubeconfig)
+	if apierrors.IsForbidden(err) {
+		// An agent whose RBAC predates team labels keeps its --kube-team
+		// bindings.
+		log.Warn("cannot list namespaces: only --kube-team namespaces are bound (grant list on namespaces to bind agentbox.dev/team labelled ones)", "err", err)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
