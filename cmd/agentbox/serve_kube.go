@@ -87,8 +87,11 @@ func startKube(ctx context.Context, k kubeFlags, mgr *sandbox.Manager, tiers *ru
 		k.NodeMemoryMB = mb
 	}
 	addr, err := advertiseAddress(c.KubeAPI.AdvertiseAddress, c.Listen) // serve_kubeapi.go
-	if err != nil {
+	if err != nil && c.KubeAPI.AdvertiseAddress != "" {
 		return err
+	} else if err != nil {
+		// Only serve --kubernetes needs it; the agent works without.
+		log.Warn("no address for the node agent Lease: serve --kubernetes cannot reach this agent", "err", err)
 	}
 	ctl, err := kube.New(kube.Config{
 		Address:    addr,
