@@ -112,7 +112,7 @@ func startReplica(t *testing.T, bin, kubeconfig, secret string) *apiReplica {
 		logf.Close()
 		if t.Failed() {
 			b, _ := os.ReadFile(r.log)
-			t.Logf("----- serve --kubernetes log -----\n%s", lastLines(string(b), 80))
+			t.Logf("----- serve --kubernetes log -----\n%s", replicaLogTail(string(b), 80))
 		}
 	})
 	deadline := time.Now().Add(time.Minute)
@@ -132,7 +132,7 @@ func startReplica(t *testing.T, bin, kubeconfig, secret string) *apiReplica {
 	}
 }
 
-func lastLines(s string, n int) string {
+func replicaLogTail(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
@@ -140,24 +140,24 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-var kubeKeyPattern = regexp.MustCompile(`e2b_[0-9a-f]{40}`)
+var kubeKeyOutput = regexp.MustCompile(`e2b_[0-9a-f]{40}`)
 
-// kubeKey mints a key of team with `agentbox apikey create --kubernetes`.
-func kubeKey(t *testing.T, bin, kubeconfig, team string) string {
+// mintKubeKey mints a key of team with `agentbox apikey create --kubernetes`.
+func mintKubeKey(t *testing.T, bin, kubeconfig, team string) string {
 	t.Helper()
 	out, err := exec.Command(bin, "apikey", "create", "--kubernetes", "--team", team, "--kubeconfig", kubeconfig,
 		"--kube-keys-namespace", "agentbox-system").CombinedOutput()
 	if err != nil {
 		t.Fatalf("apikey create --kubernetes: %v\n%s", err, out)
 	}
-	k := kubeKeyPattern.FindString(string(out))
+	k := kubeKeyOutput.FindString(string(out))
 	if k == "" {
 		t.Fatalf("apikey create --kubernetes printed no key: %s", out)
 	}
 	return k
 }
 
-func createNamespace(ctx context.Context, t *testing.T, c client.Client, name string, labels map[string]any) {
+func createTeamNamespace(ctx context.Context, t *testing.T, c client.Client, name string, labels map[string]any) {
 	t.Helper()
 	md := map[string]any{"name": name}
 	if labels != nil {
@@ -169,8 +169,8 @@ func createNamespace(ctx context.Context, t *testing.T, c client.Client, name st
 	}
 }
 
-// nodeOf is the node of the Sandbox labelled with sandbox id.
-func nodeOf(ctx context.Context, c client.Client, id string) (string, error) {
+// nodeOfSandboxID is the node of the Sandbox labelled with sandbox id.
+func nodeOfSandboxID(ctx context.Context, c client.Client, id string) (string, error) {
 	list := &unstructured.UnstructuredList{}
 	list.SetGroupVersionKind(sandboxGVK.GroupVersion().WithKind("SandboxList"))
 	if err := c.List(ctx, list, client.MatchingLabels{"agentbox.dev/sandbox-id": id}); err != nil {
@@ -192,9 +192,9 @@ func TestKubeAPIConformance(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	c, kcPath := cluster(ctx, t)
-	createNamespace(ctx, t, c, "agentbox-system", nil)
-	createNamespace(ctx, t, c, "team-a", map[string]any{"agentbox.dev/team": "team-a"})
-	createNamespace(ctx, t, c, "team-b", map[string]any{"agentbox.dev/team": "team-b"})
+	createTeamNamespace(ctx, t, c, "agentbox-system", nil)
+	createTeamNamespace(ctx, t, c, "team-a", map[string]any{"agentbox.dev/team": "team-a"})
+	createTeamNamespace(ctx, t, c, "team-b", map[string]any{"agentbox.dev/team": "team-b"})
 	secret := filepath.Join(t.TempDir(), "token-secret")
 	if err := os.WriteFile(secret, []byte(strings.Repeat("0123456789abcdef", 4)), 0o600); err != nil {
 		t.Fatal(err)
@@ -212,11 +212,11 @@ func TestKubeAPIConformance(t *testing.T) {
 				a.Launch(t) // its finalizers need it back
 			}
 		}
-		drainNamespaces(t, c, "team-a", "team-b")
+		drainTeamNamespaces(t, c, "team-a", "team-b")
 	})
 	bin := agents["node-a"].Bin
 	rep := startReplica(t, bin, kcPath, secret)
-	keyA, keyB := kubeKey(t, bin, kcPath, "team-a"), kubeKey(t, bin, kcPath, "team-b")
+	keyA, keyB := mintKubeKey(t, bin, kcPath, "team-a"), mintKubeKey(t, bin, kcPath, "team-b")
 
 	t.Run("e2b JS SDK", func(t *testing.T) {
 		jsDir := filepath.Join(harness.RepoRoot(t), "e2e", "js")
@@ -231,7 +231,7 @@ func TestKubeAPIConformance(t *testing.T) {
 		if err != nil {
 			t.Fatalf("node --test cluster.mjs failed: %v\n%s", err, out)
 		}
-		t.Logf("node --test cluster.mjs:\n%s", lastLines(string(out), 20))
+		t.Logf("node --test cluster.mjs:\n%s", replicaLogTail(string(out), 20))
 	})
 
 	sdkA := agentbox.New(agentbox.WithAPIURL(rep.URL), agentbox.WithSandboxURL(rep.URL), agentbox.WithAPIKey(keyA))
@@ -275,7 +275,7 @@ func TestKubeAPIConformance(t *testing.T) {
 			if err != nil {
 				t.Fatalf("create through the replica: %v", err)
 			}
-			node, err := nodeOf(ctx, c, sbx.ID)
+			node, err := nodeOfSandboxID(ctx, c, sbx.ID)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -298,9 +298,9 @@ func TestKubeAPIConformance(t *testing.T) {
 	})
 }
 
-// drainNamespaces deletes every pool, claim and Sandbox of the namespaces and
+// drainTeamNamespaces deletes every pool, claim and Sandbox of the namespaces and
 // waits for the Sandboxes to go (their agents kill them).
-func drainNamespaces(t *testing.T, c client.Client, namespaces ...string) {
+func drainTeamNamespaces(t *testing.T, c client.Client, namespaces ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for _, ns := range namespaces {
