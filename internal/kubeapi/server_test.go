@@ -13,13 +13,16 @@ import (
 	"testing"
 	"time"
 
+	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/agentbox/agentbox/internal/gateway"
 	"github.com/agentbox/agentbox/internal/kube"
 	agentsv1 "github.com/agentbox/agentbox/internal/kube/apis/agents/v1beta1"
+	"github.com/agentbox/agentbox/internal/sandbox"
 )
 
 // defaultAssets is where scripts/k8s-test-bins.sh puts etcd and
@@ -208,6 +211,66 @@ func TestServerAgainstAPIServer(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != 502 || !strings.Contains(string(b), "node-x") {
 			t.Errorf("no agent for node-x: %d %s", resp.StatusCode, b)
+		}
+	})
+
+	t.Run("data plane: traffic goes to the agent on the node's Lease, headers and Host kept", func(t *testing.T) {
+		type seen struct{ host, id, xff, path string }
+		got := make(chan seen, 4)
+		agent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			got <- seen{r.Host, r.Header.Get("E2b-Sandbox-Id"), r.Header.Get("X-Forwarded-For"), r.URL.RequestURI()}
+			w.Header().Set("Content-Type", "text/plain")
+			_, _ = io.WriteString(w, "from the agent")
+		}))
+		defer agent.Close()
+		st, _ := json.Marshal(kube.NodeStatus{Node: "node-x", Address: strings.TrimPrefix(agent.URL, "http://")})
+		lease := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: kube.LeasePrefix + "node-x", Namespace: "agentbox-system",
+			Annotations: map[string]string{kube.AnnotationNodeStatus: string(st)}}}
+		if err := c.Create(ctx, lease); err != nil {
+			t.Fatal(err)
+		}
+		do := func(req *http.Request) (int, string) {
+			t.Helper()
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusBadGateway || time.Now().After(deadline) {
+					return resp.StatusCode, string(b)
+				}
+				time.Sleep(100 * time.Millisecond) // the Lease reaches the cache
+			}
+		}
+		req, _ := http.NewRequest("GET", hs.URL+"/files?path=/x", nil)
+		req.Header.Set("E2b-Sandbox-Id", id)
+		req.Header.Set("E2b-Sandbox-Port", "49983")
+		if code, body := do(req); code != 200 || body != "from the agent" {
+			t.Fatalf("header-routed: %d %s", code, body)
+		}
+		if s := <-got; s.id != id || s.path != "/files?path=/x" || s.xff == "" || s.host != strings.TrimPrefix(hs.URL, "http://") {
+			t.Errorf("the agent saw %+v", s)
+		}
+		req, _ = http.NewRequest("GET", hs.URL+"/health", nil)
+		req.Host = "49983-" + id + ".sandbox.example"
+		if code, body := do(req); code != 200 {
+			t.Fatalf("host-routed: %d %s", code, body)
+		}
+		if s := <-got; s.host != "49983-"+id+".sandbox.example" {
+			t.Errorf("the agent saw Host %q", s.host)
+		}
+		sig := gateway.Signature("/x", "read", "user", sandbox.AccessToken([]byte(strings.Repeat("s", 32)), id), "")
+		req, _ = http.NewRequest("GET", hs.URL+"/files?path=/x&username=user&signature="+sig, nil)
+		if code, body := do(req); code != 200 {
+			t.Fatalf("signed URL: %d %s", code, body)
+		}
+		<-got
+		req, _ = http.NewRequest("GET", hs.URL+"/files?path=/x&username=user&signature=v1_forged", nil)
+		if code, body := do(req); code != 401 {
+			t.Errorf("forged signature: %d %s", code, body)
 		}
 	})
 
