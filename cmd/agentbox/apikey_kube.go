@@ -26,7 +26,7 @@ type kubeKeyFlags struct {
 }
 
 func addKubeKeyFlags(f *pflag.FlagSet, k *kubeKeyFlags) {
-	f.BoolVar(&k.enabled, "kubernetes", false, "create the key for `agentbox serve --kubernetes`: a Secret (type agentbox.dev/api-key, label agentbox.dev/team=TEAM) holding the key's SHA-256 in --kube-keys-namespace, instead of a key of the server's data directory")
+	f.BoolVar(&k.enabled, "kubernetes", false, "create the key for agentbox serve --kubernetes: a Secret (type agentbox.dev/api-key, label agentbox.dev/team=TEAM) holding the key's SHA-256 in --kube-keys-namespace, instead of a key of the server's data directory")
 	f.StringVar(&k.kubeconfig, "kubeconfig", "", "with --kubernetes: the cluster (default: in-cluster config, then $KUBECONFIG, then ~/.kube/config)")
 	f.StringVar(&k.namespace, "kube-keys-namespace", "agentbox-system", "with --kubernetes: namespace of the API key Secrets (serve --kube-keys-namespace)")
 }

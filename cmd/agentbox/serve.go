@@ -102,6 +102,10 @@ the "base" template if it is missing (about 1-2 minutes, cached).
 Sandboxes keep running when the server stops (also on kill -9); the next
 start on the same data dir re-adopts them or cleans up what is left.
 
+With --kubernetes it is instead the stateless E2B API tier of a Kubernetes
+cluster (unprivileged, no data dir): sandboxes run on the node agents
+(serve --kube-controller) and keys come from apikey create --kubernetes.
+
 Every flag can also be set with an environment variable AGENTBOX_<FLAG>
 (e.g. AGENTBOX_LISTEN=0.0.0.0:3000) or in a JSON file given with --config
 ({"listen": "...", "max-timeout": "24h"}); flags win over the environment,
