@@ -62,7 +62,12 @@ type apiReplica struct {
 // its kubeconfig and token secret are copied into a directory of its own.
 func startReplica(t *testing.T, bin, kubeconfig, secret string) *apiReplica {
 	t.Helper()
-	dir := t.TempDir()
+	// Traversable by nobody (t.TempDir's parent is private to root).
+	dir, err := os.MkdirTemp("", "agentbox-e2e-replica-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
