@@ -20,10 +20,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	crlog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/authlimit"
@@ -94,6 +96,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	if cfg.CreateWait <= 0 {
 		cfg.CreateWait = 3 * time.Minute
 	}
+	crlog.SetLogger(logr.FromSlogHandler(log.Handler()))
 	rc, err := kube.RESTConfig(cfg.Kubeconfig)
 	if err != nil {
 		return nil, err
