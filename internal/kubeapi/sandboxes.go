@@ -580,7 +580,10 @@ func (s *Server) setEnd(ctx context.Context, sb *agentsv1.Sandbox, end time.Time
 			c.Spec.Lifecycle = &extv1.ClaimLifecycle{ShutdownPolicy: extv1.ClaimShutdownDelete}
 		}
 		c.Spec.Lifecycle.ShutdownTime = &t
-		return kubeErr(s.c.Patch(ctx, c, client.MergeFrom(base)))
+		if err := s.c.Patch(ctx, c, client.MergeFrom(base)); err != nil {
+			return kubeErr(err)
+		}
+		return s.seen(ctx, c, &extv1.SandboxClaim{})
 	}
 	if onlyLater && sb.Spec.ShutdownTime != nil && !sb.Spec.ShutdownTime.Time.Before(t.Time) {
 		return nil
@@ -591,7 +594,21 @@ func (s *Server) setEnd(ctx context.Context, sb *agentsv1.Sandbox, end time.Time
 		del := agentsv1.ShutdownPolicyDelete
 		sb.Spec.ShutdownPolicy = &del
 	}
-	return kubeErr(s.c.Patch(ctx, sb, client.MergeFrom(base)))
+	if err := s.c.Patch(ctx, sb, client.MergeFrom(base)); err != nil {
+		return kubeErr(err)
+	}
+	return s.seen(ctx, sb, &agentsv1.Sandbox{})
+}
+
+// seen waits until this replica's cache holds obj's write (its generation),
+// so the caller's next read sees it.
+func (s *Server) seen(ctx context.Context, obj client.Object, into client.Object) error {
+	return s.poll(ctx, "see the write of "+obj.GetName(), func() (bool, error) {
+		if err := s.c.Get(ctx, client.ObjectKeyFromObject(obj), into); err != nil {
+			return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+		}
+		return into.GetGeneration() >= obj.GetGeneration(), nil
+	})
 }
 
 func (s *Server) timeout(w http.ResponseWriter, r *http.Request) {
