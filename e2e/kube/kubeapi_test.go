@@ -273,6 +273,31 @@ func TestKubeAPIConformance(t *testing.T) {
 		}
 	})
 
+	// Measured, not asserted: a create through the replica (a Sandbox
+	// object, placement, the agent's reconcile, the cache) against the
+	// floor of a create on an agent's own API, in the same run.
+	t.Run("create cost through the replica", func(t *testing.T) {
+		floorSDK := agentbox.New(agentbox.WithAPIURL(agents["node-a"].URL), agentbox.WithSandboxURL(agents["node-a"].URL), agentbox.WithAPIKey(agents["node-a"].APIKey))
+		timed := func(sdk *agentbox.Client) time.Duration {
+			start := time.Now()
+			sbx, err := sdk.Create(ctx, agentbox.CreateOptions{Timeout: 5 * time.Minute})
+			took := time.Since(start)
+			if err != nil {
+				t.Fatalf("create: %v", err)
+			}
+			if err := sbx.Kill(ctx); err != nil {
+				t.Errorf("kill %s: %v", sbx.ID, err)
+			}
+			return took
+		}
+		var viaReplica, floor time.Duration
+		for range 3 {
+			viaReplica += timed(sdkA)
+			floor += timed(floorSDK)
+		}
+		t.Logf("create through serve --kubernetes: %v; agent's own API floor: %v; ratio %.2f", viaReplica/3, floor/3, float64(viaReplica)/float64(floor))
+	})
+
 	t.Run("after one agent dies the other node's sandboxes answer", func(t *testing.T) {
 		byNode := map[string]*agentbox.Sandbox{}
 		for i := 0; i < 6 && len(byNode) < 2; i++ {
