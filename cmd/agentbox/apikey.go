@@ -32,6 +32,7 @@ once. Each key belongs to a team; a team sees only its own sandboxes.`,
 	cmd.PersistentFlags().StringVar(&dataDir, "data-dir", defaultDataDir(), "server data directory")
 
 	var team, name string
+	var kubeKey kubeKeyFlags
 	create := &cobra.Command{
 		Use:     "create",
 		Short:   "Create a key and print it (shown only once)",
@@ -40,6 +41,9 @@ once. Each key belongs to a team; a team sees only its own sandboxes.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if !store.ValidTeamName(team) {
 				return fmt.Errorf("--team %q: use 1-64 letters, digits, '-', '_' or '.'", team)
+			}
+			if kubeKey.enabled {
+				return createKubeKey(cmd.Context(), cmd.OutOrStdout(), kubeKey, team, name) // apikey_kube.go
 			}
 			st, err := openStore(cmd.Context(), dataDir)
 			if err != nil {
@@ -60,6 +64,7 @@ once. Each key belongs to a team; a team sees only its own sandboxes.`,
 	}
 	create.Flags().StringVar(&team, "team", "default", "team the key belongs to (created if new)")
 	create.Flags().StringVar(&name, "name", "", "a note to recognise the key by")
+	addKubeKeyFlags(create.Flags(), &kubeKey)
 
 	ls := &cobra.Command{
 		Use:   "ls",

@@ -82,6 +82,7 @@ type serveConfig struct {
 	LazyResumeMB         int           // runc.Config.LazyResumeMB
 	VolumeTeamMaxTotalMB int           // volume.Config.MaxTotalMBPerTeam
 	Kube                 kubeFlags     // serve_kube.go
+	KubeAPI              kubeAPIFlags  // serve_kubeapi.go
 }
 
 func newServeCmd() *cobra.Command {
@@ -101,6 +102,10 @@ the "base" template if it is missing (about 1-2 minutes, cached).
 
 Sandboxes keep running when the server stops (also on kill -9); the next
 start on the same data dir re-adopts them or cleans up what is left.
+
+With --kubernetes it is instead the stateless E2B API tier of a Kubernetes
+cluster (unprivileged, no data dir): sandboxes run on the node agents
+(serve --kube-controller) and keys come from apikey create --kubernetes.
 
 Every flag can also be set with an environment variable AGENTBOX_<FLAG>
 (e.g. AGENTBOX_LISTEN=0.0.0.0:3000) or in a JSON file given with --config
@@ -152,6 +157,7 @@ which wins over the file.`,
 	addNetFlags(f, &c.Net)
 	addAuditFlags(f, &c.Audit)
 	addKubeFlags(f, &c.Kube)
+	addKubeAPIFlags(f, &c.KubeAPI)
 	return cmd
 }
 
@@ -340,6 +346,9 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if c.KubeAPI.Enabled {
+		return serveKubeAPI(ctx, c, log) // serve_kubeapi.go: unprivileged, no store
+	}
 	if os.Geteuid() != 0 {
 		return errors.New("agentbox serve needs root (namespaces, cgroups, nftables, mounts); run it with sudo")
 	}
@@ -429,7 +438,11 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	mgr, err := sandbox.New(ctx, sandbox.Config{MaxTimeout: c.MaxTimeout, HealthInterval: c.HealthInterval, MaxCommandLifetime: c.MaxCommandLife}, log, st, rt, nw, templates)
+	tokenSecret, err := readTokenSecret(c.KubeAPI.TokenSecretFile)
+	if err != nil {
+		return err
+	}
+	mgr, err := sandbox.New(ctx, sandbox.Config{MaxTimeout: c.MaxTimeout, HealthInterval: c.HealthInterval, MaxCommandLifetime: c.MaxCommandLife, TokenSecret: tokenSecret}, log, st, rt, nw, templates)
 	if err != nil {
 		return err
 	}

@@ -81,6 +81,9 @@ func startKube(ctx context.Context, k kubeFlags, mgr *sandbox.Manager, tiers *ru
 		}
 		teams[ns] = t.ID
 	}
+	if err := bindLabelledNamespaces(ctx, k.Kubeconfig, teams, st, log); err != nil { // serve_kubeapi.go
+		return err
+	}
 	if k.NodeCPU == 0 && k.Node != "" {
 		k.NodeCPU = goruntime.NumCPU()
 	}
@@ -95,7 +98,18 @@ func startKube(ctx context.Context, k kubeFlags, mgr *sandbox.Manager, tiers *ru
 	if err != nil {
 		return err
 	}
+	var addr string
+	if k.Node != "" { // a controller alone writes no Lease
+		addr, err = advertiseAddress(c.KubeAPI.AdvertiseAddress, c.Listen) // serve_kubeapi.go
+		if err != nil && c.KubeAPI.AdvertiseAddress != "" {
+			return err
+		} else if err != nil {
+			// Only serve --kubernetes needs it; the agent works without.
+			log.Warn("no address for the node agent Lease: serve --kubernetes cannot reach this agent", "err", err)
+		}
+	}
 	ctl, err := kube.New(kube.Config{
+		Address:    addr,
 		Kubeconfig: k.Kubeconfig, Node: k.Node, Teams: teams, MaxTimeout: c.MaxTimeout,
 		LeaderElection: k.LeaderElect, LeaderElectionNamespace: k.LeaderElectNS, MetricsAddr: k.MetricsListen,
 		LeaseNamespace: k.LeaseNS, LeaseDuration: k.LeaseDuration, CPU: k.NodeCPU, MemoryMB: k.NodeMemoryMB,

@@ -263,6 +263,9 @@ func (r *claimReconciler) coldStart(ctx context.Context, claim *extv1.SandboxCla
 	for k, v := range claim.Spec.AdditionalPodMetadata.Labels {
 		s.Labels[k] = v
 	}
+	if id := claim.Annotations[AnnotationSandboxID]; id != "" {
+		s.Annotations[AnnotationSandboxID] = id // the id an API replica chose
+	}
 	s.Spec.Blueprint = *tpl.Spec.Blueprint.DeepCopy()
 	if cs := s.Spec.PodTemplate.Spec.Containers; len(cs) > 0 {
 		for _, e := range claim.Spec.Env {

@@ -72,6 +72,9 @@ type Config struct {
 	// Images stores suspended Sandboxes' images in an object store so any
 	// agent can resume them (nil: they stay on their node).
 	Images *Images
+	// Address is where the API tier reaches this agent's gateway
+	// (host:port), reported on the Lease.
+	Address string
 	// MetricsAddr serves controller-runtime's Prometheus metrics ("" or
 	// "0" = off).
 	MetricsAddr string

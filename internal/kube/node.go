@@ -58,6 +58,9 @@ type NodeStatus struct {
 	Tiers            []string          `json:"tiers"`
 	UnavailableTiers map[string]string `json:"unavailableTiers,omitempty"`
 	Templates        []string          `json:"templates"`
+	// Address is host:port of the agent's gateway as the API tier
+	// (serve --kubernetes) reaches it (--kube-advertise-address).
+	Address string `json:"address,omitempty"`
 }
 
 // node is a node agent as placement sees it.
@@ -70,7 +73,7 @@ type node struct {
 
 // status measures this agent now.
 func (b reconcilerBase) status(ctx context.Context) NodeStatus {
-	st := NodeStatus{Node: b.cfg.Node, CPU: b.cfg.CPU, MemoryMB: b.cfg.MemoryMB, UnavailableTiers: map[string]string{}}
+	st := NodeStatus{Node: b.cfg.Node, CPU: b.cfg.CPU, MemoryMB: b.cfg.MemoryMB, UnavailableTiers: map[string]string{}, Address: b.cfg.Address}
 	usedCPU, usedMem := 0, 0
 	for _, sb := range b.sbs.Running() {
 		usedCPU += sb.CPUCount

@@ -113,6 +113,9 @@ func (r *sandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 			return ctrl.Result{}, errors.Join(err, uerr)
 		}
 	}
+	if lerr := r.labelID(ctx, &obj); lerr != nil && !apierrors.IsConflict(lerr) {
+		return ctrl.Result{}, errors.Join(err, lerr)
+	}
 	if err != nil && errors.Is(err, errdefs.ErrInvalidArgument) {
 		return ctrl.Result{}, nil // reported in a condition; the next spec edit retries
 	}
@@ -150,6 +153,9 @@ func (r *sandboxReconciler) reconcile(ctx context.Context, team string, obj *age
 	}
 	if sb == nil {
 		req, err := createRequest(obj, team, r.timeout(obj))
+		if err == nil && req.ID != "" {
+			err = r.checkID(ctx, obj, req.ID)
+		}
 		if err != nil {
 			setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, agentsv1.ReasonInvalidSpec, err.Error())
 			r.event(obj, true, agentsv1.ReasonInvalidSpec, "Create", "%v", err)

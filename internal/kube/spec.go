@@ -90,7 +90,15 @@ func createRequest(sb *agentsv1.Sandbox, teamID string, timeout time.Duration) (
 	if err != nil {
 		return sandbox.CreateRequest{}, err
 	}
+	id, err := chosenID(sb)
+	if err != nil {
+		return sandbox.CreateRequest{}, err
+	}
 	return sandbox.CreateRequest{
+		ID: id,
+		// Secure: envd wants the access token, which the server's API and
+		// an API replica sharing --token-secret-file hand out.
+		Secure:    true,
 		TeamID:    teamID,
 		Template:  templateName(c.Image),
 		Timeout:   timeout,

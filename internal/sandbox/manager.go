@@ -31,6 +31,10 @@ type Config struct {
 	Quota          Quota         // the most a create may ask for, unless the team has its own (quota.go)
 	// MaxCommandLifetime caps every command's run time (cmdlife.go).
 	MaxCommandLifetime time.Duration
+	// TokenSecret, when set, is the HMAC secret of envd access and traffic
+	// tokens instead of the store's own (serve --token-secret-file): servers
+	// sharing it compute the same tokens.
+	TokenSecret []byte
 }
 
 func (c *Config) defaults() {
@@ -87,9 +91,12 @@ type Manager struct {
 // New makes a manager. Call Reconcile before serving, then Run.
 func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt runtime.Runtime, nw Network, tpl Templates) (*Manager, error) {
 	cfg.defaults()
-	secret, err := st.Secret(ctx, "envd-token")
-	if err != nil {
-		return nil, err
+	secret := cfg.TokenSecret
+	if len(secret) == 0 {
+		var err error
+		if secret, err = st.Secret(ctx, "envd-token"); err != nil {
+			return nil, err
+		}
 	}
 	return &Manager{
 		cfg: cfg, log: log, store: st, rt: rt, net: nw, templates: tpl, secret: secret, obs: noObserver{},
@@ -116,6 +123,12 @@ func (m *Manager) save(ctx context.Context, sb *Sandbox) error {
 // the template. All three are the pipeline of pipeline.go with a step
 // swapped.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
+	if req.ID != "" {
+		if err := m.checkChosenID(req.ID); err != nil {
+			return nil, err
+		}
+		return m.run(ctx, coldStart(), newBuild("create", req))
+	}
 	if snap, ok := m.teamSnapshot(req.TeamID, req.Template); ok {
 		b := newBuild("restore", req)
 		b.snap, b.tplID = snap, snap.ID
@@ -134,6 +147,20 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		}
 	}
 	return m.run(ctx, coldStart(), newBuild("create", req))
+}
+
+// checkChosenID refuses a caller-chosen id that is malformed or taken.
+func (m *Manager) checkChosenID(id string) error {
+	if !ValidID(id) {
+		return fmt.Errorf("sandbox id %q: want 2-64 characters of a-z and 0-9: %w", id, errdefs.ErrInvalidArgument)
+	}
+	m.mu.Lock()
+	_, taken := m.sandboxes[id]
+	m.mu.Unlock()
+	if taken {
+		return fmt.Errorf("sandbox id %q is already used; choose another: %w", id, errdefs.ErrConflict)
+	}
+	return nil
 }
 
 func (m *Manager) checkTimeout(d time.Duration) error {

@@ -300,8 +300,11 @@ func withoutRules(n *NetworkSpec) *NetworkSpec {
 
 // TrafficToken is the e2b-traffic-access-token of a sandbox created with
 // allowPublicTraffic false: stable for its life, derived, never stored.
-func (m *Manager) TrafficToken(id string) string {
-	h := hmac.New(sha256.New, m.secret)
+func (m *Manager) TrafficToken(id string) string { return TrafficToken(m.secret, id) }
+
+// TrafficToken derives sandbox id's traffic token from secret.
+func TrafficToken(secret []byte, id string) string {
+	h := hmac.New(sha256.New, secret)
 	h.Write([]byte("sandbox-traffic-" + id))
 	return hex.EncodeToString(h.Sum(nil))[:40]
 }

@@ -152,9 +152,13 @@ type build struct {
 
 func newBuild(path string, req CreateRequest) *build {
 	now := time.Now().UTC()
+	id := req.ID
+	if id == "" {
+		id = newID()
+	}
 	return &build{
 		path: path, action: "create", req: req, counts: true, fresh: true,
-		sb:   &Sandbox{ID: newID(), TeamID: req.TeamID, APIKeyID: req.APIKeyID, TemplateID: req.Template, State: StateCreating, StartedAt: now},
+		sb:   &Sandbox{ID: id, TeamID: req.TeamID, APIKeyID: req.APIKeyID, TemplateID: req.Template, State: StateCreating, StartedAt: now},
 		took: map[string]time.Duration{},
 	}
 }

@@ -110,6 +110,9 @@ type CreateRequest struct {
 	Lifecycle     LifecycleRequest
 	VolumeMounts  []VolumeMount // by name; validated paths
 	Workdir       string        // "" = the template's; absolute (a pod's workingDir)
+	// ID, when set, is the sandbox's id, chosen by the caller (a Kubernetes
+	// API replica) with NewID; "" = a new one.
+	ID string
 }
 
 // newID returns "i" + 20 chars of [a-z0-9], the E2B id shape (no '-': host
@@ -128,6 +131,9 @@ func newID() string {
 	}
 	return string(out)
 }
+
+// NewID returns a new sandbox id, as the server makes them.
+func NewID() string { return newID() }
 
 // ValidID reports whether s has the shape of a sandbox id.
 func ValidID(s string) bool {

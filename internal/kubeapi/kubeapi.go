@@ -1,0 +1,323 @@
+// Package kubeapi is agentbox's stateless API tier on Kubernetes (serve
+// --kubernetes): it serves the E2B REST API and data plane of a whole
+// cluster from the agent-sandbox objects alone. A create becomes a Sandbox
+// or SandboxClaim that a node agent (serve --kube-controller) runs; sandbox
+// traffic is proxied to the agent of the sandbox's node. It keeps no state
+// of its own: API keys are Secrets, teams are labelled namespaces, and
+// several replicas may serve at once.
+package kubeapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	coordv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	crlog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/agentbox/agentbox/api/gen/rest"
+	"github.com/agentbox/agentbox/internal/authlimit"
+	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/kube"
+	agentsv1 "github.com/agentbox/agentbox/internal/kube/apis/agents/v1beta1"
+	extv1 "github.com/agentbox/agentbox/internal/kube/apis/extensions/v1beta1"
+)
+
+// API key Secrets: type SecretType in the keys namespace, label
+// kube.LabelTeam naming the team, data KeyHashField = hex SHA-256 of the
+// key (never the key).
+const (
+	SecretType   = "agentbox.dev/api-key"
+	KeyHashField = "sha256"
+	// AnnotationMetadata holds a sandbox's E2B metadata (JSON) on the
+	// Sandbox or SandboxClaim the API tier made.
+	AnnotationMetadata = "agentbox.dev/metadata"
+	// LabelOrigin marks the objects the API tier made.
+	LabelOrigin = "agentbox.dev/origin"
+)
+
+// hashIndex indexes API key Secrets by their sha256 field.
+const hashIndex = "agentbox.keyHash"
+
+// Config configures the API tier.
+type Config struct {
+	Kubeconfig string
+	// KeysNamespace holds the API key Secrets.
+	KeysNamespace string
+	// LeaseNamespace holds the node agents' Leases (their addresses).
+	LeaseNamespace string
+	// TokenSecret is the node agents' --token-secret-file: envd access and
+	// traffic tokens are derived from it.
+	TokenSecret []byte
+	// MaxTimeout is the longest sandbox timeout accepted.
+	MaxTimeout time.Duration
+	// CreateWait bounds how long a create (or resume) waits for Ready.
+	CreateWait time.Duration
+	// Guesses counts failed credential checks; nil = a default limiter.
+	Guesses *authlimit.Limiter
+}
+
+// Server serves the E2B API of a cluster.
+type Server struct {
+	cfg     Config
+	c       client.Client // reads from the informer cache, writes to the API server
+	live    client.Reader // past the cache: /ready
+	cache   cache.Cache
+	log     *slog.Logger
+	guesses *authlimit.Limiter
+}
+
+// New connects to the cluster; call Start before serving.
+func New(cfg Config, log *slog.Logger) (*Server, error) {
+	if len(cfg.TokenSecret) == 0 {
+		return nil, errors.New("--token-secret-file: serve --kubernetes needs the node agents' token secret to hand out envd access tokens; give it the same file as the agents")
+	}
+	if cfg.KeysNamespace == "" {
+		return nil, errors.New("--kube-keys-namespace: name the namespace of the API key Secrets")
+	}
+	if cfg.LeaseNamespace == "" {
+		return nil, errors.New("--kube-lease-namespace: name the namespace of the node agents' Leases")
+	}
+	if cfg.MaxTimeout <= 0 {
+		cfg.MaxTimeout = 24 * time.Hour
+	}
+	if cfg.CreateWait <= 0 {
+		cfg.CreateWait = 3 * time.Minute
+	}
+	crlog.SetLogger(logr.FromSlogHandler(log.Handler()))
+	rc, err := kube.RESTConfig(cfg.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	scheme, err := kube.Scheme()
+	if err != nil {
+		return nil, err
+	}
+	ca, err := cache.New(rc, cache.Options{
+		Scheme: scheme,
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Secret{}:    {Namespaces: map[string]cache.Config{cfg.KeysNamespace: {}}},
+			&coordv1.Lease{}:    {Namespaces: map[string]cache.Config{cfg.LeaseNamespace: {}}},
+			&corev1.Namespace{}: {},
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes cache: %w", err)
+	}
+	if err := ca.IndexField(context.Background(), &corev1.Secret{}, hashIndex, func(o client.Object) []string {
+		s, ok := o.(*corev1.Secret)
+		if !ok || s.Type != SecretType {
+			return nil
+		}
+		if h := string(s.Data[KeyHashField]); h != "" {
+			return []string{strings.ToLower(strings.TrimSpace(h))}
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("index API key Secrets: %w", err)
+	}
+	c, err := client.New(rc, client.Options{Scheme: scheme, Cache: &client.CacheOptions{Reader: ca}})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	live, err := client.New(rc, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	g := cfg.Guesses
+	if g == nil {
+		g = authlimit.New(authlimit.Options{})
+	}
+	return &Server{cfg: cfg, c: c, live: live, cache: ca, log: log, guesses: g}, nil
+}
+
+// Start runs the informers until ctx ends and returns once they are synced.
+func (s *Server) Start(ctx context.Context) error {
+	// The informers of the kinds served start before the first request.
+	for _, o := range []client.Object{&corev1.Secret{}, &coordv1.Lease{}, &corev1.Namespace{},
+		&agentsv1.Sandbox{}, &extv1.SandboxClaim{}, &extv1.SandboxTemplate{}, &extv1.SandboxWarmPool{}} {
+		if _, err := s.cache.GetInformer(ctx, o); err != nil {
+			return fmt.Errorf("watch %T: %w", o, err)
+		}
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- s.cache.Start(ctx) }()
+	if !s.cache.WaitForCacheSync(ctx) {
+		select {
+		case err := <-errc:
+			return fmt.Errorf("kubernetes cache: %w", err)
+		default:
+			return errors.New("kubernetes cache did not sync")
+		}
+	}
+	return nil
+}
+
+type ctxKey struct{}
+
+// caller is who an API key belongs to.
+type caller struct {
+	team string
+	// namespaces are the team's namespaces, sorted; creates go to the first.
+	namespaces []string
+}
+
+func callerOf(ctx context.Context) caller { return ctx.Value(ctxKey{}).(caller) }
+
+// authenticate admits a request with a valid API key, with the local API's
+// answers and guess limiter.
+func (s *Server) authenticate(next http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("X-API-Key")
+		if key == "" {
+			if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+				key = b
+			}
+		}
+		if key == "" {
+			writeError(w, fmt.Errorf("missing API key: send it in the X-API-Key header (make one with `agentbox apikey create --kubernetes`): %w", errdefs.ErrUnauthenticated))
+			return
+		}
+		client := s.guesses.Client(r)
+		if wait, failed, ok := s.guesses.Check(client); !ok {
+			authlimit.Refuse(w, client, "API key", wait, failed)
+			return
+		}
+		team, err := s.teamOfKey(r.Context(), key)
+		if err != nil {
+			if errors.Is(err, errdefs.ErrUnauthenticated) {
+				s.guesses.Fail(client)
+			}
+			writeError(w, err)
+			return
+		}
+		nss, err := s.teamNamespaces(r.Context(), team)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, caller{team: team, namespaces: nss})))
+	})
+}
+
+// HashKey is what an API key Secret stores of the key.
+func HashKey(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:])
+}
+
+func (s *Server) teamOfKey(ctx context.Context, key string) (string, error) {
+	if len(key) > 256 {
+		return "", fmt.Errorf("invalid API key: %w", errdefs.ErrUnauthenticated)
+	}
+	var list corev1.SecretList
+	if err := s.c.List(ctx, &list, client.InNamespace(s.cfg.KeysNamespace), client.MatchingFields{hashIndex: HashKey(key)}); err != nil {
+		return "", fmt.Errorf("look up API key: %w", err)
+	}
+	for _, sec := range list.Items {
+		if sec.Type == SecretType && sec.Labels[kube.LabelTeam] != "" && sec.DeletionTimestamp.IsZero() {
+			return sec.Labels[kube.LabelTeam], nil
+		}
+	}
+	return "", fmt.Errorf("invalid API key: %w", errdefs.ErrUnauthenticated)
+}
+
+// teamNamespaces lists the namespaces labelled for team.
+func (s *Server) teamNamespaces(ctx context.Context, team string) ([]string, error) {
+	var list corev1.NamespaceList
+	if err := s.c.List(ctx, &list, client.MatchingLabels{kube.LabelTeam: team}); err != nil {
+		return nil, fmt.Errorf("list the namespaces of team %s: %w", team, err)
+	}
+	var out []string
+	for _, n := range list.Items {
+		if n.DeletionTimestamp.IsZero() {
+			out = append(out, n.Name)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// Handler serves the API and the data plane.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("Health check successful"))
+	})
+	mux.HandleFunc("GET /ready", s.ready)
+	auth := func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, s.authenticate(h)) }
+	auth("POST /sandboxes", s.create(false))
+	auth("POST /v2/sandboxes", s.create(true))
+	auth("GET /sandboxes", s.list(false))
+	auth("GET /v2/sandboxes", s.list(true))
+	auth("GET /sandboxes/{id}", s.info)
+	auth("DELETE /sandboxes/{id}", s.kill)
+	auth("POST /sandboxes/{id}/timeout", s.timeout)
+	auth("POST /sandboxes/{id}/refreshes", s.refresh)
+	auth("POST /sandboxes/{id}/pause", s.pause)
+	auth("POST /sandboxes/{id}/resume", s.resume)
+	auth("POST /sandboxes/{id}/connect", s.connect(false))
+	auth("POST /v2/sandboxes/{id}/connect", s.connect(true))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, fmt.Errorf("%s %s is not served by `agentbox serve --kubernetes` (it serves sandbox lifecycle and the data plane): build templates, and use volumes, snapshots, logs and metrics, on a node agent's own API (agentbox serve) or with kubectl: %w",
+			r.Method, r.URL.Path, errdefs.ErrNotFound))
+	})
+	return s.dataPlane(mux)
+}
+
+func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	var list corev1.NamespaceList
+	if err := s.live.List(ctx, &list, client.Limit(1)); err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"code": http.StatusServiceUnavailable, "message": "the Kubernetes API server does not answer: " + err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"ready": true})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func statusOf(err error) int {
+	switch {
+	case errors.Is(err, errdefs.ErrInvalidArgument):
+		return http.StatusBadRequest
+	case errors.Is(err, errdefs.ErrUnauthenticated):
+		return http.StatusUnauthorized
+	case errors.Is(err, errdefs.ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, errdefs.ErrConflict):
+		return http.StatusConflict
+	case errors.Is(err, errdefs.ErrResourceExhausted):
+		return http.StatusTooManyRequests
+	case errors.Is(err, errdefs.ErrUnavailable):
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	status := statusOf(err)
+	msg := err.Error()
+	for _, e := range []error{errdefs.ErrInvalidArgument, errdefs.ErrUnauthenticated, errdefs.ErrNotFound, errdefs.ErrConflict, errdefs.ErrResourceExhausted, errdefs.ErrUnavailable} {
+		msg = strings.TrimSuffix(msg, ": "+e.Error())
+	}
+	writeJSON(w, status, rest.Error{Code: status, Message: msg})
+}
