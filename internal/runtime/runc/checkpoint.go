@@ -131,18 +131,7 @@ func criuFailed(verb, logFile, work string, err error) error {
 	if verb == "restore" {
 		name = "restore.log"
 	}
-	hint := ""
-	if b, rerr := os.ReadFile(filepath.Join(work, name)); rerr == nil {
-		// The first error is the cause; later ones are the unwinding
-		// (the rlimit one is a known, harmless warning of this build).
-		for l := range strings.SplitSeq(string(b), "\n") {
-			if strings.Contains(l, "Error") && !strings.Contains(l, "RLIMIT_NOFILE") {
-				hint = " (criu: " + strings.TrimSpace(l) + ")"
-				break
-			}
-		}
-	}
-	return fmt.Errorf("%w%s", failed(verb, logFile, err), hint)
+	return fmt.Errorf("%w%s", failed(verb, logFile, err), logHint(filepath.Join(work, name)))
 }
 
 // CRIU locks a dumped netns's traffic until the restore has its sockets

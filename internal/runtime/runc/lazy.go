@@ -211,14 +211,16 @@ func (d *Driver) startWatch(id, dir string, ld *lazyDaemon) {
 	go d.watch(id, dir, ld)
 }
 
-// logHint is the first error line of a CRIU log, for error messages.
+// logHint is the first error line of a CRIU log, for error messages: the
+// first error is the cause; later ones are the unwinding (the rlimit one
+// is a known, harmless warning of this build).
 func logHint(path string) string {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return ""
 	}
 	for l := range bytes.SplitSeq(b, []byte("\n")) {
-		if bytes.Contains(l, []byte("Error")) {
+		if bytes.Contains(l, []byte("Error")) && !bytes.Contains(l, []byte("RLIMIT_NOFILE")) {
 			return " (criu: " + strings.TrimSpace(string(l)) + ")"
 		}
 	}
