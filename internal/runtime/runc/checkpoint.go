@@ -484,7 +484,6 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 	if err != nil && lazy != nil {
 		// Whatever failed, a full restore may not: try it once.
 		lazy.kill()
-		_ = os.Remove(filepath.Join(dir, lazyPidFile))
 		lerr := criuFailed("restore", logFile, work, err)
 		_ = d.deleteContainer(context.WithoutCancel(ctx), spec.ID)
 		if uffdFailed(work) {
@@ -507,7 +506,6 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 			d.startWatch(spec.ID, dir, lazy)
 		} else {
 			lazy.kill()
-			_ = os.Remove(filepath.Join(dir, lazyPidFile))
 		}
 	}
 	if err != nil {

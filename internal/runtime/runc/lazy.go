@@ -111,6 +111,7 @@ func pagesSize(img string) int64 {
 // lazyDaemon is a running lazy-pages daemon started by this process.
 type lazyDaemon struct {
 	cmd   *exec.Cmd
+	dir   string // the sandbox's bundle, which holds its record
 	start time.Time
 	done  chan struct{} // closed once reaped
 	err   error         // its exit, valid after done
@@ -139,7 +140,7 @@ func (d *Driver) startLazyPages(ctx context.Context, id, dir, img, work string) 
 	if err != nil {
 		return nil, fmt.Errorf("criu lazy-pages: %w", err)
 	}
-	ld := &lazyDaemon{cmd: cmd, start: time.Now(), done: make(chan struct{})}
+	ld := &lazyDaemon{cmd: cmd, dir: dir, start: time.Now(), done: make(chan struct{})}
 	go func() {
 		ld.err = cmd.Wait()
 		close(ld.done)
@@ -165,16 +166,17 @@ func (d *Driver) startLazyPages(ctx context.Context, id, dir, img, work string) 
 	}
 	if err != nil {
 		ld.kill()
-		_ = os.Remove(filepath.Join(dir, lazyPidFile))
 		return nil, fmt.Errorf("criu lazy-pages: %w%s", err, logHint(filepath.Join(dir, lazyLog)))
 	}
 	return ld, nil
 }
 
-// kill ends a daemon whose restore failed and reaps it.
+// kill ends a daemon whose restore failed, reaps it and removes its
+// record.
 func (ld *lazyDaemon) kill() {
 	_ = ld.cmd.Process.Kill()
 	<-ld.done
+	_ = os.Remove(filepath.Join(ld.dir, lazyPidFile))
 }
 
 // watch follows a daemon serving sandbox id after a successful restore:
