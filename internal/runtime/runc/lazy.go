@@ -258,22 +258,29 @@ func procStart(pid int) (string, error) {
 
 // lazyPid is the pid of the sandbox's page daemon if it still runs.
 func lazyPid(dir string) (int, bool) {
+	pid, _, ok := lazyProc(dir)
+	return pid, ok
+}
+
+// lazyProc is the pid and start time of the sandbox's page daemon if it
+// still runs.
+func lazyProc(dir string) (pid int, start string, ok bool) {
 	b, err := os.ReadFile(filepath.Join(dir, lazyPidFile))
 	if err != nil {
-		return 0, false
+		return 0, "", false
 	}
 	f := strings.Fields(string(b))
 	if len(f) != 2 {
-		return 0, false
+		return 0, "", false
 	}
-	pid, err := strconv.Atoi(f[0])
+	pid, err = strconv.Atoi(f[0])
 	if err != nil || pid <= 0 {
-		return 0, false
+		return 0, "", false
 	}
 	if st, err := procStart(pid); err != nil || st != f[1] {
-		return 0, false
+		return 0, "", false
 	}
-	return pid, true
+	return pid, f[1], true
 }
 
 // waitLazyGone waits until the sandbox's page daemon (if any) has exited.
@@ -303,14 +310,10 @@ func (d *Driver) killLazy(ctx context.Context, id string) error {
 // killLazyDir kills the page daemon recorded in bundle dir, if any, and
 // waits for it.
 func killLazyDir(ctx context.Context, dir string) error {
-	pid, ok := lazyPid(dir)
+	pid, st, ok := lazyProc(dir)
 	_ = os.Remove(filepath.Join(dir, lazyPidFile))
 	if !ok {
 		return nil
-	}
-	st, err := procStart(pid)
-	if err != nil {
-		return nil // gone already
 	}
 	_ = syscall.Kill(pid, syscall.SIGKILL)
 	for deadline := time.Now().Add(10 * time.Second); ; {
