@@ -110,16 +110,10 @@ func lazyResumes(ctx context.Context, c *wire.Client, cfg LifecycleConfig, mb in
 	return first, all, nil
 }
 
-// newestBundle is the bundle under dataDir whose file name is newest.
+// newestBundle is the bundle under dataDir whose file name (a plain file
+// name) is newest.
 func newestBundle(dataDir, name string) string {
-	logs, _ := filepath.Glob(filepath.Join(dataDir, "sandboxes", "*", name))
-	var newest string
-	var at time.Time
-	for _, l := range logs {
-		if fi, err := os.Stat(l); err == nil && fi.ModTime().After(at) {
-			newest, at = l, fi.ModTime()
-		}
-	}
+	newest := newestFile(dataDir, name)
 	if newest == "" {
 		return ""
 	}

@@ -335,14 +335,7 @@ func forkVsRestore(ctx context.Context, c *wire.Client, cfg LifecycleConfig) (re
 // named name (under each bundle) in the server's data dir: its last line's
 // elapsed-time stamp.
 func lastCRIULog(dataDir, name string) (time.Duration, bool) {
-	logs, _ := filepath.Glob(filepath.Join(dataDir, "sandboxes", "*", name))
-	var newest string
-	var at time.Time
-	for _, l := range logs {
-		if fi, err := os.Stat(l); err == nil && fi.ModTime().After(at) {
-			newest, at = l, fi.ModTime()
-		}
-	}
+	newest := newestFile(dataDir, name)
 	if newest == "" {
 		return 0, false
 	}
@@ -356,4 +349,18 @@ func lastCRIULog(dataDir, name string) (time.Duration, bool) {
 		return 0, false
 	}
 	return time.Duration(sec * float64(time.Second)), true
+}
+
+// newestFile is the newest of the files name (relative to a bundle) of the
+// sandboxes under dataDir; "" if none has one.
+func newestFile(dataDir, name string) string {
+	logs, _ := filepath.Glob(filepath.Join(dataDir, "sandboxes", "*", name))
+	var newest string
+	var at time.Time
+	for _, l := range logs {
+		if fi, err := os.Stat(l); err == nil && fi.ModTime().After(at) {
+			newest, at = l, fi.ModTime()
+		}
+	}
+	return newest
 }
