@@ -110,16 +110,10 @@ func lazyResumes(ctx context.Context, c *wire.Client, cfg LifecycleConfig, mb in
 	return first, all, nil
 }
 
-// newestBundle is the bundle under dataDir whose file name is newest.
+// newestBundle is the bundle under dataDir whose file name (a plain file
+// name) is newest.
 func newestBundle(dataDir, name string) string {
-	logs, _ := filepath.Glob(filepath.Join(dataDir, "sandboxes", "*", name))
-	var newest string
-	var at time.Time
-	for _, l := range logs {
-		if fi, err := os.Stat(l); err == nil && fi.ModTime().After(at) {
-			newest, at = l, fi.ModTime()
-		}
-	}
+	newest := newestFile(dataDir, name)
 	if newest == "" {
 		return ""
 	}
@@ -136,27 +130,14 @@ func criuLazyFloor(ctx context.Context, cfg LifecycleConfig, mb int) (restore, a
 		return nil, nil, err
 	}
 	defer os.RemoveAll(dir)
-	ready := filepath.Join(dir, "ready")
-	cmd := exec.CommandContext(ctx, "python3", "-c", fmt.Sprintf(memHog, mb), ready)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return nil, nil, err
-	}
-	go func() { _ = cmd.Wait() }()
-	pid := cmd.Process.Pid
+	pid, err := startMemHog(ctx, dir, mb)
 	defer func() {
 		if pid > 0 {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}()
-	for i := 0; ; i++ {
-		if _, err := os.Stat(ready); err == nil {
-			break
-		}
-		if i > 600 {
-			return nil, nil, errors.New("python3 never became ready")
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err != nil {
+		return nil, nil, err
 	}
 	for i := range cfg.Cycles {
 		img, work := filepath.Join(dir, "img"+strconv.Itoa(i)), filepath.Join(dir, "work"+strconv.Itoa(i))
@@ -168,12 +149,7 @@ func criuLazyFloor(ctx context.Context, cfg LifecycleConfig, mb int) (restore, a
 		if out, err := exec.CommandContext(ctx, cfg.CRIU, "dump", "-t", strconv.Itoa(pid), "-D", img, "-o", "dump.log").CombinedOutput(); err != nil {
 			return nil, nil, fmt.Errorf("criu dump: %w: %s (log %s)", err, out, tail(filepath.Join(img, "dump.log")))
 		}
-		for range 500 {
-			if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		waitGone(pid)
 		t := time.Now()
 		r, w, err := os.Pipe()
 		if err != nil {

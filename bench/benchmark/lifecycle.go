@@ -213,27 +213,14 @@ func criuFloor(ctx context.Context, cfg LifecycleConfig, mb int) (dump, restore 
 		return nil, nil, err
 	}
 	defer os.RemoveAll(dir)
-	ready := filepath.Join(dir, "ready")
-	cmd := exec.CommandContext(ctx, "python3", "-c", fmt.Sprintf(memHog, mb), ready)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return nil, nil, err
-	}
-	go func() { _ = cmd.Wait() }()
-	pid := cmd.Process.Pid
+	pid, err := startMemHog(ctx, dir, mb)
 	defer func() {
 		if pid > 0 {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}()
-	for i := 0; ; i++ {
-		if _, err := os.Stat(ready); err == nil {
-			break
-		}
-		if i > 600 {
-			return nil, nil, errors.New("python3 never became ready")
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err != nil {
+		return nil, nil, err
 	}
 	for i := range cfg.Cycles {
 		img := filepath.Join(dir, "img"+strconv.Itoa(i))
@@ -245,14 +232,7 @@ func criuFloor(ctx context.Context, cfg LifecycleConfig, mb int) (dump, restore 
 			return nil, nil, fmt.Errorf("criu dump: %w: %s (log %s)", err, out, tail(filepath.Join(img, "dump.log")))
 		}
 		dump = append(dump, time.Since(t))
-		// Restore wants the same pid: wait until the dumped process is
-		// reaped (by us the first time, by init after).
-		for range 500 {
-			if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		waitGone(pid)
 		pidFile := filepath.Join(dir, "pid"+strconv.Itoa(i))
 		t = time.Now()
 		if out, err := exec.CommandContext(ctx, cfg.CRIU, "restore", "-d", "-D", img, "-o", "restore.log", "--pidfile", pidFile).CombinedOutput(); err != nil {
@@ -335,14 +315,7 @@ func forkVsRestore(ctx context.Context, c *wire.Client, cfg LifecycleConfig) (re
 // named name (under each bundle) in the server's data dir: its last line's
 // elapsed-time stamp.
 func lastCRIULog(dataDir, name string) (time.Duration, bool) {
-	logs, _ := filepath.Glob(filepath.Join(dataDir, "sandboxes", "*", name))
-	var newest string
-	var at time.Time
-	for _, l := range logs {
-		if fi, err := os.Stat(l); err == nil && fi.ModTime().After(at) {
-			newest, at = l, fi.ModTime()
-		}
-	}
+	newest := newestFile(dataDir, name)
 	if newest == "" {
 		return 0, false
 	}
@@ -356,4 +329,51 @@ func lastCRIULog(dataDir, name string) (time.Duration, bool) {
 		return 0, false
 	}
 	return time.Duration(sec * float64(time.Second)), true
+}
+
+// newestFile is the newest of the files name (relative to a bundle) of the
+// sandboxes under dataDir; "" if none has one.
+func newestFile(dataDir, name string) string {
+	logs, _ := filepath.Glob(filepath.Join(dataDir, "sandboxes", "*", name))
+	var newest string
+	var at time.Time
+	for _, l := range logs {
+		if fi, err := os.Stat(l); err == nil && fi.ModTime().After(at) {
+			newest, at = l, fi.ModTime()
+		}
+	}
+	return newest
+}
+
+// startMemHog starts a python3 holding mb MiB in its own session, which
+// says so in dir/ready, and waits for it; a pid > 0 is to be killed even
+// with an error.
+func startMemHog(ctx context.Context, dir string, mb int) (int, error) {
+	ready := filepath.Join(dir, "ready")
+	cmd := exec.CommandContext(ctx, "python3", "-c", fmt.Sprintf(memHog, mb), ready)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	go func() { _ = cmd.Wait() }()
+	for i := 0; ; i++ {
+		if _, err := os.Stat(ready); err == nil {
+			return cmd.Process.Pid, nil
+		}
+		if i > 600 {
+			return cmd.Process.Pid, errors.New("python3 never became ready")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitGone waits (up to 5s) until a dumped process is reaped (by us the
+// first time, by init after): restore wants the same pid.
+func waitGone(pid int) {
+	for range 500 {
+		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -13,17 +13,24 @@ import (
 // seconds) instead of finishing the early ones first. Waiting creates are
 // served in arrival order as slots free up.
 func (m *Manager) createSlot(ctx context.Context) (release func(), err error) {
+	return m.admit(ctx, &m.life.createSlots, createSlots, "create")
+}
+
+// admit takes one of the slots in *slots (made on first use with
+// size(GOMAXPROCS) of them, under m.mu) and returns its release. Waiters
+// are served in arrival order; what names the slot in the error.
+func (m *Manager) admit(ctx context.Context, slots *chan struct{}, size func(procs int) int, what string) (release func(), err error) {
 	m.mu.Lock()
-	if m.life.createSlots == nil {
-		m.life.createSlots = make(chan struct{}, createSlots(goruntime.GOMAXPROCS(0)))
+	if *slots == nil {
+		*slots = make(chan struct{}, size(goruntime.GOMAXPROCS(0)))
 	}
-	slots := m.life.createSlots
+	ch := *slots
 	m.mu.Unlock()
 	select {
-	case slots <- struct{}{}:
-		return func() { <-slots }, nil
+	case ch <- struct{}{}:
+		return func() { <-ch }, nil
 	case <-ctx.Done():
-		return nil, fmt.Errorf("waiting for a create slot: %w", ctx.Err())
+		return nil, fmt.Errorf("waiting for a %s slot: %w", what, ctx.Err())
 	}
 }
 

@@ -1,10 +1,6 @@
 package sandbox
 
-import (
-	"context"
-	"fmt"
-	goruntime "runtime"
-)
+import "context"
 
 // forkSlot admits one copy of a fork into its restore. Forks have their
 // own, wider slots than cold creates (admission.go): a copy's restore
@@ -14,18 +10,7 @@ import (
 // of one call all share a single read-only image, so they add no I/O
 // burst of their own.
 func (m *Manager) forkSlot(ctx context.Context) (release func(), err error) {
-	m.mu.Lock()
-	if m.life.forkSlots == nil {
-		m.life.forkSlots = make(chan struct{}, forkSlots(goruntime.GOMAXPROCS(0)))
-	}
-	slots := m.life.forkSlots
-	m.mu.Unlock()
-	select {
-	case slots <- struct{}{}:
-		return func() { <-slots }, nil
-	case <-ctx.Done():
-		return nil, fmt.Errorf("waiting for a fork slot: %w", ctx.Err())
-	}
+	return m.admit(ctx, &m.life.forkSlots, forkSlots, "fork") // admission.go
 }
 
 // forkSlots is how many fork copies restore at once on procs CPUs.

@@ -131,18 +131,7 @@ func criuFailed(verb, logFile, work string, err error) error {
 	if verb == "restore" {
 		name = "restore.log"
 	}
-	hint := ""
-	if b, rerr := os.ReadFile(filepath.Join(work, name)); rerr == nil {
-		// The first error is the cause; later ones are the unwinding
-		// (the rlimit one is a known, harmless warning of this build).
-		for l := range strings.SplitSeq(string(b), "\n") {
-			if strings.Contains(l, "Error") && !strings.Contains(l, "RLIMIT_NOFILE") {
-				hint = " (criu: " + strings.TrimSpace(l) + ")"
-				break
-			}
-		}
-	}
-	return fmt.Errorf("%w%s", failed(verb, logFile, err), hint)
+	return fmt.Errorf("%w%s", failed(verb, logFile, err), logHint(filepath.Join(work, name)))
 }
 
 // CRIU locks a dumped netns's traffic until the restore has its sockets
@@ -499,7 +488,6 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 	if err != nil && lazy != nil {
 		// Whatever failed, a full restore may not: try it once.
 		lazy.kill()
-		_ = os.Remove(filepath.Join(dir, lazyPidFile))
 		lerr := criuFailed("restore", logFile, work, err)
 		_ = d.deleteContainer(context.WithoutCancel(ctx), spec.ID)
 		if uffdFailed(work) {
@@ -522,7 +510,6 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 			d.startWatch(spec.ID, dir, lazy)
 		} else {
 			lazy.kill()
-			_ = os.Remove(filepath.Join(dir, lazyPidFile))
 		}
 	}
 	if err != nil {

@@ -111,6 +111,7 @@ func pagesSize(img string) int64 {
 // lazyDaemon is a running lazy-pages daemon started by this process.
 type lazyDaemon struct {
 	cmd   *exec.Cmd
+	dir   string // the sandbox's bundle, which holds its record
 	start time.Time
 	done  chan struct{} // closed once reaped
 	err   error         // its exit, valid after done
@@ -139,7 +140,7 @@ func (d *Driver) startLazyPages(ctx context.Context, id, dir, img, work string) 
 	if err != nil {
 		return nil, fmt.Errorf("criu lazy-pages: %w", err)
 	}
-	ld := &lazyDaemon{cmd: cmd, start: time.Now(), done: make(chan struct{})}
+	ld := &lazyDaemon{cmd: cmd, dir: dir, start: time.Now(), done: make(chan struct{})}
 	go func() {
 		ld.err = cmd.Wait()
 		close(ld.done)
@@ -165,16 +166,17 @@ func (d *Driver) startLazyPages(ctx context.Context, id, dir, img, work string) 
 	}
 	if err != nil {
 		ld.kill()
-		_ = os.Remove(filepath.Join(dir, lazyPidFile))
 		return nil, fmt.Errorf("criu lazy-pages: %w%s", err, logHint(filepath.Join(dir, lazyLog)))
 	}
 	return ld, nil
 }
 
-// kill ends a daemon whose restore failed and reaps it.
+// kill ends a daemon whose restore failed, reaps it and removes its
+// record.
 func (ld *lazyDaemon) kill() {
 	_ = ld.cmd.Process.Kill()
 	<-ld.done
+	_ = os.Remove(filepath.Join(ld.dir, lazyPidFile))
 }
 
 // watch follows a daemon serving sandbox id after a successful restore:
@@ -211,14 +213,16 @@ func (d *Driver) startWatch(id, dir string, ld *lazyDaemon) {
 	go d.watch(id, dir, ld)
 }
 
-// logHint is the first error line of a CRIU log, for error messages.
+// logHint is the first error line of a CRIU log, for error messages: the
+// first error is the cause; later ones are the unwinding (the rlimit one
+// is a known, harmless warning of this build).
 func logHint(path string) string {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return ""
 	}
 	for l := range bytes.SplitSeq(b, []byte("\n")) {
-		if bytes.Contains(l, []byte("Error")) {
+		if bytes.Contains(l, []byte("Error")) && !bytes.Contains(l, []byte("RLIMIT_NOFILE")) {
 			return " (criu: " + strings.TrimSpace(string(l)) + ")"
 		}
 	}
@@ -254,22 +258,29 @@ func procStart(pid int) (string, error) {
 
 // lazyPid is the pid of the sandbox's page daemon if it still runs.
 func lazyPid(dir string) (int, bool) {
+	pid, _, ok := lazyProc(dir)
+	return pid, ok
+}
+
+// lazyProc is the pid and start time of the sandbox's page daemon if it
+// still runs.
+func lazyProc(dir string) (pid int, start string, ok bool) {
 	b, err := os.ReadFile(filepath.Join(dir, lazyPidFile))
 	if err != nil {
-		return 0, false
+		return 0, "", false
 	}
 	f := strings.Fields(string(b))
 	if len(f) != 2 {
-		return 0, false
+		return 0, "", false
 	}
-	pid, err := strconv.Atoi(f[0])
+	pid, err = strconv.Atoi(f[0])
 	if err != nil || pid <= 0 {
-		return 0, false
+		return 0, "", false
 	}
 	if st, err := procStart(pid); err != nil || st != f[1] {
-		return 0, false
+		return 0, "", false
 	}
-	return pid, true
+	return pid, f[1], true
 }
 
 // waitLazyGone waits until the sandbox's page daemon (if any) has exited.
@@ -299,14 +310,10 @@ func (d *Driver) killLazy(ctx context.Context, id string) error {
 // killLazyDir kills the page daemon recorded in bundle dir, if any, and
 // waits for it.
 func killLazyDir(ctx context.Context, dir string) error {
-	pid, ok := lazyPid(dir)
+	pid, st, ok := lazyProc(dir)
 	_ = os.Remove(filepath.Join(dir, lazyPidFile))
 	if !ok {
 		return nil
-	}
-	st, err := procStart(pid)
-	if err != nil {
-		return nil // gone already
 	}
 	_ = syscall.Kill(pid, syscall.SIGKILL)
 	for deadline := time.Now().Add(10 * time.Second); ; {
