@@ -149,6 +149,8 @@ const (
 // criuRestoreLog is CRIU's log of the sandbox's last restore, in its bundle;
 // criuLazyFailedLog that of its last lazy restore that failed.
 const (
+	// restoreWorkDir is CRIU's work dir of a restore, in the bundle.
+	restoreWorkDir    = "criu-restore-work"
 	criuRestoreLog    = "criu-restore.log"
 	criuLazyFailedLog = "criu-restore-lazy-failed.log"
 )
@@ -444,7 +446,7 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 	if err := setCRIUConf(dir, conf); err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
-	work := filepath.Join(dir, "criu-restore-work")
+	work := filepath.Join(dir, restoreWorkDir)
 	_ = os.RemoveAll(work)
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return err

@@ -338,8 +338,14 @@ func killLazyDir(ctx context.Context, dir string) error {
 // not serves nobody and is killed, leaving the sandbox paused.
 func (d *Driver) settleLazy(ctx context.Context, id string) {
 	dir := d.b.Dir(id)
+	// The restore's work dir (CRIU's log, the daemon's socket) is removed
+	// by the restore that made it, which a killed server never finished.
+	work := filepath.Join(dir, restoreWorkDir)
 	if _, ok := lazyPid(dir); !ok {
 		_ = os.Remove(filepath.Join(dir, lazyPidFile))
+		if _, err := os.Stat(work); err == nil && !restoreInFlight(dir) {
+			_ = os.RemoveAll(work)
+		}
 		return
 	}
 	for deadline := time.Now().Add(2 * time.Minute); restoreInFlight(dir) && time.Now().Before(deadline); {
@@ -349,6 +355,8 @@ func (d *Driver) settleLazy(ctx context.Context, id string) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+	// The daemon, if it still serves, is connected already.
+	_ = os.RemoveAll(work)
 	if d.running(ctx, id) {
 		return // it serves the running sandbox and ends on its own
 	}
