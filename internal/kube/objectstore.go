@@ -234,10 +234,7 @@ func (r *sandboxReconciler) restoreMoved(ctx context.Context, team string, obj *
 			return true, ctrl.Result{}, nil
 		}
 		start := time.Now()
-		// A Sandbox whose id an API replica chose keeps it on the new
-		// node, so its clients' id still reaches it.
-		id, _ := chosenID(obj)
-		req := sandbox.CreateRequest{ID: id, TeamID: team, Timeout: r.timeout(obj), Metadata: map[string]string{
+		req := sandbox.CreateRequest{TeamID: team, Timeout: r.timeout(obj), Metadata: map[string]string{
 			MetaUID: string(obj.UID), MetaNamespace: obj.Namespace, MetaName: obj.Name, MetaRestoredFrom: img.Prefix,
 		}}
 		sb, err := im.Mover.ImportPaused(ctx, req, func(dir string) (*sandbox.MovedImage, error) {

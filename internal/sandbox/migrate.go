@@ -86,8 +86,8 @@ func (m *Manager) ExportPaused(ctx context.Context, teamID, id, dir string) (*Mo
 	return out, nil
 }
 
-// ImportPaused restores, as a new sandbox of req.TeamID (a new id, or
-// req.ID when set, and a new address; memory and files as they were), a paused sandbox that another
+// ImportPaused restores, as a new sandbox of req.TeamID (new id and
+// address, memory and files as they were), a paused sandbox that another
 // server exported. fill writes the exported tree into the empty dir it is
 // given (download, verify, unpack) and returns its record; on any error
 // nothing is left behind. The tree becomes a hidden snapshot of the team
@@ -96,11 +96,6 @@ func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func
 	snaps := m.life.snaps
 	if snaps == nil {
 		return nil, fmt.Errorf("snapshots are not enabled on this server: %w", errdefs.ErrUnavailable)
-	}
-	if req.ID != "" {
-		if err := m.checkChosenID(req.ID); err != nil {
-			return nil, err
-		}
 	}
 	if _, err := m.checkpointer(); err != nil {
 		return nil, err
