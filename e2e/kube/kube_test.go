@@ -139,9 +139,13 @@ func condition(u *unstructured.Unstructured, typ string) *metav1.Condition {
 	return meta.FindStatusCondition(conds, typ)
 }
 
-// waitFor polls f until it returns true or the context ends.
+// waitFor polls f until it returns true, failing the test when the context
+// ends or after waitLimit, so a stuck step is reported with its last state
+// long before the test's own deadline.
 func waitFor(ctx context.Context, t *testing.T, what string, f func() (bool, string)) {
 	t.Helper()
+	ctx, cancel := context.WithTimeoutCause(ctx, waitLimit, fmt.Errorf("not done in %s", waitLimit))
+	defer cancel()
 	last := ""
 	for {
 		ok, state := f()
@@ -156,6 +160,10 @@ func waitFor(ctx context.Context, t *testing.T, what string, f func() (bool, str
 		}
 	}
 }
+
+// waitLimit bounds one waitFor: every step of these tests takes seconds,
+// the scale test's burst of claims about half a minute.
+const waitLimit = 3 * time.Minute
 
 // cluster starts a kube-apiserver and etcd with the CRDs installed and
 // the namespace made; it returns a client and an admin kubeconfig file.
