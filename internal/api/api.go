@@ -20,6 +20,7 @@ import (
 	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/authlimit"
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/sandbox"
 	"github.com/agentbox/agentbox/internal/store"
 	"github.com/agentbox/agentbox/internal/template"
@@ -90,7 +91,7 @@ func (s *Server) Handler() http.Handler {
 	// they describe every team).
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
 		if s.promMetrics == nil {
-			writeError(w, fmt.Errorf("metrics are off on this address: start the server with --metrics-token (then send Authorization: Bearer <token>) or --metrics-listen: %w", errdefs.ErrNotFound))
+			httperr.Write(w, fmt.Errorf("metrics are off on this address: start the server with --metrics-token (then send Authorization: Bearer <token>) or --metrics-listen: %w", errdefs.ErrNotFound))
 			return
 		}
 		s.promMetrics.ServeHTTP(w, r)
@@ -123,7 +124,7 @@ func (s *Server) Handler() http.Handler {
 	s.volumeRoutes(mux, auth)
 	s.dashboardRoutes(mux, auth)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
+		httperr.Write(w, fmt.Errorf("no route %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
 	})
 	return mux
 }
@@ -137,7 +138,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			}
 		}
 		if key == "" {
-			writeError(w, fmt.Errorf("missing API key: send it in the X-API-Key header (see <data-dir>/apikey or `agentbox apikey create`): %w", errdefs.ErrUnauthenticated))
+			httperr.Write(w, fmt.Errorf("missing API key: send it in the X-API-Key header (see <data-dir>/apikey or `agentbox apikey create`): %w", errdefs.ErrUnauthenticated))
 			return
 		}
 		var k store.APIKey
@@ -163,14 +164,14 @@ func (s *Server) checkSecret(w http.ResponseWriter, r *http.Request, what, secre
 	}
 	if len(secret) > 256 {
 		s.guesses.Fail(client)
-		writeError(w, fmt.Errorf("invalid %s: %w", what, errdefs.ErrUnauthenticated))
+		httperr.Write(w, fmt.Errorf("invalid %s: %w", what, errdefs.ErrUnauthenticated))
 		return false
 	}
 	if err := lookup(); err != nil {
 		if errors.Is(err, errdefs.ErrUnauthenticated) {
 			s.guesses.Fail(client)
 		}
-		writeError(w, err)
+		httperr.Write(w, err)
 		return false
 	}
 	return true
@@ -297,12 +298,12 @@ func (s *Server) create(v2 bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var body rest.NewSandbox
 		if err := decodeBody(w, r, s.MaxBody, false, &body); err != nil {
-			writeError(w, err)
+			httperr.Write(w, err)
 			return
 		}
 		req, err := s.createRequest(r.Context(), body, v2)
 		if err != nil {
-			writeError(w, err)
+			httperr.Write(w, err)
 			return
 		}
 		s.createOnce(w, r, body, func() (any, error) {
@@ -367,14 +368,14 @@ func (s *Server) createRequest(ctx context.Context, b rest.NewSandbox, v2 bool) 
 func (s *Server) info(w http.ResponseWriter, r *http.Request) {
 	sb, err := s.mgr.Get(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r))
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	token := ""
 	if sb.Secure {
 		token = s.mgr.Token(sb.ID)
 	}
-	writeJSON(w, http.StatusOK, detail(sb, token))
+	httperr.WriteJSON(w, http.StatusOK, detail(sb, token))
 }
 
 // sandboxID accepts the legacy "<sandboxID>-<clientID>" form too.
@@ -388,7 +389,7 @@ func sandboxID(r *http.Request) string {
 
 func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
 	if err := s.mgr.Kill(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r)); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -397,11 +398,11 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
 func (s *Server) timeout(w http.ResponseWriter, r *http.Request) {
 	var body rest.TimeoutRequest
 	if err := decodeBody(w, r, s.MaxBody, false, &body); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	if body.Timeout == nil {
-		writeError(w, invalid("timeout: required (seconds from now)"))
+		httperr.Write(w, invalid("timeout: required (seconds from now)"))
 		return
 	}
 	d, err := timeoutOf(body.Timeout, 0)
@@ -409,7 +410,7 @@ func (s *Server) timeout(w http.ResponseWriter, r *http.Request) {
 		err = s.mgr.SetTimeout(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), d)
 	}
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -418,7 +419,7 @@ func (s *Server) timeout(w http.ResponseWriter, r *http.Request) {
 func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 	var body rest.RefreshRequest
 	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	d, err := timeoutOf(body.Duration, 15*time.Second)
@@ -426,7 +427,7 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 		_, err = s.mgr.Extend(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), max(d, 15*time.Second))
 	}
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -436,16 +437,16 @@ func (s *Server) connect(v2 bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var body rest.ConnectSandbox
 		if err := decodeBody(w, r, s.MaxBody, v2, &body); err != nil {
-			writeError(w, err)
+			httperr.Write(w, err)
 			return
 		}
 		if !v2 && body.Timeout == nil {
-			writeError(w, invalid("timeout: required (seconds)"))
+			httperr.Write(w, invalid("timeout: required (seconds)"))
 			return
 		}
 		d, err := timeoutOf(body.Timeout, 300*time.Second)
 		if err != nil {
-			writeError(w, err)
+			httperr.Write(w, err)
 			return
 		}
 		// A paused sandbox is resumed (201); a running one gets its
@@ -456,14 +457,14 @@ func (s *Server) connect(v2 bool) http.HandlerFunc {
 			sb, err = s.mgr.Extend(r.Context(), team, sandboxID(r), d)
 		}
 		if err != nil {
-			writeError(w, err)
+			httperr.Write(w, err)
 			return
 		}
 		status := http.StatusOK
 		if resumed {
 			status = http.StatusCreated
 		}
-		writeJSON(w, status, s.sandboxResponse(sb))
+		httperr.WriteJSON(w, status, s.sandboxResponse(sb))
 	}
 }
 
@@ -482,17 +483,17 @@ func unixParam(q url.Values, name string) (time.Time, error) {
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	start, err := unixParam(r.URL.Query(), "start")
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	end, err := unixParam(r.URL.Query(), "end")
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	pts, err := s.mgr.Metrics(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), start, end)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	out := make([]rest.SandboxMetric, 0, len(pts))
@@ -500,7 +501,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 		out = append(out, rest.SandboxMetric{Timestamp: p.Timestamp.UTC(), TimestampUnix: p.Timestamp.Unix(), CPUCount: p.CPUCount,
 			CPUUsedPct: p.CPUUsedPct, MemUsed: p.MemUsed, MemTotal: p.MemTotal, MemCache: p.MemCache, DiskUsed: p.DiskUsed, DiskTotal: p.DiskTotal})
 	}
-	writeJSON(w, http.StatusOK, out)
+	httperr.WriteJSON(w, http.StatusOK, out)
 }
 
 // ---- listing ----
@@ -611,7 +612,7 @@ func (lq listQuery) match(sb *sandbox.Sandbox) bool {
 func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
 	lq, err := parseListQuery(r.URL.Query(), false)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	out := []rest.ListedSandbox{}
@@ -620,13 +621,13 @@ func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
 			out = append(out, listed(sb))
 		}
 	}
-	writeJSON(w, http.StatusOK, out)
+	httperr.WriteJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) listV2(w http.ResponseWriter, r *http.Request) {
 	lq, err := parseListQuery(r.URL.Query(), true)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	all := s.mgr.List(r.Context(), keyOf(r.Context()).TeamID) // newest first
@@ -664,12 +665,12 @@ func (s *Server) listV2(w http.ResponseWriter, r *http.Request) {
 	if len(lq.states) == 0 || slices.Contains(lq.states, "running") {
 		w.Header().Set("X-Total-Running", strconv.Itoa(running))
 	}
-	writeJSON(w, http.StatusOK, out)
+	httperr.WriteJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 	if s.mgr == nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"ready": false, "reason": "no sandbox manager"})
+		httperr.WriteJSON(w, http.StatusServiceUnavailable, map[string]any{"ready": false, "reason": "no sandbox manager"})
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
@@ -679,5 +680,5 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 	if !rd.Ready {
 		code = http.StatusServiceUnavailable
 	}
-	writeJSON(w, code, rd)
+	httperr.WriteJSON(w, code, rd)
 }

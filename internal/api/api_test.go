@@ -16,6 +16,7 @@ import (
 
 	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/sandbox"
 	"github.com/agentbox/agentbox/internal/store"
 )
@@ -85,8 +86,8 @@ func TestCreateValidation(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Fatalf("error %v does not name %q", err, tc.wantErr)
 			}
-			if statusOf(err) != http.StatusBadRequest {
-				t.Fatalf("status %d, want 400", statusOf(err))
+			if httperr.Status(err) != http.StatusBadRequest {
+				t.Fatalf("status %d, want 400", httperr.Status(err))
 			}
 		})
 	}
@@ -114,7 +115,7 @@ func TestCreateDefaults(t *testing.T) {
 
 func TestBodyTooLarge(t *testing.T) {
 	_, err := decodeString(t, `{"templateID":"`+strings.Repeat("a", 2000)+`"}`, 1000)
-	if !errors.Is(err, errdefs.ErrTooLarge) || statusOf(err) != http.StatusRequestEntityTooLarge || !strings.Contains(err.Error(), "1000") {
+	if !errors.Is(err, errdefs.ErrTooLarge) || httperr.Status(err) != http.StatusRequestEntityTooLarge || !strings.Contains(err.Error(), "1000") {
 		t.Fatalf("got %v", err)
 	}
 }
@@ -126,7 +127,7 @@ func TestListQuery(t *testing.T) {
 		t.Fatalf("%+v %v", lq, err)
 	}
 	for _, bad := range []url.Values{{"state": {"dead"}}, {"limit": {"0"}}, {"limit": {"101"}}, {"nextToken": {"!!"}}, {"order": {"up"}}} {
-		if _, err := parseListQuery(bad, true); statusOf(err) != http.StatusBadRequest {
+		if _, err := parseListQuery(bad, true); httperr.Status(err) != http.StatusBadRequest {
 			t.Errorf("%v: got %v, want 400", bad, err)
 		}
 	}
@@ -176,7 +177,7 @@ func TestListFilters(t *testing.T) {
 			}
 		})
 	}
-	if _, err := parseListQuery(url.Values{"startedAfter": {"yesterday"}}, true); statusOf(err) != http.StatusBadRequest || !strings.Contains(err.Error(), "startedAfter") {
+	if _, err := parseListQuery(url.Values{"startedAfter": {"yesterday"}}, true); httperr.Status(err) != http.StatusBadRequest || !strings.Contains(err.Error(), "startedAfter") {
 		t.Errorf("bad startedAfter: %v, want a 400 naming the field", err)
 	}
 }
@@ -286,10 +287,10 @@ func FuzzCreateBody(f *testing.F) {
 			_, err = s.createRequest(context.Background(), b, true)
 		}
 		if err != nil {
-			if st := statusOf(err); st < 400 || st > 499 {
+			if st := httperr.Status(err); st < 400 || st > 499 {
 				t.Fatalf("status %d for %q: %v", st, body, err)
 			}
-			if message(err) == "" {
+			if httperr.Message(err) == "" {
 				t.Fatal("empty message")
 			}
 		}

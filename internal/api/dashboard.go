@@ -18,6 +18,7 @@ import (
 	"github.com/agentbox/agentbox/internal/dashboard"
 	"github.com/agentbox/agentbox/internal/envdclient"
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/sandbox"
 )
 
@@ -53,7 +54,7 @@ func (s *Server) dashboardRoutes(mux *http.ServeMux, auth func(string, http.Hand
 	mux.HandleFunc("GET /dashboard/api/sandboxes/{id}/terminal", func(w http.ResponseWriter, r *http.Request) {
 		dashboard.SecurityHeaders(w.Header())
 		if !sameOrigin(r) {
-			writeJSON(w, http.StatusForbidden, rest.Error{Code: http.StatusForbidden, Message: "terminal: the Origin header must be this server's own (open the terminal from the dashboard's page)"})
+			httperr.WriteJSON(w, http.StatusForbidden, rest.Error{Code: http.StatusForbidden, Message: "terminal: the Origin header must be this server's own (open the terminal from the dashboard's page)"})
 			return
 		}
 		if key := protocolKey(r); key != "" {
@@ -111,12 +112,12 @@ func (s *Server) dashFile(h dashFileHandler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		p, err := dashPath(r)
 		if err != nil {
-			writeError(w, err)
+			httperr.Write(w, err)
 			return
 		}
 		sb, live, done, err := s.dashSandbox(r)
 		if err != nil {
-			writeError(w, err)
+			httperr.Write(w, err)
 			return
 		}
 		defer done()
@@ -136,17 +137,17 @@ func (s *Server) dashList(w http.ResponseWriter, r *http.Request, p string, sb *
 	entries, err := s.mgr.Envd(sb).ListDir(live, p, "")
 	if err != nil {
 		s.log.Info("dashboard list", "sandbox", sb.ID, "err", err)
-		writeError(w, fmt.Errorf("cannot list %q in the sandbox (no such directory, or not readable): %w", p, errdefs.ErrNotFound))
+		httperr.Write(w, fmt.Errorf("cannot list %q in the sandbox (no such directory, or not readable): %w", p, errdefs.ErrNotFound))
 		return
 	}
-	writeJSON(w, http.StatusOK, entries)
+	httperr.WriteJSON(w, http.StatusOK, entries)
 }
 
 func (s *Server) dashDownload(w http.ResponseWriter, r *http.Request, p string, sb *sandbox.Sandbox, live context.Context) {
 	rc, size, err := s.mgr.Envd(sb).OpenFile(live, p, "")
 	if err != nil {
 		s.log.Info("dashboard download", "sandbox", sb.ID, "err", err)
-		writeError(w, fmt.Errorf("cannot read %q in the sandbox (no such file, a directory, or not readable): %w", p, errdefs.ErrNotFound))
+		httperr.Write(w, fmt.Errorf("cannot read %q in the sandbox (no such file, a directory, or not readable): %w", p, errdefs.ErrNotFound))
 		return
 	}
 	defer rc.Close()
@@ -173,10 +174,10 @@ func (s *Server) dashUpload(w http.ResponseWriter, r *http.Request, p string, sb
 		s.record(r.Context(), ev)
 		s.log.Info("dashboard upload", "sandbox", sb.ID, "err", err)
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			writeError(w, fmt.Errorf("body: the file is over the limit of %d bytes: %w", maxUploadBytes, errdefs.ErrTooLarge))
+			httperr.Write(w, fmt.Errorf("body: the file is over the limit of %d bytes: %w", maxUploadBytes, errdefs.ErrTooLarge))
 			return
 		}
-		writeError(w, fmt.Errorf("cannot write %q in the sandbox (a directory, or not writable): %w", p, errdefs.ErrInvalidArgument))
+		httperr.Write(w, fmt.Errorf("cannot write %q in the sandbox (a directory, or not writable): %w", p, errdefs.ErrInvalidArgument))
 		return
 	}
 	s.record(r.Context(), ev)
@@ -214,7 +215,7 @@ type resize struct {
 func (s *Server) dashTerminal(w http.ResponseWriter, r *http.Request) {
 	sb, live, done, err := s.dashSandbox(r)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	defer done()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/httperr"
 )
 
 // IdempotencyHeader names a create, so that a client whose connection broke
@@ -108,25 +109,25 @@ func (s *Server) createOnce(w http.ResponseWriter, r *http.Request, body any, cr
 	if key == "" {
 		v, err := create()
 		if err != nil {
-			writeError(w, err)
+			httperr.Write(w, err)
 			return
 		}
-		writeJSON(w, http.StatusCreated, v)
+		httperr.WriteJSON(w, http.StatusCreated, v)
 		return
 	}
 	if len(key) > idemKeyMax || !printable(key) {
-		writeError(w, invalid("%s: must be printable and at most %d bytes", IdempotencyHeader, idemKeyMax))
+		httperr.Write(w, invalid("%s: must be printable and at most %d bytes", IdempotencyHeader, idemKeyMax))
 		return
 	}
 	raw, err := json.Marshal(body)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	team := keyOf(r.Context()).TeamID
 	e, owner, err := s.idem.begin(team, key, sha256.Sum256(raw))
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	if !owner {
@@ -147,13 +148,13 @@ func (s *Server) createOnce(w http.ResponseWriter, r *http.Request, body any, cr
 	v, err := create()
 	if err != nil {
 		s.idem.finish(team, key, e, nil, false)
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	out, err := json.Marshal(v)
 	if err != nil {
 		s.idem.finish(team, key, e, nil, false)
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	s.idem.finish(team, key, e, out, true)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/sandbox"
 )
 
@@ -65,7 +66,7 @@ func endAt(sb *sandbox.Sandbox) time.Time {
 func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 	var body rest.PauseRequest
 	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	pause := s.mgr.Pause
@@ -73,7 +74,7 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 		pause = s.mgr.PauseFilesystem
 	}
 	if err := pause(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r)); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -84,24 +85,24 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 	var body rest.ResumedSandbox
 	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	d, err := timeoutOf(body.Timeout, 15*time.Second)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	sb, resumed, err := s.resumeWith(r, body.Memory, d)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	if !resumed {
-		writeError(w, fmt.Errorf("sandbox %q is already running: %w", sb.ID, errdefs.ErrConflict))
+		httperr.Write(w, fmt.Errorf("sandbox %q is already running: %w", sb.ID, errdefs.ErrConflict))
 		return
 	}
-	writeJSON(w, http.StatusCreated, s.sandboxResponse(sb))
+	httperr.WriteJSON(w, http.StatusCreated, s.sandboxResponse(sb))
 }
 
 func snapshotOut(sn *sandbox.Snapshot) rest.SnapshotInfo {
@@ -111,14 +112,14 @@ func snapshotOut(sn *sandbox.Snapshot) rest.SnapshotInfo {
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	var body rest.SnapshotRequest
 	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	name := ""
 	if body.Name != nil {
 		name = *body.Name
 		if name == "" || len(name) > 128 || !snapshotName(name) {
-			writeError(w, invalid("name: use 1-128 lowercase letters, digits, '-' and '_'"))
+			httperr.Write(w, invalid("name: use 1-128 lowercase letters, digits, '-' and '_'"))
 			return
 		}
 		team := keyOf(r.Context()).TeamID
@@ -126,7 +127,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 			// E2B assigns a new build to the existing name; ours are
 			// immutable, so the old one is replaced.
 			if err := s.mgr.DeleteSnapshot(r.Context(), team, name); err != nil {
-				writeError(w, err)
+				httperr.Write(w, err)
 				return
 			}
 		}
@@ -137,10 +138,10 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	sn, err := snapshot(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), name)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, snapshotOut(sn))
+	httperr.WriteJSON(w, http.StatusCreated, snapshotOut(sn))
 }
 
 func snapshotName(s string) bool {
@@ -158,7 +159,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 100 {
-			writeError(w, invalid("limit: must be an integer from 1 to 100, got %q", truncate(v)))
+			httperr.Write(w, invalid("limit: must be an integer from 1 to 100, got %q", truncate(v)))
 			return
 		}
 		limit = n
@@ -181,7 +182,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		}
 		out = append(out, snapshotOut(all[i]))
 	}
-	writeJSON(w, http.StatusOK, out)
+	httperr.WriteJSON(w, http.StatusOK, out)
 }
 
 // deleteSnapshot serves DELETE /templates/{id} (the SDK's deleteSnapshot)
@@ -193,7 +194,7 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) bool {
 		return false
 	}
 	if err := s.mgr.DeleteSnapshot(r.Context(), team, ref); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return true
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -203,7 +204,7 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) bool {
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	var body rest.ForkRequest
 	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	count := int64(1)
@@ -211,30 +212,30 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		count = *body.Count
 	}
 	if count < 1 || count > sandbox.MaxForks {
-		writeError(w, invalid("count: must be from 1 to %d, got %d", sandbox.MaxForks, count))
+		httperr.Write(w, invalid("count: must be from 1 to %d, got %d", sandbox.MaxForks, count))
 		return
 	}
 	d, err := timeoutOf(body.Timeout, 15*time.Second)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	res, err := s.mgr.Fork(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), int(count), d)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	out := make([]rest.ForkResult, len(res))
 	for i, fr := range res {
 		if fr.Err != nil {
-			st := statusOf(fr.Err)
-			out[i].Error = &rest.Error{Code: st, Message: message(fr.Err)}
+			st := httperr.Status(fr.Err)
+			out[i].Error = &rest.Error{Code: st, Message: httperr.Message(fr.Err)}
 			continue
 		}
 		sr := s.sandboxResponse(fr.Sandbox)
 		out[i].Sandbox = &sr
 	}
-	writeJSON(w, http.StatusCreated, out)
+	httperr.WriteJSON(w, http.StatusCreated, out)
 }
 
 // pools reports the warm pools (agentbox extension) as the caller's team
@@ -245,5 +246,5 @@ func (s *Server) pools(w http.ResponseWriter, r *http.Request) {
 	for _, p := range pools {
 		out = append(out, poolStats(p))
 	}
-	writeJSON(w, http.StatusOK, out)
+	httperr.WriteJSON(w, http.StatusOK, out)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/sandbox"
 )
 
@@ -59,7 +60,7 @@ func (s *Server) logs(v2 bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		al := s.mgr.Audit()
 		if al == nil {
-			writeError(w, fmt.Errorf("this server keeps no audit log: %w", errdefs.ErrUnavailable))
+			httperr.Write(w, fmt.Errorf("this server keeps no audit log: %w", errdefs.ErrUnavailable))
 			return
 		}
 		key := keyOf(r.Context())
@@ -71,7 +72,7 @@ func (s *Server) logs(v2 bool) http.HandlerFunc {
 			if v := q.Get(name); v != "" {
 				ms, err := strconv.ParseInt(v, 10, 64)
 				if err != nil || ms < 0 {
-					writeError(w, invalid("%s: must be unix milliseconds, got %q", name, truncate(v)))
+					httperr.Write(w, invalid("%s: must be unix milliseconds, got %q", name, truncate(v)))
 					return
 				}
 				aq.Since = time.UnixMilli(ms)
@@ -80,7 +81,7 @@ func (s *Server) logs(v2 bool) http.HandlerFunc {
 		if v := q.Get("limit"); v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 || n > maxLogLimit {
-				writeError(w, invalid("limit: must be an integer from 1 to %d, got %q", maxLogLimit, truncate(v)))
+				httperr.Write(w, invalid("limit: must be an integer from 1 to %d, got %q", maxLogLimit, truncate(v)))
 				return
 			}
 			aq.Limit = n
@@ -90,14 +91,14 @@ func (s *Server) logs(v2 bool) http.HandlerFunc {
 		}
 		events, err := al.Query(r.Context(), aq)
 		if err != nil {
-			writeError(w, err)
+			httperr.Write(w, err)
 			return
 		}
 		if len(events) == 0 {
 			// No events: either a sandbox of another team, or one that does
 			// not exist; the same 404 for both.
 			if _, err := s.mgr.Get(r.Context(), key.TeamID, id); err != nil {
-				writeError(w, err)
+				httperr.Write(w, err)
 				return
 			}
 		}
@@ -110,14 +111,14 @@ func (s *Server) logs(v2 bool) http.HandlerFunc {
 			entries = append(entries, toLogEntry(e))
 		}
 		if v2 {
-			writeJSON(w, http.StatusOK, rest.SandboxLogsV2{Logs: entries})
+			httperr.WriteJSON(w, http.StatusOK, rest.SandboxLogsV2{Logs: entries})
 			return
 		}
 		lines := make([]rest.SandboxLog, 0, len(entries))
 		for _, e := range entries {
 			lines = append(lines, rest.SandboxLog{Timestamp: e.Timestamp, Line: e.Message})
 		}
-		writeJSON(w, http.StatusOK, rest.SandboxLogs{LogEntries: entries, Logs: lines})
+		httperr.WriteJSON(w, http.StatusOK, rest.SandboxLogs{LogEntries: entries, Logs: lines})
 	}
 }
 

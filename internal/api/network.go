@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/sandbox"
 )
 
@@ -84,7 +85,7 @@ func maskHeader(v string) string {
 func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 	var body rest.SandboxNetworkUpdate
 	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	// Omitted fields are cleared (E2B): the body is the whole new policy.
@@ -96,7 +97,7 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 	}
 	n := &sandbox.NetworkSpec{AllowOut: body.AllowOut, DenyOut: body.DenyOut, EgressProxy: egressProxy(body.EgressProxy), Rules: networkRules(body.Rules)}
 	if err := s.mgr.UpdateNetwork(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), allow, n); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -118,20 +119,20 @@ func (s *Server) SetTunneler(t Tunneler) { s.tunneler = t }
 func (s *Server) tunnel(w http.ResponseWriter, r *http.Request) {
 	port, err := strconv.Atoi(r.PathValue("port"))
 	if err != nil || port < 1 || port > 65535 {
-		writeError(w, invalid("port: %q is not 1-65535", truncate(r.PathValue("port"))))
+		httperr.Write(w, invalid("port: %q is not 1-65535", truncate(r.PathValue("port"))))
 		return
 	}
 	if !httpguts.HeaderValuesContainsToken(r.Header["Upgrade"], "agentbox-tcp") {
-		writeError(w, invalid("send Connection: Upgrade and Upgrade: agentbox-tcp to open a tunnel"))
+		httperr.Write(w, invalid("send Connection: Upgrade and Upgrade: agentbox-tcp to open a tunnel"))
 		return
 	}
 	sb, err := s.mgr.Get(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r))
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	if s.tunneler == nil {
-		writeError(w, fmt.Errorf("tunnels are not served here (no data-plane gateway): %w", errdefs.ErrUnavailable))
+		httperr.Write(w, fmt.Errorf("tunnels are not served here (no data-plane gateway): %w", errdefs.ErrUnavailable))
 		return
 	}
 	s.tunneler.Tunnel(w, r, sb, port, keyOf(r.Context()).ID)
@@ -142,50 +143,50 @@ const maxSecretValue = 32 << 10
 func (s *Server) putSecret(w http.ResponseWriter, r *http.Request) {
 	var body rest.SecretRequest
 	if err := decodeBody(w, r, s.MaxBody, false, &body); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	switch {
 	case !sandbox.ValidSecretName(body.Name):
-		writeError(w, invalid("name: required; letters, digits and _, not starting with a digit, at most 128 bytes (reference it as ${secrets.NAME})"))
+		httperr.Write(w, invalid("name: required; letters, digits and _, not starting with a digit, at most 128 bytes (reference it as ${secrets.NAME})"))
 		return
 	case body.Value == "":
-		writeError(w, invalid("value: required and not empty"))
+		httperr.Write(w, invalid("value: required and not empty"))
 		return
 	case len(body.Value) > maxSecretValue:
-		writeError(w, invalid("value: %d bytes is over the limit of %d", len(body.Value), maxSecretValue))
+		httperr.Write(w, invalid("value: %d bytes is over the limit of %d", len(body.Value), maxSecretValue))
 		return
 	case !httpguts.ValidHeaderFieldValue(body.Value):
-		writeError(w, invalid("value: must be usable in an HTTP header (no CR, LF or NUL)"))
+		httperr.Write(w, invalid("value: must be usable in an HTTP header (no CR, LF or NUL)"))
 		return
 	case len(body.Description) > 1024 || !printable(body.Description):
-		writeError(w, invalid("description: at most 1024 printable characters"))
+		httperr.Write(w, invalid("description: at most 1024 printable characters"))
 		return
 	}
 	info, err := s.store.PutTeamSecret(r.Context(), keyOf(r.Context()).TeamID, body.Name, body.Description, body.Value)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, secretInfo(info))
+	httperr.WriteJSON(w, http.StatusCreated, secretInfo(info))
 }
 
 func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) {
 	list, err := s.store.ListTeamSecrets(r.Context(), keyOf(r.Context()).TeamID)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	out := make([]rest.SecretInfo, 0, len(list))
 	for _, i := range list {
 		out = append(out, secretInfo(i))
 	}
-	writeJSON(w, http.StatusOK, out)
+	httperr.WriteJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) {
 	if err := s.store.DeleteTeamSecret(r.Context(), keyOf(r.Context()).TeamID, r.PathValue("name")); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)

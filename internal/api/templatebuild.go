@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/template"
 )
 
@@ -65,7 +66,7 @@ func (s *Server) jobs() (*template.Builds, error) {
 // operatorOnly answers a store-wide route that is not a team's to call.
 func operatorOnly(cmd string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, fmt.Errorf("%s %s acts on every team's templates: it is an operator command now, run `agentbox %s` on the server: %w",
+		httperr.Write(w, fmt.Errorf("%s %s acts on every team's templates: it is an operator command now, run `agentbox %s` on the server: %w",
 			r.Method, r.URL.Path, cmd, errdefs.ErrNotFound))
 	}
 }
@@ -92,12 +93,12 @@ var aliasPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request) {
 	jobs, err := s.jobs()
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	var b rest.TemplateBuildRequestV3
 	if err := decodeBody(w, r, s.MaxBody, false, &b); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	ref := b.Name
@@ -106,7 +107,7 @@ func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request) {
 	}
 	name, tag, _ := strings.Cut(ref, ":")
 	if !aliasPattern.MatchString(name) {
-		writeError(w, invalid("name: %q is not a valid template name (lowercase letters, digits, '.', '_', '-'; optional :tag)", ref))
+		httperr.Write(w, invalid("name: %q is not a valid template name (lowercase letters, digits, '.', '_', '-'; optional :tag)", ref))
 		return
 	}
 	if tag == "" {
@@ -114,21 +115,21 @@ func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, t := range append([]string{tag}, b.Tags...) {
 		if !aliasPattern.MatchString(strings.ToLower(t)) {
-			writeError(w, invalid("tags: %q is not a valid tag", t))
+			httperr.Write(w, invalid("tags: %q is not a valid tag", t))
 			return
 		}
 	}
 	if b.CPUCount < 0 || b.CPUCount > 64 || b.MemoryMB < 0 || b.MemoryMB > 1<<20 {
-		writeError(w, invalid("cpuCount/memoryMB out of range"))
+		httperr.Write(w, invalid("cpuCount/memoryMB out of range"))
 		return
 	}
 	team := keyOf(r.Context()).TeamID
 	j, err := jobs.Request(r.Context(), team, template.BuildRequest{Name: name, Tag: tag, Tags: b.Tags, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB})
 	if err != nil {
-		writeError(w, fmt.Errorf("name: %w", err))
+		httperr.Write(w, fmt.Errorf("name: %w", err))
 		return
 	}
-	writeJSON(w, http.StatusAccepted, rest.TemplateRequestResponseV3{
+	httperr.WriteJSON(w, http.StatusAccepted, rest.TemplateRequestResponseV3{
 		TemplateID: j.TemplateID, BuildID: j.BuildID, Names: []string{name + ":" + tag},
 		Tags: append([]string{tag}, b.Tags...), Aliases: []string{name}, Public: false,
 	})
@@ -147,21 +148,21 @@ func (s *Server) ownsTemplateID(r *http.Request, id string) bool {
 func (s *Server) fileUploadLink(w http.ResponseWriter, r *http.Request) {
 	b, err := s.builder()
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	id, hash := r.PathValue("id"), r.PathValue("hash")
 	if !s.ownsTemplateID(r, id) {
-		writeError(w, fmt.Errorf("template %q: %w", id, errdefs.ErrNotFound))
+		httperr.Write(w, fmt.Errorf("template %q: %w", id, errdefs.ErrNotFound))
 		return
 	}
 	if len(hash) != 64 || strings.Trim(hash, "0123456789abcdef") != "" {
-		writeError(w, invalid("hash: want the 64 hex digit SHA-256 of the files"))
+		httperr.Write(w, invalid("hash: want the 64 hex digit SHA-256 of the files"))
 		return
 	}
 	team := keyOf(r.Context()).TeamID
 	if b.HasUpload(team, hash) {
-		writeJSON(w, http.StatusCreated, rest.TemplateBuildFileUpload{Present: true})
+		httperr.WriteJSON(w, http.StatusCreated, rest.TemplateBuildFileUpload{Present: true})
 		return
 	}
 	tok := make([]byte, 24)
@@ -183,7 +184,7 @@ func (s *Server) fileUploadLink(w http.ResponseWriter, r *http.Request) {
 	if r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https" {
 		scheme = "https"
 	}
-	writeJSON(w, http.StatusCreated, rest.TemplateBuildFileUpload{
+	httperr.WriteJSON(w, http.StatusCreated, rest.TemplateBuildFileUpload{
 		Present: false, URL: scheme + "://" + r.Host + "/templates/uploads/" + token, Headers: &map[string]string{},
 	})
 }
@@ -191,7 +192,7 @@ func (s *Server) fileUploadLink(w http.ResponseWriter, r *http.Request) {
 func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) {
 	b, err := s.builder()
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	token := r.PathValue("token")
@@ -200,11 +201,11 @@ func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) {
 	delete(s.uploads.grants, token)
 	s.uploads.mu.Unlock()
 	if !ok || time.Now().After(g.expires) {
-		writeError(w, fmt.Errorf("upload URL is unknown or expired; ask GET /templates/{id}/files/{hash} again: %w", errdefs.ErrNotFound))
+		httperr.Write(w, fmt.Errorf("upload URL is unknown or expired; ask GET /templates/{id}/files/{hash} again: %w", errdefs.ErrNotFound))
 		return
 	}
 	if _, err := b.PutUpload(g.team, g.hash, http.MaxBytesReader(w, r.Body, template.MaxUploadBytes+1), template.MaxUploadBytes, g.verify); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusOK)
@@ -217,21 +218,21 @@ const e2bBaseImage = "e2bdev/base"
 func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 	jobs, err := s.jobs()
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	var body rest.TemplateBuildStartV2
 	if err := decodeBody(w, r, 16<<20, false, &body); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	spec, err := buildSpecOf(body)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	if err := jobs.Start(r.Context(), keyOf(r.Context()).TeamID, r.PathValue("id"), r.PathValue("buildID"), spec); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusAccepted)
@@ -324,31 +325,31 @@ func buildSpecOf(body rest.TemplateBuildStartV2) (template.BuildSpec, error) {
 func (s *Server) buildStatus(w http.ResponseWriter, r *http.Request) {
 	jobs, err := s.jobs()
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	offset, _ := strconv.Atoi(r.URL.Query().Get("logsOffset"))
 	limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
 	st, err := jobs.Status(r.Context(), keyOf(r.Context()).TeamID, r.PathValue("id"), r.PathValue("buildID"), offset, limit, r.URL.Query().Get("level"))
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, buildInfo(st))
+	httperr.WriteJSON(w, http.StatusOK, buildInfo(st))
 }
 
 func (s *Server) buildLogs(w http.ResponseWriter, r *http.Request) {
 	jobs, err := s.jobs()
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	logs, err := jobs.Logs(r.Context(), keyOf(r.Context()).TeamID, r.PathValue("id"), r.PathValue("buildID"))
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, rest.TemplateBuildLogsResponse{Logs: buildLog(logs)})
+	httperr.WriteJSON(w, http.StatusOK, rest.TemplateBuildLogsResponse{Logs: buildLog(logs)})
 }
 
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
@@ -357,11 +358,11 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	}
 	b, err := s.builder()
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	if err := b.Delete(r.Context(), keyOf(r.Context()).TeamID, r.PathValue("id")); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"github.com/agentbox/agentbox/api/gen/rest"
+	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/sandbox"
 	"github.com/agentbox/agentbox/internal/template"
 )
@@ -32,14 +33,14 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 	team := keyOf(r.Context()).TeamID
 	ts, err := s.templates.List(r.Context(), team)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	out := make([]rest.Template, 0, len(ts))
 	for _, t := range ts {
 		out = append(out, templateOut(t, team))
 	}
-	writeJSON(w, http.StatusOK, out)
+	httperr.WriteJSON(w, http.StatusOK, out)
 }
 
 // getTemplate shows a template the team may use: its own, a builtin or a
@@ -48,18 +49,18 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) {
 	team := keyOf(r.Context()).TeamID
 	t, err := s.templates.Get(r.Context(), team, r.PathValue("id"))
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, templateOut(t, team))
+	httperr.WriteJSON(w, http.StatusOK, templateOut(t, team))
 }
 
 func (s *Server) templateAlias(w http.ResponseWriter, r *http.Request) {
 	team := keyOf(r.Context()).TeamID
 	t, err := s.templates.Get(r.Context(), team, r.PathValue("alias"))
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, rest.TemplateAliasResponse{TemplateID: t.ID, Public: !t.OwnedBy(team)})
+	httperr.WriteJSON(w, http.StatusOK, rest.TemplateAliasResponse{TemplateID: t.ID, Public: !t.OwnedBy(team)})
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/template"
 )
 
@@ -27,7 +28,7 @@ func (s *Server) templateTagRoutes(auth func(string, http.HandlerFunc)) {
 	// segment is matched here; /templates/aliases/tags stays an alias lookup.
 	auth("GET /templates/{id}/{sub}", func(w http.ResponseWriter, r *http.Request) {
 		if r.PathValue("sub") != "tags" {
-			writeError(w, fmt.Errorf("%s: %w", r.URL.Path, errdefs.ErrNotFound))
+			httperr.Write(w, fmt.Errorf("%s: %w", r.URL.Path, errdefs.ErrNotFound))
 			return
 		}
 		s.listTemplateTags(w, r)
@@ -45,45 +46,45 @@ func (s *Server) tagger() (TemplateTagger, error) {
 func (s *Server) assignTemplateTags(w http.ResponseWriter, r *http.Request) {
 	var b rest.AssignTemplateTagsRequest
 	if err := decodeBody(w, r, s.MaxBody, false, &b); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	if b.Target == "" || len(b.Tags) == 0 {
-		writeError(w, invalid("target (name:tag) and tags are required"))
+		httperr.Write(w, invalid("target (name:tag) and tags are required"))
 		return
 	}
 	tg, err := s.tagger()
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	t, err := tg.AssignTags(r.Context(), keyOf(r.Context()).TeamID, b.Target, b.Tags)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, rest.AssignedTemplateTags{BuildID: template.BuildRef(t), Tags: b.Tags})
+	httperr.WriteJSON(w, http.StatusCreated, rest.AssignedTemplateTags{BuildID: template.BuildRef(t), Tags: b.Tags})
 }
 
 func (s *Server) deleteTemplateTags(w http.ResponseWriter, r *http.Request) {
 	var b rest.DeleteTemplateTagsRequest
 	if err := decodeBody(w, r, s.MaxBody, false, &b); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	// The name may come as name:tag; the tag part adds nothing here.
 	name, _, _ := strings.Cut(b.Name, ":")
 	if name == "" || len(b.Tags) == 0 {
-		writeError(w, invalid("name and tags are required"))
+		httperr.Write(w, invalid("name and tags are required"))
 		return
 	}
 	tg, err := s.tagger()
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	if err := tg.RemoveTags(r.Context(), keyOf(r.Context()).TeamID, name, b.Tags); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -95,7 +96,7 @@ func (s *Server) listTemplateTags(w http.ResponseWriter, r *http.Request) {
 	ref := r.PathValue("id")
 	all, err := s.templates.List(r.Context(), keyOf(r.Context()).TeamID)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	out := []rest.TemplateTag{}
@@ -114,8 +115,8 @@ func (s *Server) listTemplateTags(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if !found {
-		writeError(w, fmt.Errorf("template %q: %w", ref, errdefs.ErrNotFound))
+		httperr.Write(w, fmt.Errorf("template %q: %w", ref, errdefs.ErrNotFound))
 		return
 	}
-	writeJSON(w, http.StatusOK, out)
+	httperr.WriteJSON(w, http.StatusOK, out)
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/usage"
 )
 
@@ -19,7 +20,7 @@ func (s *Server) usageRoutes(auth func(string, http.HandlerFunc)) {
 	auth("GET /teams/{teamID}/usage", func(w http.ResponseWriter, r *http.Request) {
 		// Another team's id answers exactly as an unknown one.
 		if id := r.PathValue("teamID"); id != keyOf(r.Context()).TeamID {
-			writeError(w, fmt.Errorf("team %q: not found: %w", truncate(id), errdefs.ErrNotFound))
+			httperr.Write(w, fmt.Errorf("team %q: not found: %w", truncate(id), errdefs.ErrNotFound))
 			return
 		}
 		s.usage(w, r)
@@ -54,16 +55,16 @@ func usageWindow(q url.Values, now time.Time) (from, to time.Time, err error) {
 func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
 	from, to, err := usageWindow(r.URL.Query(), time.Now())
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	team := keyOf(r.Context()).TeamID
 	rows, err := s.store.Usage(r.Context(), team, from, to)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, usageResponse(team, from, to, rows))
+	httperr.WriteJSON(w, http.StatusOK, usageResponse(team, from, to, rows))
 }
 
 func usageResponse(team string, from, to time.Time, rows []usage.Row) rest.TeamUsage {

@@ -13,6 +13,7 @@ import (
 	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/sandbox"
 	"github.com/agentbox/agentbox/internal/store"
 	"github.com/agentbox/agentbox/internal/volume"
@@ -49,7 +50,7 @@ func (s *Server) volumeRoutes(mux *http.ServeMux, auth func(pattern string, h ht
 
 func (s *Server) volumesOff(w http.ResponseWriter) bool {
 	if s.vols == nil {
-		writeError(w, fmt.Errorf("volumes are not enabled on this server: %w", errdefs.ErrUnavailable))
+		httperr.Write(w, fmt.Errorf("volumes are not enabled on this server: %w", errdefs.ErrUnavailable))
 		return true
 	}
 	return false
@@ -66,51 +67,51 @@ func (s *Server) withToken(v store.Volume) rest.VolumeAndToken {
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
 	vols, err := s.vols.List(r.Context(), keyOf(r.Context()).TeamID)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	out := make([]rest.Volume, 0, len(vols))
 	for _, v := range vols {
 		out = append(out, volumeOf(v))
 	}
-	writeJSON(w, http.StatusOK, out)
+	httperr.WriteJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 	var body rest.NewVolume
 	if err := decodeBody(w, r, s.MaxBody, false, &body); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	if body.SizeMB < 0 {
-		writeError(w, invalid("sizeMB: must be positive, got %d", body.SizeMB))
+		httperr.Write(w, invalid("sizeMB: must be positive, got %d", body.SizeMB))
 		return
 	}
 	key := keyOf(r.Context())
 	v, err := s.vols.Create(detach(r.Context(), r), key.TeamID, body.Name, body.SizeMB)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	s.auditVolume(r.Context(), key, audit.Event{Kind: audit.KindLifecycle, Action: "volume-create",
 		Fields: map[string]any{"volumeID": v.ID, "name": v.Name, "sizeMB": v.SizeMB}})
-	writeJSON(w, http.StatusCreated, s.withToken(v))
+	httperr.WriteJSON(w, http.StatusCreated, s.withToken(v))
 }
 
 func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
 	v, err := s.vols.Get(r.Context(), keyOf(r.Context()).TeamID, r.PathValue("volumeID"))
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.withToken(v))
+	httperr.WriteJSON(w, http.StatusOK, s.withToken(v))
 }
 
 func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
 	key := keyOf(r.Context())
 	id := r.PathValue("volumeID")
 	if err := s.vols.Delete(detach(r.Context(), r), key.TeamID, id); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	s.auditVolume(r.Context(), key, audit.Event{Kind: audit.KindLifecycle, Action: "volume-delete", Fields: map[string]any{"volumeID": id}})
@@ -205,7 +206,7 @@ func (s *Server) volumeToken(h volumeHandler) http.Handler {
 		}
 		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || tok == "" {
-			writeError(w, fmt.Errorf("missing volume token: send Authorization: Bearer <token> (VolumeAndToken.token of GET /volumes/{volumeID}): %w", errdefs.ErrUnauthenticated))
+			httperr.Write(w, fmt.Errorf("missing volume token: send Authorization: Bearer <token> (VolumeAndToken.token of GET /volumes/{volumeID}): %w", errdefs.ErrUnauthenticated))
 			return
 		}
 		var v store.Volume
@@ -217,7 +218,7 @@ func (s *Server) volumeToken(h volumeHandler) http.Handler {
 		}
 		f, err := s.vols.Files(r.Context(), v)
 		if err != nil {
-			writeError(w, err)
+			httperr.Write(w, err)
 			return
 		}
 		defer f.Close()
@@ -285,13 +286,13 @@ func (s *Server) volumeList(w http.ResponseWriter, r *http.Request, f *volume.Fi
 	q := r.URL.Query()
 	p, err := pathParam(q)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	depth := 1
 	if v := q.Get("depth"); v != "" {
 		if depth, err = strconv.Atoi(v); err != nil {
-			writeError(w, invalid("depth: must be an integer from 1 to %d, got %q", volume.MaxDepth, truncate(v)))
+			httperr.Write(w, invalid("depth: must be an integer from 1 to %d, got %q", volume.MaxDepth, truncate(v)))
 			return
 		}
 	}
@@ -312,13 +313,13 @@ func (s *Server) volumeList(w http.ResponseWriter, r *http.Request, f *volume.Fi
 	})
 	switch {
 	case err != nil && !started:
-		writeError(w, err)
+		httperr.Write(w, err)
 	case err != nil:
 		s.log.Warn("volume listing cut off", "err", err)
 		// The array stays unterminated: the client sees invalid JSON,
 		// not a short listing.
 	case !started:
-		writeJSON(w, http.StatusOK, []rest.VolumeEntryStat{})
+		httperr.WriteJSON(w, http.StatusOK, []rest.VolumeEntryStat{})
 	default:
 		_, _ = w.Write([]byte("]\n"))
 	}
@@ -340,26 +341,26 @@ func creationParams(q url.Values) (p string, m volume.Meta, force bool, err erro
 func (s *Server) volumeMakeDir(w http.ResponseWriter, r *http.Request, f *volume.Files) {
 	p, m, force, err := creationParams(r.URL.Query())
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	e, err := f.MakeDir(p, m, force)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, entryOf(e))
+	httperr.WriteJSON(w, http.StatusCreated, entryOf(e))
 }
 
 func (s *Server) volumeRead(w http.ResponseWriter, r *http.Request, f *volume.Files) {
 	p, err := pathParam(r.URL.Query())
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	fd, e, err := f.Open(p)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	defer fd.Close()
@@ -370,39 +371,39 @@ func (s *Server) volumeRead(w http.ResponseWriter, r *http.Request, f *volume.Fi
 func (s *Server) volumeWrite(w http.ResponseWriter, r *http.Request, f *volume.Files) {
 	p, m, force, err := creationParams(r.URL.Query())
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	e, err := f.Write(p, r.Body, m, force)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, entryOf(e))
+	httperr.WriteJSON(w, http.StatusCreated, entryOf(e))
 }
 
 func (s *Server) volumeStat(w http.ResponseWriter, r *http.Request, f *volume.Files) {
 	p, err := pathParam(r.URL.Query())
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	e, err := f.Stat(p)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, entryOf(e))
+	httperr.WriteJSON(w, http.StatusOK, entryOf(e))
 }
 
 func (s *Server) volumeRemove(w http.ResponseWriter, r *http.Request, f *volume.Files) {
 	p, err := pathParam(r.URL.Query())
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	if err := f.Remove(p); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -411,18 +412,18 @@ func (s *Server) volumeRemove(w http.ResponseWriter, r *http.Request, f *volume.
 func (s *Server) volumeSetMeta(w http.ResponseWriter, r *http.Request, f *volume.Files) {
 	p, err := pathParam(r.URL.Query())
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	var body rest.VolumeMetadata
 	if err := decodeBody(w, r, s.MaxBody, false, &body); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	e, err := f.SetMeta(p, volume.Meta{UID: body.UID, GID: body.GID, Mode: body.Mode})
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, entryOf(e))
+	httperr.WriteJSON(w, http.StatusOK, entryOf(e))
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/authlimit"
+	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/store"
 	"github.com/agentbox/agentbox/internal/testutil"
 	"github.com/agentbox/agentbox/internal/volume"
@@ -64,8 +65,8 @@ func TestVolumeMountsValidation(t *testing.T) {
 				}
 				return
 			}
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) || statusOf(err) != http.StatusBadRequest {
-				t.Fatalf("error %v (status %d) does not name %q", err, statusOf(err), tc.wantErr)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) || httperr.Status(err) != http.StatusBadRequest {
+				t.Fatalf("error %v (status %d) does not name %q", err, httperr.Status(err), tc.wantErr)
 			}
 		})
 	}

@@ -9,7 +9,6 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -24,6 +23,7 @@ import (
 	"time"
 
 	"github.com/agentbox/agentbox/internal/authlimit"
+	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/sandbox"
 )
 
@@ -135,28 +135,22 @@ func New(res Resolver, log *slog.Logger) *Gateway {
 					notFound(w, t.id)
 					return
 				}
-				writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": t.id, "message": "The sandbox is running but port is not open", "port": t.port, "code": http.StatusBadGateway})
+				httperr.WriteJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": t.id, "message": "The sandbox is running but port is not open", "port": t.port, "code": http.StatusBadGateway})
 				return
 			}
 			g.log.Debug("proxy error", "sandbox", t.id, "port", t.port, "err", err)
-			writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": t.id, "message": "error talking to the sandbox: " + err.Error(), "port": t.port, "code": http.StatusBadGateway})
+			httperr.WriteJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": t.id, "message": "error talking to the sandbox: " + err.Error(), "port": t.port, "code": http.StatusBadGateway})
 		},
 	}
 	return g
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
 func notFound(w http.ResponseWriter, id string) {
-	writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "message": "The sandbox was not found", "code": http.StatusBadGateway})
+	httperr.WriteJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "message": "The sandbox was not found", "code": http.StatusBadGateway})
 }
 
 func badRequest(w http.ResponseWriter, msg string) {
-	writeJSON(w, http.StatusBadRequest, map[string]any{"code": http.StatusBadRequest, "message": msg})
+	httperr.WriteJSON(w, http.StatusBadRequest, map[string]any{"code": http.StatusBadRequest, "message": msg})
 }
 
 // hostRoute matches "<port>-<sandboxID>" as the first label of Host.
@@ -257,7 +251,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port 
 	// A stream to a sandbox that is killed ends with it.
 	r = r.WithContext(live)
 	if port == sandbox.EnvdPort && internalEnvdPaths[r.URL.Path] {
-		writeJSON(w, http.StatusNotFound, map[string]any{"code": http.StatusNotFound, "message": "not found"})
+		httperr.WriteJSON(w, http.StatusNotFound, map[string]any{"code": http.StatusNotFound, "message": "not found"})
 		return
 	}
 	// Full duplex: the sandbox often answers (and streams) before the proxy
@@ -320,7 +314,7 @@ func (g *Gateway) serveSigned(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	g.guesses.Fail(client)
-	writeJSON(w, http.StatusUnauthorized, map[string]any{"code": http.StatusUnauthorized, "message": "invalid signature: no running sandbox issued this URL (it may have been killed)"})
+	httperr.WriteJSON(w, http.StatusUnauthorized, map[string]any{"code": http.StatusUnauthorized, "message": "invalid signature: no running sandbox issued this URL (it may have been killed)"})
 }
 
 // SetAuthLimiter replaces the limiter of failed token checks, e.g. with

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/sandbox"
 )
 
@@ -93,7 +94,7 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, sb *sandbox.Sand
 			if got != "" {
 				g.guesses.Fail(t.client)
 			}
-			writeJSON(w, http.StatusForbidden, map[string]any{"sandboxId": sb.ID, "code": http.StatusForbidden,
+			httperr.WriteJSON(w, http.StatusForbidden, map[string]any{"sandboxId": sb.ID, "code": http.StatusForbidden,
 				"message": "this sandbox's ports need its traffic access token in the " + TrafficTokenHeader + " header"})
 			return false
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/agentbox/agentbox/internal/audit"
+	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/sandbox"
 )
 
@@ -32,7 +33,7 @@ func (g *Gateway) Tunnel(w http.ResponseWriter, r *http.Request, sb *sandbox.San
 	if port == sandbox.EnvdPort {
 		msg := fmt.Sprintf("port %d is envd's and is not tunnelled: reach envd through the data plane (E2b-Sandbox-Port: %d), which keeps its internal routes for the server", port, port)
 		g.record(r.Context(), base, audit.Denied, msg)
-		writeJSON(w, http.StatusForbidden, map[string]any{"sandboxId": sb.ID, "port": port, "code": http.StatusForbidden, "message": msg})
+		httperr.WriteJSON(w, http.StatusForbidden, map[string]any{"sandboxId": sb.ID, "port": port, "code": http.StatusForbidden, "message": msg})
 		return
 	}
 	live, alive, done, ok := g.wake(r.Context(), sb.ID)
@@ -44,13 +45,13 @@ func (g *Gateway) Tunnel(w http.ResponseWriter, r *http.Request, sb *sandbox.San
 	d := net.Dialer{Timeout: 5 * time.Second}
 	up, err := d.DialContext(r.Context(), "tcp4", net.JoinHostPort(live.IP.String(), strconv.Itoa(port)))
 	if err != nil {
-		writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": sb.ID, "message": "The sandbox is running but port is not open", "port": port, "code": http.StatusBadGateway})
+		httperr.WriteJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": sb.ID, "message": "The sandbox is running but port is not open", "port": port, "code": http.StatusBadGateway})
 		return
 	}
 	defer up.Close()
 	c, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
-		writeJSON(w, http.StatusInternalServerError, map[string]any{"code": http.StatusInternalServerError, "message": "tunnel: " + err.Error()})
+		httperr.WriteJSON(w, http.StatusInternalServerError, map[string]any{"code": http.StatusInternalServerError, "message": "tunnel: " + err.Error()})
 		return
 	}
 	defer c.Close()

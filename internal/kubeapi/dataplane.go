@@ -19,6 +19,7 @@ import (
 
 	"github.com/agentbox/agentbox/internal/authlimit"
 	"github.com/agentbox/agentbox/internal/gateway"
+	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/kube"
 	agentsv1 "github.com/agentbox/agentbox/internal/kube/apis/agents/v1beta1"
 	"github.com/agentbox/agentbox/internal/sandbox"
@@ -78,13 +79,13 @@ func (s *Server) dataPlane(api http.Handler) http.Handler {
 				return
 			}
 			s.log.Debug("data plane proxy error", "err", err)
-			writeJSON(w, http.StatusBadGateway, map[string]any{"code": http.StatusBadGateway, "message": "the sandbox's node agent does not answer: " + err.Error()})
+			httperr.WriteJSON(w, http.StatusBadGateway, map[string]any{"code": http.StatusBadGateway, "message": "the sandbox's node agent does not answer: " + err.Error()})
 		},
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, bad := routedID(r)
 		if bad != "" {
-			writeJSON(w, http.StatusBadRequest, map[string]any{"code": http.StatusBadRequest, "message": bad})
+			httperr.WriteJSON(w, http.StatusBadRequest, map[string]any{"code": http.StatusBadRequest, "message": bad})
 			return
 		}
 		if id == "" && r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
@@ -96,7 +97,7 @@ func (s *Server) dataPlane(api http.Handler) http.Handler {
 			id = s.signedBy(r)
 			if id == "" {
 				s.guesses.Fail(client)
-				writeJSON(w, http.StatusUnauthorized, map[string]any{"code": http.StatusUnauthorized, "message": "invalid signature: no running sandbox issued this URL (it may have been killed)"})
+				httperr.WriteJSON(w, http.StatusUnauthorized, map[string]any{"code": http.StatusUnauthorized, "message": "invalid signature: no running sandbox issued this URL (it may have been killed)"})
 				return
 			}
 		}
@@ -107,10 +108,10 @@ func (s *Server) dataPlane(api http.Handler) http.Handler {
 		addr, err := s.agentOf(r.Context(), id)
 		if err != nil {
 			if errors.Is(err, errNoSandbox) {
-				writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "message": "The sandbox was not found", "code": http.StatusBadGateway})
+				httperr.WriteJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "message": "The sandbox was not found", "code": http.StatusBadGateway})
 				return
 			}
-			writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "code": http.StatusBadGateway, "message": err.Error()})
+			httperr.WriteJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "code": http.StatusBadGateway, "message": err.Error()})
 			return
 		}
 		// Full duplex: the sandbox often answers before the request body

@@ -11,7 +11,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -27,9 +26,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	crlog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/authlimit"
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/kube"
 	agentsv1 "github.com/agentbox/agentbox/internal/kube/apis/agents/v1beta1"
 	extv1 "github.com/agentbox/agentbox/internal/kube/apis/extensions/v1beta1"
@@ -187,7 +186,7 @@ func (s *Server) authenticate(next http.HandlerFunc) http.Handler {
 			}
 		}
 		if key == "" {
-			writeError(w, fmt.Errorf("missing API key: send it in the X-API-Key header (make one with `agentbox apikey create --kubernetes`): %w", errdefs.ErrUnauthenticated))
+			httperr.Write(w, fmt.Errorf("missing API key: send it in the X-API-Key header (make one with `agentbox apikey create --kubernetes`): %w", errdefs.ErrUnauthenticated))
 			return
 		}
 		client := s.guesses.Client(r)
@@ -200,12 +199,12 @@ func (s *Server) authenticate(next http.HandlerFunc) http.Handler {
 			if errors.Is(err, errdefs.ErrUnauthenticated) {
 				s.guesses.Fail(client)
 			}
-			writeError(w, err)
+			httperr.Write(w, err)
 			return
 		}
 		nss, err := s.teamNamespaces(r.Context(), team)
 		if err != nil {
-			writeError(w, err)
+			httperr.Write(w, err)
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, caller{team: team, namespaces: nss})))
@@ -272,7 +271,7 @@ func (s *Server) Handler() http.Handler {
 	auth("POST /sandboxes/{id}/connect", s.connect(false))
 	auth("POST /v2/sandboxes/{id}/connect", s.connect(true))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, fmt.Errorf("%s %s is not served by `agentbox serve --kubernetes` (it serves sandbox lifecycle and the data plane): build templates, and use volumes, snapshots, logs and metrics, on a node agent's own API (agentbox serve) or with kubectl: %w",
+		httperr.Write(w, fmt.Errorf("%s %s is not served by `agentbox serve --kubernetes` (it serves sandbox lifecycle and the data plane): build templates, and use volumes, snapshots, logs and metrics, on a node agent's own API (agentbox serve) or with kubectl: %w",
 			r.Method, r.URL.Path, errdefs.ErrNotFound))
 	})
 	return s.dataPlane(mux)
@@ -283,41 +282,8 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	var list corev1.NamespaceList
 	if err := s.live.List(ctx, &list, client.Limit(1)); err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"code": http.StatusServiceUnavailable, "message": "the Kubernetes API server does not answer: " + err.Error()})
+		httperr.WriteJSON(w, http.StatusServiceUnavailable, map[string]any{"code": http.StatusServiceUnavailable, "message": "the Kubernetes API server does not answer: " + err.Error()})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"ready": true})
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
-func statusOf(err error) int {
-	switch {
-	case errors.Is(err, errdefs.ErrInvalidArgument):
-		return http.StatusBadRequest
-	case errors.Is(err, errdefs.ErrUnauthenticated):
-		return http.StatusUnauthorized
-	case errors.Is(err, errdefs.ErrNotFound):
-		return http.StatusNotFound
-	case errors.Is(err, errdefs.ErrConflict):
-		return http.StatusConflict
-	case errors.Is(err, errdefs.ErrResourceExhausted):
-		return http.StatusTooManyRequests
-	case errors.Is(err, errdefs.ErrUnavailable):
-		return http.StatusServiceUnavailable
-	}
-	return http.StatusInternalServerError
-}
-
-func writeError(w http.ResponseWriter, err error) {
-	status := statusOf(err)
-	msg := err.Error()
-	for _, e := range []error{errdefs.ErrInvalidArgument, errdefs.ErrUnauthenticated, errdefs.ErrNotFound, errdefs.ErrConflict, errdefs.ErrResourceExhausted, errdefs.ErrUnavailable} {
-		msg = strings.TrimSuffix(msg, ": "+e.Error())
-	}
-	writeJSON(w, status, rest.Error{Code: status, Message: msg})
+	httperr.WriteJSON(w, http.StatusOK, map[string]any{"ready": true})
 }

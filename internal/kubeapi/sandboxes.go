@@ -20,6 +20,7 @@ import (
 
 	"github.com/agentbox/agentbox/api/gen/rest"
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/kube"
 	agentsv1 "github.com/agentbox/agentbox/internal/kube/apis/agents/v1beta1"
 	extv1 "github.com/agentbox/agentbox/internal/kube/apis/extensions/v1beta1"
@@ -178,7 +179,7 @@ func (s *Server) create(v2 bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var body rest.NewSandbox
 		if err := decode(w, r, &body); err != nil {
-			writeError(w, err)
+			httperr.Write(w, err)
 			return
 		}
 		def := int64(15)
@@ -187,15 +188,15 @@ func (s *Server) create(v2 bool) http.HandlerFunc {
 		}
 		d, err := s.seconds("timeout", body.Timeout, def)
 		if err != nil {
-			writeError(w, err)
+			httperr.Write(w, err)
 			return
 		}
 		v, err := s.createSandbox(r.Context(), body, d)
 		if err != nil {
-			writeError(w, err)
+			httperr.Write(w, err)
 			return
 		}
-		writeJSON(w, http.StatusCreated, s.sandboxResponse(v))
+		httperr.WriteJSON(w, http.StatusCreated, s.sandboxResponse(v))
 	}
 }
 
@@ -490,7 +491,7 @@ func (s *Server) list(v2 bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		lq, err := parseList(r.URL.Query())
 		if err != nil {
-			writeError(w, err)
+			httperr.Write(w, err)
 			return
 		}
 		if !v2 {
@@ -500,7 +501,7 @@ func (s *Server) list(v2 bool) http.HandlerFunc {
 		for _, ns := range callerOf(r.Context()).namespaces {
 			var list agentsv1.SandboxList
 			if err := s.c.List(r.Context(), &list, client.InNamespace(ns), client.HasLabels{kube.LabelSandboxID}); err != nil {
-				writeError(w, fmt.Errorf("list Sandboxes: %w", err))
+				httperr.Write(w, fmt.Errorf("list Sandboxes: %w", err))
 				return
 			}
 			for i := range list.Items {
@@ -522,18 +523,18 @@ func (s *Server) list(v2 bool) http.HandlerFunc {
 		for _, v := range views {
 			out = append(out, listed(v))
 		}
-		writeJSON(w, http.StatusOK, out)
+		httperr.WriteJSON(w, http.StatusOK, out)
 	}
 }
 
 func (s *Server) info(w http.ResponseWriter, r *http.Request) {
 	sb, err := s.lookup(r.Context(), r.PathValue("id"))
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	v := s.viewOf(r.Context(), sb)
-	writeJSON(w, http.StatusOK, rest.SandboxDetail{
+	httperr.WriteJSON(w, http.StatusOK, rest.SandboxDetail{
 		SandboxID: v.id, TemplateID: v.template, ClientID: sandbox.ClientID, StartedAt: v.started, EndAt: v.end, State: v.state,
 		CPUCount: v.cpu, MemoryMB: v.mem, DiskSizeMB: v.disk, EnvdVersion: sandbox.EnvdVersion, Metadata: v.metadata,
 		EnvdAccessToken: sandbox.AccessToken(s.cfg.TokenSecret, v.id), AllowInternetAccess: true,
@@ -547,7 +548,7 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	sb, err := s.lookup(ctx, r.PathValue("id"))
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	var obj client.Object = sb
@@ -555,7 +556,7 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
 		obj = c // the claim releases its sandbox
 	}
 	if err := s.c.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
-		writeError(w, fmt.Errorf("delete %s: %w", obj.GetName(), kubeErr(err)))
+		httperr.Write(w, fmt.Errorf("delete %s: %w", obj.GetName(), kubeErr(err)))
 		return
 	}
 	// Answer once this replica's cache sees it go, so a list right after
@@ -614,25 +615,25 @@ func (s *Server) seen(ctx context.Context, obj client.Object, into client.Object
 func (s *Server) timeout(w http.ResponseWriter, r *http.Request) {
 	var body rest.TimeoutRequest
 	if err := decode(w, r, &body); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	if body.Timeout == nil {
-		writeError(w, invalid("timeout: required, in seconds"))
+		httperr.Write(w, invalid("timeout: required, in seconds"))
 		return
 	}
 	d, err := s.seconds("timeout", body.Timeout, 0)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	sb, err := s.lookup(r.Context(), r.PathValue("id"))
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	if err := s.setEnd(r.Context(), sb, time.Now().Add(d), false); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -641,22 +642,22 @@ func (s *Server) timeout(w http.ResponseWriter, r *http.Request) {
 func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 	var body rest.RefreshRequest
 	if err := decode(w, r, &body); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	d, err := s.seconds("duration", body.Duration, 15)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	d = max(d, 15*time.Second)
 	sb, err := s.lookup(r.Context(), r.PathValue("id"))
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	if err := s.setEnd(r.Context(), sb, time.Now().Add(d), true); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -705,15 +706,15 @@ func paused(sb *agentsv1.Sandbox) bool {
 func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 	sb, err := s.lookup(r.Context(), r.PathValue("id"))
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	if paused(sb) {
-		writeError(w, fmt.Errorf("sandbox %q is already paused: %w", sb.Status.SandboxID, errdefs.ErrConflict))
+		httperr.Write(w, fmt.Errorf("sandbox %q is already paused: %w", sb.Status.SandboxID, errdefs.ErrConflict))
 		return
 	}
 	if _, err := s.setMode(r.Context(), sb, agentsv1.OperatingModeSuspended); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -752,47 +753,47 @@ func (s *Server) wake(ctx context.Context, id string, d time.Duration, mustBePau
 func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 	var body rest.ResumedSandbox
 	if err := decode(w, r, &body); err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	d, err := s.seconds("timeout", body.Timeout, 15)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
 	v, _, err := s.wake(r.Context(), r.PathValue("id"), d, true)
 	if err != nil {
-		writeError(w, err)
+		httperr.Write(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, s.sandboxResponse(v))
+	httperr.WriteJSON(w, http.StatusCreated, s.sandboxResponse(v))
 }
 
 func (s *Server) connect(v2 bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var body rest.ConnectSandbox
 		if err := decode(w, r, &body); err != nil {
-			writeError(w, err)
+			httperr.Write(w, err)
 			return
 		}
 		if !v2 && body.Timeout == nil {
-			writeError(w, invalid("timeout: required, in seconds"))
+			httperr.Write(w, invalid("timeout: required, in seconds"))
 			return
 		}
 		d, err := s.seconds("timeout", body.Timeout, 300)
 		if err != nil {
-			writeError(w, err)
+			httperr.Write(w, err)
 			return
 		}
 		v, resumed, err := s.wake(r.Context(), r.PathValue("id"), d, false)
 		if err != nil {
-			writeError(w, err)
+			httperr.Write(w, err)
 			return
 		}
 		code := http.StatusOK
 		if resumed {
 			code = http.StatusCreated
 		}
-		writeJSON(w, code, s.sandboxResponse(v))
+		httperr.WriteJSON(w, code, s.sandboxResponse(v))
 	}
 }

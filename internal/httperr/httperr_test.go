@@ -1,4 +1,4 @@
-package api
+package httperr
 
 import (
 	"encoding/json"
@@ -13,7 +13,7 @@ import (
 
 // Errors reach clients as E2B's {code, message} with the status their
 // sentinel maps to, and without the sentinel's text.
-func TestWriteError(t *testing.T) {
+func TestWrite(t *testing.T) {
 	tests := []struct {
 		err        error
 		wantStatus int
@@ -32,7 +32,7 @@ func TestWriteError(t *testing.T) {
 	}
 	for _, tt := range tests {
 		w := httptest.NewRecorder()
-		writeError(w, tt.err)
+		Write(w, tt.err)
 		var body rest.Error
 		if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
 			t.Fatalf("%v: body %q: %v", tt.err, w.Body, err)
