@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/agentbox/agentbox/api/gen/rest"
+	"github.com/agentbox/agentbox/internal/apireq"
 	"github.com/agentbox/agentbox/internal/authlimit"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/httperr"
@@ -131,12 +132,7 @@ func (s *Server) Handler() http.Handler {
 
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := r.Header.Get("X-API-Key")
-		if key == "" {
-			if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
-				key = b
-			}
-		}
+		key := apireq.Key(r)
 		if key == "" {
 			httperr.Write(w, fmt.Errorf("missing API key: send it in the X-API-Key header (see <data-dir>/apikey or `agentbox apikey create`): %w", errdefs.ErrUnauthenticated))
 			return
@@ -250,7 +246,7 @@ func validateStrings(field string, m map[string]string, maxN, maxKey, maxVal int
 	}
 	for k, v := range m {
 		if k == "" || len(k) > maxKey || !keyOK(k) {
-			return invalid("%s: key %q is not allowed (%s, at most %d bytes)", field, truncate(k), keyHint, maxKey)
+			return invalid("%s: key %q is not allowed (%s, at most %d bytes)", field, apireq.Truncate(k), keyHint, maxKey)
 		}
 		if len(v) > maxVal {
 			return invalid("%s.%s: value of %d bytes is over the limit of %d", field, k, len(v), maxVal)
@@ -260,13 +256,6 @@ func validateStrings(field string, m map[string]string, maxN, maxKey, maxVal int
 		}
 	}
 	return nil
-}
-
-func truncate(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
 }
 
 func printable(s string) bool {
@@ -475,7 +464,7 @@ func unixParam(q url.Values, name string) (time.Time, error) {
 	}
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil || n < 0 {
-		return time.Time{}, invalid("%s: must be unix seconds, got %q", name, truncate(v))
+		return time.Time{}, invalid("%s: must be unix seconds, got %q", name, apireq.Truncate(v))
 	}
 	return time.Unix(n, 0), nil
 }
@@ -528,28 +517,11 @@ func encodeCursor(sb *sandbox.Sandbox) string {
 
 func parseListQuery(q url.Values, paginated bool) (listQuery, error) {
 	lq := listQuery{limit: 100}
-	if raw := q.Get("metadata"); raw != "" {
-		// The SDK URL-encodes a query string ("k=v&k2=v2") into one parameter.
-		vals, err := url.ParseQuery(raw)
-		if err != nil {
-			return lq, invalid("metadata: must be a URL-encoded query string like \"user=abc&app=prod\": %v", err)
-		}
-		lq.metadata = map[string]string{}
-		for k, v := range vals {
-			lq.metadata[k] = v[len(v)-1]
-		}
+	f, err := apireq.ParseListFilters(q)
+	if err != nil {
+		return lq, err
 	}
-	for _, st := range q["state"] {
-		for part := range strings.SplitSeq(st, ",") {
-			switch part {
-			case "running", "paused":
-				lq.states = append(lq.states, part)
-			case "":
-			default:
-				return lq, invalid("state: %q is not a state; use running or paused", truncate(part))
-			}
-		}
-	}
+	lq.metadata, lq.states = f.Metadata, f.States
 	lq.template = q.Get("template")
 	for _, f := range []struct {
 		name string
@@ -558,7 +530,7 @@ func parseListQuery(q url.Values, paginated bool) (listQuery, error) {
 		if v := q.Get(f.name); v != "" {
 			t, err := time.Parse(time.RFC3339Nano, v)
 			if err != nil {
-				return lq, invalid("%s: must be an RFC 3339 timestamp such as 2026-01-02T15:04:05Z, got %q", f.name, truncate(v))
+				return lq, invalid("%s: must be an RFC 3339 timestamp such as 2026-01-02T15:04:05Z, got %q", f.name, apireq.Truncate(v))
 			}
 			*f.dst = t
 		}
@@ -569,7 +541,7 @@ func parseListQuery(q url.Values, paginated bool) (listQuery, error) {
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 100 {
-			return lq, invalid("limit: must be an integer from 1 to 100, got %q", truncate(v))
+			return lq, invalid("limit: must be an integer from 1 to 100, got %q", apireq.Truncate(v))
 		}
 		lq.limit = n
 	}

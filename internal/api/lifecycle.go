@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/agentbox/agentbox/api/gen/rest"
+	"github.com/agentbox/agentbox/internal/apireq"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/sandbox"
@@ -159,7 +160,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 100 {
-			httperr.Write(w, invalid("limit: must be an integer from 1 to 100, got %q", truncate(v)))
+			httperr.Write(w, invalid("limit: must be an integer from 1 to 100, got %q", apireq.Truncate(v)))
 			return
 		}
 		limit = n

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentbox/agentbox/api/gen/rest"
+	"github.com/agentbox/agentbox/internal/apireq"
 	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/httperr"
@@ -72,7 +73,7 @@ func (s *Server) logs(v2 bool) http.HandlerFunc {
 			if v := q.Get(name); v != "" {
 				ms, err := strconv.ParseInt(v, 10, 64)
 				if err != nil || ms < 0 {
-					httperr.Write(w, invalid("%s: must be unix milliseconds, got %q", name, truncate(v)))
+					httperr.Write(w, invalid("%s: must be unix milliseconds, got %q", name, apireq.Truncate(v)))
 					return
 				}
 				aq.Since = time.UnixMilli(ms)
@@ -81,7 +82,7 @@ func (s *Server) logs(v2 bool) http.HandlerFunc {
 		if v := q.Get("limit"); v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 || n > maxLogLimit {
-				httperr.Write(w, invalid("limit: must be an integer from 1 to %d, got %q", maxLogLimit, truncate(v)))
+				httperr.Write(w, invalid("limit: must be an integer from 1 to %d, got %q", maxLogLimit, apireq.Truncate(v)))
 				return
 			}
 			aq.Limit = n

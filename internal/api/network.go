@@ -10,6 +10,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/agentbox/agentbox/api/gen/rest"
+	"github.com/agentbox/agentbox/internal/apireq"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/sandbox"
@@ -119,7 +120,7 @@ func (s *Server) SetTunneler(t Tunneler) { s.tunneler = t }
 func (s *Server) tunnel(w http.ResponseWriter, r *http.Request) {
 	port, err := strconv.Atoi(r.PathValue("port"))
 	if err != nil || port < 1 || port > 65535 {
-		httperr.Write(w, invalid("port: %q is not 1-65535", truncate(r.PathValue("port"))))
+		httperr.Write(w, invalid("port: %q is not 1-65535", apireq.Truncate(r.PathValue("port"))))
 		return
 	}
 	if !httpguts.HeaderValuesContainsToken(r.Header["Upgrade"], "agentbox-tcp") {

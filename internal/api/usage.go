@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/agentbox/agentbox/api/gen/rest"
+	"github.com/agentbox/agentbox/internal/apireq"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/usage"
@@ -20,7 +21,7 @@ func (s *Server) usageRoutes(auth func(string, http.HandlerFunc)) {
 	auth("GET /teams/{teamID}/usage", func(w http.ResponseWriter, r *http.Request) {
 		// Another team's id answers exactly as an unknown one.
 		if id := r.PathValue("teamID"); id != keyOf(r.Context()).TeamID {
-			httperr.Write(w, fmt.Errorf("team %q: not found: %w", truncate(id), errdefs.ErrNotFound))
+			httperr.Write(w, fmt.Errorf("team %q: not found: %w", apireq.Truncate(id), errdefs.ErrNotFound))
 			return
 		}
 		s.usage(w, r)
@@ -38,7 +39,7 @@ func usageWindow(q url.Values, now time.Time) (from, to time.Time, err error) {
 		if v := q.Get(f.name); v != "" {
 			t, perr := time.Parse(time.RFC3339Nano, v)
 			if perr != nil {
-				return from, to, invalid("%s: must be an RFC 3339 timestamp such as 2026-01-02T15:04:05Z, got %q", f.name, truncate(v))
+				return from, to, invalid("%s: must be an RFC 3339 timestamp such as 2026-01-02T15:04:05Z, got %q", f.name, apireq.Truncate(v))
 			}
 			*f.dst = t
 		}

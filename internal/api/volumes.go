@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/agentbox/agentbox/api/gen/rest"
+	"github.com/agentbox/agentbox/internal/apireq"
 	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/httperr"
@@ -156,9 +157,9 @@ func volumeMounts(in []rest.SandboxVolumeMount) ([]sandbox.VolumeMount, error) {
 		case len(p) > 1024 || !printable(p):
 			return nil, invalid("%s.path: must be printable and at most 1024 bytes", field)
 		case !strings.HasPrefix(p, "/"):
-			return nil, invalid("%s.path: %q must be absolute", field, truncate(p))
+			return nil, invalid("%s.path: %q must be absolute", field, apireq.Truncate(p))
 		case path.Clean(p) != p:
-			return nil, invalid("%s.path: %q must be clean: no '.' or '..' components, repeated or trailing '/' (%q)", field, truncate(p), path.Clean(p))
+			return nil, invalid("%s.path: %q must be clean: no '.' or '..' components, repeated or trailing '/' (%q)", field, apireq.Truncate(p), path.Clean(p))
 		case p == "/":
 			return nil, invalid("%s.path: a volume cannot be mounted over the sandbox's root", field)
 		}
@@ -240,7 +241,7 @@ func uintParam(q url.Values, name string) (*uint32, error) {
 	}
 	n, err := strconv.ParseUint(v, 10, 32)
 	if err != nil {
-		return nil, invalid("%s: must be a non-negative integer, got %q", name, truncate(v))
+		return nil, invalid("%s: must be a non-negative integer, got %q", name, apireq.Truncate(v))
 	}
 	u := uint32(n)
 	return &u, nil
@@ -254,7 +255,7 @@ func boolParam(q url.Values, name string) (bool, error) {
 	case "true":
 		return true, nil
 	default:
-		return false, invalid("%s: must be true or false, got %q", name, truncate(v))
+		return false, invalid("%s: must be true or false, got %q", name, apireq.Truncate(v))
 	}
 }
 
@@ -292,7 +293,7 @@ func (s *Server) volumeList(w http.ResponseWriter, r *http.Request, f *volume.Fi
 	depth := 1
 	if v := q.Get("depth"); v != "" {
 		if depth, err = strconv.Atoi(v); err != nil {
-			httperr.Write(w, invalid("depth: must be an integer from 1 to %d, got %q", volume.MaxDepth, truncate(v)))
+			httperr.Write(w, invalid("depth: must be an integer from 1 to %d, got %q", volume.MaxDepth, apireq.Truncate(v)))
 			return
 		}
 	}

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	crlog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/agentbox/agentbox/internal/apireq"
 	"github.com/agentbox/agentbox/internal/authlimit"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/httperr"
@@ -179,12 +180,7 @@ func callerOf(ctx context.Context) caller { return ctx.Value(ctxKey{}).(caller) 
 // answers and guess limiter.
 func (s *Server) authenticate(next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := r.Header.Get("X-API-Key")
-		if key == "" {
-			if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
-				key = b
-			}
-		}
+		key := apireq.Key(r)
 		if key == "" {
 			httperr.Write(w, fmt.Errorf("missing API key: send it in the X-API-Key header (make one with `agentbox apikey create --kubernetes`): %w", errdefs.ErrUnauthenticated))
 			return

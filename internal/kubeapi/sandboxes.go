@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentbox/agentbox/api/gen/rest"
+	"github.com/agentbox/agentbox/internal/apireq"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/kube"
@@ -453,29 +454,8 @@ type listQuery struct {
 }
 
 func parseList(q url.Values) (listQuery, error) {
-	var lq listQuery
-	if raw := q.Get("metadata"); raw != "" {
-		vals, err := url.ParseQuery(raw)
-		if err != nil {
-			return lq, invalid("metadata: must be a URL-encoded query string like \"user=abc&app=prod\": %v", err)
-		}
-		lq.metadata = map[string]string{}
-		for k, v := range vals {
-			lq.metadata[k] = v[len(v)-1]
-		}
-	}
-	for _, st := range q["state"] {
-		for part := range strings.SplitSeq(st, ",") {
-			switch part {
-			case "running", "paused":
-				lq.states = append(lq.states, part)
-			case "":
-			default:
-				return lq, invalid("state: %q is not a state; use running or paused", part)
-			}
-		}
-	}
-	return lq, nil
+	f, err := apireq.ParseListFilters(q)
+	return listQuery{metadata: f.Metadata, states: f.States}, err
 }
 
 func (lq listQuery) match(v view) bool {

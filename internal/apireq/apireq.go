@@ -1,0 +1,69 @@
+// Package apireq reads what E2B clients send the same way on every API
+// surface of the server (the local API and the cluster's API tier): the API
+// key and the filters of a sandbox list.
+package apireq
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+)
+
+// Key is the API key of r: the X-API-Key header, else a Bearer token
+// ("" when there is neither).
+func Key(r *http.Request) string {
+	if key := r.Header.Get("X-API-Key"); key != "" {
+		return key
+	}
+	key, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if key == r.Header.Get("Authorization") {
+		return "" // not a Bearer token
+	}
+	return key
+}
+
+// ListFilters are the metadata and state filters of a sandbox list.
+type ListFilters struct {
+	Metadata map[string]string // nil: any
+	States   []string          // "running", "paused"; none: any
+}
+
+// ParseListFilters reads the metadata (the SDK URL-encodes a query string,
+// "k=v&k2=v2", into one parameter; the last value of a key wins) and state
+// (repeated or comma-separated) parameters of q.
+func ParseListFilters(q url.Values) (ListFilters, error) {
+	var f ListFilters
+	if raw := q.Get("metadata"); raw != "" {
+		vals, err := url.ParseQuery(raw)
+		if err != nil {
+			return f, fmt.Errorf("metadata: must be a URL-encoded query string like \"user=abc&app=prod\": %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+		f.Metadata = map[string]string{}
+		for k, v := range vals {
+			f.Metadata[k] = v[len(v)-1]
+		}
+	}
+	for _, st := range q["state"] {
+		for part := range strings.SplitSeq(st, ",") {
+			switch part {
+			case "running", "paused":
+				f.States = append(f.States, part)
+			case "":
+			default:
+				return f, fmt.Errorf("state: %q is not a state; use running or paused: %w", Truncate(part), errdefs.ErrInvalidArgument)
+			}
+		}
+	}
+	return f, nil
+}
+
+// Truncate shortens a client's value quoted back in an error.
+func Truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
