@@ -337,11 +337,9 @@ func (d *Driver) restoreNew(ctx context.Context, spec runtime.Spec, opts runtime
 	if _, err := os.Stat(filepath.Join(opts.ImageDir, completeFile)); err != nil {
 		return fmt.Errorf("sandbox %s: incomplete image %s: %w", spec.ID, opts.ImageDir, errdefs.ErrNotFound)
 	}
-	dir := d.dir(spec.ID)
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		if errors.Is(err, os.ErrExist) {
-			return fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrConflict)
-		}
+	spec.Layers = rootLayers
+	dir, err := d.makeStateDir(spec)
+	if err != nil {
 		return err
 	}
 	defer func() {
@@ -349,14 +347,6 @@ func (d *Driver) restoreNew(ctx context.Context, spec runtime.Spec, opts runtime
 			_ = d.Delete(context.WithoutCancel(ctx), spec.ID)
 		}
 	}()
-	if err := os.WriteFile(filepath.Join(dir, idFile), []byte(spec.ID), 0o600); err != nil {
-		return err
-	}
-	spec.Layers = rootLayers
-	b, _ := json.Marshal(spec)
-	if err := os.WriteFile(filepath.Join(dir, specFile), b, 0o600); err != nil {
-		return err
-	}
 	root, err := d.rootImage(ctx, spec.Layers)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: root image: %w", spec.ID, err)

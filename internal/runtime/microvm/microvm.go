@@ -328,11 +328,8 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	if p.err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, p.err)
 	}
-	dir := d.dir(spec.ID)
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		if errors.Is(err, os.ErrExist) {
-			return fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrConflict)
-		}
+	dir, err := d.makeStateDir(spec)
+	if err != nil {
 		return err
 	}
 	defer func() {
@@ -340,13 +337,6 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
 			_ = d.Delete(context.WithoutCancel(ctx), spec.ID)
 		}
 	}()
-	if err := os.WriteFile(filepath.Join(dir, idFile), []byte(spec.ID), 0o600); err != nil {
-		return err
-	}
-	b, _ := json.Marshal(spec)
-	if err := os.WriteFile(filepath.Join(dir, specFile), b, 0o600); err != nil {
-		return err
-	}
 	root, err := d.rootImage(ctx, spec.Layers)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: root image: %w", spec.ID, err)
@@ -669,4 +659,24 @@ func (d *Driver) emptyRoot() (string, error) {
 		return "", fmt.Errorf("%s: QEMU's root must be empty", dir)
 	}
 	return dir, os.Chmod(dir, 0o555)
+}
+
+// makeStateDir makes the state dir of sandbox spec.ID (private to the
+// server) with its id and spec files; a dir that exists is a conflict. On
+// a later failure the caller removes it with Delete.
+func (d *Driver) makeStateDir(spec runtime.Spec) (string, error) {
+	dir := d.dir(spec.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return "", fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrConflict)
+		}
+		return "", err
+	}
+	b, _ := json.Marshal(spec)
+	if err := errors.Join(os.WriteFile(filepath.Join(dir, idFile), []byte(spec.ID), 0o600),
+		os.WriteFile(filepath.Join(dir, specFile), b, 0o600)); err != nil {
+		_ = os.RemoveAll(dir)
+		return "", err
+	}
+	return dir, nil
 }

@@ -2,14 +2,13 @@ package microvm
 
 import (
 	"errors"
-	"strings"
-
-	"github.com/agentbox/agentbox/internal/errdefs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/testutil"
 )
 
