@@ -162,7 +162,7 @@ func (g *Gateway) Handler(api http.Handler) http.Handler {
 		if g.routeByPath(w, r) {
 			return
 		}
-		id, port, routed, errMsg := route(r)
+		id, port, routed, errMsg := Route(r)
 		if errMsg != "" {
 			badRequest(w, errMsg)
 			return
@@ -182,8 +182,10 @@ func (g *Gateway) Handler(api http.Handler) http.Handler {
 	})
 }
 
-// route extracts the sandbox target from headers or Host.
-func route(r *http.Request) (id string, port int, routed bool, errMsg string) {
+// Route extracts the sandbox target of a data-plane request from its
+// E2b-Sandbox-Id/E2b-Sandbox-Port headers or a "<port>-<id>." Host; errMsg
+// is a client error to answer with 400.
+func Route(r *http.Request) (id string, port int, routed bool, errMsg string) {
 	hid, hport := r.Header.Get("E2b-Sandbox-Id"), r.Header.Get("E2b-Sandbox-Port")
 	if hid != "" || hport != "" {
 		if hid == "" {

@@ -55,7 +55,7 @@ func TestRoute(t *testing.T) {
 			for k, v := range tc.headers {
 				r.Header.Set(k, v)
 			}
-			id, port, routed, errMsg := route(r)
+			id, port, routed, errMsg := Route(r)
 			if id != tc.id || port != tc.port || routed != tc.routed || errMsg != tc.errMsg {
 				t.Fatalf("route = %q %d %v %q", id, port, routed, errMsg)
 			}

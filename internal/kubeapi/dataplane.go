@@ -6,12 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"regexp"
-	"strings"
 	"time"
 
 	coordv1 "k8s.io/api/coordination/v1"
@@ -27,38 +24,14 @@ import (
 
 type agentKey struct{}
 
-// hostRoute matches "<port>-<sandboxID>" as the first label of Host, as the
-// gateway does.
-var hostRoute = regexp.MustCompile(`^([0-9]{1,5})-([a-z0-9]{1,64})$`)
-
 // routedID returns the sandbox a data-plane request is for ("" = an API
-// request), or a client error.
+// request), or a client error, as the agents' gateway reads it.
 func routedID(r *http.Request) (id string, errMsg string) {
-	hid, hport := r.Header.Get("E2b-Sandbox-Id"), r.Header.Get("E2b-Sandbox-Port")
-	if hid != "" || hport != "" {
-		if hid == "" {
-			return "", "missing header E2b-Sandbox-Id"
-		}
-		if hport == "" {
-			return "", "missing header E2b-Sandbox-Port"
-		}
-		if !sandbox.ValidID(hid) {
-			return "", "Invalid sandbox ID"
-		}
-		return hid, ""
+	id, _, routed, errMsg := gateway.Route(r)
+	if !routed {
+		id = ""
 	}
-	host := r.Host
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	label, _, ok := strings.Cut(host, ".")
-	if !ok {
-		return "", ""
-	}
-	if m := hostRoute.FindStringSubmatch(label); m != nil {
-		return m[2], ""
-	}
-	return "", ""
+	return id, errMsg
 }
 
 // dataPlane sends sandbox traffic to the node agent running the sandbox,
