@@ -286,7 +286,7 @@ func timeoutOf(v *int64, def time.Duration) (time.Duration, error) {
 func (s *Server) create(v2 bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var body rest.NewSandbox
-		if err := decodeBody(w, r, s.MaxBody, false, &body); err != nil {
+		if err := apireq.DecodeJSON(w, r, s.MaxBody, false, &body); err != nil {
 			httperr.Write(w, err)
 			return
 		}
@@ -386,7 +386,7 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) timeout(w http.ResponseWriter, r *http.Request) {
 	var body rest.TimeoutRequest
-	if err := decodeBody(w, r, s.MaxBody, false, &body); err != nil {
+	if err := apireq.DecodeJSON(w, r, s.MaxBody, false, &body); err != nil {
 		httperr.Write(w, err)
 		return
 	}
@@ -407,7 +407,7 @@ func (s *Server) timeout(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 	var body rest.RefreshRequest
-	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
+	if err := apireq.DecodeJSON(w, r, s.MaxBody, true, &body); err != nil {
 		httperr.Write(w, err)
 		return
 	}
@@ -425,7 +425,7 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 func (s *Server) connect(v2 bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var body rest.ConnectSandbox
-		if err := decodeBody(w, r, s.MaxBody, v2, &body); err != nil {
+		if err := apireq.DecodeJSON(w, r, s.MaxBody, v2, &body); err != nil {
 			httperr.Write(w, err)
 			return
 		}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/agentbox/agentbox/api/gen/rest"
+	"github.com/agentbox/agentbox/internal/apireq"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/sandbox"
@@ -25,7 +26,7 @@ func decodeString(t *testing.T, body string, limit int64) (rest.NewSandbox, erro
 	t.Helper()
 	var b rest.NewSandbox
 	r := httptest.NewRequest(http.MethodPost, "/v2/sandboxes", strings.NewReader(body))
-	err := decodeBody(httptest.NewRecorder(), r, limit, false, &b)
+	err := apireq.DecodeJSON(httptest.NewRecorder(), r, limit, false, &b)
 	return b, err
 }
 
@@ -282,7 +283,7 @@ func FuzzCreateBody(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body string) {
 		var b rest.NewSandbox
 		r := httptest.NewRequest(http.MethodPost, "/v2/sandboxes", strings.NewReader(body))
-		err := decodeBody(httptest.NewRecorder(), r, s.MaxBody, false, &b)
+		err := apireq.DecodeJSON(httptest.NewRecorder(), r, s.MaxBody, false, &b)
 		if err == nil {
 			_, err = s.createRequest(context.Background(), b, true)
 		}

@@ -66,7 +66,7 @@ func endAt(sb *sandbox.Sandbox) time.Time {
 
 func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 	var body rest.PauseRequest
-	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
+	if err := apireq.DecodeJSON(w, r, s.MaxBody, true, &body); err != nil {
 		httperr.Write(w, err)
 		return
 	}
@@ -85,7 +85,7 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 // sandbox when it was paused, 409 when it is running.
 func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 	var body rest.ResumedSandbox
-	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
+	if err := apireq.DecodeJSON(w, r, s.MaxBody, true, &body); err != nil {
 		httperr.Write(w, err)
 		return
 	}
@@ -112,7 +112,7 @@ func snapshotOut(sn *sandbox.Snapshot) rest.SnapshotInfo {
 
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	var body rest.SnapshotRequest
-	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
+	if err := apireq.DecodeJSON(w, r, s.MaxBody, true, &body); err != nil {
 		httperr.Write(w, err)
 		return
 	}
@@ -204,7 +204,7 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) bool {
 
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	var body rest.ForkRequest
-	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
+	if err := apireq.DecodeJSON(w, r, s.MaxBody, true, &body); err != nil {
 		httperr.Write(w, err)
 		return
 	}

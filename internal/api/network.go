@@ -85,7 +85,7 @@ func maskHeader(v string) string {
 
 func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 	var body rest.SandboxNetworkUpdate
-	if err := decodeBody(w, r, s.MaxBody, true, &body); err != nil {
+	if err := apireq.DecodeJSON(w, r, s.MaxBody, true, &body); err != nil {
 		httperr.Write(w, err)
 		return
 	}
@@ -143,7 +143,7 @@ const maxSecretValue = 32 << 10
 
 func (s *Server) putSecret(w http.ResponseWriter, r *http.Request) {
 	var body rest.SecretRequest
-	if err := decodeBody(w, r, s.MaxBody, false, &body); err != nil {
+	if err := apireq.DecodeJSON(w, r, s.MaxBody, false, &body); err != nil {
 		httperr.Write(w, err)
 		return
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/agentbox/agentbox/api/gen/rest"
+	"github.com/agentbox/agentbox/internal/apireq"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/template"
@@ -97,7 +98,7 @@ func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var b rest.TemplateBuildRequestV3
-	if err := decodeBody(w, r, s.MaxBody, false, &b); err != nil {
+	if err := apireq.DecodeJSON(w, r, s.MaxBody, false, &b); err != nil {
 		httperr.Write(w, err)
 		return
 	}
@@ -222,7 +223,7 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var body rest.TemplateBuildStartV2
-	if err := decodeBody(w, r, 16<<20, false, &body); err != nil {
+	if err := apireq.DecodeJSON(w, r, 16<<20, false, &body); err != nil {
 		httperr.Write(w, err)
 		return
 	}

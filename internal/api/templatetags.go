@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/agentbox/agentbox/api/gen/rest"
+	"github.com/agentbox/agentbox/internal/apireq"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/template"
@@ -45,7 +46,7 @@ func (s *Server) tagger() (TemplateTagger, error) {
 
 func (s *Server) assignTemplateTags(w http.ResponseWriter, r *http.Request) {
 	var b rest.AssignTemplateTagsRequest
-	if err := decodeBody(w, r, s.MaxBody, false, &b); err != nil {
+	if err := apireq.DecodeJSON(w, r, s.MaxBody, false, &b); err != nil {
 		httperr.Write(w, err)
 		return
 	}
@@ -68,7 +69,7 @@ func (s *Server) assignTemplateTags(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) deleteTemplateTags(w http.ResponseWriter, r *http.Request) {
 	var b rest.DeleteTemplateTagsRequest
-	if err := decodeBody(w, r, s.MaxBody, false, &b); err != nil {
+	if err := apireq.DecodeJSON(w, r, s.MaxBody, false, &b); err != nil {
 		httperr.Write(w, err)
 		return
 	}

@@ -80,7 +80,7 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 	var body rest.NewVolume
-	if err := decodeBody(w, r, s.MaxBody, false, &body); err != nil {
+	if err := apireq.DecodeJSON(w, r, s.MaxBody, false, &body); err != nil {
 		httperr.Write(w, err)
 		return
 	}
@@ -417,7 +417,7 @@ func (s *Server) volumeSetMeta(w http.ResponseWriter, r *http.Request, f *volume
 		return
 	}
 	var body rest.VolumeMetadata
-	if err := decodeBody(w, r, s.MaxBody, false, &body); err != nil {
+	if err := apireq.DecodeJSON(w, r, s.MaxBody, false, &body); err != nil {
 		httperr.Write(w, err)
 		return
 	}

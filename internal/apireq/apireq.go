@@ -1,10 +1,13 @@
 // Package apireq reads what E2B clients send the same way on every API
 // surface of the server (the local API and the cluster's API tier): the API
-// key and the filters of a sandbox list.
+// key, JSON bodies and the filters of a sandbox list.
 package apireq
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -66,4 +69,37 @@ func Truncate(s string) string {
 		return s[:64] + "…"
 	}
 	return s
+}
+
+// DecodeJSON reads a JSON body of at most limit bytes into v. An empty body
+// is allowed when optional is true. Errors name the offending field.
+func DecodeJSON(w http.ResponseWriter, r *http.Request, limit int64, optional bool, v any) error {
+	body := http.MaxBytesReader(w, r.Body, limit)
+	data, err := io.ReadAll(body)
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return fmt.Errorf("request body is over the limit of %d bytes: %w", limit, errdefs.ErrTooLarge)
+		}
+		return fmt.Errorf("read request body: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if len(strings.TrimSpace(string(data))) == 0 || strings.TrimSpace(string(data)) == "null" {
+		if optional {
+			return nil
+		}
+		return fmt.Errorf("request body is empty; send a JSON object: %w", errdefs.ErrInvalidArgument)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		var syntaxErr *json.SyntaxError
+		switch {
+		case errors.As(err, &typeErr) && typeErr.Field != "":
+			return fmt.Errorf("%s: expected %s, got JSON %s: %w", typeErr.Field, typeErr.Type, typeErr.Value, errdefs.ErrInvalidArgument)
+		case errors.As(err, &syntaxErr):
+			return fmt.Errorf("request body is not valid JSON at byte %d: %v: %w", syntaxErr.Offset, err, errdefs.ErrInvalidArgument)
+		default:
+			return fmt.Errorf("request body: %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"slices"
@@ -37,21 +36,6 @@ func invalid(format string, args ...any) error {
 
 func notFound(id string) error {
 	return fmt.Errorf("sandbox %q not found: %w", id, errdefs.ErrNotFound)
-}
-
-// decode reads an optional JSON body.
-func decode(w http.ResponseWriter, r *http.Request, v any) error {
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
-	if err != nil {
-		return invalid("request body: %v", err)
-	}
-	if len(strings.TrimSpace(string(data))) == 0 {
-		return nil
-	}
-	if err := json.Unmarshal(data, v); err != nil {
-		return invalid("request body: not valid JSON: %v", err)
-	}
-	return nil
 }
 
 // seconds checks a timeout field against the maximum.
@@ -179,7 +163,7 @@ func listed(v view) rest.ListedSandbox {
 func (s *Server) create(v2 bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var body rest.NewSandbox
-		if err := decode(w, r, &body); err != nil {
+		if err := apireq.DecodeJSON(w, r, 1<<20, true, &body); err != nil {
 			httperr.Write(w, err)
 			return
 		}
@@ -594,7 +578,7 @@ func (s *Server) seen(ctx context.Context, obj client.Object, into client.Object
 
 func (s *Server) timeout(w http.ResponseWriter, r *http.Request) {
 	var body rest.TimeoutRequest
-	if err := decode(w, r, &body); err != nil {
+	if err := apireq.DecodeJSON(w, r, 1<<20, true, &body); err != nil {
 		httperr.Write(w, err)
 		return
 	}
@@ -621,7 +605,7 @@ func (s *Server) timeout(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 	var body rest.RefreshRequest
-	if err := decode(w, r, &body); err != nil {
+	if err := apireq.DecodeJSON(w, r, 1<<20, true, &body); err != nil {
 		httperr.Write(w, err)
 		return
 	}
@@ -732,7 +716,7 @@ func (s *Server) wake(ctx context.Context, id string, d time.Duration, mustBePau
 
 func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 	var body rest.ResumedSandbox
-	if err := decode(w, r, &body); err != nil {
+	if err := apireq.DecodeJSON(w, r, 1<<20, true, &body); err != nil {
 		httperr.Write(w, err)
 		return
 	}
@@ -752,7 +736,7 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 func (s *Server) connect(v2 bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var body rest.ConnectSandbox
-		if err := decode(w, r, &body); err != nil {
+		if err := apireq.DecodeJSON(w, r, 1<<20, true, &body); err != nil {
 			httperr.Write(w, err)
 			return
 		}
