@@ -240,20 +240,30 @@ func writeLazyPid(dir string, pid int) error {
 // procStart is process pid's start time (field 22 of /proc/pid/stat),
 // which tells it from a later process with the same pid.
 func procStart(pid int) (string, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	f, err := procStat(pid)
 	if err != nil {
 		return "", err
 	}
-	// The command name (field 2) may hold spaces; fields count after it.
+	return f[19], nil
+}
+
+// procStat reads /proc/pid/stat and returns its fields after the command
+// name (which is in parentheses and may hold spaces): the state is the
+// first, the start time the twentieth.
+func procStat(pid int) ([]string, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil, err
+	}
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return "", fmt.Errorf("/proc/%d/stat: unexpected format", pid)
+		return nil, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
 	}
 	f := strings.Fields(string(b[i+1:]))
 	if len(f) < 20 {
-		return "", fmt.Errorf("/proc/%d/stat: unexpected format", pid)
+		return nil, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
 	}
-	return f[19], nil
+	return f, nil
 }
 
 // lazyPid is the pid of the sandbox's page daemon if it still runs.

@@ -313,14 +313,8 @@ func (d *Driver) runningInit(id string) (int, bool) {
 	if _, err := os.Stat(filepath.Join(dir, "exec.fifo")); !errors.Is(err, fs.ErrNotExist) {
 		return 0, false // created, not started (or unknown)
 	}
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(st.Pid) + "/stat")
-	if err != nil {
-		return 0, false
-	}
-	// After the command name (in parentheses, may hold spaces): state is
-	// the 1st field, starttime the 20th.
-	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-	if len(f) < 20 || f[0] == "Z" || f[0] == "X" || f[19] != strconv.FormatUint(st.Start, 10) {
+	f, err := procStat(st.Pid)
+	if err != nil || f[0] == "Z" || f[0] == "X" || f[19] != strconv.FormatUint(st.Start, 10) {
 		return 0, false
 	}
 	thawed := false
