@@ -4,13 +4,18 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 )
 
-// Every route but GET /health needs the sandbox's access token in
-// X-Access-Token, as in E2B's interpreter: creating, listing, restarting
-// and deleting contexts are as much the sandbox owner's business as running
-// code. envd, which holds the token, judges it (GET /auth answers 204 to the
+// /execute runs code, so it needs the sandbox's access token in
+// X-Access-Token. The context routes (create, list, restart, delete) are
+// served, as by E2B's interpreter and for its SDKs, which send no token
+// there, to whoever reaches the port: like every port of the sandbox, they
+// are public unless the sandbox was created with allowPublicTraffic=false,
+// when the gateway asks a traffic token first. A token sent on any route
+// must be the right one, so a wrong one is refused and counted as a guess.
+// envd, which holds the token, judges it (GET /auth answers 204 to the
 // right token, and to any in a sandbox created without one). Nothing is
 // remembered: a fork or restore gets a new token from /init, and the old
 // one must stop working at once.
@@ -27,6 +32,10 @@ func requireToken(envdURL string, next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
+		if contextRoute(r.URL.Path) && len(r.Header.Values("X-Access-Token")) == 0 {
+			next.ServeHTTP(w, r)
+			return
+		}
 		if code, msg := checkToken(r.Context(), envdURL, r.Header.Values("X-Access-Token")); code != http.StatusOK {
 			w.Header().Set("Cache-Control", "no-store")
 			http.Error(w, msg, code)
@@ -36,8 +45,13 @@ func requireToken(envdURL string, next http.Handler) http.Handler {
 	})
 }
 
+// contextRoute reports whether path is one of the context routes.
+func contextRoute(path string) bool {
+	return path == "/contexts" || strings.HasPrefix(path, "/contexts/")
+}
+
 func checkToken(ctx context.Context, envdURL string, tokens []string) (int, string) {
-	const need = "unauthorized: this sandbox's code interpreter needs the sandbox's access token (envdAccessToken) in one X-Access-Token header on every route but GET /health"
+	const need = "unauthorized: this sandbox's code interpreter runs code only with the sandbox's access token (envdAccessToken) in one X-Access-Token header, and refuses a wrong one on every route"
 	if len(tokens) > 1 {
 		return http.StatusUnauthorized, need
 	}

@@ -307,8 +307,13 @@ func envResetCode(language string, env, base map[string]string) string {
 		return "local({r <- jsonlite::fromJSON(" + jsonString(jsonString(restore)) + "); if (length(r)) do.call(Sys.setenv, as.list(r)); " +
 			"u <- jsonlite::fromJSON(" + jsonString(jsonString(unset)) + "); if (length(u)) Sys.unsetenv(u)})"
 	case "java":
+		// Back to the kernel's start: the sandbox's env vars are system
+		// properties there (startJava), the rest are cleared.
 		var b strings.Builder
-		for _, k := range slices.Sorted(maps.Keys(env)) {
+		for _, k := range slices.Sorted(maps.Keys(restore)) {
+			fmt.Fprintf(&b, "System.setProperty(%s, %s);\n", jsonString(k), jsonString(restore[k]))
+		}
+		for _, k := range unset {
 			fmt.Fprintf(&b, "System.clearProperty(%s);\n", jsonString(k))
 		}
 		return b.String()

@@ -6,9 +6,12 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 )
 
 type javaConfig struct {
@@ -36,7 +39,40 @@ func startJava(ctx context.Context, cfg javaConfig) (*nodeKernel, error) {
 	cmd := exec.Command(cfg.Java, args...)
 	cmd.Dir = cfg.Cwd
 	cmd.Env = kernelEnv(nil)
-	return startEventKernel(ctx, &nodeKernel{name: "java kernel"}, cmd, cfg.Log)
+	k, err := startEventKernel(ctx, &nodeKernel{name: "java kernel"}, cmd, cfg.Log)
+	if err != nil {
+		return nil, err
+	}
+	// A JVM reads its environment with System.getenv, but E2B's Java
+	// contexts show the sandbox's env vars as system properties too
+	// (System.getProperty("VAR")), as per-execution envs are.
+	if err := k.Execute(ctx, envPropertiesCode(envMap(cmd.Env)), true, discard{}); err != nil {
+		k.Close()
+		return nil, fmt.Errorf("java kernel: set env vars as system properties: %w", err)
+	}
+	return k, nil
+}
+
+// envPropertiesCode sets each variable of env as a system property the JVM
+// does not define itself (its own are dotted, like java.home).
+func envPropertiesCode(env map[string]string) string {
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		if !envName.MatchString(k) {
+			continue
+		}
+		fmt.Fprintf(&b, "if (System.getProperty(%s) == null) System.setProperty(%s, %s);\n", jsonString(k), jsonString(k), jsonString(env[k]))
+	}
+	return b.String()
+}
+
+func envMap(kvs []string) map[string]string {
+	env := make(map[string]string, len(kvs))
+	for _, kv := range kvs {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	return env
 }
 
 // compileJavaKernel compiles the kernel once per version of its source,
