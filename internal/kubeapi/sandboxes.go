@@ -458,7 +458,13 @@ func (s *Server) list(v2 bool) http.HandlerFunc {
 			httperr.Write(w, err)
 			return
 		}
-		if !v2 {
+		var pq pageQuery
+		if v2 {
+			if pq, err = s.parsePage(r.URL.Query(), callerOf(r.Context()).team); err != nil { // listpage.go
+				httperr.Write(w, err)
+				return
+			}
+		} else {
 			lq.states = nil
 		}
 		var views []view
@@ -482,7 +488,10 @@ func (s *Server) list(v2 bool) http.HandlerFunc {
 				}
 			}
 		}
-		slices.SortFunc(views, func(a, b view) int { return b.started.Compare(a.started) })
+		sortViews(views, pq.asc)
+		if v2 {
+			views = s.page(w, callerOf(r.Context()).team, views, pq, lq.states)
+		}
 		out := []rest.ListedSandbox{}
 		for _, v := range views {
 			out = append(out, listed(v))
