@@ -183,7 +183,10 @@ func (r *nsReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 }
 
 // holders lists (sorted) the teams other than want that own Sandboxes in
-// ns, by the team label agents put on the Sandboxes they run.
+// ns, by the team label agents put on the Sandboxes they run. Only
+// Sandboxes an agent ran count (their status, which only agents write,
+// has a sandbox id): a team label the object's writer set on one that
+// never ran moves no binding.
 func (r *nsReconciler) holders(ctx context.Context, ns, want string) ([]string, error) {
 	var list agentsv1.SandboxList
 	if err := r.c.List(ctx, &list, client.InNamespace(ns), client.HasLabels{LabelTeam}, client.UnsafeDisableDeepCopy); err != nil {
@@ -191,7 +194,7 @@ func (r *nsReconciler) holders(ctx context.Context, ns, want string) ([]string, 
 	}
 	seen := map[string]bool{}
 	for _, o := range list.Items {
-		if t := o.Labels[LabelTeam]; t != want {
+		if t := o.Labels[LabelTeam]; t != want && o.Status.SandboxID != "" {
 			seen[t] = true
 		}
 	}

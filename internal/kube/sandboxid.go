@@ -59,16 +59,17 @@ func (b reconcilerBase) idTaken(ctx context.Context, obj *agentsv1.Sandbox, id s
 }
 
 // labelID labels obj with its sandbox id (removing the label once it has
-// none), so the API tier's selector finds it, and once it runs with the
-// name of its team (LabelTeam), which keeps it with that team when its
-// namespace is re-labelled (bindings.go).
+// none), so the API tier's selector finds it, and once it runs in a
+// label-bound namespace with the name of its team (LabelTeam), which keeps
+// it with that team when its namespace is re-labelled (bindings.go). The
+// agent's team overwrites whatever team label the object's writer set.
 func (b reconcilerBase) labelID(ctx context.Context, obj *agentsv1.Sandbox, team string) error {
 	id := obj.Status.SandboxID
-	teamLabel := obj.Labels[LabelTeam]
-	if id == "" || team == "" {
-		team = teamLabel // set once: the owner does not change
+	wantTeam := obj.Labels[LabelTeam]
+	if id != "" && team != "" {
+		wantTeam = team
 	}
-	if obj.Labels[LabelSandboxID] == id && teamLabel == team {
+	if obj.Labels[LabelSandboxID] == id && obj.Labels[LabelTeam] == wantTeam {
 		return nil
 	}
 	base := obj.DeepCopy()
@@ -80,8 +81,8 @@ func (b reconcilerBase) labelID(ctx context.Context, obj *agentsv1.Sandbox, team
 	} else {
 		obj.Labels[LabelSandboxID] = id
 	}
-	if team != "" && teamLabel == "" {
-		obj.Labels[LabelTeam] = team
+	if wantTeam != "" {
+		obj.Labels[LabelTeam] = wantTeam
 	}
 	return client.IgnoreNotFound(b.c.Patch(ctx, obj, client.MergeFrom(base)))
 }
