@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/agentbox/agentbox/e2e/wire"
+	"github.com/agentbox/agentbox/internal/hostkey"
 	"github.com/agentbox/agentbox/internal/runtime/bundle"
 )
 
@@ -203,11 +204,20 @@ func killAll(ctx context.Context, c *wire.Client, ids []string) {
 	wg.Wait()
 }
 
-// hostVeth is the host end of sandbox id's veth pair, as internal/network
-// names it.
-func hostVeth(id string) string {
+// hostVeths are the names the host end of sandbox id's veth pair may have:
+// internal/network cuts it from its server's key of the id (the secret in
+// /run/<instance>/netns.addr), or, for a port of an earlier version, from
+// the id alone.
+func hostVeths(id string) []string {
 	h := sha256.Sum256([]byte(id))
-	return "ab" + hex.EncodeToString(h[:])[:12]
+	out := []string{"ab" + hex.EncodeToString(h[:])[:12]}
+	secrets, _ := filepath.Glob("/run/*/netns.addr/.key-secret")
+	for _, f := range secrets {
+		if k, err := hostkey.Read(f); err == nil {
+			out = append(out, "ab"+k.Key(id)[:12])
+		}
+	}
+	return out
 }
 
 // leaks lists what is left on the host of the killed sandboxes ids: an
@@ -223,8 +233,10 @@ func leaks(ctx context.Context, c *wire.Client, dataDir string, ids []string) []
 			} else if we := (*wire.Error)(nil); !errors.As(err, &we) || we.Status != http.StatusNotFound {
 				out = append(out, id+": "+err.Error())
 			}
-			if _, err := net.InterfaceByName(hostVeth(id)); err == nil {
-				out = append(out, id+": veth "+hostVeth(id))
+			for _, name := range hostVeths(id) {
+				if _, err := net.InterfaceByName(name); err == nil {
+					out = append(out, id+": veth "+name)
+				}
 			}
 			if dataDir == "" {
 				continue

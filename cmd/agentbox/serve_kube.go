@@ -81,7 +81,8 @@ func startKube(ctx context.Context, k kubeFlags, mgr *sandbox.Manager, tiers *ru
 		}
 		teams[ns] = t.ID
 	}
-	if err := bindLabelledNamespaces(ctx, k.Kubeconfig, teams, st, log); err != nil { // serve_kubeapi.go
+	labelTeams, err := labelBinding(ctx, k.Kubeconfig, st, log) // serve_kubeapi.go
+	if err != nil {
 		return err
 	}
 	if k.NodeCPU == 0 && k.Node != "" {
@@ -111,6 +112,7 @@ func startKube(ctx context.Context, k kubeFlags, mgr *sandbox.Manager, tiers *ru
 	ctl, err := kube.New(kube.Config{
 		Address:    addr,
 		Kubeconfig: k.Kubeconfig, Node: k.Node, Teams: teams, MaxTimeout: c.MaxTimeout,
+		LabelTeams: labelTeams, ValidTeamName: store.ValidTeamName,
 		LeaderElection: k.LeaderElect, LeaderElectionNamespace: k.LeaderElectNS, MetricsAddr: k.MetricsListen,
 		LeaseNamespace: k.LeaseNS, LeaseDuration: k.LeaseDuration, CPU: k.NodeCPU, MemoryMB: k.NodeMemoryMB,
 		Images: images,

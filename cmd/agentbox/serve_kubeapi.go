@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/agentbox/agentbox/internal/authlimit"
+	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/kube"
 	"github.com/agentbox/agentbox/internal/kubeapi"
 	"github.com/agentbox/agentbox/internal/store"
@@ -129,33 +130,30 @@ func serveKubeAPI(ctx context.Context, c serveConfig, log *slog.Logger) error {
 	return hs.Shutdown(sctx)
 }
 
-// bindLabelledNamespaces binds each namespace labelled agentbox.dev/team=NAME
-// (and not bound by --kube-team) to the team NAME of this server, created
-// if new, so node agents need no per-team flags. Namespaces are read when
-// the agent starts.
-func bindLabelledNamespaces(ctx context.Context, kubeconfig string, teams map[string]string, st *store.Store, log *slog.Logger) error {
-	labelled, err := kube.LabelledNamespaces(ctx, kubeconfig)
+// labelBinding returns how the controller binds each namespace labelled
+// agentbox.dev/team=NAME (and not bound by --kube-team) to the team NAME
+// of this server, created if new, so node agents need no per-team flags:
+// live, as namespaces are labelled and re-labelled (internal/kube
+// bindings.go). nil when the agent may not list namespaces.
+func labelBinding(ctx context.Context, kubeconfig string, st *store.Store, log *slog.Logger) (func(context.Context, string) (string, error), error) {
+	err := kube.CanWatchNamespaces(ctx, kubeconfig)
 	if apierrors.IsForbidden(err) {
 		// An agent whose RBAC predates team labels keeps its --kube-team
 		// bindings.
-		log.Warn("cannot list namespaces: only --kube-team namespaces are bound (grant list on namespaces to bind agentbox.dev/team labelled ones)", "err", err)
-		return nil
+		log.Warn("cannot list namespaces: only --kube-team namespaces are bound (grant list and watch on namespaces to bind agentbox.dev/team labelled ones)", "err", err)
+		return nil, nil
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
-	for ns, name := range labelled {
-		if _, bound := teams[ns]; bound {
-			continue
-		}
+	return func(ctx context.Context, name string) (string, error) {
 		if !store.ValidTeamName(name) {
-			return fmt.Errorf("namespace %s: label %s=%q is not a team name (1-64 letters, digits, '-', '_' or '.'); fix the label", ns, kube.LabelTeam, name)
+			return "", fmt.Errorf("label %s=%q is not a team name (1-64 letters, digits, '-', '_' or '.'): %w", kube.LabelTeam, name, errdefs.ErrInvalidArgument)
 		}
 		t, err := st.EnsureTeam(ctx, name)
 		if err != nil {
-			return fmt.Errorf("namespace %s: team %s: %w", ns, name, err)
+			return "", err
 		}
-		teams[ns] = t.ID
-	}
-	return nil
+		return t.ID, nil
+	}, nil
 }

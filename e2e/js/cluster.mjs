@@ -73,6 +73,31 @@ describe('e2b SDK against serve --kubernetes', { concurrency: false }, () => {
     assert.equal((await listAll({ query: { metadata: { e2e: runId, role: 'absent' } } })).length, 0)
   })
 
+  it('lifecycle: the list paginator pages with limit', async () => {
+    const second = await Sandbox.create(TEMPLATE, { timeoutMs: 5 * MIN, metadata: { e2e: runId, role: 'page' } })
+    created.add(second.sandboxId)
+    try {
+      for (const order of ['desc', 'asc']) {
+        const pager = Sandbox.list({ limit: 1, order, query: { metadata: { e2e: runId } } })
+        const ids = []
+        let pages = 0
+        while (pager.hasNext) {
+          const items = await pager.nextItems()
+          assert.ok(items.length <= 1, `a page of ${items.length} with limit 1`)
+          ids.push(...items.map((s) => s.sandboxId))
+          pages++
+        }
+        assert.deepEqual([...ids].sort(), [sbx.sandboxId, second.sandboxId].sort(), `${order}: each sandbox once`)
+        assert.ok(pages >= 2, `${order}: ${pages} page(s)`)
+      }
+    } finally {
+      await second.kill()
+      created.delete(second.sandboxId)
+    }
+    await waitFor('the second sandbox to leave the list', async () =>
+      (await listAll({ query: { metadata: { e2e: runId, role: 'page' } } })).length === 0)
+  })
+
   it('lifecycle: setTimeout moves endAt', async () => {
     await sbx.setTimeout(2 * MIN)
     const info = await sbx.getInfo()

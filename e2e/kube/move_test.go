@@ -25,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentbox/agentbox/e2e/harness"
@@ -190,9 +191,10 @@ func sandboxesOf(ctx context.Context, t *testing.T, s *harness.Server) []string 
 
 // TestKubeSuspendedMoves suspends a Sandbox on node-a, whose agent stores
 // the sealed image in an S3 bucket; node-a dies, the Sandbox moves to
-// node-b, and set Running it comes back there with its process and files.
-// A flipped byte in the bucket and another tenant's copy of the objects are
-// refused and restore nothing.
+// node-b, and set Running it comes back there with its process and files,
+// under the same sandbox id: a client of serve --kubernetes that held the
+// id still reaches it. A flipped byte in the bucket and another tenant's
+// copy of the objects are refused and restore nothing.
 func TestKubeSuspendedMoves(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -201,11 +203,23 @@ func TestKubeSuspendedMoves(t *testing.T) {
 	if err := c.Create(ctx, nsObj); err != nil {
 		t.Fatal(err)
 	}
+	// ns is team default's for serve --kubernetes too (the agents bind it
+	// with --kube-team as well).
+	createTeamNamespace(ctx, t, c, "agentbox-system", nil)
+	nsU := &unstructured.Unstructured{}
+	nsU.SetGroupVersionKind(schema.GroupVersionKind{Version: "v1", Kind: "Namespace"})
+	nsU.SetName(ns)
+	if err := c.Patch(ctx, nsU, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"labels":{"agentbox.dev/team":"default"}}}`))); err != nil {
+		t.Fatal(err)
+	}
 	url, raw := s3Server(t)
 	dir := t.TempDir()
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
-	keyFile, credFile := filepath.Join(dir, "image.key"), filepath.Join(dir, "s3.env")
+	keyFile, credFile, secret := filepath.Join(dir, "image.key"), filepath.Join(dir, "s3.env"), filepath.Join(dir, "token-secret")
+	if err := os.WriteFile(secret, []byte(strings.Repeat("0123456789abcdef", 4)), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(keyFile, []byte(hex.EncodeToString(key)), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +230,7 @@ func TestKubeSuspendedMoves(t *testing.T) {
 		return harness.Start(t, harness.Name(t.Name()+"-"+node), harness.Args(append([]string{"--kube-controller", "--kubeconfig", kcPath,
 			"--kube-node", node, "--kube-team", ns + "=default", "--kube-team", nsB + "=default",
 			"--kube-leader-elect", "--kube-leader-elect-namespace", "default",
-			"--kube-lease-namespace", "default", "--kube-lease-duration", "3s",
+			"--kube-lease-namespace", "agentbox-system", "--kube-lease-duration", "3s", "--token-secret-file", secret,
 			"--kube-object-store", url, "--kube-object-store-key-file", keyFile, "--kube-object-store-credentials-file", credFile}, extra...)...))
 	}
 	// node-a has more room: the Sandbox starts there.
@@ -226,6 +240,8 @@ func TestKubeSuspendedMoves(t *testing.T) {
 	sdkOf := func(s *harness.Server) *agentbox.Client {
 		return agentbox.New(agentbox.WithAPIURL(s.URL), agentbox.WithSandboxURL(s.URL), agentbox.WithAPIKey(s.APIKey))
 	}
+	rep := startReplica(t, a.Bin, kcPath, secret)
+	viaReplica := agentbox.New(agentbox.WithAPIURL(rep.URL), agentbox.WithSandboxURL(rep.URL), agentbox.WithAPIKey(mintKubeKey(t, a.Bin, kcPath, "default")))
 	waitCond := func(namespace, name, typ, what string, ok func(c *metav1.Condition, u *unstructured.Unstructured) bool) *unstructured.Unstructured {
 		t.Helper()
 		var last *unstructured.Unstructured
@@ -270,6 +286,14 @@ pid=$(cat /tmp/counter.pid); echo "$pid $(cut -d' ' -f2 /proc/$pid/stat)"`)
 		t.Fatal(err)
 	}
 	countBefore, _ := strconv.Atoi(strings.TrimSpace(res.Stdout))
+	// A client of the API tier holds the id (and its envd token).
+	held, err := viaReplica.Connect(ctx, idA, 10*time.Minute)
+	if err != nil {
+		t.Fatalf("connect through serve --kubernetes: %v", err)
+	}
+	if res, err := held.Commands.Run(ctx, `cat /tmp/moved.txt`); err != nil || strings.TrimSpace(res.Stdout) != "written on node-a" {
+		t.Fatalf("command through serve --kubernetes on node-a: %v %+v", err, res)
+	}
 
 	mode(ctx, t, c, "mover", "Suspended")
 	u = waitCond(ns, "mover", "ImageStored", "ImageStored=True", func(c *metav1.Condition, _ *unstructured.Unstructured) bool {
@@ -311,8 +335,11 @@ pid=$(cat /tmp/counter.pid); echo "$pid $(cut -d' ' -f2 /proc/$pid/stat)"`)
 	mode(ctx, t, c, "mover", "Running")
 	idB := waitReady(ctx, t, c, "mover")
 	restoreTook := time.Since(restoreStart)
-	if idB == idA {
-		t.Fatalf("restored with the same id %s, want a new sandbox", idB)
+	if idB != idA {
+		t.Fatalf("restored as sandbox %s, want its own id %s", idB, idA)
+	}
+	if u, _ := getIn(ctx, c, ns, "mover"); u.GetLabels()["agentbox.dev/sandbox-id"] != idA {
+		t.Errorf("label agentbox.dev/sandbox-id = %q after the move, want %s", u.GetLabels()["agentbox.dev/sandbox-id"], idA)
 	}
 	sbx, err = sdkOf(b).Connect(ctx, idB, 10*time.Minute)
 	if err != nil {
@@ -334,10 +361,17 @@ pid=$(cat /tmp/counter.pid); echo "$pid $(cut -d' ' -f2 /proc/$pid/stat)"`)
 	if left := bucketKeys(ctx, t, raw, ns+"/"+idA+"/"); len(left) != 0 {
 		t.Errorf("stored image kept after the restore: %v", left)
 	}
-	for _, id := range sandboxesOf(ctx, t, b) {
-		if id == idA {
-			t.Errorf("node-b runs the old id %s", idA)
-		}
+	if ids := sandboxesOf(ctx, t, b); len(ids) != 1 || ids[0] != idA {
+		t.Errorf("node-b runs %v, want %s", ids, idA)
+	}
+	// The client's handle from before the move: same id, same envd token,
+	// now routed by the replica to node-b.
+	res, err = held.Commands.Run(ctx, `cat /tmp/moved.txt`)
+	if err != nil || strings.TrimSpace(res.Stdout) != "written on node-a" {
+		t.Fatalf("the held handle through serve --kubernetes after the move: %v %+v", err, res)
+	}
+	if _, err := viaReplica.GetInfo(ctx, idA); err != nil {
+		t.Errorf("getInfo %s through serve --kubernetes after the move: %v", idA, err)
 	}
 
 	t.Run("the returning agent removes its copy", func(t *testing.T) {
@@ -346,6 +380,11 @@ pid=$(cat /tmp/counter.pid); echo "$pid $(cut -d' ' -f2 /proc/$pid/stat)"`)
 			left := append(sandboxesOf(ctx, t, a), leftovers(a, idA)...)
 			return len(left) == 0, strings.Join(left, ", ")
 		})
+		// Removing node-a's copy of the id left node-b's sandbox of the
+		// same id (on this one host) alone.
+		if res, err := held.Commands.Run(ctx, `cat /tmp/moved.txt`); err != nil || strings.TrimSpace(res.Stdout) != "written on node-a" {
+			t.Fatalf("node-b's sandbox %s after node-a removed its copy: %v %+v", idA, err, res)
+		}
 	})
 
 	t.Run("another tenant's Sandbox cannot restore the image", func(t *testing.T) {

@@ -32,7 +32,7 @@ func (r *claimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 	if err := r.c.Get(ctx, req.NamespacedName, &claim); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if _, bound := r.cfg.Teams[claim.Namespace]; !bound {
+	if _, bound := r.teams.team(claim.Namespace); !bound {
 		return ctrl.Result{}, nil
 	}
 	if !claim.DeletionTimestamp.IsZero() {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -17,10 +18,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	agentsv1 "github.com/agentbox/agentbox/internal/kube/apis/agents/v1beta1"
 	extv1 "github.com/agentbox/agentbox/internal/kube/apis/extensions/v1beta1"
@@ -54,6 +57,13 @@ type Config struct {
 	// Teams binds namespaces to agentbox team ids: the controller acts only
 	// in these namespaces, and a namespace's sandboxes belong to its team.
 	Teams map[string]string
+	// LabelTeams, when set, binds the namespaces labelled LabelTeam=NAME
+	// to team NAME while the controller runs (bindings.go), returning the
+	// id of NAME on this server (created if new); the cache then watches
+	// every namespace. Teams wins for a namespace in both.
+	LabelTeams func(ctx context.Context, name string) (id string, err error)
+	// ValidTeamName checks a label's team name (nil: any).
+	ValidTeamName func(name string) bool
 	// MaxTimeout is the server's longest sandbox timeout: the controller
 	// keeps its sandboxes alive by extending them before it runs out.
 	MaxTimeout time.Duration
@@ -131,8 +141,8 @@ func RESTConfig(kubeconfig string) (*rest.Config, error) {
 
 // New builds the controller against the cluster in cfg.Kubeconfig.
 func New(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger) (*Controller, error) {
-	if len(cfg.Teams) == 0 {
-		return nil, errors.New("--kube-team: bind at least one namespace to a team (NAMESPACE=TEAM); the controller acts only in bound namespaces")
+	if len(cfg.Teams) == 0 && cfg.LabelTeams == nil {
+		return nil, errors.New("--kube-team: bind at least one namespace to a team (NAMESPACE=TEAM), or let the agent list namespaces to bind those labelled agentbox.dev/team; the controller acts only in bound namespaces")
 	}
 	if cfg.LeaseNamespace == "" {
 		return nil, errors.New("--kube-lease-namespace: name the namespace of the node agents' Leases")
@@ -160,9 +170,14 @@ func New(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger) (*Controller
 		return nil, err
 	}
 	log.SetLogger(logr.FromSlogHandler(logger.Handler()))
-	nsCache := map[string]cache.Config{}
-	for ns := range cfg.Teams {
-		nsCache[ns] = cache.Config{}
+	// Without label bindings only the bound namespaces are watched; with
+	// them any namespace may be bound at any time, so all are.
+	var nsCache map[string]cache.Config
+	if cfg.LabelTeams == nil {
+		nsCache = map[string]cache.Config{}
+		for ns := range cfg.Teams {
+			nsCache[ns] = cache.Config{}
+		}
 	}
 	metricsAddr := cfg.MetricsAddr
 	if metricsAddr == "" {
@@ -181,26 +196,42 @@ func New(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger) (*Controller
 		return nil, fmt.Errorf("kube: controller manager: %w", err)
 	}
 	rec := mgr.GetEventRecorder("agentbox")
-	base := reconcilerBase{c: mgr.GetClient(), api: mgr.GetAPIReader(), rec: rec, sbs: sbs, host: host, cfg: cfg, log: logger}
+	base := reconcilerBase{c: mgr.GetClient(), api: mgr.GetAPIReader(), rec: rec, sbs: sbs, host: host, cfg: cfg, log: logger, teams: newBindings(cfg)}
 	opts := controller.Options{MaxConcurrentReconciles: cfg.Workers}
 	// Every node agent runs the sandboxes bound to its node; pools and
 	// claims are the leader's alone (with --kube-leader-elect).
 	everyNode := opts
 	everyNode.NeedLeaderElection = new(false)
+	// A namespace bound live re-queues its objects through these.
+	wake := []chan event.GenericEvent{make(chan event.GenericEvent, 256), make(chan event.GenericEvent, 256), make(chan event.GenericEvent, 256)}
 	if err := ctrl.NewControllerManagedBy(mgr).For(&agentsv1.Sandbox{}).Named("sandbox").WithOptions(everyNode).
+		WatchesRawSource(source.Channel(wake[0], &handler.EnqueueRequestForObject{})).
 		Complete(&sandboxReconciler{base}); err != nil {
 		return nil, fmt.Errorf("kube: sandbox controller: %w", err)
 	}
 	if err := ctrl.NewControllerManagedBy(mgr).For(&extv1.SandboxWarmPool{}).Named("sandboxwarmpool").WithOptions(opts).
 		Owns(&agentsv1.Sandbox{}).
 		Watches(&extv1.SandboxTemplate{}, handler.EnqueueRequestsFromMapFunc(poolsOfTemplate(mgr.GetClient()))).
+		WatchesRawSource(source.Channel(wake[1], &handler.EnqueueRequestForObject{})).
 		Complete(&poolReconciler{reconcilerBase: base, created: &creations{}}); err != nil {
 		return nil, fmt.Errorf("kube: warm pool controller: %w", err)
 	}
 	if err := ctrl.NewControllerManagedBy(mgr).For(&extv1.SandboxClaim{}).Named("sandboxclaim").WithOptions(opts).
 		Owns(&agentsv1.Sandbox{}).
+		WatchesRawSource(source.Channel(wake[2], &handler.EnqueueRequestForObject{})).
 		Complete(&claimReconciler{base}); err != nil {
 		return nil, fmt.Errorf("kube: claim controller: %w", err)
+	}
+	if cfg.LabelTeams != nil {
+		// Every agent binds for itself; a Sandbox's team label change
+		// (its first run) re-checks its namespace's binding.
+		if err := ctrl.NewControllerManagedBy(mgr).For(&corev1.Namespace{}).Named("namespace").WithOptions(everyNode).
+			Watches(&agentsv1.Sandbox{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+				return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: o.GetNamespace()}}}
+			})).
+			Complete(&nsReconciler{reconcilerBase: base, wake: wake}); err != nil {
+			return nil, fmt.Errorf("kube: namespace controller: %w", err)
+		}
 	}
 	if cfg.Node != "" {
 		if err := mgr.Add(&heartbeat{base}); err != nil {

@@ -197,7 +197,7 @@ func (h *heartbeat) markLost(ctx context.Context) error {
 	if len(lost) == 0 {
 		return nil
 	}
-	for ns := range h.cfg.Teams {
+	for _, ns := range h.teams.namespaces() {
 		var list agentsv1.SandboxList
 		if err := h.c.List(ctx, &list, client.InNamespace(ns)); err != nil {
 			return err
@@ -340,7 +340,7 @@ func (b reconcilerBase) placement(ctx context.Context, obj *agentsv1.Sandbox) (b
 		return "", "", false, err
 	}
 	bound := map[string][2]int{}
-	for ns := range b.cfg.Teams {
+	for _, ns := range b.teams.namespaces() {
 		var list agentsv1.SandboxList
 		// Read-only: no copy of every Sandbox for each binding.
 		if err := b.c.List(ctx, &list, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {

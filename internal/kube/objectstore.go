@@ -192,7 +192,7 @@ func (r *sandboxReconciler) dropImage(ctx context.Context, obj *agentsv1.Sandbox
 }
 
 // restoreMoved handles a Sandbox bound to this agent whose image another
-// agent stored: kept suspended, or restored here (new sandbox id and
+// agent stored: kept suspended, or restored here (same sandbox id, a new
 // address, memory and files as they were) when set Running. done is false
 // when the Sandbox has no such image.
 func (r *sandboxReconciler) restoreMoved(ctx context.Context, team string, obj *agentsv1.Sandbox) (done bool, res ctrl.Result, err error) {
@@ -234,7 +234,9 @@ func (r *sandboxReconciler) restoreMoved(ctx context.Context, team string, obj *
 			return true, ctrl.Result{}, nil
 		}
 		start := time.Now()
-		req := sandbox.CreateRequest{TeamID: team, Timeout: r.timeout(obj), Metadata: map[string]string{
+		// The sandbox keeps its id (and so its label, its envd token and
+		// every client's handle on it); only its address changes.
+		req := sandbox.CreateRequest{TeamID: team, ID: img.SandboxID, Timeout: r.timeout(obj), Metadata: map[string]string{
 			MetaUID: string(obj.UID), MetaNamespace: obj.Namespace, MetaName: obj.Name, MetaRestoredFrom: img.Prefix,
 		}}
 		sb, err := im.Mover.ImportPaused(ctx, req, func(dir string) (*sandbox.MovedImage, error) {
@@ -261,8 +263,8 @@ func (r *sandboxReconciler) restoreMoved(ctx context.Context, team string, obj *
 			r.event(obj, true, reason, "RestoreImage", "%s", msg)
 			return true, ctrl.Result{RequeueAfter: time.Minute}, nil
 		}
-		r.event(obj, false, ReasonImageRestored, "RestoreImage", "sandbox %s restored on node %s from the image node %s stored of sandbox %s, in %s",
-			sb.ID, r.cfg.Node, img.Node, img.SandboxID, time.Since(start).Round(time.Millisecond))
+		r.event(obj, false, ReasonImageRestored, "RestoreImage", "sandbox %s restored on node %s from the image node %s stored, in %s",
+			sb.ID, r.cfg.Node, img.Node, time.Since(start).Round(time.Millisecond))
 		restored = sb
 	}
 	st.SandboxID = restored.ID

@@ -53,7 +53,7 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 	if err := r.c.Get(ctx, req.NamespacedName, &pool); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if _, bound := r.cfg.Teams[pool.Namespace]; !bound {
+	if _, bound := r.teams.team(pool.Namespace); !bound {
 		return ctrl.Result{}, nil
 	}
 	members, err := r.members(ctx, &pool)

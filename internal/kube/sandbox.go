@@ -31,6 +31,8 @@ type reconcilerBase struct {
 	host Host
 	cfg  Config
 	log  *slog.Logger
+	// teams are the bound namespaces (bindings.go).
+	teams *bindings
 }
 
 func (b reconcilerBase) event(obj client.Object, warn bool, reason, action, format string, args ...any) {
@@ -74,10 +76,11 @@ func (r *sandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	if err := r.c.Get(ctx, req.NamespacedName, &obj); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	team, bound := r.cfg.Teams[obj.Namespace]
+	bnd, bound := r.teams.team(obj.Namespace)
 	if !bound {
-		return ctrl.Result{}, nil // the cache watches bound namespaces only
+		return ctrl.Result{}, nil // re-queued when its namespace is bound
 	}
+	team := bnd.id
 	if n := obj.Status.NodeName; n != "" && n != r.cfg.Node {
 		// Bound to another node agent; a copy left here (its image moved
 		// while this node was lost) goes.
@@ -105,7 +108,7 @@ func (r *sandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		}
 	}
 	before := obj.Status.DeepCopy()
-	res, err := r.reconcile(ctx, team, &obj)
+	res, err := r.reconcile(ctx, bnd, &obj)
 	obj.Status.ObservedGeneration = obj.Generation
 	obj.Status.Team = team
 	if !equalStatus(before, &obj.Status) {
@@ -113,7 +116,7 @@ func (r *sandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 			return ctrl.Result{}, errors.Join(err, uerr)
 		}
 	}
-	if lerr := r.labelID(ctx, &obj); lerr != nil && !apierrors.IsConflict(lerr) {
+	if lerr := r.labelID(ctx, &obj, bnd.name); lerr != nil && !apierrors.IsConflict(lerr) {
 		return ctrl.Result{}, errors.Join(err, lerr)
 	}
 	if err != nil && errors.Is(err, errdefs.ErrInvalidArgument) {
@@ -122,7 +125,8 @@ func (r *sandboxReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	return res, err
 }
 
-func (r *sandboxReconciler) reconcile(ctx context.Context, team string, obj *agentsv1.Sandbox) (ctrl.Result, error) {
+func (r *sandboxReconciler) reconcile(ctx context.Context, bnd nsBinding, obj *agentsv1.Sandbox) (ctrl.Result, error) {
+	team := bnd.id
 	st := &obj.Status
 	gen := obj.Generation
 	if t := obj.Spec.ShutdownTime; t != nil {
@@ -150,6 +154,13 @@ func (r *sandboxReconciler) reconcile(ctx context.Context, team string, obj *age
 		sb = got
 	} else {
 		sb = r.find(ctx, team, obj)
+	}
+	if sb == nil && bnd.refusing {
+		msg := fmt.Sprintf("namespace %s holds Sandboxes of team %s but is labelled %s=%q: no new Sandbox starts here until team %s's are deleted (or the label names it again)",
+			obj.Namespace, bnd.name, LabelTeam, bnd.pending, bnd.name)
+		setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, ReasonTeamRebinding, msg)
+		r.event(obj, true, ReasonTeamRebinding, "Create", "%s", msg)
+		return ctrl.Result{}, nil // re-queued when the namespace is bound
 	}
 	if sb == nil {
 		req, err := createRequest(obj, team, r.timeout(obj))

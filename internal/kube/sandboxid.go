@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
@@ -43,7 +44,7 @@ func chosenID(obj client.Object) (string, error) {
 // carries id. (The API tier also treats an id carried twice as unknown, so
 // a tenant that copies another's id never reaches that sandbox.)
 func (b reconcilerBase) idTaken(ctx context.Context, obj *agentsv1.Sandbox, id string) (bool, error) {
-	for ns := range b.cfg.Teams {
+	for _, ns := range b.teams.namespaces() {
 		var list agentsv1.SandboxList
 		if err := b.api.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{LabelSandboxID: id}); err != nil {
 			return false, fmt.Errorf("list Sandboxes labelled %s=%s: %w", LabelSandboxID, id, err)
@@ -58,20 +59,30 @@ func (b reconcilerBase) idTaken(ctx context.Context, obj *agentsv1.Sandbox, id s
 }
 
 // labelID labels obj with its sandbox id (removing the label once it has
-// none), so the API tier's selector finds it.
-func (b reconcilerBase) labelID(ctx context.Context, obj *agentsv1.Sandbox) error {
+// none), so the API tier's selector finds it, and once it runs in a
+// label-bound namespace with the name of its team (LabelTeam), which keeps
+// it with that team when its namespace is re-labelled (bindings.go). The
+// agent's team overwrites whatever team label the object's writer set.
+func (b reconcilerBase) labelID(ctx context.Context, obj *agentsv1.Sandbox, team string) error {
 	id := obj.Status.SandboxID
-	if obj.Labels[LabelSandboxID] == id {
+	wantTeam := obj.Labels[LabelTeam]
+	if id != "" && team != "" {
+		wantTeam = team
+	}
+	if obj.Labels[LabelSandboxID] == id && obj.Labels[LabelTeam] == wantTeam {
 		return nil
 	}
 	base := obj.DeepCopy()
+	if obj.Labels == nil {
+		obj.Labels = map[string]string{}
+	}
 	if id == "" {
 		delete(obj.Labels, LabelSandboxID)
 	} else {
-		if obj.Labels == nil {
-			obj.Labels = map[string]string{}
-		}
 		obj.Labels[LabelSandboxID] = id
+	}
+	if wantTeam != "" {
+		obj.Labels[LabelTeam] = wantTeam
 	}
 	return client.IgnoreNotFound(b.c.Patch(ctx, obj, client.MergeFrom(base)))
 }
@@ -88,30 +99,27 @@ func (b reconcilerBase) checkID(ctx context.Context, obj *agentsv1.Sandbox, id s
 	return nil
 }
 
-// LabelledNamespaces maps the namespaces labelled LabelTeam to their team
-// names: node agents bind them without a --kube-team flag each.
-func LabelledNamespaces(ctx context.Context, kubeconfig string) (map[string]string, error) {
+// CanWatchNamespaces checks that the agent may list and watch Namespaces,
+// which binding labelled namespaces live needs (a Forbidden error when it
+// may not).
+func CanWatchNamespaces(ctx context.Context, kubeconfig string) error {
 	rc, err := RESTConfig(kubeconfig)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	scheme, err := Scheme()
+	c, err := client.NewWithWatch(rc, client.Options{})
 	if err != nil {
-		return nil, err
-	}
-	c, err := client.New(rc, client.Options{Scheme: scheme})
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes client: %w", err)
+		return fmt.Errorf("kubernetes client: %w", err)
 	}
 	var list corev1.NamespaceList
-	if err := c.List(ctx, &list, client.HasLabels{LabelTeam}); err != nil {
-		return nil, fmt.Errorf("list namespaces labelled %s: %w", LabelTeam, err)
+	if err := c.List(ctx, &list, client.Limit(1)); err != nil {
+		return fmt.Errorf("list namespaces: %w", err)
 	}
-	out := map[string]string{}
-	for _, n := range list.Items {
-		if t := n.Labels[LabelTeam]; t != "" && n.DeletionTimestamp.IsZero() {
-			out[n.Name] = t
-		}
+	secs := int64(1)
+	w, err := c.Watch(ctx, &list, &client.ListOptions{Raw: &metav1.ListOptions{TimeoutSeconds: &secs}})
+	if err != nil {
+		return fmt.Errorf("watch namespaces: %w", err)
 	}
-	return out, nil
+	w.Stop()
+	return nil
 }

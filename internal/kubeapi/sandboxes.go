@@ -65,7 +65,7 @@ func (s *Server) lookup(ctx context.Context, id string) (*agentsv1.Sandbox, erro
 	if err != nil {
 		return nil, err
 	}
-	if !ok || !slices.Contains(callerOf(ctx).namespaces, sb.Namespace) || !sb.DeletionTimestamp.IsZero() {
+	if !ok || !slices.Contains(callerOf(ctx).namespaces, sb.Namespace) || !ownedBy(sb, callerOf(ctx).team) || !sb.DeletionTimestamp.IsZero() {
 		return nil, notFound(id)
 	}
 	return sb, nil
@@ -331,6 +331,7 @@ var failReasons = map[string]error{
 	extv1.ReasonInvalidClaim:       errdefs.ErrInvalidArgument,
 	kube.ReasonUnschedulable:       errdefs.ErrUnavailable,
 	kube.ReasonNodeLost:            errdefs.ErrUnavailable,
+	kube.ReasonTeamRebinding:       errdefs.ErrConflict,
 	agentsv1.ReasonReconcilerError: errdefs.ErrUnavailable,
 	agentsv1.ReasonSandboxGone:     errdefs.ErrNotFound,
 	agentsv1.ReasonExpired:         errdefs.ErrNotFound,
@@ -458,7 +459,13 @@ func (s *Server) list(v2 bool) http.HandlerFunc {
 			httperr.Write(w, err)
 			return
 		}
-		if !v2 {
+		var pq pageQuery
+		if v2 {
+			if pq, err = s.parsePage(r.URL.Query(), callerOf(r.Context()).team); err != nil { // listpage.go
+				httperr.Write(w, err)
+				return
+			}
+		} else {
 			lq.states = nil
 		}
 		var views []view
@@ -471,7 +478,7 @@ func (s *Server) list(v2 bool) http.HandlerFunc {
 			for i := range list.Items {
 				sb := &list.Items[i]
 				id := sb.Labels[kube.LabelSandboxID]
-				if !sb.DeletionTimestamp.IsZero() || sb.Status.SandboxID != id || failed(sb.Status.Conditions) != nil {
+				if !sb.DeletionTimestamp.IsZero() || sb.Status.SandboxID != id || !ownedBy(sb, callerOf(r.Context()).team) || failed(sb.Status.Conditions) != nil {
 					continue
 				}
 				if _, ok, _ := s.byID(r.Context(), id); !ok {
@@ -482,7 +489,10 @@ func (s *Server) list(v2 bool) http.HandlerFunc {
 				}
 			}
 		}
-		slices.SortFunc(views, func(a, b view) int { return b.started.Compare(a.started) })
+		sortViews(views, pq.asc)
+		if v2 {
+			views = s.page(w, callerOf(r.Context()).team, views, pq, lq.states)
+		}
 		out := []rest.ListedSandbox{}
 		for _, v := range views {
 			out = append(out, listed(v))

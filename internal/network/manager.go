@@ -94,6 +94,9 @@ type Manager struct {
 	egressPorts EgressPorts
 
 	keys hostkey.Keyer // names sandboxes on the host (hostnames.go)
+	// legacyVeth: sandboxes whose port an earlier version named (found at
+	// New; read-only after it).
+	legacyVeth map[string]bool
 }
 
 // Egress is the host-side egress proxy and resolver: it learns every
@@ -143,6 +146,8 @@ func New(cfg Config, log *slog.Logger) (*Manager, error) {
 		denied:    map[string]bool{},
 		byName:    map[string]bool{},
 		ipChains:  map[string]bool{},
+
+		legacyVeth: map[string]bool{},
 	}
 	m.dns = m.hostDNS()
 	keys, err := loadKeys(m.recordDir())
@@ -219,9 +224,26 @@ func (m *Manager) hostDNS() []string {
 }
 
 // hostVeth names the host side of a sandbox's veth pair. Interface names are
-// at most 15 bytes, so the id is hashed rather than truncated: truncation
-// collides for ids with a common prefix.
-func hostVeth(id string) string {
+// at most 15 bytes, so the id's key is cut rather than the id: truncation
+// collides for ids with a common prefix. The name is keyed by this server's
+// secret, not by the id alone: interface names and bridge-family nftables
+// rules are host-wide, and two servers on one host (two node agents) may
+// hold the same id at once (a suspended sandbox moved to another agent
+// keeps its id), so an id-only name would put one server's port under the
+// other's anti-spoofing rules (which drop everything not from that server's
+// address) and let one server's Detach delete the other's port. A host user
+// who knows an id cannot name its port either.
+func (m *Manager) hostVeth(id string) string {
+	if m.legacyVeth[id] {
+		return legacyHostVeth(id)
+	}
+	return "ab" + m.keys.Key(id)[:12]
+}
+
+// legacyHostVeth is the name earlier versions gave the host end (a hash of
+// the id alone); a sandbox whose port had it when this process started
+// keeps it, and allowOut/denyOut chains (per server table) are named by it.
+func legacyHostVeth(id string) string {
 	h := sha256.Sum256([]byte(id))
 	return "ab" + hex.EncodeToString(h[:])[:12]
 }
@@ -246,6 +268,9 @@ func (m *Manager) relearn() error {
 		}
 		m.used[ip] = id
 		m.endpoints[id] = Endpoint{IP: ip, Gateway: m.gateway, NetNSPath: m.nsPath(id), Deferred: m.cfg.Deferred}
+		if _, err := netlink.LinkByName(legacyHostVeth(id)); err == nil {
+			m.legacyVeth[id] = true
+		}
 		if denied[ip] {
 			m.denied[id] = true
 		}
@@ -433,7 +458,7 @@ func (m *Manager) Attach(ctx context.Context, id string, p Policy) (ep Endpoint,
 		}
 		undo = append(undo, func() { _ = removeNetNS(path) })
 		// Plug makes the veth pair, with the sandbox's end inside.
-		undo = append(undo, func() { _ = deleteLink(hostVeth(id)); _ = deleteLink(peerVeth(id)) })
+		undo = append(undo, func() { _ = deleteLink(m.hostVeth(id)); _ = deleteLink(m.peerVeth(id)) })
 	} else {
 		if err := newNetNS(path); err != nil {
 			return Endpoint{}, fmt.Errorf("netns %s: %w", id, err)
@@ -442,7 +467,7 @@ func (m *Manager) Attach(ctx context.Context, id string, p Policy) (ep Endpoint,
 		if err := m.attachNetNS(id, path, ip); err != nil {
 			return Endpoint{}, err
 		}
-		undo = append(undo, func() { deleteLink(hostVeth(id)) })
+		undo = append(undo, func() { deleteLink(m.hostVeth(id)) })
 	}
 	if err := m.addSpoofRules(id, ip); err != nil {
 		return Endpoint{}, err
@@ -461,7 +486,7 @@ func (m *Manager) Attach(ctx context.Context, id string, p Policy) (ep Endpoint,
 	}
 
 	ep = Endpoint{IP: ip, Gateway: m.gateway, NetNSPath: path, Deferred: m.cfg.Deferred}
-	m.log.Debug("sandbox attached", "id", id, "ip", ip, "veth", hostVeth(id), "internet", p.AllowInternet)
+	m.log.Debug("sandbox attached", "id", id, "ip", ip, "veth", m.hostVeth(id), "internet", p.AllowInternet)
 	return ep, nil
 }
 
@@ -566,7 +591,7 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 	if err := m.removeSpoofRules(id); err != nil {
 		errs = append(errs, err)
 	}
-	for _, name := range []string{hostVeth(id), peerVeth(id)} {
+	for _, name := range []string{m.hostVeth(id), m.peerVeth(id)} {
 		if err := deleteLink(name); err != nil {
 			errs = append(errs, err)
 		}

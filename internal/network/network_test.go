@@ -342,7 +342,7 @@ func TestIsolation(t *testing.T) {
 			if _, err := os.Stat(m.addrPath(id)); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("address record of %s left after Detach: %v", id, err)
 			}
-			if _, err := netlink.LinkByName(hostVeth(id)); err == nil {
+			if _, err := netlink.LinkByName(m.hostVeth(id)); err == nil {
 				t.Errorf("%s: veth left", id)
 			}
 			if _, err := os.Stat(m.nsPath(id)); !errors.Is(err, os.ErrNotExist) {

@@ -344,7 +344,7 @@ func (m *Manager) installRules(keep, keepByName []netip.Addr) error {
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityFilter, Policy: &accepting})
 	m.mu.Lock()
 	for id, ep := range m.endpoints {
-		for _, r := range spoofRules(bt, bpre, id, ep.IP) {
+		for _, r := range spoofRules(bt, bpre, id, m.hostVeth(id), ep.IP) {
 			c.AddRule(r)
 		}
 	}
@@ -405,11 +405,11 @@ func redirectTo(port uint16) []expr.Any {
 
 // spoofRules drop frames from the sandbox's bridge port that carry another
 // source address (IPv4 or ARP), and every other protocol.
-func spoofRules(t *nftables.Table, ch *nftables.Chain, id string, ip netip.Addr) []*nftables.Rule {
+func spoofRules(t *nftables.Table, ch *nftables.Chain, id, port string, ip netip.Addr) []*nftables.Rule {
 	a := ip.As4()
-	port := []expr.Any{
+	onPort := []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(hostVeth(id))},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(port)},
 	}
 	proto := func(ethertype uint16) []expr.Any {
 		return []expr.Any{
@@ -426,11 +426,11 @@ func spoofRules(t *nftables.Table, ch *nftables.Chain, id string, ip netip.Addr)
 	drop := &expr.Verdict{Kind: expr.VerdictDrop}
 	tag := []byte(id)
 	return []*nftables.Rule{
-		{Table: t, Chain: ch, UserData: tag, Exprs: rule(port, proto(unix.ETH_P_IP), field(12), drop)},
+		{Table: t, Chain: ch, UserData: tag, Exprs: rule(onPort, proto(unix.ETH_P_IP), field(12), drop)},
 		// ARP sender protocol address: after htype, ptype, hlen, plen, oper
 		// and the 6-byte sender hardware address.
-		{Table: t, Chain: ch, UserData: tag, Exprs: rule(port, proto(unix.ETH_P_ARP), field(14), drop)},
-		{Table: t, Chain: ch, UserData: tag, Exprs: rule(port,
+		{Table: t, Chain: ch, UserData: tag, Exprs: rule(onPort, proto(unix.ETH_P_ARP), field(14), drop)},
+		{Table: t, Chain: ch, UserData: tag, Exprs: rule(onPort,
 			&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.BigEndian.PutUint16(unix.ETH_P_IP)},
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.BigEndian.PutUint16(unix.ETH_P_ARP)},
@@ -450,7 +450,7 @@ func (m *Manager) addSpoofRules(id string, ip netip.Addr) error {
 		return fmt.Errorf("nftables: %w", err)
 	}
 	t, ch := bridgeTable(m.cfg)
-	for _, r := range spoofRules(t, ch, id, ip) {
+	for _, r := range spoofRules(t, ch, id, m.hostVeth(id), ip) {
 		c.AddRule(r)
 	}
 	if err := c.Flush(); err != nil {
@@ -489,7 +489,7 @@ func (m *Manager) removeSpoofRules(id string) error {
 }
 
 // ipChainName names a sandbox's allowOut/denyOut chain.
-func ipChainName(id string) string { return "sb_" + hostVeth(id)[2:] }
+func ipChainName(id string) string { return "sb_" + legacyHostVeth(id)[2:] }
 
 // setIPRules replaces the sandbox's own chain: allowOut prefixes accept,
 // denyOut prefixes reject; what matches neither falls through to

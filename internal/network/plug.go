@@ -35,7 +35,7 @@ import (
 
 // peerVeth names the sandbox's end of its veth pair while it waits in the
 // host namespace for Plug (or the restore hook) to move it in as eth0.
-func peerVeth(id string) string { return "ap" + hostVeth(id)[2:] }
+func (m *Manager) peerVeth(id string) string { return "ap" + m.hostVeth(id)[2:] }
 
 // sandboxMAC is eth0's address, derived from the id: stable across a pause
 // (the bridge and neighbours keep their entries) and different for each
@@ -83,13 +83,13 @@ func (m *Manager) attachNetNS(id, path string, ip netip.Addr) error {
 // vethPair makes (if missing) the veth pair of a deferred sandbox, both
 // ends in the host namespace, and returns the name of the sandbox's end.
 func (m *Manager) vethPair(id string) (string, error) {
-	peer := peerVeth(id)
+	peer := m.peerVeth(id)
 	if _, err := netlink.LinkByName(peer); err == nil {
 		return peer, nil
 	}
 	// A host end without its peer is the remains of a pair whose other end
 	// went away with a netns: start over.
-	if err := deleteLink(hostVeth(id)); err != nil {
+	if err := deleteLink(m.hostVeth(id)); err != nil {
 		return "", err
 	}
 	if err := m.addVeth(id, peer, -1); err != nil {
@@ -121,7 +121,7 @@ func (m *Manager) addVeth(id, peer string, nsFD int) error {
 	if err != nil {
 		return fmt.Errorf("bridge %s (is Setup done?): %w", m.cfg.Bridge, errdefs.ErrUnavailable)
 	}
-	hostName := hostVeth(id)
+	hostName := m.hostVeth(id)
 	veth := &netlink.Veth{
 		LinkAttrs: netlink.LinkAttrs{Name: hostName, MTU: br.Attrs().MTU, MasterIndex: br.Attrs().Index},
 		PeerName:  peer, PeerHardwareAddr: sandboxMAC(id),
@@ -360,12 +360,12 @@ func (m *Manager) seedNeighbours(h *netlink.Handle, id string, ip netip.Addr) er
 // waiting in the host (made by PlugHook, or by an earlier server's Attach)
 // is moved in instead.
 func (m *Manager) plugVeth(id string, ns netns.NsHandle, h *netlink.Handle) error {
-	peer := peerVeth(id)
+	peer := m.peerVeth(id)
 	l, err := netlink.LinkByName(peer)
 	if err != nil {
 		// A host end without its peer is the remains of a pair whose
 		// other end went away with a netns: start over.
-		if err := deleteLink(hostVeth(id)); err != nil {
+		if err := deleteLink(m.hostVeth(id)); err != nil {
 			return err
 		}
 		return m.addVeth(id, "eth0", int(ns))
@@ -395,7 +395,7 @@ func (m *Manager) Unplug(ctx context.Context, id string) error {
 	}
 	// The netns may outlive the unmount for a moment (a closing socket);
 	// deleting the host end takes the pair down now.
-	return deleteLink(hostVeth(id))
+	return deleteLink(m.hostVeth(id))
 }
 
 // isNetNS reports whether path is a pinned namespace (not a placeholder).

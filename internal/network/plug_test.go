@@ -173,7 +173,7 @@ func TestDeferredPlug(t *testing.T) {
 		if args[0] != PlugHookName {
 			t.Fatalf("hook args %q do not name the hook", args)
 		}
-		if _, err := netlink.LinkByName(hostVeth(id)); err != nil {
+		if _, err := netlink.LinkByName(m.hostVeth(id)); err != nil {
 			t.Fatalf("PlugHook did not remake the veth pair: %v", err)
 		}
 		pid := userNetNSProcess(t)

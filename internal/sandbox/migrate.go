@@ -86,9 +86,10 @@ func (m *Manager) ExportPaused(ctx context.Context, teamID, id, dir string) (*Mo
 	return out, nil
 }
 
-// ImportPaused restores, as a new sandbox of req.TeamID (new id and
-// address, memory and files as they were), a paused sandbox that another
-// server exported. fill writes the exported tree into the empty dir it is
+// ImportPaused restores, as a sandbox of req.TeamID (a new address, memory
+// and files as they were), a paused sandbox that another server exported:
+// under req.ID when set (the moved sandbox keeps its id, so clients that
+// hold it reach it), else under a new id. fill writes the exported tree into the empty dir it is
 // given (download, verify, unpack) and returns its record; on any error
 // nothing is left behind. The tree becomes a hidden snapshot of the team
 // that lives as long as the sandbox, as a fork's does.
@@ -119,6 +120,13 @@ func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func
 	snap := img.Snapshot
 	if snap.FilesystemOnly || !ValidID(snap.SandboxID) {
 		return nil, fmt.Errorf("moved image of sandbox %q: not a memory image: %w", snap.SandboxID, errdefs.ErrInvalidArgument)
+	}
+	// After fill: an image that fails its check is refused as such, not
+	// for the id it claims.
+	if req.ID != "" {
+		if err := m.checkChosenID(req.ID); err != nil {
+			return nil, err
+		}
 	}
 	// The writable layer was captured over the template's layers: the same
 	// template (by id, else by alias) must be here.
