@@ -240,11 +240,12 @@ func waitClean(cfg DensityConfig, before map[string]int, timeout time.Duration) 
 	}
 }
 
-// leftBehind names what after holds more (or less) of than before.
+// leftBehind names what after holds more of than before (a warm pool
+// shrinking meanwhile leaves fewer).
 func leftBehind(before, after map[string]int) []string {
 	var out []string
 	for k, v := range before {
-		if after[k] != v {
+		if after[k] > v {
 			out = append(out, fmt.Sprintf("%s %+d", k, after[k]-v))
 		}
 	}
