@@ -97,10 +97,10 @@ func densityRows(ctx context.Context, a *allRun) []TargetRow {
 		}
 		g := got[i]
 		if g.createEr != nil {
-			a.note("(8) %s: what ran out (first failed create): %s", t.name, firstLine(g.createEr.Error()))
+			a.note("(8) %s: what ran out (first failed create): %s", t.name, cause(g.createEr))
 		}
 		if g.cmdErr != nil {
-			a.note("(8) %s: first failed command: %s", t.name, firstLine(g.cmdErr.Error()))
+			a.note("(8) %s: first failed command: %s", t.name, cause(g.cmdErr))
 		}
 		r := TargetRow{Target: 8, Figure: heldFig(t.name, t.n),
 			Value: fmt.Sprintf("%d held, %d answered, %d objects left", len(g.sbs), g.answered, len(left)),
@@ -146,4 +146,15 @@ func cgroupMeanMiB(dataDir string, sbs []*wire.Sandbox) float64 {
 		return 0
 	}
 	return float64(sum) / float64(n) / (1 << 20)
+}
+
+// cause is an error's first line with its innermost cause kept: the end
+// of a server's wrapped message says what ran out.
+func cause(err error) string {
+	s, _, _ := strings.Cut(err.Error(), "\n")
+	const most = 300
+	if len(s) > most {
+		s = s[:most/3] + " … " + s[len(s)-2*most/3:]
+	}
+	return s
 }

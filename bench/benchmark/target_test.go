@@ -53,3 +53,17 @@ func TestLeftBehind(t *testing.T) {
 		t.Fatalf("leftBehind = %v, want [mounts +2] (fewer veths, a pool shrinking, is nothing left)", got)
 	}
 }
+
+func TestCause(t *testing.T) {
+	long := "create 23: POST /v2/sandboxes: 500 " + strings.Repeat("x", 400) + ": create veth: exchange full"
+	tests := []struct{ in, wantPrefix, wantSuffix string }{
+		{"short\nsecond line", "short", "short"},
+		{long, "create 23: POST", "create veth: exchange full"},
+	}
+	for _, tt := range tests {
+		got := cause(errors.New(tt.in))
+		if !strings.HasPrefix(got, tt.wantPrefix) || !strings.HasSuffix(got, tt.wantSuffix) || len(got) > 310 {
+			t.Errorf("cause(%.40q…) = %q: want %q … %q, at most about 300 bytes", tt.in, got, tt.wantPrefix, tt.wantSuffix)
+		}
+	}
+}
