@@ -14,7 +14,7 @@ import (
 func coldRows(ctx context.Context, a *allRun) []TargetRow {
 	var rows []TargetRow
 	for _, tier := range []string{"container", "gvisor"} {
-		figure := fmt.Sprintf("%s: cold create → first command p50 vs `%s run /bin/true`", tier, tierRuntime[tier])
+		figure := fmt.Sprintf("%s: cold create → first command p50 vs `%s run /bin/true`", tier, tierRuntime(tier))
 		if a.layers == nil {
 			rows = append(rows, failed(1, figure, errors.New("no template layers for the raw floor (--template-dir)")))
 			continue

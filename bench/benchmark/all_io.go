@@ -72,7 +72,7 @@ func transferRows(ctx context.Context, a *allRun) []TargetRow {
 		a.note("(5) server RSS around the %d MB transfers: %.1f MiB → %.1f MiB", mb, float64(rssBefore)/1024, float64(rssAfter)/1024)
 	}
 	var rows []TargetRow
-	for i, coding := range downloadCodings {
+	for i, coding := range downloadCodings() {
 		err := tr.err
 		if err == nil {
 			err = tr.downErr[i]

@@ -222,7 +222,7 @@ func measureIO(ctx context.Context, c *wire.Client, sb *wire.Sandbox, cfg Config
 	}
 	// Downloads are held to the upload rate (the target is >= 0.8x), in
 	// both codings a client may ask for: the SDKs' fetch asks for gzip.
-	for i, coding := range downloadCodings {
+	for i, coding := range downloadCodings() {
 		name := fmt.Sprintf("download %d MB, %s (vs upload)", cfg.SizeMB, coding)
 		down, err := tr.down[i], tr.downErr[i]
 		switch {
@@ -237,7 +237,7 @@ func measureIO(ctx context.Context, c *wire.Client, sb *wire.Sandbox, cfg Config
 
 // downloadCodings are the codings a download is measured in: the SDKs'
 // fetch asks for gzip.
-var downloadCodings = [2]string{"identity", "gzip"}
+func downloadCodings() [2]string { return [2]string{"identity", "gzip"} }
 
 // transferResult is one upload of random bytes and its downloads in each
 // coding, checked byte for byte.
@@ -263,7 +263,7 @@ func transfers(ctx context.Context, c *wire.Client, sb *wire.Sandbox, sizeMB int
 	start := time.Now()
 	out.upErr = c.Upload(ctx, sb, "/tmp/bench.bin", bytes.NewReader(data), size)
 	out.up = time.Since(start)
-	for i, coding := range downloadCodings {
+	for i, coding := range downloadCodings() {
 		h := sha256.New()
 		start = time.Now()
 		n, err := c.DownloadEncoded(ctx, sb, "/tmp/bench.bin", h, coding)

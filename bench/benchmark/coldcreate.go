@@ -29,7 +29,12 @@ func createFirstCommand(ctx context.Context, c *wire.Client, template string, md
 }
 
 // tierRuntime is the raw runtime a tier's cold create is held to.
-var tierRuntime = map[string]string{"container": "runc", "gvisor": "runsc"}
+func tierRuntime(tier string) string {
+	if tier == "gvisor" {
+		return "runsc"
+	}
+	return "runc"
+}
 
 // coldSamples times n cold creates → first command of tier and n raw
 // `<runtime> run /bin/true` on the template's layers, alternately, so that
@@ -45,9 +50,9 @@ func coldSamples(ctx context.Context, c *wire.Client, template, tier string, lay
 		} else {
 			create = append(create, d)
 		}
-		f, err := rawFloor(ctx, tierRuntime[tier], layers, 1)
+		f, err := rawFloor(ctx, tierRuntime(tier), layers, 1)
 		if err != nil {
-			return create, floor, errs, fmt.Errorf("%s run: %w", tierRuntime[tier], err)
+			return create, floor, errs, fmt.Errorf("%s run: %w", tierRuntime(tier), err)
 		}
 		floor = append(floor, f...)
 	}
