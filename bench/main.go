@@ -53,7 +53,7 @@ func main() {
 	envd := flag.String("envd", "bin/envd", "all, without --api-url: the envd binary of the server it starts")
 	ownInstance := flag.String("own-instance", "agentbox-bench", "all, without --api-url: the --instance of the server it starts")
 	ownBridge := flag.String("own-bridge", "abbench0", "all, without --api-url: the --bridge of the server it starts")
-	ownSubnet := flag.String("own-subnet", "10.213.0.0/20", "all, without --api-url: the --subnet of the server it starts (free on the host; room for the density rows)")
+	ownSubnet := flag.String("own-subnet", "10.240.0.0/20", "all, without --api-url: the --subnet of the server it starts (free on the host; room for the density rows)")
 	ownDir := flag.String("own-dir", "", "all, without --api-url: where the server it starts keeps its data dir and log, removed afterwards (default: a new temporary directory)")
 	allDensity := flag.String("all-density", "1000,300", "all: container-tier and gVisor idle sandboxes the density rows hold at once (issue 14: 1000,300); 0 skips a tier")
 	flag.Parse()
