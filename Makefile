@@ -69,6 +69,13 @@ sdk-matrix:
 up:
 	bash scripts/up.sh
 
-# bench measures a running server (E2B_API_URL, E2B_API_KEY) against the raw floor.
-bench:
-	go run ./bench
+# bench prints every issue-14 figure next to its raw floor in one table
+# (as root). It starts a server of its own from the binaries it builds and
+# removes it after; BENCH_API_URL and BENCH_API_KEY measure an existing
+# server instead (with BENCH_FLAGS naming its --data-dir, --instance,
+# --bridge, --metrics-url). BENCH_DENSITY is the container,gVisor count of
+# idle sandboxes held at once (issue 14: 1000,300); BENCH_FLAGS adds any
+# other flag of `go run ./bench --help`.
+BENCH_DENSITY ?= 1000,300
+bench: build
+	go run ./bench --scenario all --api-url "$(BENCH_API_URL)" --api-key "$(BENCH_API_KEY)" --all-density $(BENCH_DENSITY) $(BENCH_FLAGS)

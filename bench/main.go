@@ -4,6 +4,9 @@
 //	go run ./bench --api-url http://127.0.0.1:3000 --api-key "$(cat /var/lib/agentbox/apikey)"
 //
 // The runc floor needs root and --template-dir (the server's template store).
+// `--scenario all` (what `make bench` runs) measures every target of issue
+// 14 in one table; without --api-url it starts a server of its own (make
+// build's binaries) and removes it afterwards.
 package main
 
 import (
@@ -39,14 +42,25 @@ func main() {
 	tiers := flag.String("tiers", "container,gvisor", "isolation: comma-separated isolation tiers to measure (container, gvisor, microvm)")
 	idle := flag.Int("idle", 10, "isolation: idle sandboxes per tier (the memory figure; the neighbour latency needs 4)")
 	echoes := flag.Int("echoes", 30, "isolation: neighbour echo samples per phase")
-	scenario := flag.String("scenario", "server", "server: the server against the raw floor; isolation: start latency, memory per idle sandbox and neighbour latency per isolation tier; interpreter: runCode latency, first context after create and idle kernel memory (--template defaults to code-interpreter-v1, --creates to 5); commands: command round trip per tier (--tiers, --commands samples) against its floor, sampled alternately; lifecycle: pause/resume per --lifecycle-sizes against raw criu dump/restore, first command after resume with lazy restore off and on against raw criu restore (full and --lazy-pages) and the time until all memory is loaded, fork x10 against one restore; density: --density idle sandboxes of one tier at once, each answering a command, memory per sandbox, then all killed and the host checked for leftovers; gvisor: gVisor create → first command against runsc run /bin/true on the template's layers (--creates samples each), with the create step breakdown (--metrics-url)")
+	scenario := flag.String("scenario", "server", "all: every target of issue 14 in one table (target, figure, value, floor measured in the same run, ratio, target, met or missed), then how long each section took; without --api-url it starts its own server (--agentbox, --envd, --own-*) with a warm pool and the gVisor tier, and stops and removes it after; server: the server against the raw floor; isolation: start latency, memory per idle sandbox and neighbour latency per isolation tier; interpreter: runCode latency, first context after create and idle kernel memory (--template defaults to code-interpreter-v1, --creates to 5); commands: command round trip per tier (--tiers, --commands samples) against its floor, sampled alternately; lifecycle: pause/resume per --lifecycle-sizes against raw criu dump/restore, first command after resume with lazy restore off and on against raw criu restore (full and --lazy-pages) and the time until all memory is loaded, fork x10 against one restore; density: --density idle sandboxes of one tier at once, each answering a command, memory per sandbox, then all killed and the host checked for leftovers; gvisor: gVisor create → first command against runsc run /bin/true on the template's layers (--creates samples each), with the create step breakdown (--metrics-url)")
 	density := flag.Int("density", 1000, "density: idle sandboxes of the first --tiers tier to hold at once")
 	parallel := flag.Int("parallel", 8, "density: creates, commands and kills in flight")
 	instance := flag.String("instance", "agentbox", "density: the server's --instance (its host state is checked after the kills)")
 	bridge := flag.String("bridge", "agentbox0", "density: the server's --bridge")
 	sizes := flag.String("lifecycle-sizes", "10,100,1024", "lifecycle: resident MB of the paused process, comma-separated")
 	minFree := flag.Int("min-free-mib", 3072, "density: stop creating when the host's MemAvailable falls below this (MiB)")
+	bin := flag.String("agentbox", "bin/agentbox", "all, without --api-url: the agentbox binary of the server it starts")
+	envd := flag.String("envd", "bin/envd", "all, without --api-url: the envd binary of the server it starts")
+	ownInstance := flag.String("own-instance", "agentbox-bench", "all, without --api-url: the --instance of the server it starts")
+	ownBridge := flag.String("own-bridge", "abbench0", "all, without --api-url: the --bridge of the server it starts")
+	ownSubnet := flag.String("own-subnet", "10.240.0.0/20", "all, without --api-url: the --subnet of the server it starts (free on the host; room for the density rows)")
+	ownDir := flag.String("own-dir", "", "all, without --api-url: where the server it starts keeps its data dir and log, removed afterwards (default: a new temporary directory)")
+	allDensity := flag.String("all-density", "1000,300", "all: container-tier and gVisor idle sandboxes the density rows hold at once (issue 14: 1000,300); 0 skips a tier")
 	flag.Parse()
+	if *scenario == "all" {
+		os.Exit(runAll(cfg, allFlags{dataDir: *dataDir, instance: *instance, bridge: *bridge, sizes: *sizes, density: *allDensity, parallel: *parallel, minFree: *minFree,
+			own: benchmark.ServerConfig{Bin: *bin, Envd: *envd, TemplateDir: cfg.TemplateDir, Instance: *ownInstance, Bridge: *ownBridge, Subnet: *ownSubnet, Dir: *ownDir}}))
+	}
 	if cfg.APIURL == "" || cfg.APIKey == "" {
 		fmt.Fprintln(os.Stderr, "bench: --api-url and --api-key (or E2B_API_URL, E2B_API_KEY) are required")
 		os.Exit(2)

@@ -137,21 +137,13 @@ func Run(ctx context.Context, cfg Config, w io.Writer, log *slog.Logger) error {
 	var createDur []time.Duration
 	var createErrs int
 	for range cfg.Creates {
-		start := time.Now()
-		sb, err := c.Create(ctx, wire.CreateRequest{TemplateID: cfg.Template, Timeout: 600, Metadata: coldMeta("create")})
-		if err == nil {
-			var r *wire.Result
-			r, err = c.Run(ctx, sb, "", "echo ok")
-			if err == nil && r.Stdout != "ok\n" {
-				err = fmt.Errorf("echo ok printed %q", r.Stdout)
-			}
-			createDur = append(createDur, time.Since(start))
-			_ = c.Kill(ctx, sb.SandboxID)
-		}
+		d, err := createFirstCommand(ctx, c, cfg.Template, coldMeta("create"))
 		if err != nil {
 			createErrs++
 			log.Warn("create", "err", err)
+			continue
 		}
+		createDur = append(createDur, d)
 	}
 	if len(createDur) > 0 {
 		p50, p95 := pct(createDur, 50), pct(createDur, 95)
@@ -213,48 +205,78 @@ func measureIO(ctx context.Context, c *wire.Client, sb *wire.Sandbox, cfg Config
 		rows = append(rows, row{fmt.Sprintf("command round trip `true` (p50/p95, %d errors)", errs), pair(p50, p95), pair(execP50, execP95), ratio(p50, execP50)})
 	}
 
-	size := int64(cfg.SizeMB) << 20
-	data := make([]byte, size)
-	if _, err := rand.Read(data); err != nil {
-		return append(rows, row{"upload/download", "error: " + err.Error(), "", ""})
+	tr := transfers(ctx, c, sb, cfg.SizeMB)
+	if tr.err != nil {
+		return append(rows, row{"upload/download", "error: " + tr.err.Error(), "", ""})
 	}
-	want := sha256.Sum256(data)
-	diskW, diskErr := diskFloor(os.TempDir(), data)
+	diskW, diskErr := diskFloor(os.TempDir(), make([]byte, int64(cfg.SizeMB)<<20))
 	if diskErr != nil {
 		log.Warn("disk floor", "err", diskErr)
 	}
 	mb := float64(cfg.SizeMB)
-
-	start := time.Now()
-	err := c.Upload(ctx, sb, "/tmp/bench.bin", bytes.NewReader(data), size)
-	up := time.Since(start)
-	if err != nil {
-		up = 0
-		rows = append(rows, row{fmt.Sprintf("upload %d MB", cfg.SizeMB), "error: " + err.Error(), "", ""})
+	up := tr.up
+	if tr.upErr != nil {
+		rows = append(rows, row{fmt.Sprintf("upload %d MB", cfg.SizeMB), "error: " + tr.upErr.Error(), "", ""})
 	} else {
 		rows = append(rows, row{fmt.Sprintf("upload %d MB (octet-stream)", cfg.SizeMB), rate(mb, up), rate(mb, diskW) + " disk write", ratioRate(mb, up, diskW)})
 	}
-
 	// Downloads are held to the upload rate (the target is >= 0.8x), in
 	// both codings a client may ask for: the SDKs' fetch asks for gzip.
-	for _, coding := range []string{"identity", "gzip"} {
+	for i, coding := range downloadCodings() {
 		name := fmt.Sprintf("download %d MB, %s (vs upload)", cfg.SizeMB, coding)
-		h := sha256.New()
-		start = time.Now()
-		n, err := c.DownloadEncoded(ctx, sb, "/tmp/bench.bin", h, coding)
-		down := time.Since(start)
+		down, err := tr.down[i], tr.downErr[i]
 		switch {
 		case err != nil:
 			rows = append(rows, row{name, "error: " + err.Error(), "", ""})
-		case n != size || !bytes.Equal(h.Sum(nil), want[:]):
-			rows = append(rows, row{name, fmt.Sprintf("corrupt: %d bytes, checksum mismatch", n), "", ""})
-		case up == 0:
-			rows = append(rows, row{name, rate(mb, down), "", ""})
 		default:
 			rows = append(rows, row{name, rate(mb, down), rate(mb, up) + " upload", fmt.Sprintf("%.2fx", up.Seconds()/down.Seconds())})
 		}
 	}
 	return rows
+}
+
+// downloadCodings are the codings a download is measured in: the SDKs'
+// fetch asks for gzip.
+func downloadCodings() [2]string { return [2]string{"identity", "gzip"} }
+
+// transferResult is one upload of random bytes and its downloads in each
+// coding, checked byte for byte.
+type transferResult struct {
+	up      time.Duration
+	upErr   error
+	down    [2]time.Duration // per downloadCodings
+	downErr [2]error
+	err     error // no data to send
+}
+
+// transfers uploads sizeMB of random bytes to sb and downloads them in each
+// of downloadCodings.
+func transfers(ctx context.Context, c *wire.Client, sb *wire.Sandbox, sizeMB int) transferResult {
+	var out transferResult
+	size := int64(sizeMB) << 20
+	data := make([]byte, size)
+	if _, err := rand.Read(data); err != nil {
+		out.err = err
+		return out
+	}
+	want := sha256.Sum256(data)
+	start := time.Now()
+	out.upErr = c.Upload(ctx, sb, "/tmp/bench.bin", bytes.NewReader(data), size)
+	out.up = time.Since(start)
+	for i, coding := range downloadCodings() {
+		h := sha256.New()
+		start = time.Now()
+		n, err := c.DownloadEncoded(ctx, sb, "/tmp/bench.bin", h, coding)
+		out.down[i] = time.Since(start)
+		if err == nil && (n != size || !bytes.Equal(h.Sum(nil), want[:])) {
+			err = fmt.Errorf("corrupt: %d bytes, checksum mismatch", n)
+		}
+		if err == nil && out.upErr != nil {
+			err = fmt.Errorf("nothing uploaded: %w", out.upErr)
+		}
+		out.downErr[i] = err
+	}
+	return out
 }
 
 func measureConcurrent(ctx context.Context, c *wire.Client, cfg Config, runcP50 time.Duration) row {

@@ -49,31 +49,11 @@ func RunCommands(ctx context.Context, cfg CommandsConfig, w io.Writer, log *slog
 	if err != nil {
 		return fmt.Errorf("template layers (--template-dir): %w", err)
 	}
-	root, unmount, err := mountTemplate(layers)
+	fl, closeFloor, err := newCommandFloor(ctx, layers)
 	if err != nil {
 		return err
 	}
-	defer unmount()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
-	defer srv.Close()
-	hc := srv.Client()
-	loopback := func() (time.Duration, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
-		if err != nil {
-			return 0, err
-		}
-		start := time.Now()
-		resp, err := hc.Do(req)
-		if err != nil {
-			return 0, err
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return time.Since(start), nil
-	}
-	if _, err := loopback(); err != nil { // dials
-		return err
-	}
+	defer closeFloor()
 
 	c := wire.New(cfg.APIURL, cfg.APIKey)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -84,46 +64,12 @@ func RunCommands(ctx context.Context, cfg CommandsConfig, w io.Writer, log *slog
 			fmt.Fprintf(tw, "%s: command round trip\terror: %s\t\t\n", tier, firstLine(err.Error()))
 			continue
 		}
-		// The tier's own cost of the command, timed inside the sandbox by
-		// bash, and envd's HTTP round trip without a process: what the
-		// round trip would be if envd added nothing. Under gVisor every
-		// fork/exec costs its Sentry's syscall handling; the host floor
-		// cannot show that.
-		var rtt, floor, hostSh, inside, health []time.Duration
-		var errs int
-		for i := range cfg.Samples + 3 {
-			sh, err := shellOnce(ctx, root)
-			if err != nil {
-				_ = c.Kill(ctx, sb.SandboxID)
-				return err
-			}
-			lb, err := loopback()
-			if err != nil {
-				_ = c.Kill(ctx, sb.SandboxID)
-				return err
-			}
-			start := time.Now()
-			r, err := c.Run(ctx, sb, "", "true")
-			d := time.Since(start)
-			if i < 3 { // warm-up: the first commands of a sandbox
-				continue
-			}
-			if err != nil || r.ExitCode != 0 {
-				errs++
-				log.Warn("command", "tier", tier, "err", err)
-				continue
-			}
-			rtt = append(rtt, d)
-			floor = append(floor, sh+lb)
-			hostSh = append(hostSh, sh)
-			if in, err := insideOnce(ctx, c, sb); err == nil {
-				inside = append(inside, in)
-			}
-			t := time.Now()
-			if err := c.EnvdHealth(ctx, sb); err == nil {
-				health = append(health, time.Since(t))
-			}
+		sm, err := fl.sample(ctx, c, sb, cfg.Samples, true, log)
+		if err != nil {
+			_ = c.Kill(ctx, sb.SandboxID)
+			return err
 		}
+		rtt, floor, hostSh, inside, health, errs := sm.rtt, sm.floor, sm.hostShell, sm.inside, sm.health, sm.errs
 		_ = c.Kill(ctx, sb.SandboxID)
 		if len(rtt) == 0 {
 			fmt.Fprintf(tw, "%s: command round trip\tall %d failed\t\t\n", tier, errs)
@@ -191,4 +137,97 @@ func shellOnce(ctx context.Context, root string) (time.Duration, error) {
 		return 0, fmt.Errorf("bash -l -c true in the template: %w: %s", err, b)
 	}
 	return time.Since(start), nil
+}
+
+// commandFloor is what a command round trip is held to: `bash -l -c true`
+// chrooted in the template plus one loopback HTTP exchange.
+type commandFloor struct {
+	root string // the template's layers, mounted read-only
+	srv  *httptest.Server
+	hc   *http.Client
+}
+
+// newCommandFloor mounts the template's layers and starts the loopback
+// HTTP server; close undoes both.
+func newCommandFloor(ctx context.Context, layers []string) (*commandFloor, func(), error) {
+	root, unmount, err := mountTemplate(layers)
+	if err != nil {
+		return nil, nil, err
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
+	f := &commandFloor{root: root, srv: srv, hc: srv.Client()}
+	closeAll := func() { srv.Close(); unmount() }
+	if _, err := f.httpOnce(ctx); err != nil { // dials
+		closeAll()
+		return nil, nil, err
+	}
+	return f, closeAll, nil
+}
+
+// httpOnce times one small request and response on the kept-alive
+// connection.
+func (f *commandFloor) httpOnce(ctx context.Context) (time.Duration, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, f.srv.URL, nil)
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	resp, err := f.hc.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return time.Since(start), nil
+}
+
+// commandSamples are n round trips of `true` in a sandbox and their floor,
+// sampled alternately.
+type commandSamples struct {
+	rtt, floor, hostShell []time.Duration
+	// With detail: the same shell timed inside the sandbox by bash, and
+	// envd's round trip without a process (GET /health).
+	inside, health []time.Duration
+	errs           int
+}
+
+// sample runs n round trips (after three warm-up commands), each next to
+// one floor sample.
+func (f *commandFloor) sample(ctx context.Context, c *wire.Client, sb *wire.Sandbox, n int, detail bool, log *slog.Logger) (commandSamples, error) {
+	var s commandSamples
+	for i := range n + 3 {
+		sh, err := shellOnce(ctx, f.root)
+		if err != nil {
+			return s, err
+		}
+		lb, err := f.httpOnce(ctx)
+		if err != nil {
+			return s, err
+		}
+		start := time.Now()
+		r, err := c.Run(ctx, sb, "", "true")
+		d := time.Since(start)
+		if i < 3 { // warm-up: the first commands of a sandbox
+			continue
+		}
+		if err != nil || r.ExitCode != 0 {
+			s.errs++
+			log.Warn("command", "err", err)
+			continue
+		}
+		s.rtt = append(s.rtt, d)
+		s.floor = append(s.floor, sh+lb)
+		s.hostShell = append(s.hostShell, sh)
+		if !detail {
+			continue
+		}
+		if in, err := insideOnce(ctx, c, sb); err == nil {
+			s.inside = append(s.inside, in)
+		}
+		t := time.Now()
+		if err := c.EnvdHealth(ctx, sb); err == nil {
+			s.health = append(s.health, time.Since(t))
+		}
+	}
+	return s, nil
 }

@@ -439,33 +439,17 @@ func measureCreateLoad(ctx context.Context, c *wire.Client, cfg Config, runcP50 
 		add(r)
 	}
 
-	// The warm pool: a first burst teaches it the size (cold starts for
-	// what it lacks), the second is measured once it refilled.
-	p, err := pool(ctx, cfg)
-	switch {
-	case err != nil:
-		add(row{"warm pool", "error: " + err.Error(), "", ""})
-		return rows
-	case p == nil:
-		add(row{"warm pool", fmt.Sprintf("none for %s (start the server with --pool %s=1 --pool-max %d)", cfg.Template, cfg.Template, cfg.Burst+1), "", ""})
-		return rows
-	}
-	first := burst(ctx, c, cfg, cfg.Burst, map[string]string{"bench": "pool-warmup"})
-	killAll(ctx, c, first.ids)
-	start := time.Now()
-	p, err = waitPool(ctx, cfg, 5*time.Minute)
+	pb, err := pooledBurst(ctx, c, cfg)
 	if err != nil {
-		add(row{"warm pool refill after a burst", "error: " + err.Error(), "", ""})
+		add(row{"warm pool", "error: " + err.Error(), "", ""})
 		return rows
 	}
 	add(row{fmt.Sprintf("warm pool: adaptive size after a burst of %d (ready/target, refilled in)", cfg.Burst),
-		fmt.Sprintf("%d/%d in %s", p.Ready, p.Target, round(time.Since(start))), "", ""})
-	hits := p.Hits
-	res = burst(ctx, c, cfg, cfg.Burst, map[string]string{"bench": "pool-burst"})
-	if p, err := pool(ctx, cfg); err == nil && p != nil {
-		add(row{"  pooled burst: warm claims (a claim that fails starts cold and is counted too)", fmt.Sprintf("%d for %d creates", p.Hits-hits, cfg.Burst), "", ""})
+		fmt.Sprintf("%d/%d in %s", pb.ready, pb.target, round(pb.refill)), "", ""})
+	if pb.hitsKnown {
+		add(row{"  pooled burst: warm claims (a claim that fails starts cold and is counted too)", fmt.Sprintf("%d for %d creates", pb.hits, cfg.Burst), "", ""})
 	}
-	for _, r := range burstRows(ctx, c, cfg, "pooled burst (target p99 < 1 s)", res, runcP50) {
+	for _, r := range burstRows(ctx, c, cfg, "pooled burst (target p99 < 1 s)", pb.res, runcP50) {
 		add(r)
 	}
 
@@ -476,26 +460,68 @@ func measureCreateLoad(ctx context.Context, c *wire.Client, cfg Config, runcP50 
 		add(row{"floor: loopback HTTP round trip", "error: " + err.Error(), "", ""})
 		return rows
 	}
-	var claims []time.Duration
-	var claimErrs int
-	for range cfg.Creates {
-		if _, err := waitPool(ctx, cfg, time.Minute); err != nil {
-			claimErrs++
-			continue
-		}
-		t0 := time.Now()
-		sb, err := c.Create(ctx, wire.CreateRequest{TemplateID: cfg.Template, Timeout: 600, Metadata: map[string]string{"bench": "claim"}})
-		if err != nil {
-			claimErrs++
-			continue
-		}
-		claims = append(claims, time.Since(t0))
-		_ = c.Kill(ctx, sb.SandboxID)
-	}
+	claims, claimErrs := warmClaims(ctx, c, cfg)
 	if len(claims) > 0 {
 		p50 := pct(claims, 50)
 		add(row{fmt.Sprintf("single warm claim, POST /sandboxes (p50/p95, %d errors; target p50 < 10 ms)", claimErrs),
 			pair(p50, pct(claims, 95)), round(pct(httpFloor, 50)).String() + " HTTP", ratio(p50, pct(httpFloor, 50))})
 	}
 	return rows
+}
+
+// pooledResult is a burst through the warm pool once it sized itself.
+type pooledResult struct {
+	res           burstResult // the measured burst; its sandboxes still run
+	ready, target int         // the pool after the first burst and its refill
+	refill        time.Duration
+	hits          uint64 // warm claims of the measured burst
+	hitsKnown     bool
+}
+
+// pooledBurst sends a first burst of cfg.Burst creates, which teaches the
+// server's warm pool of cfg.Template its size (cold starts for what it
+// lacks), kills them, waits for the refill and sends the burst it measures.
+func pooledBurst(ctx context.Context, c *wire.Client, cfg Config) (pooledResult, error) {
+	var out pooledResult
+	p, err := pool(ctx, cfg)
+	switch {
+	case err != nil:
+		return out, err
+	case p == nil:
+		return out, fmt.Errorf("no warm pool for %s (start the server with --pool %s=1 --pool-max %d)", cfg.Template, cfg.Template, cfg.Burst+1)
+	}
+	first := burst(ctx, c, cfg, cfg.Burst, map[string]string{"bench": "pool-warmup"})
+	killAll(ctx, c, first.ids)
+	start := time.Now()
+	p, err = waitPool(ctx, cfg, 5*time.Minute)
+	if err != nil {
+		return out, fmt.Errorf("warm pool refill after a burst: %w", err)
+	}
+	out.ready, out.target, out.refill = p.Ready, p.Target, time.Since(start)
+	hits := p.Hits
+	out.res = burst(ctx, c, cfg, cfg.Burst, map[string]string{"bench": "pool-burst"})
+	if p, err := pool(ctx, cfg); err == nil && p != nil {
+		out.hits, out.hitsKnown = p.Hits-hits, true
+	}
+	return out, nil
+}
+
+// warmClaims times cfg.Creates single creates through the SDKs' create
+// call, each claiming from a refilled pool.
+func warmClaims(ctx context.Context, c *wire.Client, cfg Config) (claims []time.Duration, errs int) {
+	for range cfg.Creates {
+		if _, err := waitPool(ctx, cfg, time.Minute); err != nil {
+			errs++
+			continue
+		}
+		t0 := time.Now()
+		sb, err := c.Create(ctx, wire.CreateRequest{TemplateID: cfg.Template, Timeout: 600, Metadata: map[string]string{"bench": "claim"}})
+		if err != nil {
+			errs++
+			continue
+		}
+		claims = append(claims, time.Since(t0))
+		_ = c.Kill(ctx, sb.SandboxID)
+	}
+	return claims, errs
 }

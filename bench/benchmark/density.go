@@ -73,50 +73,7 @@ func RunDensity(ctx context.Context, cfg DensityConfig, w io.Writer, log *slog.L
 
 	// Create.
 	start := time.Now()
-	var (
-		mu       sync.Mutex
-		sbs      []*wire.Sandbox
-		firstErr error
-		failures atomic.Int32
-	)
-	sem := make(chan struct{}, cfg.Parallel)
-	var wg sync.WaitGroup
-	for i := range cfg.N {
-		if failures.Load() >= 5 || ctx.Err() != nil {
-			break
-		}
-		// Other work shares the host: stop before the kernel's OOM
-		// killer would pick a victim.
-		if avail := memInfo("MemAvailable"); cfg.MinFreeMiB > 0 && avail < uint64(cfg.MinFreeMiB)<<20 {
-			mu.Lock()
-			if firstErr == nil {
-				firstErr = fmt.Errorf("host memory: MemAvailable %d MiB is below --min-free-mib %d after %d creates", avail>>20, cfg.MinFreeMiB, i)
-			}
-			mu.Unlock()
-			break
-		}
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			sb, err := c.Create(ctx, wire.CreateRequest{TemplateID: cfg.Template, Timeout: 3600, Metadata: map[string]string{"agentbox.isolation": cfg.Tier, "bench": "density"}})
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				if firstErr == nil {
-					firstErr = fmt.Errorf("create %d: %w", i+1, err)
-				}
-				failures.Add(1)
-				return
-			}
-			sbs = append(sbs, sb)
-			if len(sbs)%100 == 0 {
-				log.Info("density", "created", len(sbs), "elapsed", time.Since(start).Round(time.Second))
-			}
-		}()
-	}
-	wg.Wait()
+	sbs, firstErr := createIdle(ctx, c, cfg, cfg.Tier, cfg.N, log)
 	created := time.Since(start)
 	fmt.Fprintf(tw, "%s: idle sandboxes held at once\t%d of %d\tcreated in %s, %d in flight\n", cfg.Tier, len(sbs), cfg.N, created.Round(time.Second), cfg.Parallel)
 	if firstErr != nil {
@@ -124,31 +81,8 @@ func RunDensity(ctx context.Context, cfg DensityConfig, w io.Writer, log *slog.L
 	}
 
 	// Each answers a command.
-	var answered atomic.Int32
-	var cmdErr error
-	for _, sb := range sbs {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			r, err := c.Run(ctx, sb, "", "echo ok")
-			if err == nil && r.Stdout != "ok\n" {
-				err = fmt.Errorf("echo ok printed %q", r.Stdout)
-			}
-			if err != nil {
-				mu.Lock()
-				if cmdErr == nil {
-					cmdErr = fmt.Errorf("%s: %w", sb.SandboxID, err)
-				}
-				mu.Unlock()
-				return
-			}
-			answered.Add(1)
-		}()
-	}
-	wg.Wait()
-	fmt.Fprintf(tw, "%s: answered `echo ok`\t%d of %d\t\n", cfg.Tier, answered.Load(), len(sbs))
+	answered, cmdErr := answerAll(ctx, c, sbs, cfg.Parallel)
+	fmt.Fprintf(tw, "%s: answered `echo ok`\t%d of %d\t\n", cfg.Tier, answered, len(sbs))
 	if cmdErr != nil {
 		fmt.Fprintf(tw, "%s: first failed command\t%s\t\n", cfg.Tier, firstLine(cmdErr.Error()))
 	}
@@ -172,30 +106,9 @@ func RunDensity(ctx context.Context, cfg DensityConfig, w io.Writer, log *slog.L
 
 	// Kill all, then nothing may be left.
 	start = time.Now()
-	var killErrs atomic.Int32
-	for _, sb := range sbs {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			if err := c.Kill(ctx, sb.SandboxID); err != nil {
-				killErrs.Add(1)
-				log.Warn("kill", "id", sb.SandboxID, "err", err)
-			}
-		}()
-	}
-	wg.Wait()
-	fmt.Fprintf(tw, "%s: kill all\t%s\t%d errors\n", cfg.Tier, time.Since(start).Round(time.Second), killErrs.Load())
-	var after map[string]int
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		after = hostState(cfg)
-		if equalState(before, after) || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(time.Second)
-	}
+	killErrs := killEach(ctx, c, sbs, cfg.Parallel, log)
+	fmt.Fprintf(tw, "%s: kill all\t%s\t%d errors\n", cfg.Tier, time.Since(start).Round(time.Second), killErrs)
+	after := waitClean(cfg, before, 60*time.Second)
 	keys := make([]string, 0, len(before))
 	for k := range before {
 		keys = append(keys, k)
@@ -209,6 +122,135 @@ func RunDensity(ctx context.Context, cfg DensityConfig, w io.Writer, log *slog.L
 		fmt.Fprintf(tw, "%s: after kill, %s\t%d → %d → %d\t%s\n", cfg.Tier, k, before[k], held[k], after[k], verdict)
 	}
 	return tw.Flush()
+}
+
+// createIdle creates n idle sandboxes of tier, cfg.Parallel at a time. It
+// stops at the fifth failure or when the host's MemAvailable falls below
+// cfg.MinFreeMiB, and returns the first error: what ran out.
+func createIdle(ctx context.Context, c *wire.Client, cfg DensityConfig, tier string, n int, log *slog.Logger) ([]*wire.Sandbox, error) {
+	var (
+		mu       sync.Mutex
+		sbs      []*wire.Sandbox
+		firstErr error
+		failures atomic.Int32
+		wg       sync.WaitGroup
+	)
+	start := time.Now()
+	sem := make(chan struct{}, max(1, cfg.Parallel))
+	for i := range n {
+		if failures.Load() >= 5 || ctx.Err() != nil {
+			break
+		}
+		// Other work shares the host: stop before the kernel's OOM
+		// killer would pick a victim.
+		if avail := memInfo("MemAvailable"); cfg.MinFreeMiB > 0 && avail < uint64(cfg.MinFreeMiB)<<20 {
+			mu.Lock()
+			if firstErr == nil {
+				firstErr = fmt.Errorf("host memory: MemAvailable %d MiB is below --min-free-mib %d after %d creates", avail>>20, cfg.MinFreeMiB, i)
+			}
+			mu.Unlock()
+			break
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			sb, err := c.Create(ctx, wire.CreateRequest{TemplateID: cfg.Template, Timeout: 3600, Metadata: map[string]string{"agentbox.isolation": tier, "bench": "density"}})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				if firstErr == nil {
+					firstErr = fmt.Errorf("create %d: %w", i+1, err)
+				}
+				failures.Add(1)
+				return
+			}
+			sbs = append(sbs, sb)
+			if len(sbs)%100 == 0 {
+				log.Info("density", "tier", tier, "created", len(sbs), "elapsed", time.Since(start).Round(time.Second))
+			}
+		})
+	}
+	wg.Wait()
+	return sbs, firstErr
+}
+
+// answerAll runs `echo ok` in every sandbox, parallel at a time, and
+// counts the right answers.
+func answerAll(ctx context.Context, c *wire.Client, sbs []*wire.Sandbox, parallel int) (int, error) {
+	var (
+		answered atomic.Int32
+		mu       sync.Mutex
+		cmdErr   error
+		wg       sync.WaitGroup
+	)
+	sem := make(chan struct{}, max(1, parallel))
+	for _, sb := range sbs {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			r, err := c.Run(ctx, sb, "", "echo ok")
+			if err == nil && r.Stdout != "ok\n" {
+				err = fmt.Errorf("echo ok printed %q", r.Stdout)
+			}
+			if err != nil {
+				mu.Lock()
+				if cmdErr == nil {
+					cmdErr = fmt.Errorf("%s: %w", sb.SandboxID, err)
+				}
+				mu.Unlock()
+				return
+			}
+			answered.Add(1)
+		})
+	}
+	wg.Wait()
+	return int(answered.Load()), cmdErr
+}
+
+// killEach kills every sandbox, parallel at a time, and counts the
+// failures.
+func killEach(ctx context.Context, c *wire.Client, sbs []*wire.Sandbox, parallel int, log *slog.Logger) int {
+	var errs atomic.Int32
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, max(1, parallel))
+	for _, sb := range sbs {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if err := c.Kill(ctx, sb.SandboxID); err != nil {
+				errs.Add(1)
+				log.Warn("kill", "id", sb.SandboxID, "err", err)
+			}
+		})
+	}
+	wg.Wait()
+	return int(errs.Load())
+}
+
+// waitClean waits up to timeout for the host state to be back to before,
+// and returns the last state seen.
+func waitClean(cfg DensityConfig, before map[string]int, timeout time.Duration) map[string]int {
+	deadline := time.Now().Add(timeout)
+	for {
+		after := hostState(cfg)
+		if equalState(before, after) || time.Now().After(deadline) {
+			return after
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// leftBehind names what after holds more of than before (a warm pool
+// shrinking meanwhile leaves fewer).
+func leftBehind(before, after map[string]int) []string {
+	var out []string
+	for k, v := range before {
+		if after[k] > v {
+			out = append(out, fmt.Sprintf("%s %+d", k, after[k]-v))
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 func equalState(a, b map[string]int) bool {

@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"text/tabwriter"
-	"time"
 
 	"github.com/agentbox/agentbox/e2e/wire"
 )
@@ -48,31 +47,9 @@ func RunGVisor(ctx context.Context, cfg GVisorConfig, w io.Writer, log *slog.Log
 			log.Warn("metrics", "err", err)
 		}
 	}
-	var create, floor []time.Duration
-	errs := 0
-	for i := range cfg.Creates {
-		log.Info("gvisor bench", "sample", i+1)
-		start := time.Now()
-		sb, err := c.Create(ctx, wire.CreateRequest{TemplateID: cfg.Template, Timeout: 600, Metadata: map[string]string{"agentbox.isolation": "gvisor", "bench": "gvisor"}})
-		if err == nil {
-			var r *wire.Result
-			if r, err = c.Run(ctx, sb, "", "echo ok"); err == nil && r.Stdout != "ok\n" {
-				err = fmt.Errorf("echo ok printed %q", r.Stdout)
-			}
-			if err == nil {
-				create = append(create, time.Since(start))
-			}
-			_ = c.Kill(ctx, sb.SandboxID)
-		}
-		if err != nil {
-			errs++
-			log.Warn("gvisor create", "err", err)
-		}
-		f, err := rawFloor(ctx, "runsc", layers, 1)
-		if err != nil {
-			return fmt.Errorf("runsc run: %w", err)
-		}
-		floor = append(floor, f...)
+	create, floor, errs, err := coldSamples(ctx, c, cfg.Template, "gvisor", layers, cfg.Creates, log)
+	if err != nil {
+		return err
 	}
 	var after stepTotals
 	if before != nil {

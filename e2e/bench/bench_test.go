@@ -1,0 +1,87 @@
+// Package bench runs the bench's issue-14 table (bench/benchmark.RunAll)
+// with tiny counts against a real server, so that the table cannot rot
+// unnoticed: every target has its rows, and every row a figure, a floor
+// measured in the same run and a ratio. It checks the table's shape, never
+// its timings (those are the bench's to report).
+package bench
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+	"unicode"
+
+	"github.com/agentbox/agentbox/bench/benchmark"
+	"github.com/agentbox/agentbox/e2e/harness"
+)
+
+func TestAllTable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics := l.Addr().String()
+	l.Close()
+	s := harness.Start(t, harness.Args("--metrics-listen", metrics))
+	// A warm pool for this run only: the teardown's plain start drains it.
+	s.Restart(t, "--pool", "base=1", "--pool-max", "3")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	rows, err := benchmark.RunAll(ctx, benchmark.AllConfig{
+		APIURL: s.URL, APIKey: s.APIKey, TemplateDir: s.TemplateDir, DataDir: s.DataDir, Instance: s.Instance, Bridge: s.Bridge,
+		MetricsURL: "http://" + metrics + "/metrics",
+		Creates:    2, Commands: 3, Burst: 2, SizeMB: 2, SizesMB: []int{10}, Cycles: 1, Forks: 2,
+		DensityContainer: 2, DensityGVisor: 1, Parallel: 2,
+	}, &out, slog.New(slog.NewTextHandler(testWriter{t}, nil)))
+	t.Logf("table:\n%s", out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Rows per target: tiers, codings, sizes (pause and resume each, plus
+	// the lazy resume) and density (held and memory per tier).
+	want := map[int]int{1: 2, 2: 2, 3: 2, 4: 2, 5: 2, 6: 3, 7: 1, 8: 4}
+	got := map[int]int{}
+	for _, r := range rows {
+		got[r.Target]++
+		switch {
+		case r.Err != "":
+			t.Errorf("target %d, %s: error: %s", r.Target, r.Figure, r.Err)
+		case r.Value == "" || r.Floor == "" || !unicode.IsDigit(rune(r.Floor[0])):
+			t.Errorf("target %d, %s: value %q, floor %q: want a figure and a numeric floor", r.Target, r.Figure, r.Value, r.Floor)
+		case r.Ratio <= 0:
+			t.Errorf("target %d, %s: ratio %v: want one", r.Target, r.Figure, r.Ratio)
+		case r.Goal == "" || (r.Result() != "met" && r.Result() != "MISSED"):
+			t.Errorf("target %d, %s: goal %q, result %q", r.Target, r.Figure, r.Goal, r.Result())
+		}
+	}
+	for target, n := range want {
+		if got[target] != n {
+			t.Errorf("target %d: %d rows, want %d", target, got[target], n)
+		}
+	}
+	// The printed table: a header, a line per row, the sections' times.
+	text := out.String()
+	for _, w := range []string{"#  FIGURE", "sections took: cold create (1)", "density (8)"} {
+		if !strings.Contains(text, w) {
+			t.Errorf("printed table lacks %q", w)
+		}
+	}
+	if n := strings.Count(text, "\n"); n < len(rows)+2 {
+		t.Errorf("printed table has %d lines for %d rows", n, len(rows))
+	}
+}
+
+// testWriter sends the bench's log to t.Log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
