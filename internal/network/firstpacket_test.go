@@ -11,13 +11,26 @@ import (
 )
 
 // TestFirstPacket: the first datagram each way between the host and a
-// sandbox whose Attach just returned arrives (UDP is never resent, so a
-// datagram dropped on the way is gone). The bridge has no other port, so
-// every attach brings it up too (see linkwatch.go). Without activate about
-// a quarter of the attaches here lost one.
+// sandbox whose Attach (or, deferred, Plug: runc's path) just returned
+// arrives (UDP is never resent, so a datagram dropped on the way is gone).
+// The bridge has no other port, so every attach brings it up too (see
+// linkwatch.go). Without activate about four datagrams in ten were lost.
 func TestFirstPacket(t *testing.T) {
-	cfg := Config{Bridge: "abtest5", Subnet: netip.MustParsePrefix("10.99.5.0/24"), NetNSDir: t.TempDir(), Table: "agentbox_test_first"}
-	m := startManager(t, cfg)
+	for _, tc := range []struct {
+		name     string
+		deferred bool
+	}{
+		{"attached", false},
+		{"plugged into a netns owned by the sandbox's user namespace", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := Config{Bridge: "abtest5", Subnet: netip.MustParsePrefix("10.99.5.0/24"), NetNSDir: t.TempDir(), Table: "agentbox_test_first", Deferred: tc.deferred}
+			firstPackets(t, startManager(t, cfg), tc.deferred)
+		})
+	}
+}
+
+func firstPackets(t *testing.T, m *Manager, deferred bool) {
 	ctx := context.Background()
 	host, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(m.Gateway(), 0)))
 	if err != nil {
@@ -25,13 +38,18 @@ func TestFirstPacket(t *testing.T) {
 	}
 	defer host.Close()
 	hostPort := host.LocalAddr().(*net.UDPAddr).AddrPort()
-	const attaches = 50
+	const attaches = 30
 	var lostOut, lostIn int
 	for i := range attaches {
 		id := "first" + strconv.Itoa(i)
 		ep, err := m.Attach(ctx, id, Policy{AllowInternet: true})
 		if err != nil {
 			t.Fatal(err)
+		}
+		if deferred {
+			if err := m.Plug(ctx, id, userNetNSProcess(t)); err != nil {
+				t.Fatal(err)
+			}
 		}
 		// Out: the rules refuse a sandbox's datagram to the gateway, and
 		// the ICMP refusal (which comes back through the bridge) is the
