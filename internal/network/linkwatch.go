@@ -39,7 +39,7 @@ func (m *Manager) activate(ctx context.Context, h *netlink.Handle, id string) er
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()
-	host := hostVeth(id)
+	host := m.hostVeth(id)
 	steps := []struct {
 		what  string
 		ready func() (bool, error)
