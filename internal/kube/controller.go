@@ -22,6 +22,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	abv1 "github.com/agentbox/agentbox/internal/kube/apis/agentbox/v1alpha1"
 	agentsv1 "github.com/agentbox/agentbox/internal/kube/apis/agents/v1beta1"
 	extv1 "github.com/agentbox/agentbox/internal/kube/apis/extensions/v1beta1"
 	"github.com/agentbox/agentbox/internal/sandbox"
@@ -105,7 +106,7 @@ type Controller struct {
 // Scheme returns a scheme with the core kinds and the agent-sandbox kinds.
 func Scheme() (*runtime.Scheme, error) {
 	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, agentsv1.AddToScheme, extv1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, agentsv1.AddToScheme, extv1.AddToScheme, abv1.AddToScheme} {
 		if err := add(s); err != nil {
 			return nil, fmt.Errorf("build scheme: %w", err)
 		}
@@ -190,6 +191,14 @@ func New(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger) (*Controller
 	if err := ctrl.NewControllerManagedBy(mgr).For(&agentsv1.Sandbox{}).Named("sandbox").WithOptions(everyNode).
 		Complete(&sandboxReconciler{base}); err != nil {
 		return nil, fmt.Errorf("kube: sandbox controller: %w", err)
+	}
+	if cfg.Node != "" {
+		// Snapshots are taken, stored and deleted by the agent of their
+		// Sandbox's node.
+		if err := ctrl.NewControllerManagedBy(mgr).For(&abv1.SandboxSnapshot{}).Named("sandboxsnapshot").WithOptions(everyNode).
+			Complete(&snapshotReconciler{base}); err != nil {
+			return nil, fmt.Errorf("kube: snapshot controller: %w", err)
+		}
 	}
 	if err := ctrl.NewControllerManagedBy(mgr).For(&extv1.SandboxWarmPool{}).Named("sandboxwarmpool").WithOptions(opts).
 		Owns(&agentsv1.Sandbox{}).

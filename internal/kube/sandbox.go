@@ -162,6 +162,14 @@ func (r *sandboxReconciler) reconcile(ctx context.Context, team string, obj *age
 			return ctrl.Result{}, err
 		}
 		setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, agentsv1.ReasonDependenciesNotReady, "starting the sandbox")
+		if obj.Annotations[AnnotationSnapshot] != "" {
+			restored, res, err := r.fromSnapshot(ctx, team, obj, req)
+			if restored == nil {
+				return res, err
+			}
+			st.SandboxID = restored.ID
+			return r.converge(ctx, team, obj, restored)
+		}
 		created, err := r.sbs.Create(ctx, req)
 		if err != nil {
 			reason := agentsv1.ReasonReconcilerError
