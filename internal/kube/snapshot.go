@@ -60,6 +60,16 @@ func snapshotBinding(snap *abv1.SandboxSnapshot) objstore.Binding {
 	return objstore.Binding{Team: snap.Namespace, Sandbox: string(snap.UID)}
 }
 
+// storedAt is where the snapshot's image is stored ("" = not stored).
+// Anyone who may write the object's status may write its location: only
+// the snapshot's own prefix is ever read or deleted for it.
+func storedAt(snap *abv1.SandboxSnapshot) string {
+	if l := snap.Status.Location; l != "" && l == SnapshotPrefix(snap.Namespace, snap.Name) {
+		return l
+	}
+	return ""
+}
+
 type snapshotReconciler struct{ reconcilerBase }
 
 // Reconcile takes a SandboxSnapshot on the node of its Sandbox, uploads it
@@ -94,11 +104,11 @@ func (r *snapshotReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 				return ctrl.Result{}, nil
 			}
 		}
-		if st.Location != "" {
+		if at := storedAt(&snap); at != "" {
 			if r.cfg.Images == nil {
-				r.event(&snap, true, ReasonImageRestoreFailed, "DeleteImage", "the image stored under %s stays in the bucket: this agent (node %s) has no --kube-object-store", st.Location, r.cfg.Node)
-			} else if err := r.cfg.Images.Store.DeletePrefix(ctx, st.Location); err != nil {
-				return ctrl.Result{}, fmt.Errorf("delete stored snapshot %s: %w", st.Location, err)
+				r.event(&snap, true, ReasonImageRestoreFailed, "DeleteImage", "the image stored under %s stays in the bucket: this agent (node %s) has no --kube-object-store", at, r.cfg.Node)
+			} else if err := r.cfg.Images.Store.DeletePrefix(ctx, at); err != nil {
+				return ctrl.Result{}, fmt.Errorf("delete stored snapshot %s: %w", at, err)
 			}
 		}
 		if st.NodeName == r.cfg.Node {
@@ -275,19 +285,20 @@ func (r *sandboxReconciler) fromSnapshot(ctx context.Context, team string, obj *
 		fill = func(dir string) (*sandbox.MovedImage, error) {
 			return ss.ExportSnapshot(ctx, team, snap.Status.SnapshotID, dir)
 		}
-	case snap.Status.Location != "" && r.cfg.Images != nil:
-		from = "the object store (" + snap.Status.Location + ")"
+	case storedAt(snap) != "" && r.cfg.Images != nil:
+		at := storedAt(snap)
+		from = "the object store (" + at + ")"
 		fill = func(dir string) (*sandbox.MovedImage, error) {
-			m, err := r.cfg.Images.Store.GetImage(ctx, snap.Status.Location, snapshotBinding(snap), dir)
+			m, err := r.cfg.Images.Store.GetImage(ctx, at, snapshotBinding(snap), dir)
 			if err != nil {
 				return nil, err
 			}
 			if m.SandboxID != snap.Status.SandboxID {
-				return nil, fmt.Errorf("image under %s is of sandbox %s, want %s: %w", snap.Status.Location, m.SandboxID, snap.Status.SandboxID, objstore.ErrIntegrity)
+				return nil, fmt.Errorf("image under %s is of sandbox %s, want %s: %w", at, m.SandboxID, snap.Status.SandboxID, objstore.ErrIntegrity)
 			}
 			var moved sandbox.MovedImage
 			if err := json.Unmarshal(m.Record, &moved); err != nil {
-				return nil, fmt.Errorf("image under %s: record: %w", snap.Status.Location, err)
+				return nil, fmt.Errorf("image under %s: record: %w", at, err)
 			}
 			return &moved, nil
 		}
@@ -314,7 +325,7 @@ func (b reconcilerBase) snapshotNode(ctx context.Context, obj *agentsv1.Sandbox)
 		return ""
 	}
 	snap, _, err := b.sourceSnapshot(ctx, obj)
-	if err != nil || snap.Status.Location != "" {
+	if err != nil || storedAt(snap) != "" {
 		return ""
 	}
 	return snap.Status.NodeName
