@@ -181,10 +181,9 @@ func (r *snapshotReconciler) take(ctx context.Context, team string, ss Snapshott
 			start := time.Now()
 			taken, err := ss.CreateSnapshot(ctx, team, src.Status.SandboxID, name)
 			if err != nil {
-				if errors.Is(err, errdefs.ErrConflict) || errors.Is(err, errdefs.ErrInvalidArgument) || errors.Is(err, errdefs.ErrUnavailable) || errors.Is(err, errdefs.ErrNotFound) {
-					return fail(abv1.ReasonFailed, fmt.Sprintf("snapshot of sandbox %s on node %s: %v", src.Status.SandboxID, r.cfg.Node, err))
-				}
-				return ctrl.Result{}, err
+				// Not retried: each try freezes the sandbox again. Make a
+				// new SandboxSnapshot to try again.
+				return fail(abv1.ReasonFailed, fmt.Sprintf("snapshot of sandbox %s on node %s: %v", src.Status.SandboxID, r.cfg.Node, err))
 			}
 			r.event(snap, false, abv1.ReasonTaken, "Snapshot", "snapshot %s of sandbox %s taken on node %s in %s", taken.ID, src.Status.SandboxID, r.cfg.Node, time.Since(start).Round(time.Millisecond))
 			local = taken
