@@ -129,13 +129,9 @@ func TestKubeSnapshots(t *testing.T) {
 	// node-a alone first, so the source sandbox runs there; node-b, with
 	// more room, joins later and placement prefers it.
 	a := agent("node-a", "4096")
-	var b *harness.Server
-	t.Cleanup(func() {
-		for _, s := range []*harness.Server{a, b} {
-			if s != nil && s.ProcessState() != nil {
-				s.Launch(t)
-			}
-		}
+	// Cleanups run last first: each agent's teardown (which kills only its
+	// own team's sandboxes) comes after the drain registered after it.
+	drain := func() {
 		dctx, dcancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer dcancel()
 		for _, ns := range []string{"team-a", "team-b"} {
@@ -146,7 +142,16 @@ func TestKubeSnapshots(t *testing.T) {
 			}
 		}
 		drainTeamNamespaces(t, c, "team-a", "team-b")
-	})
+		waitFor(dctx, t, "every SandboxSnapshot to go (their agents delete their copies)", func() (bool, string) {
+			list := &unstructured.UnstructuredList{}
+			list.SetGroupVersionKind(snapshotGVK.GroupVersion().WithKind("SandboxSnapshotList"))
+			if err := c.List(dctx, list); err != nil {
+				return false, err.Error()
+			}
+			return len(list.Items) == 0, fmt.Sprintf("%d left", len(list.Items))
+		})
+	}
+	t.Cleanup(drain)
 	rep := startReplica(t, a.Bin, kcPath, secret)
 	keyA, keyB := mintKubeKey(t, a.Bin, kcPath, "team-a"), mintKubeKey(t, a.Bin, kcPath, "team-b")
 	sdkA := agentbox.New(agentbox.WithAPIURL(rep.URL), agentbox.WithSandboxURL(rep.URL), agentbox.WithAPIKey(keyA))
@@ -239,7 +244,8 @@ pid=$(cat /tmp/counter.pid); echo "$pid $(cut -d' ' -f2 /proc/$pid/stat)"`)
 		}
 	})
 
-	b = agent("node-b", "32768")
+	b := agent("node-b", "32768")
+	t.Cleanup(drain)
 	var restored *agentbox.Sandbox
 	t.Run("a sandbox starts from it on node-b", func(t *testing.T) {
 		sbx, err := sdkA.Create(ctx, agentbox.CreateOptions{Template: snapID, Timeout: 10 * time.Minute})
