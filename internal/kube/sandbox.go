@@ -161,7 +161,6 @@ func (r *sandboxReconciler) reconcile(ctx context.Context, team string, obj *age
 			r.event(obj, true, agentsv1.ReasonInvalidSpec, "Create", "%v", err)
 			return ctrl.Result{}, err
 		}
-		setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, agentsv1.ReasonDependenciesNotReady, "starting the sandbox")
 		if obj.Annotations[AnnotationSnapshot] != "" {
 			restored, res, err := r.fromSnapshot(ctx, team, obj, req)
 			if restored == nil {
@@ -170,6 +169,7 @@ func (r *sandboxReconciler) reconcile(ctx context.Context, team string, obj *age
 			st.SandboxID = restored.ID
 			return r.converge(ctx, team, obj, restored)
 		}
+		setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, agentsv1.ReasonDependenciesNotReady, "starting the sandbox")
 		created, err := r.sbs.Create(ctx, req)
 		if err != nil {
 			reason := agentsv1.ReasonReconcilerError

@@ -268,6 +268,11 @@ func (r *sandboxReconciler) fromSnapshot(ctx context.Context, team string, obj *
 		r.event(obj, true, reason, "Create", "%v", err)
 		return nil, ctrl.Result{RequeueAfter: retry}, nil
 	}
+	if c := meta.FindStatusCondition(st.Conditions, agentsv1.ConditionReady); c != nil && c.Reason == ReasonImageIntegrity && c.ObservedGeneration == gen {
+		// Not retried: the stored image failed authentication, and each
+		// try downloads all of it again.
+		return nil, ctrl.Result{}, nil
+	}
 	ss, ok := r.sbs.(Snapshotter)
 	if !ok {
 		return refuse(ReasonSnapshotUnavailable, errors.New("this agent cannot start sandboxes from snapshots"), 0)
@@ -304,6 +309,7 @@ func (r *sandboxReconciler) fromSnapshot(ctx context.Context, team string, obj *
 	default:
 		return refuse(ReasonSnapshotUnavailable, fmt.Errorf("SandboxSnapshot %s is kept on node %s only and this agent (node %s) cannot fetch it: give every agent --kube-object-store", snap.Name, snap.Status.NodeName, r.cfg.Node), time.Minute)
 	}
+	setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, agentsv1.ReasonDependenciesNotReady, "starting the sandbox from SandboxSnapshot "+snap.Name)
 	start := time.Now()
 	sb, err := ss.ImportPaused(ctx, req, fill)
 	if err != nil {
@@ -311,7 +317,11 @@ func (r *sandboxReconciler) fromSnapshot(ctx context.Context, team string, obj *
 		if errors.Is(err, objstore.ErrIntegrity) {
 			reason = ReasonImageIntegrity
 		}
-		return refuse(reason, fmt.Errorf("start from SandboxSnapshot %s (from %s) failed; nothing was restored: %w", snap.Name, from, err), time.Minute)
+		retry := time.Minute
+		if reason == ReasonImageIntegrity {
+			retry = 0
+		}
+		return refuse(reason, fmt.Errorf("start from SandboxSnapshot %s (from %s) failed; nothing was restored: %w", snap.Name, from, err), retry)
 	}
 	r.event(obj, false, "Created", "Create", "sandbox %s started on node %s from SandboxSnapshot %s (from %s) in %s", sb.ID, r.cfg.Node, snap.Name, from, time.Since(start).Round(time.Millisecond))
 	return sb, ctrl.Result{}, nil
