@@ -244,6 +244,27 @@ pid=$(cat /tmp/counter.pid); echo "$pid $(cut -d' ' -f2 /proc/$pid/stat)"`)
 		}
 	})
 
+	// Measured, not asserted: a start from the snapshot on its own node
+	// (the local copy, no bucket) is the floor of a start elsewhere.
+	var localTook time.Duration
+	t.Run("a sandbox starts from the local copy on node-a", func(t *testing.T) {
+		start := time.Now()
+		sbx, err := sdkA.Create(ctx, agentbox.CreateOptions{Template: snapID, Timeout: 5 * time.Minute})
+		localTook = time.Since(start)
+		if err != nil {
+			t.Fatalf("create from snapshot %s on node-a: %v", snapID, err)
+		}
+		if n, err := nodeOfSandboxID(ctx, c, sbx.ID); err != nil || n != "node-a" {
+			t.Errorf("sandbox from the snapshot on %q (%v), want node-a (the only agent)", n, err)
+		}
+		if res, err := sbx.Commands.Run(ctx, "cat /tmp/snap.txt"); err != nil || !strings.Contains(res.Stdout, "written before") {
+			t.Errorf("file in the sandbox from the local copy: %v %+v", err, res)
+		}
+		if err := sbx.Kill(ctx); err != nil {
+			t.Errorf("kill %s: %v", sbx.ID, err)
+		}
+	})
+
 	b := agent("node-b", "32768")
 	t.Cleanup(drain)
 	// Placement ranks the Leases the agents' caches hold: wait for one
@@ -263,9 +284,15 @@ pid=$(cat /tmp/counter.pid); echo "$pid $(cut -d' ' -f2 /proc/$pid/stat)"`)
 	})
 	var restored *agentbox.Sandbox
 	t.Run("a sandbox starts from it on node-b", func(t *testing.T) {
+		start := time.Now()
 		sbx, err := sdkA.Create(ctx, agentbox.CreateOptions{Template: snapID, Timeout: 10 * time.Minute})
+		took := time.Since(start)
 		if err != nil {
 			t.Fatalf("create from snapshot %s: %v", snapID, err)
+		}
+		if localTook > 0 {
+			t.Logf("create from the snapshot through serve --kubernetes: on node-b from the bucket %v; on node-a from its local copy (floor) %v; ratio %.2f",
+				took, localTook, took.Seconds()/localTook.Seconds())
 		}
 		restored = sbx
 		if n, err := nodeOfSandboxID(ctx, c, sbx.ID); err != nil || n != "node-b" {
