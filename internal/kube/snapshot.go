@@ -126,10 +126,13 @@ func (r *snapshotReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	before := st.DeepCopy()
 	res, err := r.take(ctx, team, ss, &snap)
 	st.ObservedGeneration = snap.Generation
-	if !snapshotStatusEqual(before, st) {
-		if uerr := r.c.Status().Update(ctx, &snap); uerr != nil && !apierrors.IsNotFound(uerr) {
-			return ctrl.Result{}, errors.Join(err, uerr)
-		}
+	if err == nil && !snapshotStatusEqual(before, st) {
+		err = r.c.Status().Update(ctx, &snap)
+	}
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		// Read from a stale cache: the next reconcile sees the newer
+		// object (a snapshot taken meanwhile is found by its name).
+		return ctrl.Result{RequeueAfter: time.Second}, nil
 	}
 	return res, err
 }
