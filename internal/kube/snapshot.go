@@ -271,9 +271,18 @@ func (r *sandboxReconciler) fromSnapshot(ctx context.Context, team string, obj *
 		r.event(obj, true, reason, "Create", "%v", err)
 		return nil, ctrl.Result{RequeueAfter: retry}, nil
 	}
-	if c := meta.FindStatusCondition(st.Conditions, agentsv1.ConditionReady); c != nil && c.Reason == ReasonImageIntegrity && c.ObservedGeneration == gen {
-		// Not retried: the stored image failed authentication, and each
-		// try downloads all of it again.
+	// Not retried: the stored image failed authentication, and each try
+	// downloads all of it again. Read past the cache, which may not hold
+	// the failure yet when a queued event reconciles again at once.
+	var cur agentsv1.Sandbox
+	if err := r.api.Get(ctx, client.ObjectKeyFromObject(obj), &cur); err != nil {
+		return nil, ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !cur.DeletionTimestamp.IsZero() {
+		return nil, ctrl.Result{}, nil
+	}
+	if c := meta.FindStatusCondition(cur.Status.Conditions, agentsv1.ConditionReady); c != nil && c.Reason == ReasonImageIntegrity && c.ObservedGeneration == gen {
+		*st = *cur.Status.DeepCopy()
 		return nil, ctrl.Result{}, nil
 	}
 	ss, ok := r.sbs.(Snapshotter)
