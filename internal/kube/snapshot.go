@@ -282,7 +282,6 @@ func (r *sandboxReconciler) fromSnapshot(ctx context.Context, team string, obj *
 		return nil, ctrl.Result{}, nil
 	}
 	if c := meta.FindStatusCondition(cur.Status.Conditions, agentsv1.ConditionReady); c != nil && c.Reason == ReasonImageIntegrity && c.ObservedGeneration == gen {
-		*st = *cur.Status.DeepCopy()
 		return nil, ctrl.Result{}, nil
 	}
 	ss, ok := r.sbs.(Snapshotter)
