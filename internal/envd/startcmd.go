@@ -47,7 +47,7 @@ func (s *Server) runStartCmd(cmdline, workdir string) error {
 	}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	if err := s.children.Start(cmd, cmd.Start); err != nil {
 		logFile.Close()
 		return err
 	}
@@ -55,7 +55,7 @@ func (s *Server) runStartCmd(cmdline, workdir string) error {
 	s.log.Info("template start command started", "cmd", cmdline, "pid", cmd.Process.Pid, "dir", cmd.Dir)
 	go func() {
 		t0 := time.Now()
-		err := cmd.Wait()
+		err := s.children.Wait(cmd)
 		s.log.Warn("template start command exited", "cmd", cmdline, "err", err, "after", time.Since(t0).Round(time.Millisecond))
 	}()
 	return nil
