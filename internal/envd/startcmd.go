@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 )
@@ -52,6 +53,11 @@ func (s *Server) runStartCmd(cmdline, workdir string) error {
 		return err
 	}
 	logFile.Close() // the child has its own copy
+	// As for commands (reaper_linux.go); the shell's first instructions
+	// may run before this, but what it starts later inherits it.
+	if err := oomBeforeEnvd(strconv.Itoa(cmd.Process.Pid)); err != nil {
+		s.log.Debug("the start command's OOM score stays envd's", "err", err)
+	}
 	s.log.Info("template start command started", "cmd", cmdline, "pid", cmd.Process.Pid, "dir", cmd.Dir)
 	go func() {
 		t0 := time.Now()
