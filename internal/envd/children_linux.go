@@ -52,14 +52,17 @@ func (c *Children) Start(cmd *exec.Cmd, start func() error) error {
 	c.mu.Lock()
 	c.starting++
 	c.mu.Unlock()
-	err := start()
-	c.mu.Lock()
-	c.starting--
-	if err == nil && cmd.Process != nil {
-		c.own[cmd.Process.Pid]++
-	}
-	c.mu.Unlock()
-	c.poke()
+	var err error
+	defer func() { // also if start panics: the reaper must not wait forever
+		c.mu.Lock()
+		c.starting--
+		if err == nil && cmd.Process != nil {
+			c.own[cmd.Process.Pid]++
+		}
+		c.mu.Unlock()
+		c.poke()
+	}()
+	err = start()
 	return err
 }
 
