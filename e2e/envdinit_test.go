@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -13,8 +15,9 @@ import (
 
 // envd is the sandbox's init and its server in one process: the orphans
 // that fall to it are reaped while its commands keep their exit statuses,
-// and sandbox root cannot kill it (the kernel drops SIGKILL and SIGSTOP
-// sent to a PID namespace's init from inside), on both container tiers.
+// on both container tiers. Under runc sandbox root cannot kill it (the
+// kernel drops SIGKILL and SIGSTOP sent to a PID namespace's init from
+// inside); gVisor delivers them, and the sandbox then reports its end.
 func TestEnvdIsInit(t *testing.T) {
 	s := need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -71,10 +74,36 @@ func TestEnvdIsInit(t *testing.T) {
 				time.Sleep(200 * time.Millisecond)
 			}
 
-			// Sandbox root cannot stop or kill envd.
-			runOut(`kill -STOP 1; kill -KILL 1; echo sent`)
-			if got := runOut(`echo alive; cat /proc/1/comm`); got != "alive\nenvd" {
-				t.Fatalf("after kill -9 1: %q", got)
+			if tier == "container" {
+				// Sandbox root cannot stop or kill envd.
+				runOut(`kill -STOP 1; kill -KILL 1; echo sent`)
+				if got := runOut(`echo alive; cat /proc/1/comm`); got != "alive\nenvd" {
+					t.Fatalf("after kill -9 1: %q", got)
+				}
+				return
+			}
+			// gVisor delivers a SIGKILL to init from inside: sandbox root
+			// can end its own sandbox, and the sandbox's health says so.
+			_, _ = sbx.Commands.Run(ctx, `kill -KILL 1`, root)
+			deadline = time.Now().Add(2 * time.Minute)
+			for {
+				var info struct {
+					Health       string `json:"health"`
+					HealthReason string `json:"healthReason"`
+				}
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.URL+"/sandboxes/"+sbx.ID, nil)
+				req.Header.Set("X-API-Key", s.APIKey)
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					_ = json.NewDecoder(resp.Body).Decode(&info)
+					resp.Body.Close()
+				}
+				if info.Health == "error" && strings.Contains(info.HealthReason, "envd") {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("after kill -9 1 on gvisor: health %q (%s), want error naming envd", info.Health, info.HealthReason)
+				}
+				time.Sleep(time.Second)
 			}
 		})
 	}
