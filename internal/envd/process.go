@@ -497,7 +497,7 @@ func (s *Server) superviseReaped(life context.Context, cancel context.CancelFunc
 	} else {
 		<-reaperDone
 		end.ExitCode, end.Status = -1, "signal: killed"
-		msg := "the command's reaper was killed before the command ended; the command's processes were left to envd's init"
+		msg := "the command's reaper was killed before the command ended; the command's processes were left to envd, the sandbox's init, which reaps them"
 		end.Error = &msg
 	}
 	if killed {
