@@ -3,8 +3,10 @@
 // constructor runs before the Go runtime starts its threads and calls
 // setns(2), which the kernel refuses for either to a multi-threaded process.
 // The hooks on the create path (boot-id with its inotify caps, and hold)
-// finish in the constructor and never start the Go runtime: one fork and
-// exec each, without the milliseconds a Go runtime start costs.
+// and userns-limits (after every resume and fork) finish in the
+// constructor and never start the Go runtime: one fork and exec each,
+// without the milliseconds a Go runtime start and the binary's package
+// initialisation cost.
 //
 // It acts only on `<binary> __hook <name> --pid <pid> ...` for the hook
 // names in joins; the Go code of the hook checks that the join
@@ -157,11 +159,11 @@ static void mount_boot_id(const char *pid) {
 	_exit(0);
 }
 
-// wellFormed reports whether argv[3:] is exactly the flags the server
-// passes the boot-id hook: --pid <n>, then optionally --inotify-instances
-// <n> --inotify-watches <n>. Anything else is left to the Go side, which
-// names what is wrong.
-static int well_formed_boot_id(int argc, char **argv) {
+// well_formed reports whether argv[3:] is exactly the flags the server
+// passes the boot-id and userns-limits hooks: --pid <n>, then (boot-id:
+// optionally) --inotify-instances <n> --inotify-watches <n>. Anything else
+// is left to the Go side, which names what is wrong.
+static int well_formed(int argc, char **argv) {
 	if (argc != 5 && argc != 9)
 		return 0;
 	if (strcmp(argv[3], "--pid") != 0 || !number(argv[4]) || strcmp(argv[4], "0") == 0)
@@ -170,6 +172,20 @@ static int well_formed_boot_id(int argc, char **argv) {
 	                  strcmp(argv[7], "--inotify-watches") != 0 || !number(argv[8]) || atoi(argv[8]) <= 0))
 		return 0;
 	return 1;
+}
+
+// set_userns_limits is the userns-limits hook's work done here, in the
+// user namespace joined, so the hook of every resume and fork never starts
+// the Go runtime (runc's RunUserNSLimitsHook is the same in Go, for a
+// binary without this package, and names what is wrong with malformed
+// flags, which are left to it).
+static void set_userns_limits(const char *pid, const char *instances, const char *watches) {
+	if (write_file("/proc/sys/user/max_inotify_instances", instances) < 0 ||
+	    write_file("/proc/sys/user/max_inotify_watches", watches) < 0) {
+		fprintf(stderr, "agentbox __hook userns-limits: set the inotify caps of pid %s's user namespace: %s\n", pid, strerror(errno));
+		_exit(1);
+	}
+	_exit(0);
 }
 
 __attribute__((constructor)) static void agentbox_nsjoin(int argc, char **argv) {
@@ -209,8 +225,10 @@ __attribute__((constructor)) static void agentbox_nsjoin(int argc, char **argv) 
 	}
 	close(fd);
 	agentbox_nsjoined = 1;
-	if (nstype == CLONE_NEWNS && well_formed_boot_id(argc, argv))
+	if (nstype == CLONE_NEWNS && well_formed(argc, argv))
 		mount_boot_id(pid);
+	if (nstype == CLONE_NEWUSER && argc == 9 && well_formed(argc, argv))
+		set_userns_limits(pid, instances, watches);
 }
 */
 import "C"
