@@ -31,8 +31,6 @@ const (
 	viewEmpty   = "empty"
 	viewLogWork = "view-logwork"
 	viewBin     = "bin"
-	// viewMask (in the view) is MaskDir's mount.
-	viewMask = "mask"
 )
 
 // envdSource is where envd's binary is bound from for a bundle whose
@@ -48,7 +46,7 @@ func (s *Store) envdSource(dir, root string) string {
 // without one is left as it is).
 func unmountView(dir string) error {
 	v := filepath.Join(dir, viewDir)
-	return errors.Join(Unmount(filepath.Join(v, viewBin)), Unmount(filepath.Join(v, "log")), Unmount(filepath.Join(v, viewMask)), Unmount(v))
+	return errors.Join(Unmount(filepath.Join(v, viewBin)), Unmount(filepath.Join(v, "log")), Unmount(v))
 }
 
 // viewRoot is the directory bundle dir's sandbox-visible files (hosts,
@@ -66,44 +64,6 @@ func viewRoot(dir string) string {
 // of bundle dir is bound from: in its view when it has one.
 func ViewFile(dir, name string) string {
 	return filepath.Join(viewRoot(dir), name)
-}
-
-// HasView reports whether bundle dir has a mounted view.
-func HasView(dir string) bool {
-	return viewRoot(dir) == filepath.Join(dir, viewDir)
-}
-
-// MaskDir returns the root of an empty, read-only tmpfs in bundle dir's
-// view, mounted on first use, which a restore binds over the sandbox's
-// masked directories (runc's masks.go). It is a mount of its own rather
-// than a directory of the view: a bind made inside the sandbox's user
-// namespace keeps the flags of its source (the view's nosuid and nodev),
-// and CRIU remounts the bind with the flags of the mask it replaces
-// (read-only only), which the kernel then refuses. Empty, read-only and
-// owned by the host's root, it needs neither flag.
-func MaskDir(dir string) (string, error) {
-	if !HasView(dir) {
-		return "", fmt.Errorf("bundle %s has no view", dir)
-	}
-	v := filepath.Join(dir, viewDir)
-	m := filepath.Join(v, viewMask)
-	if err := os.Mkdir(m, 0o555); err != nil && !errors.Is(err, os.ErrExist) {
-		return "", fmt.Errorf("view: %w", err)
-	}
-	var vst, mst unix.Stat_t
-	if err := unix.Stat(v, &vst); err != nil {
-		return "", fmt.Errorf("view: %w", err)
-	}
-	if err := unix.Stat(m, &mst); err != nil {
-		return "", fmt.Errorf("view: %w", err)
-	}
-	if mst.Dev != vst.Dev {
-		return m, nil // mounted by an earlier restore
-	}
-	if err := unix.Mount("tmpfs", m, "tmpfs", unix.MS_RDONLY, "mode=0555,size=4k,nr_inodes=1"); err != nil {
-		return "", fmt.Errorf("view: mount tmpfs on %s: %w", m, err)
-	}
-	return m, nil
 }
 
 // mountView mounts bundle dir's view: a tmpfs owned by the sandbox's

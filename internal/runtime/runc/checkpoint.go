@@ -227,8 +227,6 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 	if hasBootID(dir) {
 		conf = append(conf, bootIDDumpConf())
 	}
-	maskConf, masks := maskDumpConf(dir)
-	conf = append(conf, maskConf...)
 	if err := writeCRIUConf(dir, conf); err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
@@ -257,9 +255,6 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 	}
 	if err := os.WriteFile(filepath.Join(img, nftLockMarker), nil, 0o600); err != nil {
 		return fmt.Errorf("sandbox %s: image: %w", id, err)
-	}
-	if err := writeMasks(img, masks); err != nil {
-		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	if base, ok := bundle.BundleRange(dir); ok && ns.OwnNet {
 		// The restored tasks read part of the image themselves, as the
@@ -458,11 +453,6 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 	if hasBootID(dir) {
 		conf = append(conf, bootIDRestoreConf(dir))
 	}
-	maskConf, err := maskRestoreConf(dir, img)
-	if err != nil {
-		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
-	}
-	conf = append(conf, maskConf...)
 	if err := setCRIUConf(dir, conf); err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
