@@ -539,8 +539,9 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 	}
 	if ownNet {
 		err := perr
-		// The hook plugged the netns of this very process already.
-		if r, ok := pw.result(); err == nil && !(ok && r.err == nil && r.pid == pid) {
+		// Again after the hook's (plugging twice is safe): the
+		// neighbour entries are seeded once the sandbox runs.
+		if err == nil {
 			err = d.cfg.Net.Plug(ctx, spec.ID, pid)
 		}
 		if err != nil {

@@ -122,9 +122,6 @@ func (w *plugWait) serve(ctx context.Context, plug func(ctx context.Context, pid
 // result returns what the hook came to, once the restore has returned
 // (ok false: the hook did not reach the server).
 func (w *plugWait) result() (plugResult, bool) {
-	if w == nil {
-		return plugResult{}, false
-	}
 	select {
 	case r := <-w.done:
 		return r, true
