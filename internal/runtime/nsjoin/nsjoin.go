@@ -245,7 +245,7 @@ static void plug_wait(const char *path) {
 		_exit(1);
 	}
 	for (size_t off = 0; off < n;) {
-		ssize_t w = write(s, state + off, n - off);
+		ssize_t w = send(s, state + off, n - off, MSG_NOSIGNAL);
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w <= 0) {
