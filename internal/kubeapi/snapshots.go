@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -180,14 +179,10 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 // page's token in X-Next-Token.
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	limit := 100
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 100 {
-			httperr.Write(w, invalid("limit: must be an integer from 1 to 100, got %q", apireq.Truncate(v)))
-			return
-		}
-		limit = n
+	limit, err := apireq.SnapshotLimit(q)
+	if err != nil {
+		httperr.Write(w, err)
+		return
 	}
 	all, err := s.teamSnapshots(r.Context())
 	if err != nil {
@@ -199,22 +194,13 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		return sn.Status.Phase != abv1.PhaseReady || (sid != "" && sn.Status.SandboxID != sid) ||
 			(name != "" && sn.Name != name && sn.Spec.Name != name)
 	})
-	start := 0
-	if tok := q.Get("nextToken"); tok != "" {
-		start = len(all)
-		for i, sn := range all {
-			if sn.Name == tok {
-				start = i + 1
-			}
-		}
+	page, next := apireq.Page(all, func(sn *abv1.SandboxSnapshot) string { return sn.Name }, q.Get("nextToken"), limit)
+	if next != "" {
+		w.Header().Set("X-Next-Token", next)
 	}
-	out := []rest.SnapshotInfo{}
-	for i := start; i < len(all); i++ {
-		if len(out) == limit {
-			w.Header().Set("X-Next-Token", all[i-1].Name)
-			break
-		}
-		out = append(out, snapshotInfo(all[i]))
+	out := make([]rest.SnapshotInfo, 0, len(page))
+	for _, sn := range page {
+		out = append(out, snapshotInfo(sn))
 	}
 	httperr.WriteJSON(w, http.StatusOK, out)
 }
