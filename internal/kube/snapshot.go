@@ -79,7 +79,8 @@ func (r *snapshotReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	if err := r.c.Get(ctx, req.NamespacedName, &snap); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	team, bound := r.cfg.Teams[snap.Namespace]
+	bnd, bound := r.teams.team(snap.Namespace)
+	team := bnd.id
 	if !bound || r.cfg.Node == "" {
 		return ctrl.Result{}, nil
 	}
