@@ -25,7 +25,9 @@ import (
 
 // Config configures the Manager. Zero values take the defaults.
 type Config struct {
-	// Bridge is the host bridge all sandboxes attach to. Default "agentbox0".
+	// Bridge is the host bridge sandboxes attach to. Default "agentbox0".
+	// Past its first 1,000 sandboxes the server adds overflow bridges
+	// named after it (bridges.go).
 	Bridge string
 	// Subnet holds the gateway (its first address) and every sandbox
 	// address. IPv4 only. Default 10.11.0.0/16.
@@ -89,6 +91,13 @@ type Manager struct {
 	denied    map[string]bool       // ids in the no_internet set
 	byName    map[string]bool       // ids in the by_name set
 	ipChains  map[string]bool       // ids with their own allowOut/denyOut chain
+	bridgeOf  map[string]int        // sandbox id → index of its bridge (bridges.go)
+	ports     map[int]int           // bridge index → sandboxes placed on it
+	perBridge int                   // bridgePorts; tests lower it
+
+	// brMu: read-held while an overflow bridge is made or used, held
+	// while an empty one is removed.
+	brMu sync.RWMutex
 
 	egress      Egress
 	egressPorts EgressPorts
@@ -131,6 +140,11 @@ var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 // attached (from the netns files under NetNSDir), so addresses are never
 // handed out twice after a restart. Call Setup before Attach.
 func New(cfg Config, log *slog.Logger) (*Manager, error) {
+	return newManager(cfg, log, bridgePorts)
+}
+
+// newManager is New with perBridge sandboxes a bridge.
+func newManager(cfg Config, log *slog.Logger, perBridge int) (*Manager, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
@@ -146,6 +160,9 @@ func New(cfg Config, log *slog.Logger) (*Manager, error) {
 		denied:    map[string]bool{},
 		byName:    map[string]bool{},
 		ipChains:  map[string]bool{},
+		bridgeOf:  map[string]int{},
+		ports:     map[int]int{},
+		perBridge: perBridge,
 
 		legacyVeth: map[string]bool{},
 	}
@@ -278,6 +295,7 @@ func (m *Manager) relearn() error {
 			m.byName[id] = true
 		}
 	}
+	m.relearnBridges()
 	return nil
 }
 
@@ -330,6 +348,14 @@ func (m *Manager) Setup(ctx context.Context) error {
 	if err := netlink.AddrReplace(br, gw); err != nil {
 		return fmt.Errorf("bridge address: %w", err)
 	}
+	// A bridge whose MAC nobody set takes its lowest port's, so it changes
+	// as sandboxes come and go, under the gateway neighbour entry every
+	// sandbox was seeded with (seedNeighbours): their frames to the old
+	// MAC go nowhere until the entry is probed again. Setting it, to the
+	// one it has, fixes it.
+	if err := netlink.LinkSetHardwareAddr(br, br.Attrs().HardwareAddr); err != nil {
+		return fmt.Errorf("bridge %s MAC: %w", m.cfg.Bridge, err)
+	}
 	if err := netlink.LinkSetUp(br); err != nil {
 		return fmt.Errorf("bridge up: %w", err)
 	}
@@ -343,6 +369,9 @@ func (m *Manager) Setup(ctx context.Context) error {
 		}
 	}
 	if err := raiseNeighbourTable(m.cfg.Subnet); err != nil {
+		return err
+	}
+	if err := m.setupBridges(); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -400,13 +429,15 @@ func (m *Manager) allocate(id string) (netip.Addr, error) {
 			m.used[ip] = id
 			m.last = ip
 			m.endpoints[id] = Endpoint{IP: ip, Gateway: m.gateway, NetNSPath: m.nsPath(id), Deferred: m.cfg.Deferred}
+			m.pickBridge(id)
 			return ip, nil
 		}
 		if ip = ip.Next(); !usable(ip) {
 			ip = first
 		}
 		if ip == start {
-			return netip.Addr{}, fmt.Errorf("subnet %s full: %w", m.cfg.Subnet, errdefs.ErrResourceExhausted)
+			return netip.Addr{}, fmt.Errorf("subnet %s is full (%d sandboxes): give the server a larger --subnet (a /20 holds 4,093): %w",
+				m.cfg.Subnet, len(m.used), errdefs.ErrResourceExhausted)
 		}
 	}
 }
@@ -418,6 +449,7 @@ func (m *Manager) release(id string) {
 		delete(m.used, ep.IP)
 	}
 	delete(m.endpoints, id)
+	m.dropBridge(id)
 	delete(m.denied, id)
 	delete(m.byName, id)
 }
@@ -440,8 +472,13 @@ func (m *Manager) Attach(ctx context.Context, id string, p Policy) (ep Endpoint,
 			}
 		}
 	}()
-	undo = append(undo, func() { m.release(id) })
-	m.forgetNeighbour(ip)
+	undo = append(undo, func() {
+		i, _ := m.bridgeOfID(id)
+		_ = m.unrouteSandbox(i, ip)
+		m.release(id)
+		_ = m.pruneBridge(i)
+	})
+	m.forgetNeighbour(id, ip)
 
 	path := m.nsPath(id)
 	// Record the address before the netns exists: gVisor strips it from
@@ -602,10 +639,19 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 	if err := os.Remove(m.addrPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
 	}
+	bridge, _ := m.bridgeOfID(id)
+	if ok {
+		if err := m.unrouteSandbox(bridge, ep.IP); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("detach %s: %w", id, err)
 	}
 	m.release(id)
+	if err := m.pruneBridge(bridge); err != nil {
+		return fmt.Errorf("detach %s: %w", id, err)
+	}
 	return nil
 }
 
