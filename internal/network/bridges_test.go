@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -311,9 +312,8 @@ func overflowScenario(t *testing.T, cfg Config, n, perBridge int, restart bool) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	bt, ch := bridgeTable(cfg)
-	if rules, err := c.GetRules(bt, ch); err != nil || len(rules) != 0 {
-		t.Errorf("anti-spoofing rules after detaching all: %d, %v", len(rules), err)
+	if p, a := spoofSetSizes(t, c, cfg); p != 0 || a != 0 {
+		t.Errorf("anti-spoofing elements after detaching all: %d ports, %d addresses", p, a)
 	}
 	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 	if err != nil {
@@ -326,4 +326,23 @@ func overflowScenario(t *testing.T, cfg Config, n, perBridge int, restart bool) 
 			}
 		}
 	}
+}
+
+// spoofSetSizes counts the elements of the anti-spoofing sets.
+func spoofSetSizes(t *testing.T, c *nftables.Conn, cfg Config) (ports, pairs int) {
+	t.Helper()
+	bt, _ := bridgeTable(cfg)
+	var n [2]int
+	for i, name := range []string{portsSet, portAddrsSet} {
+		set, err := c.GetSetByName(bt, name)
+		if err != nil {
+			t.Fatalf("anti-spoofing set %s: %v", name, err)
+		}
+		es, err := c.GetSetElements(set)
+		if err != nil {
+			t.Fatalf("anti-spoofing set %s: %v", name, err)
+		}
+		n[i] = len(es)
+	}
+	return n[0], n[1]
 }

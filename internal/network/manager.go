@@ -509,7 +509,7 @@ func (m *Manager) Attach(ctx context.Context, id string, p Policy) (ep Endpoint,
 	if err := m.addSpoofRules(id, ip); err != nil {
 		return Endpoint{}, err
 	}
-	undo = append(undo, func() { _ = m.removeSpoofRules(id) })
+	undo = append(undo, func() { _ = m.removeSpoofRules(id, ip) })
 	undo = append(undo, func() {
 		_ = m.setNoInternet(ip, false)
 		_ = m.setMember(byNameSet, ip, false)
@@ -625,8 +625,10 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 	if e := m.egressOf(); e != nil {
 		e.Unbind(id)
 	}
-	if err := m.removeSpoofRules(id); err != nil {
-		errs = append(errs, err)
+	if ok {
+		if err := m.removeSpoofRules(id, ep.IP); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	for _, name := range []string{m.hostVeth(id), m.peerVeth(id)} {
 		if err := deleteLink(name); err != nil {

@@ -362,14 +362,24 @@ func (m *Manager) installRules(keep, keepByName []netip.Addr) error {
 	bt := c.AddTable(&nftables.Table{Name: m.cfg.Table, Family: nftables.TableFamilyBridge})
 	bpre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: bt, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityFilter, Policy: &accepting})
+	ports, pairs := spoofSets(bt)
+	var portVals, pairVals []nftables.SetElement
 	m.mu.Lock()
 	for id, ep := range m.endpoints {
-		for _, r := range spoofRules(bt, bpre, id, m.hostVeth(id), ep.IP) {
-			c.AddRule(r)
-		}
+		port, pair := spoofElements(m.hostVeth(id), ep.IP)
+		portVals, pairVals = append(portVals, port), append(pairVals, pair)
 	}
 	m.ipChains = map[string]bool{}
 	m.mu.Unlock()
+	if err := c.AddSet(ports, portVals); err != nil {
+		return fmt.Errorf("nftables set: %w", err)
+	}
+	if err := c.AddSet(pairs, pairVals); err != nil {
+		return fmt.Errorf("nftables set: %w", err)
+	}
+	for _, r := range spoofRules(bt, bpre, ports, pairs) {
+		c.AddRule(r)
+	}
 
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("nftables table %s: %w", m.cfg.Table, err)
@@ -423,13 +433,34 @@ func redirectTo(port uint16) []expr.Any {
 	}
 }
 
-// spoofRules drop frames from the sandbox's bridge port that carry another
-// source address (IPv4 or ARP), and every other protocol.
-func spoofRules(t *nftables.Table, ch *nftables.Chain, id, port string, ip netip.Addr) []*nftables.Rule {
+// The anti-spoofing sets of the bridge table: the host ends of the
+// server's sandboxes, and each one with its sandbox's address. Elements,
+// not a rule per sandbox: adding and removing one is exact (removing rules
+// needs a listing of them all, which the kernel may cut short while other
+// sandboxes change them, and which grows with every sandbox), and a frame
+// is checked with two hash lookups however many sandboxes there are.
+const (
+	portsSet     = "ports"
+	portAddrsSet = "port_addrs"
+)
+
+func spoofSets(t *nftables.Table) (ports, pairs *nftables.Set) {
+	return &nftables.Set{Table: t, Name: portsSet, KeyType: nftables.TypeIFName},
+		&nftables.Set{Table: t, Name: portAddrsSet, KeyType: nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr), Concatenation: true}
+}
+
+func spoofElements(port string, ip netip.Addr) (nftables.SetElement, nftables.SetElement) {
 	a := ip.As4()
+	return nftables.SetElement{Key: ifname(port)}, nftables.SetElement{Key: append(ifname(port), a[:]...)}
+}
+
+// spoofRules drop frames from a sandbox's bridge port that carry another
+// source address (IPv4 or ARP), and every other protocol. Ports that are
+// not the server's (another server's, the host's own) are left alone.
+func spoofRules(t *nftables.Table, ch *nftables.Chain, ports, pairs *nftables.Set) []*nftables.Rule {
 	onPort := []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(port)},
+		&expr.Lookup{SourceRegister: 1, SetName: ports.Name, SetID: ports.ID},
 	}
 	proto := func(ethertype uint16) []expr.Any {
 		return []expr.Any{
@@ -437,20 +468,23 @@ func spoofRules(t *nftables.Table, ch *nftables.Chain, id, port string, ip netip
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(ethertype)},
 		}
 	}
-	field := func(offset uint32) []expr.Any {
+	// The port's name and the address at offset, concatenated in the
+	// 32-bit registers (8: NFT_REG32_00; the name takes four), are not a
+	// pair of the set.
+	notPair := func(offset uint32) []expr.Any {
 		return []expr.Any{
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: a[:]},
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 8},
+			&expr.Payload{DestRegister: 12, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
+			&expr.Lookup{SourceRegister: 8, SetName: pairs.Name, SetID: pairs.ID, Invert: true},
 		}
 	}
 	drop := &expr.Verdict{Kind: expr.VerdictDrop}
-	tag := []byte(id)
 	return []*nftables.Rule{
-		{Table: t, Chain: ch, UserData: tag, Exprs: rule(onPort, proto(unix.ETH_P_IP), field(12), drop)},
+		{Table: t, Chain: ch, Exprs: rule(onPort, proto(unix.ETH_P_IP), notPair(12), drop)},
 		// ARP sender protocol address: after htype, ptype, hlen, plen, oper
 		// and the 6-byte sender hardware address.
-		{Table: t, Chain: ch, UserData: tag, Exprs: rule(onPort, proto(unix.ETH_P_ARP), field(14), drop)},
-		{Table: t, Chain: ch, UserData: tag, Exprs: rule(onPort,
+		{Table: t, Chain: ch, Exprs: rule(onPort, proto(unix.ETH_P_ARP), notPair(14), drop)},
+		{Table: t, Chain: ch, Exprs: rule(onPort,
 			&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.BigEndian.PutUint16(unix.ETH_P_IP)},
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.BigEndian.PutUint16(unix.ETH_P_ARP)},
@@ -463,47 +497,50 @@ func bridgeTable(cfg Config) (*nftables.Table, *nftables.Chain) {
 	return t, &nftables.Chain{Name: "prerouting", Table: t}
 }
 
-// addSpoofRules installs the anti-spoofing rules of one sandbox.
+// addSpoofRules puts one sandbox's port and address in the anti-spoofing
+// sets.
 func (m *Manager) addSpoofRules(id string, ip netip.Addr) error {
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
-	t, ch := bridgeTable(m.cfg)
-	for _, r := range spoofRules(t, ch, id, m.hostVeth(id), ip) {
-		c.AddRule(r)
+	t, _ := bridgeTable(m.cfg)
+	ports, pairs := spoofSets(t)
+	port, pair := spoofElements(m.hostVeth(id), ip)
+	// The pair first: a port in the set without it is a port whose every
+	// frame is dropped, never one that is let through.
+	if err := c.SetAddElements(pairs, []nftables.SetElement{pair}); err != nil {
+		return fmt.Errorf("nftables anti-spoofing set: %w", err)
+	}
+	if err := c.SetAddElements(ports, []nftables.SetElement{port}); err != nil {
+		return fmt.Errorf("nftables anti-spoofing set: %w", err)
 	}
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("nftables anti-spoofing rules (is Setup done?): %w", err)
+		return fmt.Errorf("nftables anti-spoofing sets (is Setup done?): %w", err)
 	}
 	return nil
 }
 
-// removeSpoofRules deletes the rules addSpoofRules made for id.
-func (m *Manager) removeSpoofRules(id string) error {
-	c, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("nftables: %w", err)
-	}
-	t, ch := bridgeTable(m.cfg)
-	rules, err := c.GetRules(t, ch)
-	if err != nil {
-		return nil // no table: nothing to remove
-	}
-	n := 0
-	for _, r := range rules {
-		if string(r.UserData) == id {
-			if err := c.DelRule(r); err != nil {
-				return fmt.Errorf("nftables: %w", err)
-			}
-			n++
+// removeSpoofRules takes what addSpoofRules added out of the sets; what is
+// not there is not an error.
+func (m *Manager) removeSpoofRules(id string, ip netip.Addr) error {
+	t, _ := bridgeTable(m.cfg)
+	ports, pairs := spoofSets(t)
+	port, pair := spoofElements(m.hostVeth(id), ip)
+	for _, e := range []struct {
+		set *nftables.Set
+		el  nftables.SetElement
+	}{{ports, port}, {pairs, pair}} {
+		c, err := nftables.New()
+		if err != nil {
+			return fmt.Errorf("nftables: %w", err)
 		}
-	}
-	if n == 0 {
-		return nil
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("nftables anti-spoofing rules: %w", err)
+		if err := c.SetDeleteElements(e.set, []nftables.SetElement{e.el}); err != nil {
+			return fmt.Errorf("nftables anti-spoofing set: %w", err)
+		}
+		if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("nftables anti-spoofing set %s: %w", e.set.Name, err)
+		}
 	}
 	return nil
 }
