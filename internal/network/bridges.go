@@ -64,16 +64,21 @@ func (m *Manager) bridgeNames() []string {
 	return out
 }
 
-// pickBridge returns the first bridge with a free port and counts the
-// sandbox on it. Callers hold m.mu.
-func (m *Manager) pickBridge(id string) int {
-	i := 0
-	for m.ports[i] >= m.perBridge {
+// pickBridge places the sandbox on the first bridge with a free port. It
+// never goes past the bridges the nftables rules name (bridgeNames): only
+// with more sandboxes than the subnet holds, which a smaller --subnet
+// after a restart can leave. Callers hold m.mu.
+func (m *Manager) pickBridge(id string) bool {
+	i, n := 0, bridgeCount(m.cfg.Subnet, m.perBridge)
+	for i < n && m.ports[i] >= m.perBridge {
 		i++
+	}
+	if i == n {
+		return false
 	}
 	m.bridgeOf[id] = i
 	m.ports[i]++
-	return i
+	return true
 }
 
 // dropBridge forgets sandbox id's port. Callers hold m.mu.
@@ -122,7 +127,11 @@ func (m *Manager) relearnBridges() {
 		m.ports[i]++
 	}
 	for _, id := range portless {
-		m.pickBridge(id)
+		if !m.pickBridge(id) {
+			m.log.Warn("no bridge has room for a sandbox the subnet no longer holds; its network fails to come back", "id", id, "subnet", m.cfg.Subnet)
+			m.bridgeOf[id] = 0
+			m.ports[0]++
+		}
 	}
 }
 
@@ -267,7 +276,7 @@ func (m *Manager) setupBridges() error {
 		if i == 0 {
 			continue
 		}
-		if _, err := m.overflowBridge(names[i]); err != nil {
+		if _, err := m.overflowBridge(bridgeName(m.cfg.Bridge, i)); err != nil {
 			return err
 		}
 	}
@@ -278,12 +287,13 @@ func (m *Manager) setupBridges() error {
 		if i == 0 {
 			continue
 		}
-		br, err := netlink.LinkByName(names[i])
+		name := bridgeName(m.cfg.Bridge, i)
+		br, err := netlink.LinkByName(name)
 		if err != nil {
-			return fmt.Errorf("bridge %s: %w", names[i], err)
+			return fmt.Errorf("bridge %s: %w", name, err)
 		}
 		if err := netlink.RouteReplace(sandboxRoute(br, m.endpoints[id].IP, m.gateway)); err != nil {
-			return fmt.Errorf("route to %s on bridge %s: %w", m.endpoints[id].IP, names[i], err)
+			return fmt.Errorf("route to %s on bridge %s: %w", m.endpoints[id].IP, name, err)
 		}
 	}
 	return nil

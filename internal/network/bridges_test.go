@@ -2,11 +2,13 @@ package network
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/testutil"
 )
 
@@ -345,4 +348,21 @@ func spoofSetSizes(t *testing.T, c *nftables.Conn, cfg Config) (ports, pairs int
 		n[i] = len(es)
 	}
 	return n[0], n[1]
+}
+
+// A full subnet is the limit now: its error names the flag that lifts it.
+func TestSubnetFullNamesTheFlag(t *testing.T) {
+	m, err := New(Config{Subnet: netip.MustParsePrefix("10.95.9.0/29"), NetNSDir: t.TempDir()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 { // .2 to .6
+		if _, err := m.allocate(fmt.Sprintf("s%d", i)); err != nil {
+			t.Fatalf("address %d of 5: %v", i+1, err)
+		}
+	}
+	_, err = m.allocate("s5")
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "--subnet") {
+		t.Errorf("sixth address in a /29: %v; want ErrResourceExhausted naming --subnet", err)
+	}
 }

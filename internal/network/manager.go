@@ -423,21 +423,26 @@ func (m *Manager) allocate(id string) (netip.Addr, error) {
 	if !m.last.IsValid() || !usable(start) {
 		start = first
 	}
+	full := func() error {
+		return fmt.Errorf("subnet %s is full (%d sandboxes): give the server a larger --subnet (a /20 holds 4,093): %w",
+			m.cfg.Subnet, len(m.used), errdefs.ErrResourceExhausted)
+	}
 	ip := start
 	for {
 		if _, taken := m.used[ip]; !taken {
+			if !m.pickBridge(id) {
+				return netip.Addr{}, full()
+			}
 			m.used[ip] = id
 			m.last = ip
 			m.endpoints[id] = Endpoint{IP: ip, Gateway: m.gateway, NetNSPath: m.nsPath(id), Deferred: m.cfg.Deferred}
-			m.pickBridge(id)
 			return ip, nil
 		}
 		if ip = ip.Next(); !usable(ip) {
 			ip = first
 		}
 		if ip == start {
-			return netip.Addr{}, fmt.Errorf("subnet %s is full (%d sandboxes): give the server a larger --subnet (a /20 holds 4,093): %w",
-				m.cfg.Subnet, len(m.used), errdefs.ErrResourceExhausted)
+			return netip.Addr{}, full()
 		}
 	}
 }
