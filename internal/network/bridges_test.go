@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -364,5 +365,82 @@ func TestSubnetFullNamesTheFlag(t *testing.T) {
 	_, err = m.allocate("s5")
 	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "--subnet") {
 		t.Errorf("sixth address in a /29: %v; want ErrResourceExhausted naming --subnet", err)
+	}
+}
+
+// A deferred sandbox on an overflow bridge is plugged, unplugged (paused)
+// and plugged again (resumed) there, and reachable each time; a
+// restarted manager puts one without a port (paused) back on a bridge.
+func TestOverflowDeferredPlug(t *testing.T) {
+	ctx := t.Context()
+	cfg := Config{Bridge: "abtestov3", Subnet: netip.MustParsePrefix("10.95.10.0/24"), NetNSDir: t.TempDir(), Table: "agentbox_test_ov3", Deferred: true}
+	t.Cleanup(func() {
+		for i := 1; i < bridgeCount(cfg.Subnet, 1); i++ {
+			_ = deleteLink(bridgeName(cfg.Bridge, i))
+		}
+	})
+	m := startManagerWith(t, cfg, 1)
+	var eps []Endpoint
+	for _, id := range []string{"dfa", "dfb"} {
+		ep, err := m.Attach(ctx, id, Policy{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.Detach(context.Background(), id) })
+		if err := m.Plug(ctx, id, 0); err != nil {
+			t.Fatal(err)
+		}
+		eps = append(eps, ep)
+	}
+	over := bridgeName(cfg.Bridge, 1)
+	if i, name := m.bridgeOfID("dfb"); i != 1 {
+		t.Fatalf("second sandbox on %s, want %s", name, over)
+	}
+	// Seeded on its own bridge, with that bridge's MAC for the gateway.
+	br, err := netlink.LinkByName(over)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostN, _ := netlink.NeighList(br.Attrs().Index, netlink.FAMILY_V4)
+	if !slices.ContainsFunc(hostN, func(n netlink.Neigh) bool {
+		return n.IP.Equal(eps[1].IP.AsSlice()) && n.HardwareAddr.String() == sandboxMAC("dfb").String()
+	}) {
+		t.Errorf("no neighbour entry for %s on %s", eps[1].IP, over)
+	}
+	gwMAC := inNetNS(t, eps[1].NetNSPath, func() string {
+		ns, _ := netlink.NeighList(0, netlink.FAMILY_V4)
+		for _, n := range ns {
+			if n.IP.Equal(m.Gateway().AsSlice()) {
+				return n.HardwareAddr.String()
+			}
+		}
+		return ""
+	})
+	if gwMAC != br.Attrs().HardwareAddr.String() {
+		t.Errorf("sandbox's gateway entry %q, want %s's MAC %s", gwMAC, over, br.Attrs().HardwareAddr)
+	}
+	if err := reachable(t, eps[1].NetNSPath, eps[1].IP); err != nil {
+		t.Fatalf("overflow sandbox: %v", err)
+	}
+	if err := m.Unplug(ctx, "dfb"); err != nil {
+		t.Fatal(err)
+	}
+	m2 := startManagerWith(t, cfg, 1)
+	if i, _ := m2.bridgeOfID("dfb"); i != 1 {
+		t.Errorf("restarted manager put the paused sandbox on bridge %d, want 1 (bridge 0 is full)", i)
+	}
+	if err := m2.Plug(ctx, "dfb", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := reachable(t, eps[1].NetNSPath, eps[1].IP); err != nil {
+		t.Fatalf("overflow sandbox plugged again: %v", err)
+	}
+	for _, id := range []string{"dfa", "dfb"} {
+		if err := m2.Detach(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := netlink.LinkByName(over); err == nil {
+		t.Errorf("overflow bridge %s left", over)
 	}
 }
