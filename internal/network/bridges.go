@@ -259,8 +259,10 @@ func (m *Manager) setupBridges() error {
 	for i, n := range names[1:] {
 		index[n] = i + 1
 	}
+	// A listing the kernel cut short (links changing meanwhile) only
+	// leaves an empty bridge for the next start.
 	links, err := netlink.LinkList()
-	if err != nil {
+	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 		return fmt.Errorf("list links: %w", err)
 	}
 	for _, l := range links {

@@ -286,6 +286,12 @@ func overflowScenario(t *testing.T, cfg Config, n, perBridge int, restart bool) 
 		t.Errorf("overflow bridge %s left after its last sandbox", over)
 	}
 	links, err := netlink.LinkList()
+	for range 10 {
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+		links, err = netlink.LinkList()
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
