@@ -97,8 +97,9 @@ func (c *Client) health(ctx context.Context, within time.Duration) error {
 //
 // Each attempt is bounded, from firstHealthAttempt on, doubling each time
 // one runs out: a packet of a just-started sandbox's first connection can
-// be lost (its veth is not forwarding yet), and TCP would send its SYN
-// again only after a second; a new attempt sends one at once.
+// still be lost on a loaded host (the network activates the link before
+// the sandbox starts, see internal/network/linkwatch.go), and TCP would
+// send its SYN again only after a second; a new attempt sends one at once.
 func (c *Client) WaitHealthy(ctx context.Context, within time.Duration) error {
 	start, delay, bound := time.Now(), 2*time.Millisecond, firstHealthAttempt
 	for {

@@ -506,7 +506,7 @@ func (m *Manager) Attach(ctx context.Context, id string, p Policy) (ep Endpoint,
 			return Endpoint{}, fmt.Errorf("netns %s: %w", id, err)
 		}
 		undo = append(undo, func() { removeNetNS(path) })
-		if err := m.attachNetNS(id, path, ip); err != nil {
+		if err := m.attachNetNS(ctx, id, path, ip); err != nil {
 			return Endpoint{}, err
 		}
 		undo = append(undo, func() { deleteLink(m.hostVeth(id)) })

@@ -84,16 +84,17 @@ func TestSetupWithManySandboxes(t *testing.T) {
 	m := startManager(t, cfg)
 	ctx := t.Context()
 	const n = 150
-	for i := range n {
-		if _, err := m.Attach(ctx, fmt.Sprintf("many%03d", i), Policy{AllowInternet: true}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// Before the attaches: a failed one must not leave the others behind.
 	t.Cleanup(func() {
 		for i := range n {
 			_ = m.Detach(context.Background(), fmt.Sprintf("many%03d", i))
 		}
 	})
+	for i := range n {
+		if _, err := m.Attach(ctx, fmt.Sprintf("many%03d", i), Policy{AllowInternet: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	m2, err := New(cfg, slog.Default())
 	if err != nil {
 		t.Fatal(err)

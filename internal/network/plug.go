@@ -60,7 +60,7 @@ func placeholder(path string) error {
 
 // attachNetNS connects the netns at path to the bridge: a veth pair made
 // with the sandbox's end already inside as eth0, then configured.
-func (m *Manager) attachNetNS(id, path string, ip netip.Addr) error {
+func (m *Manager) attachNetNS(ctx context.Context, id, path string, ip netip.Addr) error {
 	ns, err := netns.GetFromPath(path)
 	if err != nil {
 		return fmt.Errorf("open netns: %w", err)
@@ -77,7 +77,10 @@ func (m *Manager) attachNetNS(id, path string, ip netip.Addr) error {
 	if err := m.configureInside(h, id, ip); err != nil {
 		return err
 	}
-	return m.seedNeighbours(h, id, ip)
+	if err := m.seedNeighbours(h, id, ip); err != nil {
+		return err
+	}
+	return m.activate(ctx, h, id)
 }
 
 // vethPair makes (if missing) the veth pair of a deferred sandbox, both
@@ -323,7 +326,10 @@ func (m *Manager) Plug(ctx context.Context, id string, pid int) error {
 	if err := m.configureInside(h, id, ep.IP); err != nil {
 		return err
 	}
-	return m.seedNeighbours(h, id, ep.IP)
+	if err := m.seedNeighbours(h, id, ep.IP); err != nil {
+		return err
+	}
+	return m.activate(ctx, h, id)
 }
 
 // seedNeighbours writes the ARP entries of a sandbox's first exchange with
