@@ -177,19 +177,28 @@ func sandboxRoute(br netlink.Link, ip, gateway netip.Addr) *netlink.Route {
 		Dst: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}}
 }
 
+// bridgeMAC is the MAC the server gives a bridge it makes. A bridge made
+// without one takes its lowest port's, which changes as sandboxes come and
+// go, under the gateway entry every sandbox was seeded with
+// (seedNeighbours): its frames to the old MAC go nowhere until the entry is
+// probed again, seconds later. Setting the MAC of a bridge that exists
+// leaves it without an operational state the link activation waits for,
+// so a bridge an earlier version made keeps its ways until it is made anew.
+func bridgeMAC(name string) net.HardwareAddr {
+	h := sha256.Sum256([]byte("bridge-mac:" + name))
+	h[0] = h[0]&0xfe | 0x02 // unicast, locally administered
+	return net.HardwareAddr(h[:6])
+}
+
 // overflowBridge makes (if missing) and configures the overflow bridge
-// name: a fixed MAC (a bridge without one takes its lowest port's, which
-// would change under the sandboxes' seeded neighbour entries), the gateway
-// as a /32, no redirects, up.
+// name: its MAC (bridgeMAC), the gateway as a /32, no redirects, up.
 func (m *Manager) overflowBridge(name string) (netlink.Link, error) {
 	br, err := netlink.LinkByName(name)
 	if err != nil {
 		if !errors.As(err, new(netlink.LinkNotFoundError)) {
 			return nil, fmt.Errorf("bridge %s: %w", name, err)
 		}
-		h := sha256.Sum256([]byte("bridge-mac:" + name))
-		h[0] = h[0]&0xfe | 0x02 // unicast, locally administered
-		la := netlink.LinkAttrs{Name: name, HardwareAddr: net.HardwareAddr(h[:6])}
+		la := netlink.LinkAttrs{Name: name, HardwareAddr: bridgeMAC(name)}
 		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: la}); err != nil && !errors.Is(err, unix.EEXIST) {
 			return nil, fmt.Errorf("create bridge %s: %w", name, err)
 		}

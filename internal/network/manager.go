@@ -337,7 +337,11 @@ func (m *Manager) Setup(ctx context.Context) error {
 		if !errors.As(err, new(netlink.LinkNotFoundError)) {
 			return fmt.Errorf("bridge %s: %w", m.cfg.Bridge, err)
 		}
-		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: m.cfg.Bridge}}); err != nil && !errors.Is(err, unix.EEXIST) {
+		// With a MAC of its own (bridgeMAC): a bridge without one takes
+		// its lowest port's, which changes as sandboxes come and go under
+		// the gateway entry every sandbox was seeded with.
+		la := netlink.LinkAttrs{Name: m.cfg.Bridge, HardwareAddr: bridgeMAC(m.cfg.Bridge)}
+		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: la}); err != nil && !errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("create bridge %s: %w", m.cfg.Bridge, err)
 		}
 		if br, err = netlink.LinkByName(m.cfg.Bridge); err != nil {
@@ -347,14 +351,6 @@ func (m *Manager) Setup(ctx context.Context) error {
 	gw := &netlink.Addr{IPNet: &net.IPNet{IP: m.gateway.AsSlice(), Mask: net.CIDRMask(m.cfg.Subnet.Bits(), 32)}}
 	if err := netlink.AddrReplace(br, gw); err != nil {
 		return fmt.Errorf("bridge address: %w", err)
-	}
-	// A bridge whose MAC nobody set takes its lowest port's, so it changes
-	// as sandboxes come and go, under the gateway neighbour entry every
-	// sandbox was seeded with (seedNeighbours): their frames to the old
-	// MAC go nowhere until the entry is probed again. Setting it, to the
-	// one it has, fixes it.
-	if err := netlink.LinkSetHardwareAddr(br, br.Attrs().HardwareAddr); err != nil {
-		return fmt.Errorf("bridge %s MAC: %w", m.cfg.Bridge, err)
 	}
 	if err := netlink.LinkSetUp(br); err != nil {
 		return fmt.Errorf("bridge up: %w", err)
