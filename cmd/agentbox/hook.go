@@ -39,6 +39,8 @@ func runHook(name string, args []string) error {
 		return network.RunPlugHook(args, os.Stdin)
 	case runc.UserNSLimitsHook:
 		return runc.RunUserNSLimitsHook(args, nsjoin.Joined())
+	case runc.PlugWaitHook:
+		return runc.RunPlugWaitHook(args, os.Stdin)
 	case runc.BootIDHook:
 		return runc.RunBootIDHook(args, nsjoin.Joined(), nsjoin.Limited())
 	case bundle.HoldHook:
@@ -54,5 +56,5 @@ func runHook(name string, args []string) error {
 	case "":
 		return errors.New("__hook: name a hook")
 	}
-	return fmt.Errorf("__hook: unknown hook %q (want %s, %s, %s, %s or %s)", name, network.PlugHookName, runc.UserNSLimitsHook, runc.BootIDHook, bundle.HoldHook, localrun.InitHook)
+	return fmt.Errorf("__hook: unknown hook %q (want %s, %s, %s, %s, %s or %s)", name, network.PlugHookName, runc.PlugWaitHook, runc.UserNSLimitsHook, runc.BootIDHook, bundle.HoldHook, localrun.InitHook)
 }

@@ -1,5 +1,6 @@
-// Command envd is the daemon inside every sandbox. Run as PID 1 it becomes a
-// small init that supervises the real server (itself, with "serve").
+// Command envd is the daemon inside every sandbox. Run as PID 1 it is also
+// the sandbox's init: it reaps orphans beside serving ("serve" runs the
+// server alone).
 package main
 
 import (
@@ -11,6 +12,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -86,17 +88,28 @@ func run(args []string) error {
 		return nil
 	}
 
-	if os.Getpid() == 1 && !serveMode {
-		// Init's warnings go to the log file too (appending beside the
-		// server's): its stderr reaches nobody.
-		var out io.Writer = os.Stderr
-		if *logFile != "" {
-			if f, err := os.OpenFile(*logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err == nil {
-				defer f.Close()
-				out = io.MultiWriter(os.Stderr, f)
-			}
+	var out io.Writer = os.Stderr
+	if *logFile != "" {
+		f, err := os.OpenFile(*logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			return fmt.Errorf("open log file: %w", err)
 		}
-		log := slog.New(slog.NewTextHandler(out, nil))
+		defer f.Close()
+		out = io.MultiWriter(os.Stderr, f)
+		// A crash (a panic outside a request) ends the sandbox's init and
+		// so the sandbox; its trace lands beside the log, not only on a
+		// stderr nobody reads.
+		_ = debug.SetCrashOutput(f, debug.CrashOptions{})
+	}
+	log := slog.New(slog.NewTextHandler(out, nil))
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer stop()
+	opts := envd.Options{Logger: log}
+	if os.Getpid() == 1 && !serveMode {
+		// envd is the sandbox's init and its server in one process (one
+		// Go start): see envd.Children for how it reaps orphans without
+		// taking its own children's exit statuses.
 		if *auditSyscalls != "" {
 			nrs, err := parseSyscalls(*auditSyscalls)
 			if err == nil {
@@ -112,27 +125,14 @@ func run(args []string) error {
 		}
 		if *microvmGuest {
 			go func() {
-				if err := guestinit.WatchNetwork(context.Background(), log); err != nil {
+				if err := guestinit.WatchNetwork(ctx, log); err != nil {
 					log.Warn("network settings of restores will not apply", "err", err)
 				}
 			}()
 		}
-		return envd.RunInit(context.Background(), log, append([]string{"serve"}, args...))
+		opts.Children = envd.NewChildren()
+		go opts.Children.ReapOrphans(ctx)
 	}
-
-	var out io.Writer = os.Stderr
-	if *logFile != "" {
-		f, err := os.OpenFile(*logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-		if err != nil {
-			return fmt.Errorf("open log file: %w", err)
-		}
-		defer f.Close()
-		out = io.MultiWriter(os.Stderr, f)
-	}
-	log := slog.New(slog.NewTextHandler(out, nil))
-
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-	defer stop()
-	srv := envd.NewServer(envd.Options{Logger: log})
+	srv := envd.NewServer(opts)
 	return srv.ListenAndServe(ctx, net.JoinHostPort("0.0.0.0", strconv.Itoa(*port)))
 }

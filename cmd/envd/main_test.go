@@ -20,10 +20,10 @@ import (
 	"github.com/agentbox/agentbox/internal/testutil"
 )
 
-// TestInitSupervisesServer runs the static binary as PID 1 of a new PID
-// namespace: the server must come up, be restarted after it is killed,
-// orphans must be reaped, and SIGTERM must stop everything.
-func TestInitSupervisesServer(t *testing.T) {
+// TestInitServesAndReaps runs the static binary as PID 1 of a new PID
+// namespace: it must serve, reap the orphans re-parented to it, keep its
+// commands' exit statuses, and stop on SIGTERM.
+func TestInitServesAndReaps(t *testing.T) {
 	testutil.RequireRoot(t)
 	bin := filepath.Join(t.TempDir(), "envd")
 	build := exec.Command("go", "build", "-o", bin, ".")
@@ -51,26 +51,46 @@ func TestInitSupervisesServer(t *testing.T) {
 
 	waitHealthy(t, base)
 	c := processconnect.NewProcessClient(http.DefaultClient, base, connect.WithProtoJSON())
-	// Leave an orphan behind, then kill the server (the shell's parent).
-	s, err := c.Start(context.Background(), connect.NewRequest(&process.StartRequest{
-		Process: &process.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", "(sleep 0.2 &); kill -9 $PPID"}},
-	}))
-	if err != nil {
-		t.Fatal(err)
+	run := func(script string) *process.ProcessEvent_EndEvent {
+		t.Helper()
+		s, err := c.Start(context.Background(), connect.NewRequest(&process.StartRequest{
+			Process: &process.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", script}},
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var end *process.ProcessEvent_EndEvent
+		for s.Receive() {
+			if e := s.Msg().GetEvent().GetEnd(); e != nil {
+				end = e
+			}
+		}
+		if end == nil {
+			t.Fatalf("%q: no end event (%v)", script, s.Err())
+		}
+		return end
 	}
-	for s.Receive() {
+	// Orphans: the shell kills its reaper, so it and its background
+	// children fall to init.
+	for range 5 {
+		run("(sleep 0.2 &); true & kill -9 $PPID")
 	}
-	waitHealthy(t, base) // restarted
+	// Commands started amid the orphans keep their exit statuses.
+	for i := range 20 {
+		if end := run(fmt.Sprintf("true & exit %d", i+1)); end.GetExitCode() != int32(i+1) {
+			t.Fatalf("exit code %d (%s), want %d", end.GetExitCode(), end.GetStatus(), i+1)
+		}
+	}
 
 	// No zombies among init's children once the orphans are gone.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		zombies := zombieChildren(cmd.Process.Pid)
-		if zombies == 0 {
+		live, zombies := childrenOf(cmd.Process.Pid)
+		if live == 0 && zombies == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d zombie children of init", zombies)
+			t.Fatalf("init has %d orphans running and %d zombie children", live, zombies)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -101,10 +121,10 @@ func waitHealthy(t *testing.T, base string) {
 	t.Fatal("envd never became healthy")
 }
 
-// zombieChildren counts zombie processes whose parent is pid (host view).
-func zombieChildren(pid int) int {
+// childrenOf counts the children of pid (host view) that are not zombies
+// and those that are; a live spare reaper (an envd) does not count.
+func childrenOf(pid int) (live, zombies int) {
 	ents, _ := os.ReadDir("/proc")
-	n := 0
 	for _, e := range ents {
 		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
 		if err != nil {
@@ -117,9 +137,15 @@ func zombieChildren(pid int) int {
 			continue
 		}
 		f := strings.Fields(s[i+1:])
-		if len(f) >= 2 && f[0] == "Z" && f[1] == fmt.Sprint(pid) {
-			n++
+		if len(f) < 2 || f[1] != fmt.Sprint(pid) {
+			continue
+		}
+		switch {
+		case f[0] == "Z":
+			zombies++
+		case !strings.HasSuffix(s[:i], "(envd"):
+			live++
 		}
 	}
-	return n
+	return live, zombies
 }

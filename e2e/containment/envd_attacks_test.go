@@ -11,13 +11,12 @@ import (
 	agentbox "github.com/agentbox/agentbox/sdk/go"
 )
 
-// envdHijack attacks envd's processes as sandbox root: ptrace attach and
-// seize, /proc/<pid>/mem and fd/0, and process_vm_readv against init
-// (1) and the server (init's child running "serve"); the command's own
-// reaper holds no secret and stays dumpable. Contained when every attempt
-// is refused.
-const envdHijack = `S=$(pgrep -P 1 -f ' serve' | head -1); [ -n "$S" ] || { echo "no envd server found"; exit 2; }
-python3 - 1 "$S" <<'EOF'
+// envdHijack attacks envd as sandbox root: ptrace attach and seize,
+// /proc/<pid>/mem and fd/0, and process_vm_readv against PID 1 (envd is
+// init and server in one process); the command's own reaper holds no
+// secret and stays dumpable. Contained when every attempt is refused.
+const envdHijack = `grep -qx 'envd' /proc/1/comm || { echo "PID 1 is $(cat /proc/1/comm), not envd"; exit 2; }
+python3 - 1 <<'EOF'
 import ctypes, errno, sys
 libc = ctypes.CDLL(None, use_errno=True)
 libc.ptrace.restype = ctypes.c_long

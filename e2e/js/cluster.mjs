@@ -169,6 +169,38 @@ describe('e2b SDK against serve --kubernetes', { concurrency: false }, () => {
     await back.commands.kill(h.pid)
   })
 
+  it('snapshots: create, list, start from, delete; team B cannot', async () => {
+    const allSnapshots = async (opts) => {
+      const pager = Sandbox.listSnapshots(opts)
+      const out = []
+      while (pager.hasNext) out.push(...(await pager.nextItems()))
+      return out.map((s) => s.snapshotId)
+    }
+    await sbx.files.write('/tmp/snap.txt', 'in the snapshot')
+    const h = await sbx.commands.run('sleep 3000', { background: true, timeoutMs: 0 })
+    const snap = await sbx.createSnapshot()
+    assert.ok(snap.snapshotId, 'a snapshot id')
+    await waitFor('the snapshot to be listed', async () =>
+      (await allSnapshots({ sandboxId: sbx.sandboxId, limit: 1 })).includes(snap.snapshotId))
+
+    const asB = { apiKey: OTHER }
+    assert.ok(!(await allSnapshots(asB)).includes(snap.snapshotId), "team B lists team A's snapshot")
+    assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId, asB), false)
+    await assert.rejects(Sandbox.create(snap.snapshotId, { ...asB, timeoutMs: MIN }))
+
+    // The agents have no object store: it starts on the snapshot's node.
+    const from = await Sandbox.create(snap.snapshotId, { timeoutMs: 5 * MIN })
+    created.add(from.sandboxId)
+    assert.equal(await from.files.read('/tmp/snap.txt'), 'in the snapshot')
+    assert.ok((await from.commands.list()).some((p) => p.pid === h.pid), 'the background process is in the snapshot')
+    await from.kill()
+    created.delete(from.sandboxId)
+
+    assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+    await waitFor('the snapshot to leave the list', async () => !(await allSnapshots()).includes(snap.snapshotId))
+    await sbx.commands.kill(h.pid)
+  })
+
   it("team B cannot list, get, kill, pause or connect team A's sandbox", async () => {
     const asB = { apiKey: OTHER }
     assert.equal((await listAll({ ...asB, query: { metadata: { e2e: runId } } })).length, 0)

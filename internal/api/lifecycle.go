@@ -3,7 +3,6 @@ package api
 import (
 	"fmt"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/agentbox/agentbox/api/gen/rest"
@@ -156,32 +155,19 @@ func snapshotName(s string) bool {
 
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	limit := 100
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 100 {
-			httperr.Write(w, invalid("limit: must be an integer from 1 to 100, got %q", apireq.Truncate(v)))
-			return
-		}
-		limit = n
+	limit, err := apireq.SnapshotLimit(q)
+	if err != nil {
+		httperr.Write(w, err)
+		return
 	}
 	all := s.mgr.ListSnapshots(r.Context(), keyOf(r.Context()).TeamID, q.Get("sandboxID"), q.Get("name"))
-	start := 0
-	if tok := q.Get("nextToken"); tok != "" {
-		start = len(all)
-		for i, sn := range all {
-			if sn.ID == tok {
-				start = i + 1
-			}
-		}
+	page, next := apireq.Page(all, func(sn *sandbox.Snapshot) string { return sn.ID }, q.Get("nextToken"), limit)
+	if next != "" {
+		w.Header().Set("X-Next-Token", next)
 	}
-	out := []rest.SnapshotInfo{}
-	for i := start; i < len(all); i++ {
-		if len(out) == limit {
-			w.Header().Set("X-Next-Token", all[i-1].ID)
-			break
-		}
-		out = append(out, snapshotOut(all[i]))
+	out := make([]rest.SnapshotInfo, 0, len(page))
+	for _, sn := range page {
+		out = append(out, snapshotOut(sn))
 	}
 	httperr.WriteJSON(w, http.StatusOK, out)
 }

@@ -1,6 +1,7 @@
 // Package apireq reads what E2B clients send the same way on every API
 // surface of the server (the local API and the cluster's API tier): the API
-// key, JSON bodies and the filters of a sandbox list.
+// key, JSON bodies, the filters of a sandbox list and the pages of a
+// snapshot list.
 package apireq
 
 import (
@@ -10,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
@@ -102,4 +104,38 @@ func DecodeJSON(w http.ResponseWriter, r *http.Request, limit int64, optional bo
 		}
 	}
 	return nil
+}
+
+// SnapshotLimit reads the limit of a GET /snapshots page: 1 to 100, 100
+// when absent.
+func SnapshotLimit(q url.Values) (int, error) {
+	v := q.Get("limit")
+	if v == "" {
+		return 100, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 100 {
+		return 0, fmt.Errorf("limit: must be an integer from 1 to 100, got %q: %w", Truncate(v), errdefs.ErrInvalidArgument)
+	}
+	return n, nil
+}
+
+// Page is the page of items (in a stable order) that follows the item
+// whose key is after ("" for the first page), at most limit long; next is
+// the key to send as nextToken for the page after it ("" when none).
+func Page[T any](items []T, key func(T) string, after string, limit int) (page []T, next string) {
+	start := 0
+	if after != "" {
+		start = len(items)
+		for i, it := range items {
+			if key(it) == after {
+				start = i + 1
+			}
+		}
+	}
+	end := min(start+limit, len(items))
+	if end < len(items) {
+		next = key(items[end-1])
+	}
+	return items[start:end], next
 }

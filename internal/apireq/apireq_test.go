@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
@@ -64,6 +65,45 @@ func TestParseListFilters(t *testing.T) {
 		}
 		if err != nil || !maps.Equal(f.Metadata, tt.wantMeta) || !slices.Equal(f.States, tt.wantStates) {
 			t.Errorf("%q: %+v, %v; want %v %v", tt.query, f, err, tt.wantMeta, tt.wantStates)
+		}
+	}
+}
+
+func TestPage(t *testing.T) {
+	items := []string{"a", "b", "c", "d", "e"}
+	id := func(s string) string { return s }
+	for _, tc := range []struct {
+		after    string
+		limit    int
+		want     []string
+		wantNext string
+	}{
+		{"", 2, []string{"a", "b"}, "b"},
+		{"b", 2, []string{"c", "d"}, "d"},
+		{"d", 2, []string{"e"}, ""},
+		{"", 5, []string{"a", "b", "c", "d", "e"}, ""},
+		{"e", 2, []string{}, ""},
+		{"gone", 2, []string{}, ""}, // a token naming nothing ends the list
+	} {
+		page, next := Page(items, id, tc.after, tc.limit)
+		if !slices.Equal(page, tc.want) || next != tc.wantNext {
+			t.Errorf("Page(after %q, limit %d) = %q, next %q; want %q, next %q", tc.after, tc.limit, page, next, tc.want, tc.wantNext)
+		}
+	}
+}
+
+func TestSnapshotLimit(t *testing.T) {
+	for _, tc := range []struct {
+		v    string
+		want int
+		bad  bool
+	}{{"", 100, false}, {"1", 1, false}, {"100", 100, false}, {"0", 0, true}, {"101", 0, true}, {"x", 0, true}} {
+		n, err := SnapshotLimit(url.Values{"limit": {tc.v}})
+		if tc.bad != (err != nil) || (!tc.bad && n != tc.want) {
+			t.Errorf("SnapshotLimit(%q) = %d, %v", tc.v, n, err)
+		}
+		if tc.bad && (!errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "limit")) {
+			t.Errorf("SnapshotLimit(%q) error %v: want an invalid argument naming limit", tc.v, err)
 		}
 	}
 }

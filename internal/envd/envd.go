@@ -55,6 +55,10 @@ type Options struct {
 	// (reaper_linux.go) [this executable]; "-" runs commands directly,
 	// without whole-tree kills.
 	Reaper string
+	// Children records the processes the server starts, so that the
+	// orphan reaper of envd as init (Children.ReapOrphans) leaves their
+	// exit statuses to them; nil: a record of the server's own.
+	Children *Children
 }
 
 // Server holds envd's state: the /init configuration and the running
@@ -80,6 +84,7 @@ type Server struct {
 	localInit   bool
 	reaper      string // envd binary for "envd reap"; "" = none
 	spares      *spares
+	children    *Children // every process the server starts goes through it
 }
 
 // NewServer returns a Server with no /init configuration: no token, user root.
@@ -115,7 +120,11 @@ func NewServer(opts Options) *Server {
 	if s.startLogDir == "" {
 		s.startLogDir = StartLogDir
 	}
-	s.spares = &spares{exe: s.reaper}
+	s.children = opts.Children
+	if s.children == nil {
+		s.children = NewChildren()
+	}
+	s.spares = &spares{exe: s.reaper, children: s.children}
 	return s
 }
 

@@ -19,8 +19,8 @@ func TestMain(m *testing.M) {
 	if len(os.Args) == 3 && os.Args[1] == "reap" && os.Args[2] == "--spare" {
 		os.Exit(RunSpareReaper())
 	}
-	if os.Getenv("ENVD_DUMPABLE_CHILD") != "" {
-		os.Exit(m.Run()) // a victim of TestNonDumpableRefusesSameUser
+	if os.Getenv("ENVD_DUMPABLE_CHILD") != "" || os.Getenv(subreaperChildEnv) != "" {
+		os.Exit(m.Run()) // a victim of TestNonDumpableRefusesSameUser, or TestChildren's subreaper
 	}
 	dir, err := os.MkdirTemp("", "envd-reaper")
 	if err != nil {

@@ -248,7 +248,11 @@ func (s *Server) startProcessOn(ctx context.Context, u *User, req *process.Start
 	case handed:
 	case req.Pty != nil:
 		cmd.SysProcAttr.Setctty = true
-		tty, err := pty.StartWithAttrs(cmd, ptySize(req.Pty), cmd.SysProcAttr)
+		var tty *os.File
+		err := s.children.Start(cmd, func() (err error) {
+			tty, err = pty.StartWithAttrs(cmd, ptySize(req.Pty), cmd.SysProcAttr)
+			return err
+		})
 		if err != nil {
 			closeReaperPipes(true)
 			cancel()
@@ -272,7 +276,7 @@ func (s *Server) startProcessOn(ctx context.Context, u *User, req *process.Start
 		pid, err := reaperStarted(p.status)
 		if err != nil {
 			// The reaper could not start the command: no process to report.
-			_ = p.cmd.Wait()
+			_ = s.children.Wait(p.cmd)
 			for _, r := range readers {
 				r.Close()
 			}
@@ -339,7 +343,7 @@ func (s *Server) startPiped(cmd *exec.Cmd, wantStdin bool, p *proc) ([]io.ReadCl
 		cmd.Stdin = inR
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
-	err = cmd.Start()
+	err = s.children.Start(cmd, cmd.Start)
 	// The child has its copies; ours must go so EOF arrives when it exits.
 	outW.Close()
 	errW.Close()
@@ -398,7 +402,7 @@ func (s *Server) superviseProcess(life context.Context, cancel context.CancelFun
 	}
 	defer cancel()
 	waited := make(chan error, 1)
-	go func() { waited <- p.cmd.Wait() }()
+	go func() { waited <- s.children.Wait(p.cmd) }()
 	var waitErr error
 	killed := false
 	select {
@@ -474,7 +478,7 @@ func (s *Server) superviseReaped(life context.Context, cancel context.CancelFunc
 	}()
 	reaperDone := make(chan struct{})
 	go func() {
-		_ = p.cmd.Wait()
+		_ = s.children.Wait(p.cmd)
 		close(reaperDone)
 	}()
 	var e exit
@@ -493,7 +497,7 @@ func (s *Server) superviseReaped(life context.Context, cancel context.CancelFunc
 	} else {
 		<-reaperDone
 		end.ExitCode, end.Status = -1, "signal: killed"
-		msg := "the command's reaper was killed before the command ended; the command's processes were left to envd's init"
+		msg := "the command's reaper was killed before the command ended; the command's processes were left to envd, the sandbox's init, which reaps them"
 		end.Error = &msg
 	}
 	if killed {

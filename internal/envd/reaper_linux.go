@@ -54,6 +54,8 @@ func runReaper(argv, env []string, dir string, sys *syscall.SysProcAttr) int {
 		fmt.Fprintf(status, "err become a child subreaper: %v\n", err)
 		return 127
 	}
+	// Inherited by the command and everything it starts.
+	_ = oomBeforeEnvd("self")
 	// Signals envd (or a terminal) sends the command's group reach the
 	// reaper too; it passes them on instead of dying. Handled signals are
 	// reset to their defaults in the command by execve.
@@ -103,6 +105,29 @@ func runReaper(argv, env []string, dir string, sys *syscall.SysProcAttr) int {
 		}
 	}
 	return 0
+}
+
+// oomMargin is how much higher than envd's the oom_score_adj of commands
+// is. envd is the sandbox's init: if the OOM killer takes it, the sandbox
+// ends. The margin adds 30% of the sandbox's memory limit to a command's
+// badness over envd's, so a full sandbox loses a command, not envd, unless
+// every command is far smaller than envd.
+const oomMargin = 300
+
+// oomBeforeEnvd raises the oom_score_adj of pid ("self": the caller), one
+// of envd's (inherited from it), by oomMargin, to at most 1000. Raising
+// needs no privilege; the process may lower it back to envd's own.
+func oomBeforeEnvd(pid string) error {
+	path := "/proc/" + pid + "/oom_score_adj"
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	adj, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return os.WriteFile(path, []byte(strconv.Itoa(min(adj+oomMargin, 1000))), 0)
 }
 
 // killDescendants ends every descendant of pid: it stops them until no new

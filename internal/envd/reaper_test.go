@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -161,6 +162,33 @@ func TestStatusString(t *testing.T) {
 	} {
 		if got := statusString(tc.ws); got != tc.want || exitCode(tc.ws) != tc.code {
 			t.Errorf("%#x: %q %d, want %q %d", uint32(tc.ws), got, exitCode(tc.ws), tc.want, tc.code)
+		}
+	}
+}
+
+// TestCommandsYieldToEnvdOnOOM: commands (on a reaper of their own and on
+// spare reapers) run with a higher oom_score_adj than envd's, so the OOM
+// killer of a full sandbox takes them before envd, the sandbox's init.
+func TestCommandsYieldToEnvdOnOOM(t *testing.T) {
+	b, err := os.ReadFile("/proc/self/oom_score_adj")
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strconv.Itoa(min(own+oomMargin, 1000))
+	e := newTestEnv(t, "")
+	c := e.processClient(nil, connect.WithProtoJSON())
+	// Commands in succession run on spare reapers.
+	for i := range 4 {
+		r := run(t, c, startReq("cat /proc/self/oom_score_adj; sleep 0.2 & cat /proc/$!/oom_score_adj"))
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if got := strings.Fields(r.stdout.String()); len(got) != 2 || got[0] != want || got[1] != want {
+			t.Errorf("command %d: oom_score_adj %q of the command and its child, want %s (envd's %d + %d)", i, got, want, own, oomMargin)
 		}
 	}
 }

@@ -62,13 +62,15 @@ type spareRequest struct {
 
 // spareReaper is envd's side of one started spare.
 type spareReaper struct {
-	cmd  *exec.Cmd
-	sock *os.File
+	cmd      *exec.Cmd
+	sock     *os.File
+	children *Children
 }
 
 // spares holds at most one spare reaper of the envd binary exe.
 type spares struct {
-	exe string
+	exe      string
+	children *Children
 
 	mu       sync.Mutex
 	spare    *spareReaper
@@ -102,7 +104,7 @@ func (sp *spares) take() *spareReaper {
 // refill starts a spare and parks it; one that is never taken ends after
 // spareIdle.
 func (sp *spares) refill() {
-	r, err := startSpare(sp.exe)
+	r, err := startSpare(sp.exe, sp.children)
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	sp.starting = false
@@ -156,7 +158,7 @@ func (sp *spares) dropLocked() {
 }
 
 // startSpare starts "exe reap --spare" with its socket on fd 3.
-func startSpare(exe string) (*spareReaper, error) {
+func startSpare(exe string, children *Children) (*spareReaper, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("spare reaper socket: %w", err)
@@ -167,17 +169,17 @@ func startSpare(exe string) (*spareReaper, error) {
 	cmd.Env = []string{}
 	cmd.ExtraFiles = []*os.File{theirs}
 	cmd.Stderr = os.Stderr // a Go runtime failure before it takes a command
-	if err := cmd.Start(); err != nil {
+	if err := children.Start(cmd, cmd.Start); err != nil {
 		ours.Close()
 		return nil, fmt.Errorf("start spare reaper: %w", err)
 	}
-	return &spareReaper{cmd: cmd, sock: ours}, nil
+	return &spareReaper{cmd: cmd, sock: ours, children: children}, nil
 }
 
 // discard ends an unused spare: it exits when its socket closes.
 func (r *spareReaper) discard() {
 	r.sock.Close()
-	go func() { _ = r.cmd.Wait() }()
+	go func() { _ = r.children.Wait(r.cmd) }()
 }
 
 // errSpareGone means the spare could not take the command (it died or its
@@ -201,7 +203,7 @@ func (r *spareReaper) hand(req *spareRequest, files []*os.File) error {
 	}
 	r.sock.Close()
 	if err != nil {
-		go func() { _ = r.cmd.Wait() }()
+		go func() { _ = r.children.Wait(r.cmd) }()
 		return fmt.Errorf("%w: %v", errSpareGone, err)
 	}
 	return nil

@@ -78,7 +78,7 @@ func TestSpareReaperRunsCommandsLikeAFreshOne(t *testing.T) {
 	e.srv.spares.close() // first on fresh reapers: none parked, none started
 	for _, spare := range []bool{false, true} {
 		if spare {
-			e.srv.spares = &spares{exe: e.srv.reaper}
+			e.srv.spares = &spares{exe: e.srv.reaper, children: e.srv.children}
 			run(t, c, startReq("true"))
 			if spareKept(e.srv) {
 				t.Fatal("one command started a spare reaper: every sandbox that ran a command would keep an extra process")

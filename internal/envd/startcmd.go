@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 )
@@ -47,15 +48,20 @@ func (s *Server) runStartCmd(cmdline, workdir string) error {
 	}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	if err := s.children.Start(cmd, cmd.Start); err != nil {
 		logFile.Close()
 		return err
 	}
 	logFile.Close() // the child has its own copy
+	// As for commands (reaper_linux.go); the shell's first instructions
+	// may run before this, but what it starts later inherits it.
+	if err := oomBeforeEnvd(strconv.Itoa(cmd.Process.Pid)); err != nil {
+		s.log.Debug("the start command's OOM score stays envd's", "err", err)
+	}
 	s.log.Info("template start command started", "cmd", cmdline, "pid", cmd.Process.Pid, "dir", cmd.Dir)
 	go func() {
 		t0 := time.Now()
-		err := cmd.Wait()
+		err := s.children.Wait(cmd)
 		s.log.Warn("template start command exited", "cmd", cmdline, "err", err, "after", time.Since(t0).Round(time.Millisecond))
 	}()
 	return nil

@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	abv1 "github.com/agentbox/agentbox/internal/kube/apis/agentbox/v1alpha1"
 	agentsv1 "github.com/agentbox/agentbox/internal/kube/apis/agents/v1beta1"
 	extv1 "github.com/agentbox/agentbox/internal/kube/apis/extensions/v1beta1"
 	"github.com/agentbox/agentbox/internal/sandbox"
@@ -115,7 +116,7 @@ type Controller struct {
 // Scheme returns a scheme with the core kinds and the agent-sandbox kinds.
 func Scheme() (*runtime.Scheme, error) {
 	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, agentsv1.AddToScheme, extv1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, agentsv1.AddToScheme, extv1.AddToScheme, abv1.AddToScheme} {
 		if err := add(s); err != nil {
 			return nil, fmt.Errorf("build scheme: %w", err)
 		}
@@ -208,6 +209,14 @@ func New(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger) (*Controller
 		WatchesRawSource(source.Channel(wake[0], &handler.EnqueueRequestForObject{})).
 		Complete(&sandboxReconciler{base}); err != nil {
 		return nil, fmt.Errorf("kube: sandbox controller: %w", err)
+	}
+	if cfg.Node != "" {
+		// Snapshots are taken, stored and deleted by the agent of their
+		// Sandbox's node.
+		if err := ctrl.NewControllerManagedBy(mgr).For(&abv1.SandboxSnapshot{}).Named("sandboxsnapshot").WithOptions(everyNode).
+			Complete(&snapshotReconciler{base}); err != nil {
+			return nil, fmt.Errorf("kube: snapshot controller: %w", err)
+		}
 	}
 	if err := ctrl.NewControllerManagedBy(mgr).For(&extv1.SandboxWarmPool{}).Named("sandboxwarmpool").WithOptions(opts).
 		Owns(&agentsv1.Sandbox{}).

@@ -359,6 +359,13 @@ func (b reconcilerBase) placement(ctx context.Context, obj *agentsv1.Sandbox) (b
 			bound[o.Status.NodeName] = [2]int{u[0] + ow.cpu, u[1] + ow.mem}
 		}
 	}
+	if only := b.snapshotNode(ctx, obj); only != "" {
+		// A snapshot outside the object store starts only on its node.
+		nodes = slices.DeleteFunc(nodes, func(n node) bool { return n.Node != only })
+		if !slices.ContainsFunc(nodes, func(n node) bool { return n.live }) {
+			return "", fmt.Sprintf("its SandboxSnapshot %s is kept on node %s only (no --kube-object-store) and that node's agent is not live", obj.Annotations[AnnotationSnapshot], only), false, nil
+		}
+	}
 	best, why, ok = place(withBindings(nodes, bound), w)
 	return best, why, ok, nil
 }

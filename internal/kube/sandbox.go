@@ -172,6 +172,14 @@ func (r *sandboxReconciler) reconcile(ctx context.Context, bnd nsBinding, obj *a
 			r.event(obj, true, agentsv1.ReasonInvalidSpec, "Create", "%v", err)
 			return ctrl.Result{}, err
 		}
+		if obj.Annotations[AnnotationSnapshot] != "" {
+			restored, res, err := r.fromSnapshot(ctx, team, obj, req)
+			if restored == nil {
+				return res, err
+			}
+			st.SandboxID = restored.ID
+			return r.converge(ctx, team, obj, restored)
+		}
 		setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, agentsv1.ReasonDependenciesNotReady, "starting the sandbox")
 		created, err := r.sbs.Create(ctx, req)
 		if err != nil {

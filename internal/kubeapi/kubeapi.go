@@ -31,6 +31,7 @@ import (
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/kube"
+	abv1 "github.com/agentbox/agentbox/internal/kube/apis/agentbox/v1alpha1"
 	agentsv1 "github.com/agentbox/agentbox/internal/kube/apis/agents/v1beta1"
 	extv1 "github.com/agentbox/agentbox/internal/kube/apis/extensions/v1beta1"
 )
@@ -147,7 +148,7 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 func (s *Server) Start(ctx context.Context) error {
 	// The informers of the kinds served start before the first request.
 	for _, o := range []client.Object{&corev1.Secret{}, &coordv1.Lease{}, &corev1.Namespace{},
-		&agentsv1.Sandbox{}, &extv1.SandboxClaim{}, &extv1.SandboxTemplate{}, &extv1.SandboxWarmPool{}} {
+		&agentsv1.Sandbox{}, &extv1.SandboxClaim{}, &extv1.SandboxTemplate{}, &extv1.SandboxWarmPool{}, &abv1.SandboxSnapshot{}} {
 		if _, err := s.cache.GetInformer(ctx, o); err != nil {
 			return fmt.Errorf("watch %T: %w", o, err)
 		}
@@ -266,8 +267,11 @@ func (s *Server) Handler() http.Handler {
 	auth("POST /sandboxes/{id}/resume", s.resume)
 	auth("POST /sandboxes/{id}/connect", s.connect(false))
 	auth("POST /v2/sandboxes/{id}/connect", s.connect(true))
+	auth("POST /sandboxes/{id}/snapshots", s.createSnapshot)
+	auth("GET /snapshots", s.listSnapshots)
+	auth("DELETE /templates/{id}", s.deleteTemplate)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		httperr.Write(w, fmt.Errorf("%s %s is not served by `agentbox serve --kubernetes` (it serves sandbox lifecycle and the data plane): build templates, and use volumes, snapshots, logs and metrics, on a node agent's own API (agentbox serve) or with kubectl: %w",
+		httperr.Write(w, fmt.Errorf("%s %s is not served by `agentbox serve --kubernetes` (it serves sandbox lifecycle and the data plane): build templates, and use volumes, logs and metrics, on a node agent's own API (agentbox serve) or with kubectl: %w",
 			r.Method, r.URL.Path, errdefs.ErrNotFound))
 	})
 	return s.dataPlane(mux)

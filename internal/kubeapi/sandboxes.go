@@ -215,6 +215,20 @@ func (s *Server) createSandbox(ctx context.Context, body rest.NewSandbox, d time
 		ann[AnnotationMetadata] = string(raw)
 	}
 	om := metav1.ObjectMeta{Name: id, Namespace: ns, Annotations: ann, Labels: map[string]string{LabelOrigin: "e2b-api"}}
+	snap, err := s.snapshotOf(ctx, tpl)
+	if err != nil {
+		return view{}, err
+	}
+	if snap != nil {
+		if body.CPUCount != nil || body.MemoryMB != nil || body.DiskSizeMB != nil || body.Isolation != nil {
+			return view{}, invalid("cpuCount, memoryMB, diskSizeMB, isolation: snapshot %s holds a memory image, which keeps the limits and tier it was taken with; leave them out", tpl)
+		}
+		obj := fromSnapshot(snap, om, body, end)
+		if err := s.c.Create(ctx, obj); err != nil {
+			return view{}, fmt.Errorf("create Sandbox %s/%s: %w", obj.Namespace, id, kubeErr(err))
+		}
+		return s.awaitSandbox(ctx, obj, id)
+	}
 	pool, err := s.poolFor(ctx, ns, tpl)
 	if err != nil {
 		return view{}, err
@@ -335,6 +349,12 @@ var failReasons = map[string]error{
 	agentsv1.ReasonReconcilerError: errdefs.ErrUnavailable,
 	agentsv1.ReasonSandboxGone:     errdefs.ErrNotFound,
 	agentsv1.ReasonExpired:         errdefs.ErrNotFound,
+	// A create from a snapshot.
+	kube.ReasonSnapshotNotFound:    errdefs.ErrInvalidArgument,
+	kube.ReasonSnapshotNotReady:    errdefs.ErrInvalidArgument,
+	kube.ReasonSnapshotUnavailable: errdefs.ErrUnavailable,
+	kube.ReasonImageIntegrity:      errdefs.ErrUnavailable,
+	kube.ReasonImageRestoreFailed:  errdefs.ErrUnavailable,
 }
 
 // failed says why conds mean the sandbox will not become ready.

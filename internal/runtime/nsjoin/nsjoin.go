@@ -3,8 +3,10 @@
 // constructor runs before the Go runtime starts its threads and calls
 // setns(2), which the kernel refuses for either to a multi-threaded process.
 // The hooks on the create path (boot-id with its inotify caps, and hold)
-// finish in the constructor and never start the Go runtime: one fork and
-// exec each, without the milliseconds a Go runtime start costs.
+// and those of every resume and fork (userns-limits, plug-wait) finish in the
+// constructor and never start the Go runtime: one fork and exec each,
+// without the milliseconds a Go runtime start and the binary's package
+// initialisation cost.
 //
 // It acts only on `<binary> __hook <name> --pid <pid> ...` for the hook
 // names in joins; the Go code of the hook checks that the join
@@ -25,7 +27,9 @@ package nsjoin
 #include <linux/openat2.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -157,11 +161,11 @@ static void mount_boot_id(const char *pid) {
 	_exit(0);
 }
 
-// wellFormed reports whether argv[3:] is exactly the flags the server
-// passes the boot-id hook: --pid <n>, then optionally --inotify-instances
-// <n> --inotify-watches <n>. Anything else is left to the Go side, which
-// names what is wrong.
-static int well_formed_boot_id(int argc, char **argv) {
+// well_formed reports whether argv[3:] is exactly the flags the server
+// passes the boot-id and userns-limits hooks: --pid <n>, then (boot-id:
+// optionally) --inotify-instances <n> --inotify-watches <n>. Anything else
+// is left to the Go side, which names what is wrong.
+static int well_formed(int argc, char **argv) {
 	if (argc != 5 && argc != 9)
 		return 0;
 	if (strcmp(argv[3], "--pid") != 0 || !number(argv[4]) || strcmp(argv[4], "0") == 0)
@@ -172,11 +176,111 @@ static int well_formed_boot_id(int argc, char **argv) {
 	return 1;
 }
 
+// set_userns_limits is the userns-limits hook's work done here, in the
+// user namespace joined, so the hook of every resume and fork never starts
+// the Go runtime (runc's RunUserNSLimitsHook is the same in Go, for a
+// binary without this package, and names what is wrong with malformed
+// flags, which are left to it).
+static void set_userns_limits(const char *pid, const char *instances, const char *watches) {
+	if (write_file("/proc/sys/user/max_inotify_instances", instances) < 0 ||
+	    write_file("/proc/sys/user/max_inotify_watches", watches) < 0) {
+		fprintf(stderr, "agentbox __hook userns-limits: set the inotify caps of pid %s's user namespace: %s\n", pid, strerror(errno));
+		_exit(1);
+	}
+	_exit(0);
+}
+
+// unix_address fills a with the socket at path; a path too long for
+// sun_path is reached through a descriptor of its directory.
+static int unix_address(const char *path, struct sockaddr_un *a) {
+	memset(a, 0, sizeof *a);
+	a->sun_family = AF_UNIX;
+	if (strlen(path) < sizeof a->sun_path) {
+		strcpy(a->sun_path, path);
+		return 0;
+	}
+	const char *slash = strrchr(path, '/');
+	if (slash == NULL || slash == path)
+		return -1;
+	char dir[4096];
+	if ((size_t)(slash - path) >= sizeof dir)
+		return -1;
+	memcpy(dir, path, slash - path);
+	dir[slash - path] = '\0';
+	int fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	int n = snprintf(a->sun_path, sizeof a->sun_path, "/proc/self/fd/%d/%s", fd, slash + 1);
+	return n > 0 && (size_t)n < sizeof a->sun_path ? 0 : -1;
+}
+
+// plug_wait is `__hook plug-wait --socket <path>`, the network hook of a
+// restore, without the Go runtime: it hands the OCI state runc gives it on
+// stdin to the server listening on the socket, which wires the restored
+// netns up itself, and exits with the server's answer ("ok", or the error
+// it prints). runc's RunPlugWaitHook is the same in Go.
+static void plug_wait(const char *path) {
+	static char state[1 << 20];
+	size_t n = 0;
+	for (;;) {
+		ssize_t r = read(0, state + n, sizeof state - n);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			fprintf(stderr, "agentbox __hook plug-wait: read the OCI state: %s\n", strerror(errno));
+			_exit(1);
+		}
+		if (r == 0)
+			break;
+		n += r;
+		if (n == sizeof state) {
+			fprintf(stderr, "agentbox __hook plug-wait: OCI state larger than %zu bytes\n", sizeof state);
+			_exit(1);
+		}
+	}
+	struct sockaddr_un a;
+	int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (s < 0 || unix_address(path, &a) < 0 || connect(s, (struct sockaddr *)&a, sizeof a) < 0) {
+		fprintf(stderr, "agentbox __hook plug-wait: connect to the server at %s: %s\n", path, strerror(errno));
+		_exit(1);
+	}
+	for (size_t off = 0; off < n;) {
+		ssize_t w = send(s, state + off, n - off, MSG_NOSIGNAL);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			fprintf(stderr, "agentbox __hook plug-wait: send the OCI state: %s\n", strerror(errno));
+			_exit(1);
+		}
+		off += w;
+	}
+	shutdown(s, SHUT_WR);
+	char reply[4096];
+	size_t m = 0;
+	for (;;) {
+		ssize_t r = read(s, reply + m, sizeof reply - 1 - m);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		m += r;
+		if (m == sizeof reply - 1)
+			break;
+	}
+	reply[m] = '\0';
+	if (strcmp(reply, "ok") == 0)
+		_exit(0);
+	fprintf(stderr, "agentbox __hook plug-wait: %s\n", m > 0 ? reply : "the server closed the connection without an answer");
+	_exit(1);
+}
+
 __attribute__((constructor)) static void agentbox_nsjoin(int argc, char **argv) {
 	int nstype;
 	const char *ns;
 	if (argc == 3 && strcmp(argv[1], "__hook") == 0 && strcmp(argv[2], "hold") == 0)
 		hold();
+	if (argc == 5 && strcmp(argv[1], "__hook") == 0 && strcmp(argv[2], "plug-wait") == 0 && strcmp(argv[3], "--socket") == 0)
+		plug_wait(argv[4]);
 	if (argc < 5 || strcmp(argv[1], "__hook") != 0 || !joins(argv[2], &nstype, &ns))
 		return;
 	const char *pid = NULL, *instances = NULL, *watches = NULL;
@@ -209,8 +313,10 @@ __attribute__((constructor)) static void agentbox_nsjoin(int argc, char **argv) 
 	}
 	close(fd);
 	agentbox_nsjoined = 1;
-	if (nstype == CLONE_NEWNS && well_formed_boot_id(argc, argv))
+	if (nstype == CLONE_NEWNS && well_formed(argc, argv))
 		mount_boot_id(pid);
+	if (nstype == CLONE_NEWUSER && argc == 9 && well_formed(argc, argv))
+		set_userns_limits(pid, instances, watches);
 }
 */
 import "C"

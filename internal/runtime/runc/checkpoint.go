@@ -410,23 +410,33 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 		// longer has, so they come back closed.
 		conf = append(conf, "tcp-close")
 	}
+	var pw *plugWait
+	defer func() {
+		if pw != nil {
+			pw.close()
+		}
+	}()
 	plugHook := func() error {
 		if !ownNet {
 			return nil
 		}
 		// runc has CRIU restore the sandbox into an empty netns (its
 		// checkpoints never include one) and runs the prestart hooks once
-		// the namespaces exist: the hook gives it eth0 back before the
-		// sockets are restored. A failed restore took the veth with it;
-		// asking again makes a new pair.
+		// the namespaces exist: the hook has the server give it eth0
+		// back before the sockets are restored (plugwait.go). A failed
+		// restore took the veth with it; plugging again makes a new pair.
 		if d.cfg.Net == nil {
 			return fmt.Errorf("sandbox %s: its netns is its own but no network plugger is configured: %w", spec.ID, errdefs.ErrInvalidArgument)
 		}
-		args, err := d.cfg.Net.PlugHook(ctx, spec.ID)
+		if pw != nil {
+			pw.close()
+		}
+		var err error
+		pw, err = listenPlug(ctx, dir, func(ctx context.Context, pid int) error { return d.cfg.Net.Plug(ctx, spec.ID, pid) })
 		if err != nil {
 			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
-		if err := setPlugHook(dir, d.b.HookArgv(args...)); err != nil {
+		if err := setPlugHook(dir, d.b.HookArgv(PlugWaitHook, "--socket", pw.path)); err != nil {
 			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
 		return nil
@@ -529,6 +539,8 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 	}
 	if ownNet {
 		err := perr
+		// Again after the hook's (plugging twice is safe): the
+		// neighbour entries are seeded once the sandbox runs.
 		if err == nil {
 			err = d.cfg.Net.Plug(ctx, spec.ID, pid)
 		}

@@ -90,9 +90,10 @@ func RunUserNSLimitsHook(args []string, joined bool) error {
 }
 
 // hookGC turns the Go collector off in the short hook execs of every
-// resume and fork (userns-limits, netplug): they exit within milliseconds,
-// and the collections the binary's package initialisation triggers cost
-// about a third of their CPU.
+// resume and fork (userns-limits, plug-wait) where they run in Go (a binary
+// without internal/runtime/nsjoin): they exit within milliseconds, and the
+// collections the binary's package initialisation triggers cost about a
+// third of their CPU.
 const hookGC = "GOGC=off"
 
 // Each sandbox's user namespace gets normal per-user Linux inotify caps;

@@ -34,6 +34,8 @@ func TestMain(m *testing.M) {
 			err = network.RunPlugHook(os.Args[3:], os.Stdin)
 		case UserNSLimitsHook:
 			err = RunUserNSLimitsHook(os.Args[3:], nsjoin.Joined())
+		case PlugWaitHook:
+			err = RunPlugWaitHook(os.Args[3:], os.Stdin)
 		case BootIDHook:
 			err = RunBootIDHook(os.Args[3:], nsjoin.Joined(), nsjoin.Limited())
 		case bundle.HoldHook:

@@ -23,11 +23,10 @@ import (
 // that user namespace (so owned by it): runc creates both, the network
 // package wires the new netns up (Plug) between `runc create` and the
 // init's start (startInit), so envd's first packet already has its address. runc's checkpoints
-// leave the netns out and restore into an empty one, so a restore runs the
-// network package's netplug hook (`agentbox __hook netplug`) as a prestart
-// hook, which moves the pre-made
-// veth end in as eth0 before CRIU brings sockets back; Plug then adopts the
-// restored netns.
+// leave the netns out and restore into an empty one, so a restore runs
+// `agentbox __hook plug-wait` as a prestart hook, which has the server Plug
+// the new netns before CRIU brings sockets back (plugwait.go); Plug runs
+// once more after the restore.
 
 // ownsNetNS reports whether sandboxes' netns is made by runc inside their
 // user namespace rather than joined from the network package.
