@@ -270,6 +270,12 @@ func hostState(cfg DensityConfig) map[string]int {
 	st["runc/runsc state"] = countEntries(filepath.Join(run, "runc")) + countEntries(filepath.Join(run, "runc-runsc")) + countEntries(filepath.Join(run, "runc-idmap"))
 	if cfg.Bridge != "" {
 		st["veths on the bridge"] = countEntries(filepath.Join("/sys/class/net", cfg.Bridge, "brif"))
+		// Past 1,000 sandboxes the server adds bridges named <bridge>-N.
+		over, _ := filepath.Glob(filepath.Join("/sys/class/net", cfg.Bridge+"-[0-9]*"))
+		st["overflow bridges"] = len(over)
+		for _, br := range over {
+			st["veths on the bridge"] += countEntries(filepath.Join(br, "brif"))
+		}
 	}
 	cg := 0
 	for _, root := range []string{"/sys/fs/cgroup/pids", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {

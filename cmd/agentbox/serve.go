@@ -131,7 +131,7 @@ which wins over the file.`,
 	f.StringVar(&c.TemplateDir, "template-dir", "", "template store (default <data-dir>/templates)")
 	f.StringVar(&c.Envd, "envd", "", "path of the static envd binary (default: envd next to this binary, then $PATH)")
 	f.StringVar(&c.Runc, "runc", "runc", "OCI runtime binary")
-	f.StringVar(&c.Bridge, "bridge", "agentbox0", "host bridge the sandboxes attach to")
+	f.StringVar(&c.Bridge, "bridge", "agentbox0", "host bridge the sandboxes attach to (past 1,000 sandboxes, also <bridge>-1, <bridge>-2, ...)")
 	f.StringVar(&c.Subnet, "subnet", "10.11.0.0/16", "IPv4 subnet for sandbox addresses")
 	f.DurationVar(&c.MaxTimeout, "max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
 	f.DurationVar(&c.MaxCommandLife, "max-command-lifetime", sandbox.DefaultMaxCommandLifetime, "longest any one command in a sandbox may run; envd kills it then (a create may ask for less with maxCommandSeconds)")

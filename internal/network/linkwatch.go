@@ -40,6 +40,7 @@ func (m *Manager) activate(ctx context.Context, h *netlink.Handle, id string) er
 	ctx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()
 	host := m.hostVeth(id)
+	_, bridge := m.bridgeOfID(id)
 	steps := []struct {
 		what  string
 		ready func() (bool, error)
@@ -55,8 +56,8 @@ func (m *Manager) activate(ctx context.Context, h *netlink.Handle, id string) er
 			}
 			return l.Attrs().OperState == netlink.OperUp && strings.TrimSpace(string(b)) == brportForwarding, nil
 		}},
-		{"bridge " + m.cfg.Bridge, func() (bool, error) {
-			l, err := netlink.LinkByName(m.cfg.Bridge)
+		{"bridge " + bridge, func() (bool, error) {
+			l, err := netlink.LinkByName(bridge)
 			if err != nil {
 				return false, err
 			}

@@ -25,7 +25,9 @@ import (
 
 // Config configures the Manager. Zero values take the defaults.
 type Config struct {
-	// Bridge is the host bridge all sandboxes attach to. Default "agentbox0".
+	// Bridge is the host bridge sandboxes attach to. Default "agentbox0".
+	// Past its first 1,000 sandboxes the server adds overflow bridges
+	// named after it (bridges.go).
 	Bridge string
 	// Subnet holds the gateway (its first address) and every sandbox
 	// address. IPv4 only. Default 10.11.0.0/16.
@@ -89,6 +91,13 @@ type Manager struct {
 	denied    map[string]bool       // ids in the no_internet set
 	byName    map[string]bool       // ids in the by_name set
 	ipChains  map[string]bool       // ids with their own allowOut/denyOut chain
+	bridgeOf  map[string]int        // sandbox id → index of its bridge (bridges.go)
+	ports     map[int]int           // bridge index → sandboxes placed on it
+	perBridge int                   // bridgePorts; tests lower it
+
+	// brMu: read-held while an overflow bridge is made or used, held
+	// while an empty one is removed.
+	brMu sync.RWMutex
 
 	egress      Egress
 	egressPorts EgressPorts
@@ -131,6 +140,11 @@ var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 // attached (from the netns files under NetNSDir), so addresses are never
 // handed out twice after a restart. Call Setup before Attach.
 func New(cfg Config, log *slog.Logger) (*Manager, error) {
+	return newManager(cfg, log, bridgePorts)
+}
+
+// newManager is New with perBridge sandboxes a bridge.
+func newManager(cfg Config, log *slog.Logger, perBridge int) (*Manager, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
@@ -146,6 +160,9 @@ func New(cfg Config, log *slog.Logger) (*Manager, error) {
 		denied:    map[string]bool{},
 		byName:    map[string]bool{},
 		ipChains:  map[string]bool{},
+		bridgeOf:  map[string]int{},
+		ports:     map[int]int{},
+		perBridge: perBridge,
 
 		legacyVeth: map[string]bool{},
 	}
@@ -278,6 +295,7 @@ func (m *Manager) relearn() error {
 			m.byName[id] = true
 		}
 	}
+	m.relearnBridges()
 	return nil
 }
 
@@ -319,7 +337,11 @@ func (m *Manager) Setup(ctx context.Context) error {
 		if !errors.As(err, new(netlink.LinkNotFoundError)) {
 			return fmt.Errorf("bridge %s: %w", m.cfg.Bridge, err)
 		}
-		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: m.cfg.Bridge}}); err != nil && !errors.Is(err, unix.EEXIST) {
+		// With a MAC of its own (bridgeMAC): a bridge without one takes
+		// its lowest port's, which changes as sandboxes come and go under
+		// the gateway entry every sandbox was seeded with.
+		la := netlink.LinkAttrs{Name: m.cfg.Bridge, HardwareAddr: bridgeMAC(m.cfg.Bridge)}
+		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: la}); err != nil && !errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("create bridge %s: %w", m.cfg.Bridge, err)
 		}
 		if br, err = netlink.LinkByName(m.cfg.Bridge); err != nil {
@@ -343,6 +365,9 @@ func (m *Manager) Setup(ctx context.Context) error {
 		}
 	}
 	if err := raiseNeighbourTable(m.cfg.Subnet); err != nil {
+		return err
+	}
+	if err := m.setupBridges(); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -394,9 +419,16 @@ func (m *Manager) allocate(id string) (netip.Addr, error) {
 	if !m.last.IsValid() || !usable(start) {
 		start = first
 	}
+	full := func() error {
+		return fmt.Errorf("subnet %s is full (%d sandboxes): give the server a larger --subnet (a /20 holds 4,093): %w",
+			m.cfg.Subnet, len(m.used), errdefs.ErrResourceExhausted)
+	}
 	ip := start
 	for {
 		if _, taken := m.used[ip]; !taken {
+			if !m.pickBridge(id) {
+				return netip.Addr{}, full()
+			}
 			m.used[ip] = id
 			m.last = ip
 			m.endpoints[id] = Endpoint{IP: ip, Gateway: m.gateway, NetNSPath: m.nsPath(id), Deferred: m.cfg.Deferred}
@@ -406,7 +438,7 @@ func (m *Manager) allocate(id string) (netip.Addr, error) {
 			ip = first
 		}
 		if ip == start {
-			return netip.Addr{}, fmt.Errorf("subnet %s full: %w", m.cfg.Subnet, errdefs.ErrResourceExhausted)
+			return netip.Addr{}, full()
 		}
 	}
 }
@@ -418,6 +450,7 @@ func (m *Manager) release(id string) {
 		delete(m.used, ep.IP)
 	}
 	delete(m.endpoints, id)
+	m.dropBridge(id)
 	delete(m.denied, id)
 	delete(m.byName, id)
 }
@@ -440,8 +473,13 @@ func (m *Manager) Attach(ctx context.Context, id string, p Policy) (ep Endpoint,
 			}
 		}
 	}()
-	undo = append(undo, func() { m.release(id) })
-	m.forgetNeighbour(ip)
+	undo = append(undo, func() {
+		i, _ := m.bridgeOfID(id)
+		_ = m.unrouteSandbox(i, ip)
+		m.release(id)
+		_ = m.pruneBridge(i)
+	})
+	m.forgetNeighbour(id, ip)
 
 	path := m.nsPath(id)
 	// Record the address before the netns exists: gVisor strips it from
@@ -472,7 +510,7 @@ func (m *Manager) Attach(ctx context.Context, id string, p Policy) (ep Endpoint,
 	if err := m.addSpoofRules(id, ip); err != nil {
 		return Endpoint{}, err
 	}
-	undo = append(undo, func() { _ = m.removeSpoofRules(id) })
+	undo = append(undo, func() { _ = m.removeSpoofRules(id, ip) })
 	undo = append(undo, func() {
 		_ = m.setNoInternet(ip, false)
 		_ = m.setMember(byNameSet, ip, false)
@@ -588,8 +626,10 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 	if e := m.egressOf(); e != nil {
 		e.Unbind(id)
 	}
-	if err := m.removeSpoofRules(id); err != nil {
-		errs = append(errs, err)
+	if ok {
+		if err := m.removeSpoofRules(id, ep.IP); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	for _, name := range []string{m.hostVeth(id), m.peerVeth(id)} {
 		if err := deleteLink(name); err != nil {
@@ -602,10 +642,19 @@ func (m *Manager) Detach(ctx context.Context, id string) error {
 	if err := os.Remove(m.addrPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
 	}
+	bridge, _ := m.bridgeOfID(id)
+	if ok {
+		if err := m.unrouteSandbox(bridge, ep.IP); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("detach %s: %w", id, err)
 	}
 	m.release(id)
+	if err := m.pruneBridge(bridge); err != nil {
+		return fmt.Errorf("detach %s: %w", id, err)
+	}
 	return nil
 }
 

@@ -106,16 +106,7 @@ func TestSetupWithManySandboxes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bt, ch := bridgeTable(cfg)
-	rules, err := c.GetRules(bt, ch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids := map[string]bool{}
-	for _, r := range rules {
-		ids[string(r.UserData)] = true
-	}
-	if len(ids) < n {
-		t.Fatalf("anti-spoofing rules for %d sandboxes after the restart, want %d", len(ids), n)
+	if p, a := spoofSetSizes(t, c, cfg); p < n || a < n {
+		t.Fatalf("anti-spoofing elements for %d ports and %d addresses after the restart, want %d", p, a, n)
 	}
 }

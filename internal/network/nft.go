@@ -20,6 +20,9 @@ const noInternetSet = "no_internet"
 // whatever the address, since only the Host or SNI can decide them.
 const byNameSet = "by_name"
 
+// bridgesSet holds the names of the server's bridges.
+const bridgesSet = "bridges"
+
 // privateRanges are never reachable from a sandbox, whatever its policy.
 var privateRanges = []netip.Prefix{
 	netip.MustParsePrefix("10.0.0.0/8"),
@@ -223,7 +226,24 @@ func (m *Manager) installRules(keep, keepByName []netip.Addr) error {
 	// rules let through: its allowOut/denyOut chain, then no_internet.
 	policy := c.AddChain(&nftables.Chain{Name: "policy", Table: t})
 
-	br := m.cfg.Bridge
+	// Every bridge of the server, made or still to be made (bridges.go):
+	// a sandbox on any of them is under the same rules.
+	brSet := &nftables.Set{Table: t, Name: bridgesSet, KeyType: nftables.TypeIFName}
+	vals = nil
+	for _, n := range m.bridgeNames() {
+		vals = append(vals, nftables.SetElement{Key: ifname(n)})
+	}
+	if err := c.AddSet(brSet, vals); err != nil {
+		return fmt.Errorf("nftables set: %w", err)
+	}
+	onBridge := func(key expr.MetaKey, in bool) []expr.Any {
+		return []expr.Any{
+			&expr.Meta{Key: key, Register: 1},
+			&expr.Lookup{SourceRegister: 1, SetName: brSet.Name, SetID: brSet.ID, Invert: !in},
+		}
+	}
+	fromBr := func() []expr.Any { return onBridge(expr.MetaKeyIIFNAME, true) }
+	toBr := func(in bool) []expr.Any { return onBridge(expr.MetaKeyOIFNAME, in) }
 	add := func(ch *nftables.Chain, e []expr.Any) {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: e})
 	}
@@ -241,25 +261,25 @@ func (m *Manager) installRules(keep, keepByName []netip.Addr) error {
 	// connections the host opened (gateway → envd) still pass, and so do
 	// connections nftables itself redirected to the egress proxy and DNS
 	// resolver (never a direct connection to their ports).
-	add(input, rule(iifname(br), ctEstablishedRelated(), accept()))
+	add(input, rule(fromBr(), ctEstablishedRelated(), accept()))
 	if e := m.egressPorts; e.Proxy != 0 {
 		for _, pp := range []struct {
 			proto byte
 			port  uint16
 		}{{unix.IPPROTO_TCP, e.Proxy}, {unix.IPPROTO_TCP, e.DNS}, {unix.IPPROTO_UDP, e.DNS}} {
-			add(input, rule(iifname(br), ctDNAT(), ipInPrefix(16, netip.PrefixFrom(m.gateway, 32)), l4Port(pp.proto, pp.port), accept()))
+			add(input, rule(fromBr(), ctDNAT(), ipInPrefix(16, netip.PrefixFrom(m.gateway, 32)), l4Port(pp.proto, pp.port), accept()))
 		}
 	}
-	deny(input, iifname(br))
+	deny(input, fromBr())
 
 	add(forward, rule(ctEstablishedRelated(), accept()))
-	deny(forward, iifname(br), oifname(expr.CmpOpEq, br))
-	deny(forward, iifname(br), ipInPrefix(16, netip.MustParsePrefix("169.254.0.0/16")))
+	deny(forward, fromBr(), toBr(true))
+	deny(forward, fromBr(), ipInPrefix(16, netip.MustParsePrefix("169.254.0.0/16")))
 	// Ranges the operator opened, and the host's nameservers on port 53, are
 	// reachable like the internet: subject to the sandbox's policy.
 	for _, p := range m.cfg.OperatorAllow {
-		add(forward, rule(iifname(br), ipInPrefix(16, p), jumpPolicy))
-		add(forward, rule(iifname(br), ipInPrefix(16, p), accept()))
+		add(forward, rule(fromBr(), ipInPrefix(16, p), jumpPolicy))
+		add(forward, rule(fromBr(), ipInPrefix(16, p), accept()))
 	}
 	for _, ns := range m.dns {
 		ip, err := netip.ParseAddr(ns)
@@ -267,28 +287,28 @@ func (m *Manager) installRules(keep, keepByName []netip.Addr) error {
 			continue
 		}
 		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-			add(forward, rule(iifname(br), ipInPrefix(16, netip.PrefixFrom(ip, 32)), l4Port(proto, 53), jumpPolicy))
-			add(forward, rule(iifname(br), ipInPrefix(16, netip.PrefixFrom(ip, 32)), l4Port(proto, 53), accept()))
+			add(forward, rule(fromBr(), ipInPrefix(16, netip.PrefixFrom(ip, 32)), l4Port(proto, 53), jumpPolicy))
+			add(forward, rule(fromBr(), ipInPrefix(16, netip.PrefixFrom(ip, 32)), l4Port(proto, 53), accept()))
 		}
 	}
 	// Sandboxes allowed out still reach no private network (the LAN, the
 	// cloud's internal services).
 	for _, p := range privateRanges {
-		deny(forward, iifname(br), ipInPrefix(16, p))
+		deny(forward, fromBr(), ipInPrefix(16, p))
 	}
-	add(forward, rule(iifname(br), jumpPolicy))
+	add(forward, rule(fromBr(), jumpPolicy))
 	// Nothing outside the host opens connections into a sandbox.
-	deny(forward, oifname(expr.CmpOpEq, br))
+	deny(forward, toBr(true))
 
 	// NAT chains see the first packet of each flow only: every UDP or ICMP
 	// flow the policy let out is logged once (TCP goes through the proxy,
 	// which records it).
 	if lg := logTo(m.egressPorts.LogGroup, LogAllowed); lg != nil {
-		add(post, rule(ipInPrefix(12, m.cfg.Subnet), oifname(expr.CmpOpNeq, br),
+		add(post, rule(ipInPrefix(12, m.cfg.Subnet), toBr(false),
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: []byte{unix.IPPROTO_TCP}}, lg))
 	}
-	add(post, rule(ipInPrefix(12, m.cfg.Subnet), oifname(expr.CmpOpNeq, br), &expr.Masq{}))
+	add(post, rule(ipInPrefix(12, m.cfg.Subnet), toBr(false), &expr.Masq{}))
 
 	if e := m.egressPorts; e.Proxy != 0 {
 		// Denied TCP fails at the SYN, before the redirect below: a reset
@@ -300,30 +320,30 @@ func (m *Manager) installRules(keep, keepByName []netip.Addr) error {
 		pf := c.AddChain(&nftables.Chain{Name: "prefilter", Table: t, Type: nftables.ChainTypeFilter,
 			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityMangle, Policy: &accepting})
 		tcp := l4Proto(unix.IPPROTO_TCP)
-		add(pf, rule(iifname(br), ctEstablishedRelated(), accept()))
-		add(pf, rule(iifname(br), l4Port(unix.IPPROTO_TCP, 53), accept())) // to the resolver
+		add(pf, rule(fromBr(), ctEstablishedRelated(), accept()))
+		add(pf, rule(fromBr(), l4Port(unix.IPPROTO_TCP, 53), accept())) // to the resolver
 		// The host on any of its addresses (the gateway too), link-local
 		// and metadata addresses, other sandboxes.
-		deny(pf, iifname(br), tcp, fibDaddrLocal())
-		deny(pf, iifname(br), tcp, ipInPrefix(16, netip.MustParsePrefix("169.254.0.0/16")))
-		deny(pf, iifname(br), tcp, ipInPrefix(16, m.cfg.Subnet))
+		deny(pf, fromBr(), tcp, fibDaddrLocal())
+		deny(pf, fromBr(), tcp, ipInPrefix(16, netip.MustParsePrefix("169.254.0.0/16")))
+		deny(pf, fromBr(), tcp, ipInPrefix(16, m.cfg.Subnet))
 		byName := func(match ...any) {
 			for _, port := range []uint16{80, 443} {
-				add(pf, rule(append(match, iifname(br), isIPv4(), saddr,
+				add(pf, rule(append(match, fromBr(), isIPv4(), saddr,
 					&expr.Lookup{SourceRegister: 1, SetName: nameSet.Name, SetID: nameSet.ID},
 					l4Port(unix.IPPROTO_TCP, port), accept())...))
 			}
 		}
 		for _, p := range m.cfg.OperatorAllow {
 			byName(ipInPrefix(16, p))
-			add(pf, rule(iifname(br), tcp, ipInPrefix(16, p), jumpPolicy))
-			add(pf, rule(iifname(br), tcp, ipInPrefix(16, p), accept()))
+			add(pf, rule(fromBr(), tcp, ipInPrefix(16, p), jumpPolicy))
+			add(pf, rule(fromBr(), tcp, ipInPrefix(16, p), accept()))
 		}
 		for _, p := range append(privateRanges, netip.MustParsePrefix("224.0.0.0/3"), netip.MustParsePrefix("0.0.0.0/8")) {
-			deny(pf, iifname(br), tcp, ipInPrefix(16, p))
+			deny(pf, fromBr(), tcp, ipInPrefix(16, p))
 		}
 		byName()
-		add(pf, rule(iifname(br), tcp, jumpPolicy))
+		add(pf, rule(fromBr(), tcp, jumpPolicy))
 
 		// Every TCP connection and DNS query a sandbox opens goes to the host's
 		// egress proxy and resolver, which apply the policy by name and
@@ -331,9 +351,9 @@ func (m *Manager) installRules(keep, keepByName []netip.Addr) error {
 		// ranges and other sandboxes as the forward chain does.
 		pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
 			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accepting})
-		add(pre, rule(iifname(br), isIPv4(), l4Port(unix.IPPROTO_UDP, 53), redirectTo(e.DNS)))
-		add(pre, rule(iifname(br), isIPv4(), l4Port(unix.IPPROTO_TCP, 53), redirectTo(e.DNS)))
-		add(pre, rule(iifname(br), isIPv4(), l4Proto(unix.IPPROTO_TCP), redirectTo(e.Proxy)))
+		add(pre, rule(fromBr(), isIPv4(), l4Port(unix.IPPROTO_UDP, 53), redirectTo(e.DNS)))
+		add(pre, rule(fromBr(), isIPv4(), l4Port(unix.IPPROTO_TCP, 53), redirectTo(e.DNS)))
+		add(pre, rule(fromBr(), isIPv4(), l4Proto(unix.IPPROTO_TCP), redirectTo(e.Proxy)))
 	}
 
 	// Anti-spoofing, on the bridge ports themselves: a sandbox sends only
@@ -342,14 +362,24 @@ func (m *Manager) installRules(keep, keepByName []netip.Addr) error {
 	bt := c.AddTable(&nftables.Table{Name: m.cfg.Table, Family: nftables.TableFamilyBridge})
 	bpre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: bt, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityFilter, Policy: &accepting})
+	ports, pairs := spoofSets(bt)
+	var portVals, pairVals []nftables.SetElement
 	m.mu.Lock()
 	for id, ep := range m.endpoints {
-		for _, r := range spoofRules(bt, bpre, id, m.hostVeth(id), ep.IP) {
-			c.AddRule(r)
-		}
+		port, pair := spoofElements(m.hostVeth(id), ep.IP)
+		portVals, pairVals = append(portVals, port), append(pairVals, pair)
 	}
 	m.ipChains = map[string]bool{}
 	m.mu.Unlock()
+	if err := c.AddSet(ports, portVals); err != nil {
+		return fmt.Errorf("nftables set: %w", err)
+	}
+	if err := c.AddSet(pairs, pairVals); err != nil {
+		return fmt.Errorf("nftables set: %w", err)
+	}
+	for _, r := range spoofRules(bt, bpre, ports, pairs) {
+		c.AddRule(r)
+	}
 
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("nftables table %s: %w", m.cfg.Table, err)
@@ -403,13 +433,34 @@ func redirectTo(port uint16) []expr.Any {
 	}
 }
 
-// spoofRules drop frames from the sandbox's bridge port that carry another
-// source address (IPv4 or ARP), and every other protocol.
-func spoofRules(t *nftables.Table, ch *nftables.Chain, id, port string, ip netip.Addr) []*nftables.Rule {
+// The anti-spoofing sets of the bridge table: the host ends of the
+// server's sandboxes, and each one with its sandbox's address. Elements,
+// not a rule per sandbox: adding and removing one is exact (removing rules
+// needs a listing of them all, which the kernel may cut short while other
+// sandboxes change them, and which grows with every sandbox), and a frame
+// is checked with two hash lookups however many sandboxes there are.
+const (
+	portsSet     = "ports"
+	portAddrsSet = "port_addrs"
+)
+
+func spoofSets(t *nftables.Table) (ports, pairs *nftables.Set) {
+	return &nftables.Set{Table: t, Name: portsSet, KeyType: nftables.TypeIFName},
+		&nftables.Set{Table: t, Name: portAddrsSet, KeyType: nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr), Concatenation: true}
+}
+
+func spoofElements(port string, ip netip.Addr) (nftables.SetElement, nftables.SetElement) {
 	a := ip.As4()
+	return nftables.SetElement{Key: ifname(port)}, nftables.SetElement{Key: append(ifname(port), a[:]...)}
+}
+
+// spoofRules drop frames from a sandbox's bridge port that carry another
+// source address (IPv4 or ARP), and every other protocol. Ports that are
+// not the server's (another server's, the host's own) are left alone.
+func spoofRules(t *nftables.Table, ch *nftables.Chain, ports, pairs *nftables.Set) []*nftables.Rule {
 	onPort := []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(port)},
+		&expr.Lookup{SourceRegister: 1, SetName: ports.Name, SetID: ports.ID},
 	}
 	proto := func(ethertype uint16) []expr.Any {
 		return []expr.Any{
@@ -417,20 +468,23 @@ func spoofRules(t *nftables.Table, ch *nftables.Chain, id, port string, ip netip
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(ethertype)},
 		}
 	}
-	field := func(offset uint32) []expr.Any {
+	// The port's name and the address at offset, concatenated in the
+	// 32-bit registers (8: NFT_REG32_00; the name takes four), are not a
+	// pair of the set.
+	notPair := func(offset uint32) []expr.Any {
 		return []expr.Any{
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: a[:]},
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 8},
+			&expr.Payload{DestRegister: 12, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
+			&expr.Lookup{SourceRegister: 8, SetName: pairs.Name, SetID: pairs.ID, Invert: true},
 		}
 	}
 	drop := &expr.Verdict{Kind: expr.VerdictDrop}
-	tag := []byte(id)
 	return []*nftables.Rule{
-		{Table: t, Chain: ch, UserData: tag, Exprs: rule(onPort, proto(unix.ETH_P_IP), field(12), drop)},
+		{Table: t, Chain: ch, Exprs: rule(onPort, proto(unix.ETH_P_IP), notPair(12), drop)},
 		// ARP sender protocol address: after htype, ptype, hlen, plen, oper
 		// and the 6-byte sender hardware address.
-		{Table: t, Chain: ch, UserData: tag, Exprs: rule(onPort, proto(unix.ETH_P_ARP), field(14), drop)},
-		{Table: t, Chain: ch, UserData: tag, Exprs: rule(onPort,
+		{Table: t, Chain: ch, Exprs: rule(onPort, proto(unix.ETH_P_ARP), notPair(14), drop)},
+		{Table: t, Chain: ch, Exprs: rule(onPort,
 			&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.BigEndian.PutUint16(unix.ETH_P_IP)},
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.BigEndian.PutUint16(unix.ETH_P_ARP)},
@@ -443,47 +497,50 @@ func bridgeTable(cfg Config) (*nftables.Table, *nftables.Chain) {
 	return t, &nftables.Chain{Name: "prerouting", Table: t}
 }
 
-// addSpoofRules installs the anti-spoofing rules of one sandbox.
+// addSpoofRules puts one sandbox's port and address in the anti-spoofing
+// sets.
 func (m *Manager) addSpoofRules(id string, ip netip.Addr) error {
 	c, err := nftables.New()
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
-	t, ch := bridgeTable(m.cfg)
-	for _, r := range spoofRules(t, ch, id, m.hostVeth(id), ip) {
-		c.AddRule(r)
+	t, _ := bridgeTable(m.cfg)
+	ports, pairs := spoofSets(t)
+	port, pair := spoofElements(m.hostVeth(id), ip)
+	// The pair first: a port in the set without it is a port whose every
+	// frame is dropped, never one that is let through.
+	if err := c.SetAddElements(pairs, []nftables.SetElement{pair}); err != nil {
+		return fmt.Errorf("nftables anti-spoofing set: %w", err)
+	}
+	if err := c.SetAddElements(ports, []nftables.SetElement{port}); err != nil {
+		return fmt.Errorf("nftables anti-spoofing set: %w", err)
 	}
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("nftables anti-spoofing rules (is Setup done?): %w", err)
+		return fmt.Errorf("nftables anti-spoofing sets (is Setup done?): %w", err)
 	}
 	return nil
 }
 
-// removeSpoofRules deletes the rules addSpoofRules made for id.
-func (m *Manager) removeSpoofRules(id string) error {
-	c, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("nftables: %w", err)
-	}
-	t, ch := bridgeTable(m.cfg)
-	rules, err := c.GetRules(t, ch)
-	if err != nil {
-		return nil // no table: nothing to remove
-	}
-	n := 0
-	for _, r := range rules {
-		if string(r.UserData) == id {
-			if err := c.DelRule(r); err != nil {
-				return fmt.Errorf("nftables: %w", err)
-			}
-			n++
+// removeSpoofRules takes what addSpoofRules added out of the sets; what is
+// not there is not an error.
+func (m *Manager) removeSpoofRules(id string, ip netip.Addr) error {
+	t, _ := bridgeTable(m.cfg)
+	ports, pairs := spoofSets(t)
+	port, pair := spoofElements(m.hostVeth(id), ip)
+	for _, e := range []struct {
+		set *nftables.Set
+		el  nftables.SetElement
+	}{{ports, port}, {pairs, pair}} {
+		c, err := nftables.New()
+		if err != nil {
+			return fmt.Errorf("nftables: %w", err)
 		}
-	}
-	if n == 0 {
-		return nil
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("nftables anti-spoofing rules: %w", err)
+		if err := c.SetDeleteElements(e.set, []nftables.SetElement{e.el}); err != nil {
+			return fmt.Errorf("nftables anti-spoofing set: %w", err)
+		}
+		if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("nftables anti-spoofing set %s: %w", e.set.Name, err)
+		}
 	}
 	return nil
 }

@@ -106,8 +106,9 @@ func (m *Manager) vethPair(id string) (string, error) {
 // spreads reuse out, but a restarted server starts over), and a stale
 // entry would send the new sandbox's first packets to the old MAC for
 // seconds, past envd's start deadline.
-func (m *Manager) forgetNeighbour(ip netip.Addr) {
-	br, err := netlink.LinkByName(m.cfg.Bridge)
+func (m *Manager) forgetNeighbour(id string, ip netip.Addr) {
+	_, name := m.bridgeOfID(id)
+	br, err := netlink.LinkByName(name)
 	if err != nil {
 		return
 	}
@@ -120,9 +121,9 @@ func (m *Manager) forgetNeighbour(ip netip.Addr) {
 // addVeth creates the pair: the host end on the bridge, isolated and up,
 // the other named peer, in the netns open as fd nsFD (-1: the host's).
 func (m *Manager) addVeth(id, peer string, nsFD int) error {
-	br, err := netlink.LinkByName(m.cfg.Bridge)
+	br, err := m.bridgeFor(id)
 	if err != nil {
-		return fmt.Errorf("bridge %s (is Setup done?): %w", m.cfg.Bridge, errdefs.ErrUnavailable)
+		return fmt.Errorf("%w: %w", err, errdefs.ErrUnavailable)
 	}
 	hostName := m.hostVeth(id)
 	veth := &netlink.Veth{
@@ -340,13 +341,14 @@ func (m *Manager) Plug(ctx context.Context, id string, pid int) error {
 // after a second (retrans_time_ms). h is a netlink handle in the sandbox's
 // netns.
 func (m *Manager) seedNeighbours(h *netlink.Handle, id string, ip netip.Addr) error {
-	br, err := netlink.LinkByName(m.cfg.Bridge)
+	_, name := m.bridgeOfID(id)
+	br, err := netlink.LinkByName(name)
 	if err != nil {
-		return fmt.Errorf("bridge %s: %w", m.cfg.Bridge, err)
+		return fmt.Errorf("bridge %s: %w", name, err)
 	}
 	if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: br.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_REACHABLE,
 		IP: ip.AsSlice(), HardwareAddr: sandboxMAC(id)}); err != nil {
-		return fmt.Errorf("neighbour entry of %s on %s: %w", ip, m.cfg.Bridge, err)
+		return fmt.Errorf("neighbour entry of %s on %s: %w", ip, name, err)
 	}
 	eth, err := h.LinkByName("eth0")
 	if err != nil {

@@ -274,9 +274,8 @@ func TestIPPolicy(t *testing.T) {
 				t.Errorf("chain %s left", ch.Name)
 			}
 		}
-		bt, bch := bridgeTable(cfg)
-		if rules, err := c.GetRules(bt, bch); err != nil || len(rules) != 0 {
-			t.Errorf("anti-spoofing rules left: %d, %v", len(rules), err)
+		if p, a := spoofSetSizes(t, c, cfg); p != 0 || a != 0 {
+			t.Errorf("anti-spoofing elements left: %d ports, %d addresses", p, a)
 		}
 	})
 }
