@@ -258,10 +258,15 @@ func TestKubeAPIConformance(t *testing.T) {
 			rc := condition(u, "Ready")
 			return rc != nil && rc.Status == metav1.ConditionTrue && id != "", fmtCond(rc)
 		})
-		sbx, err := sdkA.Connect(ctx, id, 5*time.Minute)
-		if err != nil {
-			t.Fatalf("connect to the claim's sandbox %s through the replica: %v", id, err)
-		}
+		// The replica reads Sandboxes from its informer cache, which may
+		// see the claimed Sandbox's id label a moment after the claim is
+		// Ready: a connect right then can answer 404.
+		var sbx *agentbox.Sandbox
+		waitFor(ctx, t, "the replica to know the claim's sandbox "+id, func() (bool, string) {
+			var err error
+			sbx, err = sdkA.Connect(ctx, id, 5*time.Minute)
+			return err == nil, fmt.Sprint(err)
+		})
 		res, err := sbx.Commands.Run(ctx, "echo $FROM_TEMPLATE")
 		if err != nil || strings.TrimSpace(res.Stdout) != "tpl-value" {
 			t.Fatalf("command in the claim's sandbox through the replica: %v %+v", err, res)

@@ -248,9 +248,21 @@ func TestKubeScaleKwok(t *testing.T) {
 
 	t.Run("deleting the claims removes their Sandboxes, deleting the pools the rest", func(t *testing.T) {
 		t0 := time.Now()
-		if err := c.DeleteAllOf(ctx, &extv1.SandboxClaim{}, client.InNamespace(ns)); err != nil {
+		// One deletecollection of 1,000 claims can outlast the API server's
+		// 60 s request timeout on a loaded host (the stream is reset while
+		// the deletion goes on): send it again until one call completes.
+		deleteAll := func(obj client.Object) {
+			t.Helper()
+			var err error
+			for range 5 {
+				if err = c.DeleteAllOf(ctx, obj, client.InNamespace(ns)); err == nil {
+					return
+				}
+				t.Logf("delete %T collection: %v; sending it again", obj, err)
+			}
 			t.Fatal(err)
 		}
+		deleteAll(&extv1.SandboxClaim{})
 		waitFor(ctx, t, "claims and their Sandboxes to go", func() (bool, string) {
 			var claims extv1.SandboxClaimList
 			if err := c.List(ctx, &claims, client.InNamespace(ns)); err != nil {
@@ -261,9 +273,7 @@ func TestKubeScaleKwok(t *testing.T) {
 		})
 		t.Logf("%d claims and their Sandboxes deleted in %v", n, time.Since(t0).Round(time.Millisecond))
 		for _, o := range []client.Object{&extv1.SandboxWarmPool{}, &extv1.SandboxTemplate{}} {
-			if err := c.DeleteAllOf(ctx, o, client.InNamespace(ns)); err != nil {
-				t.Fatal(err)
-			}
+			deleteAll(o)
 		}
 		waitFor(ctx, t, "nothing left", func() (bool, string) {
 			var pools extv1.SandboxWarmPoolList
