@@ -112,24 +112,11 @@ func storedImageOf(u *unstructured.Unstructured) (img struct {
 	return img, ok && json.Unmarshal([]byte(raw), &img) == nil
 }
 
-// events lists the reasons and notes of the events of the Sandbox name.
+// events lists the reasons and notes of the events of the Sandbox name
+// in the test namespace.
 func events(ctx context.Context, t *testing.T, c client.Client, name string) []string {
 	t.Helper()
-	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(schema.GroupVersionKind{Group: "events.k8s.io", Version: "v1", Kind: "EventList"})
-	if err := c.List(ctx, list, client.InNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, e := range list.Items {
-		reason, _, _ := unstructured.NestedString(e.Object, "reason")
-		note, _, _ := unstructured.NestedString(e.Object, "note")
-		who, _, _ := unstructured.NestedString(e.Object, "regarding", "name")
-		if who == name {
-			out = append(out, reason+": "+note)
-		}
-	}
-	return out
+	return eventsIn(ctx, t, c, ns, name)
 }
 
 // leftovers lists what sandbox id left on the host of s: mounts, files

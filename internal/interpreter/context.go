@@ -59,12 +59,7 @@ type codeContext struct {
 }
 
 func newCodeContext(language, cwd string, start func(context.Context) (kernel, error)) *codeContext {
-	env := map[string]string{}
-	for _, kv := range os.Environ() {
-		k, v, _ := strings.Cut(kv, "=")
-		env[k] = v
-	}
-	return &codeContext{ID: newID(), Language: language, Cwd: cwd, start: start, env: env, ready: make(chan struct{})}
+	return &codeContext{ID: newID(), Language: language, Cwd: cwd, start: start, env: envMap(os.Environ()), ready: make(chan struct{})}
 }
 
 // boot starts the kernel; it returns when the attempt ended.

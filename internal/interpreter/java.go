@@ -66,15 +66,6 @@ func envPropertiesCode(env map[string]string) string {
 	return b.String()
 }
 
-func envMap(kvs []string) map[string]string {
-	env := make(map[string]string, len(kvs))
-	for _, kv := range kvs {
-		k, v, _ := strings.Cut(kv, "=")
-		env[k] = v
-	}
-	return env
-}
-
 // compileJavaKernel compiles the kernel once per version of its source,
 // with the javac next to java, and returns the class directory. Kernels
 // starting at the same time may each compile it; one rename wins.

@@ -156,3 +156,13 @@ func kernelEnv(extra map[string]string) []string {
 	}
 	return out
 }
+
+// envMap maps NAME=value entries (os.Environ, an exec.Cmd's Env) by name.
+func envMap(kvs []string) map[string]string {
+	env := make(map[string]string, len(kvs))
+	for _, kv := range kvs {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	return env
+}
