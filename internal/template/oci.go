@@ -138,8 +138,9 @@ func (s *Store) importImage(ctx context.Context, src string, auth *RegistryAuth,
 			return nil, fmt.Errorf("image %s: layer %d: %w", src, i+1, fetchErr(err))
 		}
 		if budget.MaxBytes <= 0 || budget.MaxFiles <= 0 {
-			return nil, fmt.Errorf("image %s: layer %d: the layers before it used up the limits of %d MiB and %d files unpacked per image: %w",
-				src, i+1, s.unpack.withDefaults().MaxBytes>>20, s.unpack.withDefaults().MaxFiles, errdefs.ErrTooLarge)
+			lim := s.unpack.withDefaults()
+			return nil, fmt.Errorf("image %s: layer %d: the layers before it used up the limits of %s and %d files unpacked per image: %w",
+				src, i+1, sizeName(lim.MaxBytes), lim.MaxFiles, errdefs.ErrTooLarge)
 		}
 		id := LayerKey("oci-diff", diff.String())
 		var stats unpackStats

@@ -88,7 +88,7 @@ func unpackLimited(ctx context.Context, r io.Reader, dir string, lim UnpackLimit
 		}
 		st.Entries++
 		if st.Entries > lim.MaxFiles {
-			return st, fmt.Errorf("more than %d entries (limit: %d files per archive): %w", lim.MaxFiles, lim.MaxFiles, errdefs.ErrTooLarge)
+			return st, fmt.Errorf("more than %d entries (limit: %d files unpacked): %w", lim.MaxFiles, lim.MaxFiles, errdefs.ErrTooLarge)
 		}
 		name, ok := cleanEntryName(hdr.Name)
 		if !ok {
@@ -165,8 +165,8 @@ func unpackLimited(ctx context.Context, r io.Reader, dir string, lim UnpackLimit
 			// The declared size (a sparse entry's holes included) must fit
 			// before anything is written.
 			if hdr.Size > lim.MaxBytes-*written {
-				return st, fmt.Errorf("%.64q declares %d bytes, more than the %d left of the limit of %d MiB unpacked: %w",
-					name, hdr.Size, lim.MaxBytes-*written, lim.MaxBytes>>20, errdefs.ErrTooLarge)
+				return st, fmt.Errorf("%s declares %d bytes, more than the %d bytes left of the limit of %s unpacked: %w",
+					shortName(name), hdr.Size, lim.MaxBytes-*written, sizeName(lim.MaxBytes), errdefs.ErrTooLarge)
 			}
 			f, err := root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 			if err != nil {

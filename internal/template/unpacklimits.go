@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/klauspost/compress/zstd"
@@ -74,13 +75,34 @@ func tooLarge(format string, args ...any) error {
 	return fmt.Errorf(format+": %w", append(args, errdefs.ErrTooLarge)...)
 }
 
+// sizeName writes n bytes for a message: "10 GiB", "64 MiB", "3072 bytes".
+func sizeName(n int64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// shortName quotes an entry name for a message, cut to 64 bytes.
+func shortName(p string) string {
+	if len(p) > 64 {
+		return strconv.Quote(p[:64]) + "…"
+	}
+	return strconv.Quote(p)
+}
+
 // checkPath refuses an entry name or link target past the path limits.
 func (l UnpackLimits) checkPath(what, p string) error {
 	if len(p) > l.MaxPathBytes {
-		return tooLarge("%s %.64q...: %d bytes long, more than the limit of %d bytes per path", what, p, len(p), l.MaxPathBytes)
+		return tooLarge("%s %s: %d bytes long, more than the limit of %d bytes per path", what, shortName(p), len(p), l.MaxPathBytes)
 	}
 	if d := strings.Count(p, "/") + 1; d > l.MaxPathDepth {
-		return tooLarge("%s %.64q...: %d levels deep, more than the limit of %d", what, p, d, l.MaxPathDepth)
+		return tooLarge("%s %s: %d levels deep, more than the limit of %d levels per path", what, shortName(p), d, l.MaxPathDepth)
 	}
 	return nil
 }
@@ -89,8 +111,8 @@ func (l UnpackLimits) checkPath(what, p string) error {
 // received so far.
 func (l UnpackLimits) checkRatio(unpacked, archive int64) error {
 	if unpacked > l.RatioGrace && unpacked/l.MaxRatio > archive {
-		return tooLarge("the archive unpacks to more than %d times its size (%d bytes from %d received; limit: ratio %d:1 past the first %d MiB)",
-			l.MaxRatio, unpacked, archive, l.MaxRatio, l.RatioGrace>>20)
+		return tooLarge("the archive unpacks to more than %d times its size (%d bytes from %d received; limit: decompression ratio %d:1 past the first %s)",
+			l.MaxRatio, unpacked, archive, l.MaxRatio, sizeName(l.RatioGrace))
 	}
 	return nil
 }
@@ -191,11 +213,11 @@ type limitedWriter struct {
 func (w *limitedWriter) Write(p []byte) (int, error) {
 	*w.written += int64(len(p))
 	if *w.written > w.lim.MaxBytes {
-		return 0, tooLarge("%.64q: the files unpack to more than %d bytes (limit: %d MiB unpacked)", w.name, w.lim.MaxBytes, w.lim.MaxBytes>>20)
+		return 0, tooLarge("%s: the files unpack to more than the limit of %s", shortName(w.name), sizeName(w.lim.MaxBytes))
 	}
 	if w.archive != nil {
 		if err := w.lim.checkRatio(*w.written, w.archive()); err != nil {
-			return 0, fmt.Errorf("%.64q: %w", w.name, err)
+			return 0, fmt.Errorf("%s: %w", shortName(w.name), err)
 		}
 	}
 	return w.w.Write(p)
