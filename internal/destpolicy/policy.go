@@ -245,7 +245,7 @@ func (p *Policy) DialContext(ctx context.Context, network, address string) (net.
 		addrs = []netip.Addr{a}
 	} else {
 		if _, ok := parseLegacyIPv4(host); ok {
-			return nil, fmt.Errorf("%s is an IP address in a form server-side fetches do not accept; write it as a.b.c.d: %w", address, errdefs.ErrInvalidArgument)
+			return nil, fmt.Errorf("%s names an IP address in a form server-side fetches may not reach; write it as a.b.c.d (an operator can allow the address with %s): %w", address, AllowFlag, errdefs.ErrInvalidArgument)
 		}
 		if addrs, err = p.cfg.Resolver.LookupNetIP(ctx, "ip", host); err != nil {
 			return nil, fmt.Errorf("resolve %s: %w", host, err)
