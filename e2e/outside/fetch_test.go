@@ -63,9 +63,17 @@ func startInternalService(t *testing.T, addr string) *internalService {
 	return s
 }
 
-// hostExternalAddr is an IPv4 address of this host that is not loopback.
+// hostExternalAddr is the host's address on its default route (no packet
+// is sent to find it), or else any non-loopback IPv4 address it has.
 func hostExternalAddr(t *testing.T) netip.Addr {
 	t.Helper()
+	if c, err := net.Dial("udp4", "8.8.8.8:53"); err == nil {
+		a := c.LocalAddr().(*net.UDPAddr).AddrPort().Addr().Unmap()
+		c.Close()
+		if a.IsValid() && !a.IsLoopback() {
+			return a
+		}
+	}
 	as, err := net.InterfaceAddrs()
 	if err != nil {
 		t.Fatal(err)
