@@ -1,7 +1,12 @@
 package outside
 
 import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -215,6 +220,70 @@ func TestFetchAttacks(t *testing.T) {
 		}},
 		{sideBuild, "allowed registry redirects to loopback", func(t *testing.T) error {
 			return check(t, allowedRegistry.Addr().String()+"/probe/app:v1", loopback, "sent the pull elsewhere", "127.0.0.1:"+loopPort+" is a loopback address")
+		}},
+	})
+}
+
+// gzipBomb is a gzipped tar of one file of n zero bytes: about a
+// thousandth of n as sent.
+func gzipBomb(t *testing.T, n int64) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(zw)
+	if err := tw.WriteHeader(&tar.Header{Name: "zeros", Typeflag: tar.TypeReg, Mode: 0o644, Size: n}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.CopyN(tw, zeroReader{}, n); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+// TestUnpackAttacks: the author of a build uploads a context that unpacks
+// to far more than it weighs; the server stops at the ratio limit.
+func TestUnpackAttacks(t *testing.T) {
+	s := server(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	runAttacks(t, []attack{
+		{sideBuild, "context archive that is a gzip bomb", func(t *testing.T) error {
+			b, err := requestBuild(ctx, t, s, s.OtherKey, "outside-bomb")
+			if err != nil {
+				return err
+			}
+			defer s.Do(context.Background(), s.OtherKey, http.MethodDelete, "/templates/"+b.templateID, nil)
+			body := gzipBomb(t, 256<<20)
+			sum := sha256.Sum256(body)
+			hash := hex.EncodeToString(sum[:])
+			if st, rb, err := b.upload(hash, body, true); err != nil || st != http.StatusOK {
+				return fmt.Errorf("upload: %d %s %v", st, rb, err)
+			}
+			res, err := b.run("base", []map[string]any{{"type": "COPY", "args": []string{"zeros", "/opt/"}, "filesHash": hash}})
+			if err != nil {
+				return err
+			}
+			if res == "ready" {
+				return crossed("a %d-byte context unpacked to 256 MiB", len(body))
+			}
+			if !strings.Contains(res, "decompression ratio 100:1") {
+				return crossed("refused for another reason than the ratio limit: %.200s", res)
+			}
+			t.Logf("refused: %s", res)
+			return nil
 		}},
 	})
 }
