@@ -244,8 +244,9 @@ func (p *Policy) DialContext(ctx context.Context, network, address string) (net.
 	if a, ok := parseAddr(host); ok {
 		addrs = []netip.Addr{a}
 	} else {
-		if _, ok := parseLegacyIPv4(host); ok {
-			return nil, fmt.Errorf("%s names an IP address in a form server-side fetches may not reach; write it as a.b.c.d (an operator can allow the address with %s): %w", address, AllowFlag, errdefs.ErrInvalidArgument)
+		if a, ok := parseLegacyIPv4(host); ok {
+			// A C resolver would read it as a; the policy refuses the form.
+			return nil, &RefusedError{Dest: address, Addr: a, Why: "an IP address in a non-canonical form (write it as a.b.c.d)"}
 		}
 		if addrs, err = p.cfg.Resolver.LookupNetIP(ctx, "ip", host); err != nil {
 			return nil, fmt.Errorf("resolve %s: %w", host, err)

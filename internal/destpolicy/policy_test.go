@@ -287,7 +287,7 @@ func TestDialRefusesLoopbackForms(t *testing.T) {
 		if err == nil {
 			resp.Body.Close()
 			t.Errorf("%s: fetched", h)
-		} else if !strings.Contains(err.Error(), "write it as a.b.c.d") {
+		} else if re := (*RefusedError)(nil); !errors.As(err, &re) || !strings.Contains(err.Error(), "write it as a.b.c.d") {
 			t.Errorf("%s: %v, want the non-canonical form refused", h, err)
 		}
 	}
