@@ -75,6 +75,7 @@ type serveConfig struct {
 	VolumeMaxSizeMB int
 	MaxVolumes      int
 	Net             netFlags
+	Fetch           fetchFlags     // fetchflags.go
 	Lifecycle       lifecycleFlags // serve_lifecycle.go
 	Audit           auditFlags     // audit.go
 
@@ -155,6 +156,7 @@ which wins over the file.`,
 	f.IntVar(&c.MaxVolumes, "max-volumes", volume.DefaultMaxPerTeam, "most volumes one team may have")
 	f.IntVar(&c.VolumeTeamMaxTotalMB, "volume-team-max-total-size", volume.DefaultMaxTotalMBPerTeam, "most MiB the sizes of one team's volumes may add up to")
 	addNetFlags(f, &c.Net)
+	addFetchFlags(f, &c.Fetch)
 	addAuditFlags(f, &c.Audit)
 	addKubeFlags(f, &c.Kube)
 	addKubeAPIFlags(f, &c.KubeAPI)
@@ -396,6 +398,12 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// Every fetch a build makes for a tenant goes through this policy.
+	fetchPolicy, err := c.Fetch.policy(subnet)
+	if err != nil {
+		return err
+	}
+	templates.SetFetchPolicy(fetchPolicy)
 	if c.BuildBase {
 		if _, err := templates.Get(ctx, "", "base"); err != nil {
 			fmt.Fprintln(out, "Building the base template (first start only; about 1-2 minutes)...")

@@ -42,7 +42,8 @@ const (
 )
 
 // suite is the package's one server; tests share it through server(t).
-var suite = harness.NewSuite("outside")
+// It allows one registry on loopback (fetch_test.go).
+var suite = harness.NewSuite("outside", fetchAllowArgs())
 
 // table collects the rows of every attack of the run.
 var table results

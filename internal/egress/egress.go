@@ -29,6 +29,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/internal/audit"
+	"github.com/agentbox/agentbox/internal/destpolicy"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/network"
 )
@@ -399,15 +400,20 @@ func (s *Server) platformDenied(dst netip.Addr) string {
 		return "platform: not an IPv4 destination"
 	case s.cfg.Subnet.Contains(dst):
 		return "platform: other sandboxes and the host are unreachable"
-	case dst.IsLoopback() || dst.IsUnspecified():
+	}
+	switch destpolicy.Classify(dst) {
+	case destpolicy.Loopback, destpolicy.Unspecified:
 		return "platform: loopback"
-	case dst.IsLinkLocalUnicast():
+	case destpolicy.LinkLocal:
 		return "platform: link-local and metadata addresses are unreachable"
-	case dst.IsMulticast() || dst == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+	case destpolicy.Multicast, destpolicy.Broadcast:
 		return "platform: multicast and broadcast"
-	case dst.IsPrivate() || netip.MustParsePrefix("100.64.0.0/10").Contains(dst):
+	case destpolicy.Reserved:
+		return "platform: reserved addresses are unreachable"
+	case destpolicy.Private, destpolicy.Shared:
 		return "platform: private networks are unreachable"
-	case s.local.has(dst):
+	}
+	if s.local.has(dst) {
 		return "platform: the host is unreachable"
 	}
 	return ""

@@ -25,6 +25,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"golang.org/x/sys/unix"
 
+	"github.com/agentbox/agentbox/internal/destpolicy"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/testutil"
 )
@@ -172,6 +173,7 @@ func TestImageSources(t *testing.T) {
 	}
 
 	s := newTestStore(t)
+	s.SetFetchPolicy(allowPolicy(t, strings.TrimPrefix(reg.URL, "http://")))
 	for _, src := range []string{SourceOCILayout + layoutDir, SourceDockerArchive + archive, ref} {
 		t.Run(strings.SplitN(src, ":", 2)[0], func(t *testing.T) {
 			var log bytes.Buffer
@@ -202,12 +204,33 @@ func TestImageSources(t *testing.T) {
 	}
 }
 
+// allowPolicy is the destination policy with dest opened.
+func allowPolicy(t *testing.T, dest ...string) *destpolicy.Policy {
+	t.Helper()
+	var cfg destpolicy.Config
+	for _, d := range dest {
+		a, err := destpolicy.ParseAllowed(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Allow = append(cfg.Allow, a)
+	}
+	return destpolicy.New(cfg)
+}
+
 func TestUnreachableRegistry(t *testing.T) {
 	testutil.RequireRoot(t)
 	s := newTestStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	// Loopback is closed unless the operator opens it.
 	_, err := s.BuildFromSpec(ctx, BuildSpec{Name: "x", From: "127.0.0.1:1/nothing/here:v1", FromImage: true}, nil)
+	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "fromImage registry 127.0.0.1:1 is a loopback address") ||
+		!strings.Contains(err.Error(), "--fetch-allow") {
+		t.Fatalf("got %v, want the policy's refusal", err)
+	}
+	s.SetFetchPolicy(allowPolicy(t, "127.0.0.1:1"))
+	_, err = s.BuildFromSpec(ctx, BuildSpec{Name: "x", From: "127.0.0.1:1/nothing/here:v1", FromImage: true}, nil)
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "127.0.0.1:1") {
 		t.Fatalf("got %v, want ErrUnavailable naming the registry", err)
 	}

@@ -10,12 +10,14 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 
+	"github.com/agentbox/agentbox/internal/destpolicy"
 	"github.com/agentbox/agentbox/internal/errdefs"
 )
 
@@ -41,6 +43,11 @@ type Store struct {
 	dir   string
 	log   *slog.Logger
 	locks keyedMutex
+	// fetch carries every request a build makes to a host its input
+	// names (registry pulls): the destination policy's transport, the
+	// package's only way out to such hosts.
+	fetch  http.RoundTripper
+	unpack UnpackLimits // image layers
 }
 
 // NewStore opens (creating if needed) the template directory dir.
@@ -58,8 +65,17 @@ func NewStore(dir string, log *slog.Logger) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Store{dir: abs, log: log.With("component", "template")}, nil
+	return &Store{dir: abs, log: log.With("component", "template"), fetch: destpolicy.New(destpolicy.Config{}).Transport()}, nil
 }
+
+// SetFetchPolicy sets the destination policy of the registry pulls builds
+// make (the default refuses every private, loopback, link-local and host
+// address and allows nothing more). Call it before builds start.
+func (s *Store) SetFetchPolicy(p *destpolicy.Policy) { s.fetch = p.Transport() }
+
+// SetUnpackLimits sets the limits image layers unpack within (zero fields:
+// the defaults). Call it before builds start.
+func (s *Store) SetUnpackLimits(l UnpackLimits) { s.unpack = l }
 
 // privateStore creates dir and keeps other host users out of it: the
 // directory may be searched, not listed (0711, so a build's sandbox, whose

@@ -270,7 +270,7 @@ func TestHostileUploads(t *testing.T) {
 	// A gzip bomb stops at the limit.
 	dst := t.TempDir()
 	big := tarOf(t, []tarEntry{{name: "big", body: strings.Repeat("0", 1<<20)}})
-	if _, err := unpackLimited(ctx, bytes.NewReader(big), dst, unpackLimits{bytes: 1 << 10}); !errors.Is(err, errdefs.ErrTooLarge) {
+	if _, err := unpackArchive(ctx, bytes.NewReader(big), dst, UnpackLimits{MaxBytes: 1 << 10}); !errors.Is(err, errdefs.ErrTooLarge) {
 		t.Errorf("oversized context: %v", err)
 	}
 }

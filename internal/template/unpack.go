@@ -28,6 +28,8 @@ type unpackStats struct {
 	Whiteouts      int
 	SetuidStripped int
 	Rejected       []string // entries skipped as unsafe, with the reason
+	Bytes          int64    // file content written
+	Digest         string   // "sha256:<hex>" of the tar stream (unpackArchive)
 }
 
 func (u *unpackStats) reject(name, why string) {
@@ -48,22 +50,20 @@ func (u *unpackStats) reject(name, why string) {
 //   - whiteouts become overlay whiteouts (0/0 character devices) and opaque
 //     markers become the trusted.overlay.opaque xattr, so the layer stacks
 //     as an overlay lower dir.
+//
+// It unpacks within the default UnpackLimits.
 func unpackLayer(ctx context.Context, r io.Reader, dir string) (unpackStats, error) {
-	return unpackLimited(ctx, r, dir, unpackLimits{})
+	return unpackArchive(ctx, r, dir, UnpackLimits{})
 }
 
-// unpackLimits bounds what an archive may unpack to; zero fields are
-// unlimited.
-type unpackLimits struct {
-	bytes int64 // file content, in total
-	files int   // entries
-}
-
-// unpackLimited is unpackLayer within limits: past them it stops with
-// errdefs.ErrTooLarge.
-func unpackLimited(ctx context.Context, r io.Reader, dir string, lim unpackLimits) (unpackStats, error) {
+// unpackLimited unpacks the tar stream r within lim (defaults applied):
+// past a limit it stops with errdefs.ErrTooLarge. archive, if not nil,
+// says how many bytes of the archive were received so far, for the ratio
+// limit.
+func unpackLimited(ctx context.Context, r io.Reader, dir string, lim UnpackLimits, archive func() int64) (unpackStats, error) {
+	lim = lim.withDefaults()
 	var st unpackStats
-	var written int64
+	written := &st.Bytes
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return st, err
@@ -87,13 +87,21 @@ func unpackLimited(ctx context.Context, r io.Reader, dir string, lim unpackLimit
 			return st, fmt.Errorf("read layer tar: %w", err)
 		}
 		st.Entries++
-		if lim.files > 0 && st.Entries > lim.files {
-			return st, fmt.Errorf("more than %d entries: %w", lim.files, errdefs.ErrTooLarge)
+		if st.Entries > lim.MaxFiles {
+			return st, fmt.Errorf("more than %d entries (limit: %d files unpacked): %w", lim.MaxFiles, lim.MaxFiles, errdefs.ErrTooLarge)
 		}
 		name, ok := cleanEntryName(hdr.Name)
 		if !ok {
 			st.reject(hdr.Name, "path leaves the layer")
 			continue
+		}
+		if err := lim.checkPath("entry", name); err != nil {
+			return st, err
+		}
+		if hdr.Typeflag == tar.TypeSymlink || hdr.Typeflag == tar.TypeLink {
+			if err := lim.checkPath("link target of "+name, hdr.Linkname); err != nil {
+				return st, err
+			}
 		}
 		if name == "." {
 			continue
@@ -154,25 +162,26 @@ func unpackLimited(ctx context.Context, r io.Reader, dir string, lim unpackLimit
 			}
 			dirs = append(dirs, dirTime{name, hdr})
 		case tar.TypeReg, tar.TypeRegA: //nolint:staticcheck // old tars use TypeRegA
+			// The declared size (a sparse entry's holes included) must fit
+			// before anything is written.
+			if hdr.Size > lim.MaxBytes-*written {
+				return st, fmt.Errorf("%s declares %d bytes, more than the %d bytes left of the limit of %s unpacked: %w",
+					shortName(name), hdr.Size, lim.MaxBytes-*written, sizeName(lim.MaxBytes), errdefs.ErrTooLarge)
+			}
 			f, err := root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 			if err != nil {
 				st.reject(hdr.Name, err.Error())
 				continue
 			}
-			var src io.Reader = tr
-			if lim.bytes > 0 {
-				src = io.LimitReader(tr, lim.bytes-written+1)
-			}
-			n, err := io.Copy(f, src)
-			written += n
+			_, err = io.Copy(&limitedWriter{w: f, name: name, written: written, archive: archive, lim: lim}, tr)
 			if cerr := f.Close(); err == nil {
 				err = cerr
 			}
+			if errors.Is(err, errdefs.ErrTooLarge) {
+				return st, err
+			}
 			if err != nil {
 				return st, fmt.Errorf("write %s: %w", hdr.Name, err)
-			}
-			if lim.bytes > 0 && written > lim.bytes {
-				return st, fmt.Errorf("%s: the files unpack to more than %d bytes: %w", hdr.Name, lim.bytes, errdefs.ErrTooLarge)
 			}
 		case tar.TypeSymlink:
 			if err := root.Symlink(hdr.Linkname, name); err != nil {

@@ -1,8 +1,6 @@
 package template
 
 import (
-	"bufio"
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -27,13 +25,12 @@ import (
 // extracted files (the step cache key, hashSources).
 const uploadsDir = ".uploads"
 
-// Limits of one uploaded context: the archive as sent, and what it may
-// unpack to (a gzip bomb stops at the limit).
-const (
-	MaxUploadBytes        = 1 << 30
-	maxContextBytes int64 = 4 << 30
-	maxContextFiles       = 200000
-)
+// MaxUploadBytes bounds one uploaded context as sent.
+const MaxUploadBytes = 1 << 30
+
+// contextLimits bound what one uploaded context unpacks to (a gzip bomb
+// stops at the first limit it meets).
+func contextLimits() UnpackLimits { return UnpackLimits{MaxBytes: 4 << 30, MaxFiles: 200000} }
 
 // Upload describes an uploaded context.
 type Upload struct {
@@ -122,20 +119,10 @@ func (s *Store) extractUpload(ctx context.Context, team, hash, dir string) error
 		return err
 	}
 	defer f.Close()
-	br := bufio.NewReader(f)
-	var r io.Reader = br
-	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
-		zr, err := gzip.NewReader(br)
-		if err != nil {
-			return fmt.Errorf("upload %s: %w", hash[:12], err)
-		}
-		defer zr.Close()
-		r = zr
-	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	st, err := unpackLimited(ctx, r, dir, unpackLimits{bytes: maxContextBytes, files: maxContextFiles})
+	st, err := unpackArchive(ctx, f, dir, contextLimits())
 	if err != nil {
 		return fmt.Errorf("upload %s: %w", hash[:12], err)
 	}
