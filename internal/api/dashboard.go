@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -71,6 +72,8 @@ func (s *Server) dashConfig(w http.ResponseWriter, r *http.Request) {
 	scheme, domain := "http", "localhost"
 	if s.portOrigin != nil {
 		scheme, domain = s.portOrigin(r)
+	} else if _, port, err := net.SplitHostPort(r.Host); err == nil && port != "" {
+		domain += ":" + port
 	}
 	httperr.WriteJSON(w, http.StatusOK, map[string]string{"portScheme": scheme, "portDomain": domain})
 }
