@@ -106,14 +106,14 @@ func New(res Resolver, log *slog.Logger) *Gateway {
 		FlushInterval: 20 * time.Millisecond,
 		BufferPool:    newBufferPool(256 << 10),
 		ModifyResponse: func(resp *http.Response) error {
-			// envd and the interpreter judge access tokens; a wrong one
-			// they refuse is a guess like a wrong API key. A request
-			// without a token is not counted (clients that never send
-			// one, e.g. for interpreter contexts, are not guessing).
 			t := resp.Request.Context().Value(targetKey{}).(target)
 			// Every answer of a sandbox, WebSocket upgrades included,
 			// passes here: its headers claim nothing past its port's host.
 			scopeResponse(resp.Header, t.own)
+			// envd and the interpreter judge access tokens; a wrong one
+			// they refuse is a guess like a wrong API key. A request
+			// without a token is not counted (clients that never send
+			// one, e.g. for interpreter contexts, are not guessing).
 			g.count(t.port, resp.StatusCode)
 			if resp.StatusCode == http.StatusUnauthorized && (t.port == sandbox.EnvdPort || t.port == InterpreterPort) &&
 				resp.Request.Header.Get("X-Access-Token") != "" {
