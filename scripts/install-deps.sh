@@ -186,10 +186,10 @@ if [[ ${AGENTBOX_DEPS:-all} == all ]]; then
 fi
 
 # The end-to-end suites' pinned clients (e2b, @e2b/code-interpreter,
-# @e2b/desktop, the MCP SDK), each installed from its lock file; a dir whose lock file
+# @e2b/desktop, the MCP SDK, playwright-core), each installed from its lock file; a dir whose lock file
 # has not changed since its last install is skipped (the tests' own npm ci
 # does the same check).
-for js in "$root"/e2e/js "$root"/e2e/interpreter "$root"/e2e/desktop "$root"/e2e/mcp "$root"/e2e/dashboard "$root"/web/dashboard; do
+for js in "$root"/e2e/js "$root"/e2e/interpreter "$root"/e2e/desktop "$root"/e2e/mcp "$root"/e2e/dashboard "$root"/e2e/outside/web "$root"/web/dashboard; do
 	[[ -f $js/package-lock.json ]] || continue
 	if [[ ! -f $js/node_modules/.package-lock.json || $js/package-lock.json -nt $js/node_modules/.package-lock.json || $js/package.json -nt $js/node_modules/.package-lock.json ]]; then
 		log "npm ci in ${js#"$root"/}"

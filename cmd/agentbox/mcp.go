@@ -37,6 +37,6 @@ the server's /mcp endpoint with the key in X-API-Key or Authorization: Bearer.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&domain, "domain", "", "the server's --domain, for the hosts expose_port returns (default $AGENTBOX_DOMAIN, $E2B_DOMAIN)")
+	cmd.Flags().StringVar(&domain, "domain", "", "the server's --domain, for the port URLs expose_port returns (default $AGENTBOX_DOMAIN, $E2B_DOMAIN, else localhost with the --api-url port)")
 	return cmd
 }

@@ -36,8 +36,8 @@ func addNetFlags(f *pflag.FlagSet, n *netFlags) {
 	f.StringVar(&n.EgressCA, "egress-ca-file", "", "PEM file of extra CAs the egress proxy trusts when it terminates TLS for header rules (the host's roots are always trusted)")
 	f.StringSliceVar(&n.EgressDNS, "egress-dns", nil, "upstream nameservers of the sandboxes' resolver (default: the host's /etc/resolv.conf)")
 	f.StringSliceVar(&n.OperatorAllow, "operator-allow", nil, "private CIDR ranges sandboxes may reach when their policy allows (e.g. a LAN package mirror); link-local stays closed")
-	f.StringVar(&n.Domain, "domain", "", "domain of sandbox hosts <port>-<sandboxID>.<domain>; when set, only hosts under it are routed to sandboxes by Host")
-	f.StringVar(&n.TLSCert, "tls-cert", "", "PEM certificate (e.g. a wildcard *.<domain>) for the TLS listener")
+	f.StringVar(&n.Domain, "domain", "", "domain of sandbox port hosts <port>-<sandboxID>.<domain>, each port a web origin of its own (needs wildcard DNS to this server); when set, only hosts under it are routed to sandboxes by Host. Default: any such host is routed, and the dashboard and MCP link ports as <port>-<sandboxID>.localhost:<listen port>")
+	f.StringVar(&n.TLSCert, "tls-cert", "", "PEM certificate (e.g. a wildcard *.<domain>) for the TLS listener; with --domain, port URLs use https on it")
 	f.StringVar(&n.TLSKey, "tls-key", "", "PEM key of --tls-cert")
 	f.StringVar(&n.TLSListen, "tls-listen", ":443", "address of the TLS listener, used when --tls-cert is given")
 }

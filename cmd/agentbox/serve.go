@@ -96,7 +96,12 @@ func newServeCmd() *cobra.Command {
 One process serves the E2B-compatible REST API and the sandbox data plane on
 one address: requests carrying E2b-Sandbox-Id/E2b-Sandbox-Port headers, or a
 Host of the form <port>-<sandboxID>.<domain>, go to the sandbox; everything
-else goes to the API (and the web dashboard, at /dashboard/). State lives in
+else goes to the API (and the web dashboard, at /dashboard/). A port host
+never reaches the API or the dashboard: each sandbox port is a web origin of
+its own. Without --domain, browsers reach a port at
+http://<port>-<sandboxID>.localhost:<listen port>/ (*.localhost is loopback,
+no DNS set-up); the old path form /sandboxes/<id>/ports/<port>/ redirects
+there. State lives in
 --data-dir (SQLite); the first start
 creates an API key and writes it to <data-dir>/apikey (mode 0600), and builds
 the "base" template if it is missing (about 1-2 minutes, cached).
@@ -487,7 +492,6 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	gw.SetAudit(mgr.Audit())
 	gw.SetRequestCounter(mets.GatewayRequest)
 	eg.SetAudit(mgr.Audit())
-	gw.SetOptions(gateway.Options{Domain: c.Net.Domain})
 	if err := mgr.Reconcile(ctx); err != nil {
 		return fmt.Errorf("reconcile sandboxes: %w", err)
 	}
@@ -531,7 +535,8 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	}
 	// MCP tools call this very listener with the caller's key, so they go
 	// through the API and gateway like any SDK.
-	apiSrv.SetMCP(mcpserver.Handler(mcpserver.HTTPConfig{SelfURL: mcpserver.LoopbackURL(ln.Addr()), Domain: c.Net.Domain, Log: log}))
+	apiSrv.SetMCP(mcpserver.Handler(mcpserver.HTTPConfig{SelfURL: mcpserver.LoopbackURL(ln.Addr()), Domain: c.Net.Domain, PortOrigin: gw.PortOrigin, Log: log}))
+	apiSrv.SetPortOrigin(gw.PortOrigin)
 	handler := gw.Handler(apiSrv.Handler())
 	servers := []*http.Server{{Handler: handler, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 640 * time.Second}}
 	listeners := []net.Listener{ln}
@@ -541,7 +546,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 			return fmt.Errorf("--data-plane-listen: %w", err)
 		}
 		onlySandboxes := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			http.Error(w, `{"code":404,"message":"this address serves sandbox traffic only; send E2b-Sandbox-Id and E2b-Sandbox-Port headers"}`, http.StatusNotFound)
+			http.Error(w, `{"code":404,"message":"this address serves sandbox traffic only: a Host <port>-<sandboxID>.<domain>, or E2b-Sandbox-Id and E2b-Sandbox-Port headers"}`, http.StatusNotFound)
 		})
 		servers = append(servers, &http.Server{Handler: gw.Handler(onlySandboxes), ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 640 * time.Second})
 		listeners = append(listeners, dln)
@@ -557,11 +562,18 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		servers = append(servers, &http.Server{Handler: mux, ReadHeaderTimeout: 30 * time.Second})
 		listeners = append(listeners, mln)
 	}
+	// Ports are served on hosts of their own (<port>-<id>.<domain>), over
+	// the TLS listener when there is one.
+	gwOpts := gateway.Options{Domain: c.Net.Domain}
 	if srv, tln, err := c.Net.tlsServer(ctx, handler); err != nil {
 		return err
 	} else if srv != nil {
 		servers, listeners = append(servers, srv), append(listeners, tln)
+		if a, ok := tln.Addr().(*net.TCPAddr); ok {
+			gwOpts.TLSPort = a.Port
+		}
 	}
+	gw.SetOptions(gwOpts)
 	errc := make(chan error, len(servers))
 	for i, srv := range servers {
 		go func() { errc <- srv.Serve(listeners[i]) }()
@@ -570,7 +582,8 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		// Output goes to a log collector: records only, and never the key.
 		log.Info("agentbox is ready", "apiURL", "http://"+ln.Addr().String(), "apiKeyFile", filepath.Join(c.DataDir, "apikey"))
 	} else {
-		printBanner(out, "http://"+ln.Addr().String(), key, c.DataDir)
+		scheme, domain := gw.PortOrigin(&http.Request{Host: ln.Addr().String(), Header: http.Header{}})
+		printBanner(out, "http://"+ln.Addr().String(), scheme+"://<port>-<sandboxID>."+domain+"/", key, c.DataDir)
 	}
 	log.Info("agentbox serving", "listen", ln.Addr().String(), "data-dir", c.DataDir, "templates", c.TemplateDir, "envd", envd)
 
@@ -686,7 +699,7 @@ func firstKey(ctx context.Context, st *store.Store, dataDir string) (string, err
 	return plain, nil
 }
 
-func printBanner(out io.Writer, url, key, dataDir string) {
+func printBanner(out io.Writer, url, ports, key, dataDir string) {
 	shown := key
 	if shown == "" {
 		shown = "(see " + filepath.Join(dataDir, "apikey") + " or `agentbox apikey create`)"
@@ -703,5 +716,6 @@ Use it from the official E2B SDK (npm install e2b):
 Or the CLI:  agentbox create base && agentbox exec <id> -- python3 -c 'print(1)'
 Or an agent over MCP:  %[1]s/mcp with header X-API-Key (or stdio: agentbox mcp)
 Or a browser:  %[1]s/dashboard/ (log in with the API key)
-`, url, shown, filepath.Join(dataDir, "apikey"))
+Sandbox ports:  %[4]s (each port its own origin)
+`, url, shown, filepath.Join(dataDir, "apikey"), ports)
 }

@@ -66,6 +66,11 @@ test("dashboard: log in, sandbox, terminal, files, plot, audit log", { timeout: 
 
     // Terminal: type a command, read its output back from the screen.
     await page.waitForSelector('#terminal[data-state="open"]', { timeout: 60_000 });
+
+    // Ports link to their own origin, never to a path on the dashboard's.
+    await page.waitForSelector("#port-link[href]");
+    assert.equal(await page.getAttribute("#port-link", "href"), `http://8000-${created}.localhost:${new URL(base).port}/`);
+    assert.equal(await page.getAttribute("#port-link", "rel"), "noopener noreferrer");
     const token = randomBytes(6).toString("hex");
     await page.click("#terminal");
     await page.keyboard.type(`echo hello-${token}\n`);

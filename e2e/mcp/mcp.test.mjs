@@ -9,6 +9,7 @@
 
 import { describe, it, before, after } from 'node:test'
 import assert from 'node:assert/strict'
+import http from 'node:http'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js'
@@ -118,11 +119,13 @@ describe('MCP over streamable HTTP', { timeout: 10 * MIN }, () => {
     await call(one, 'write_file', { sandboxId: id, path: '/tmp/www/index.html', content: 'served by ' + id })
     await call(one, 'run_command', { sandboxId: id, cmd: 'cd /tmp/www && nohup python3 -m http.server 8000 >/dev/null 2>&1 &' })
     const port = await call(one, 'expose_port', { sandboxId: id, port: 8000 })
-    assert.equal(port.url, `${API}/sandboxes/${id}/ports/8000/`)
+    // The port's own origin, never a path on the API's.
+    const api = new URL(API)
+    assert.equal(port.url, `http://8000-${id}.localhost:${api.port}/`)
+    assert.equal(port.host, `8000-${id}.localhost:${api.port}`)
     let got = ''
     for (let i = 0; i < 100 && got !== 'served by ' + id; i++) {
-      const resp = await fetch(port.url).catch(() => null)
-      got = resp?.ok ? await resp.text() : ''
+      got = await viaHost(api, port.host, '/')
       if (got !== 'served by ' + id) await new Promise((r) => setTimeout(r, 200))
     }
     assert.equal(got, 'served by ' + id)
@@ -230,3 +233,16 @@ describe('MCP over stdio (agentbox mcp)', { timeout: 5 * MIN }, () => {
     id = undefined
   })
 })
+
+// viaHost GETs path from the server at api with Host host (a *.localhost
+// name the host's resolver may not know; browsers map it to loopback) and
+// resolves with the body of a 200, else ''.
+function viaHost(api, host, path) {
+  return new Promise((resolve) => {
+    http.get({ host: api.hostname, port: api.port, path, headers: { Host: host } }, (res) => {
+      let b = ''
+      res.on('data', (d) => (b += d))
+      res.on('end', () => resolve(res.statusCode === 200 ? b : ''))
+    }).on('error', () => resolve(''))
+  })
+}

@@ -276,25 +276,29 @@ while True:
     await sh(sb, 'for i in $(seq 50); do curl -s localhost:8000 >/dev/null && break; sleep 0.1; done')
     const id = sb.sandboxId
     const tok = { 'e2b-traffic-access-token': sb.trafficAccessToken }
-    let r = await fetch(`${API}/sandboxes/${id}/ports/8000/index.html`)
-    ok(r.status === 403, 'traffic token: missing token refused', String(r.status))
-    r = await fetch(`${API}/sandboxes/${id}/ports/8000/index.html`, { headers: tok })
-    ok(r.status === 200 && (await r.text()).includes('hello from the sandbox'), 'web app: path route with token')
-    r = await fetch(`${API}/index.html`, { headers: { ...tok, 'E2b-Sandbox-Id': id, 'E2b-Sandbox-Port': '8000' } })
-    ok(r.status === 200, 'web app: header route')
-    const hostRoute = await new Promise((resolve) => {
+    const hostGet = (host, p, headers) => new Promise((resolve) => {
       const u = new URL(API)
-      http.get({ host: u.hostname, port: u.port, path: '/index.html', headers: { ...tok, Host: `8000-${id}.${DOMAIN}` } }, (res) => {
-        let b = ''; res.on('data', (d) => (b += d)); res.on('end', () => resolve({ status: res.statusCode, body: b }))
+      http.get({ host: u.hostname, port: u.port, path: p, headers: { ...headers, Host: host } }, (res) => {
+        let b = ''; res.on('data', (d) => (b += d)); res.on('end', () => resolve({ status: res.statusCode, body: b, location: res.headers.location }))
       }).on('error', (e) => resolve({ status: 0, body: String(e) }))
     })
-    ok(hostRoute.status === 200 && hostRoute.body.includes('hello'), 'web app: Host route <port>-<id>.<domain>')
+    let r = await hostGet(`8000-${id}.${DOMAIN}`, '/index.html', {})
+    ok(r.status === 403, 'traffic token: missing token refused', String(r.status))
+    r = await hostGet(`8000-${id}.${DOMAIN}`, '/index.html', tok)
+    ok(r.status === 200 && r.body.includes('hello from the sandbox'), 'web app: Host route <port>-<id>.<domain> with token')
+    r = await fetch(`${API}/index.html`, { headers: { ...tok, 'E2b-Sandbox-Id': id, 'E2b-Sandbox-Port': '8000' } })
+    ok(r.status === 200, 'web app: header route')
+    // The path form on the API's origin only redirects to the port's own
+    // origin: https on the TLS listener, the domain's wildcard certificate.
+    r = await fetch(`${API}/sandboxes/${id}/ports/8000/index.html`, { headers: tok, redirect: 'manual' })
+    const tlsPortOf = process.env.E2E_TLS.split(':')[1]
+    ok(r.status === 308 && r.headers.get('location') === `https://8000-${id}.${DOMAIN}:${tlsPortOf}/index.html`, 'web app: path form redirects to the port\'s own https origin', `${r.status} ${r.headers.get('location')}`)
     ok((await sh(sb, 'echo envd-still-works')).stdout.includes('envd-still-works'), 'traffic token: envd port exempt')
 
-    // WebSocket echo through the gateway (path route), by hand: Node 20 has
+    // WebSocket echo through the gateway (Host route), by hand: Node 20 has
     // no WebSocket client.
     const u = new URL(API)
-    const ws = await wsEcho(net.connect(Number(u.port), u.hostname), `/sandboxes/${id}/ports/8765/`, 'x', sb.trafficAccessToken)
+    const ws = await wsEcho(net.connect(Number(u.port), u.hostname), '/', `8765-${id}.${DOMAIN}`, sb.trafficAccessToken)
     ok(ws === 'ping-ws', 'WebSocket echo through the gateway', ws)
 
     // The TLS listener with the operator's wildcard certificate for

@@ -49,6 +49,8 @@ type Server struct {
 	promMetrics http.Handler    // GET /metrics (SetMetrics); nil: off
 	mcp         http.Handler    // MCP over streamable HTTP (SetMCP); nil: no /mcp
 	vols        *volume.Service // team volumes (SetVolumes); nil answers 503
+	// portOrigin says where a client reaches sandbox ports (SetPortOrigin).
+	portOrigin func(r *http.Request) (scheme, domain string)
 	// MaxBody caps JSON request bodies.
 	MaxBody int64
 }
@@ -65,6 +67,11 @@ func (s *Server) SetMetrics(h http.Handler) { s.promMetrics = h }
 // authenticated, rate limited and scoped to their team like REST callers.
 // Call before serving.
 func (s *Server) SetMCP(h http.Handler) { s.mcp = h }
+
+// SetPortOrigin tells the dashboard where a client that sent r reaches
+// sandbox ports: scheme and domain of the hosts <port>-<id>.<domain> (the
+// gateway's PortOrigin). Call before serving.
+func (s *Server) SetPortOrigin(f func(r *http.Request) (scheme, domain string)) { s.portOrigin = f }
 
 // SetAuthLimiter replaces the limiter of failed API key checks, e.g. with
 // one shared with the gateway or configured with trusted proxies. Call

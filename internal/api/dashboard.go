@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -47,6 +48,7 @@ func (s *Server) dashboardRoutes(mux *http.ServeMux, auth func(string, http.Hand
 			h(w, r)
 		})
 	}
+	dash("GET /dashboard/api/config", s.dashConfig)
 	dash("GET /dashboard/api/sandboxes/{id}/dir", s.dashFile(s.dashList))
 	dash("GET /dashboard/api/sandboxes/{id}/files", s.dashFile(s.dashDownload))
 	dash("POST /dashboard/api/sandboxes/{id}/files", s.dashFile(s.dashUpload))
@@ -62,6 +64,18 @@ func (s *Server) dashboardRoutes(mux *http.ServeMux, auth func(string, http.Hand
 		}
 		term.ServeHTTP(w, r)
 	})
+}
+
+// dashConfig tells the page where sandbox ports are served: on hosts
+// <port>-<id>.<portDomain> of their own, never on the dashboard's origin.
+func (s *Server) dashConfig(w http.ResponseWriter, r *http.Request) {
+	scheme, domain := "http", "localhost"
+	if s.portOrigin != nil {
+		scheme, domain = s.portOrigin(r)
+	} else if _, port, err := net.SplitHostPort(r.Host); err == nil && port != "" {
+		domain += ":" + port
+	}
+	httperr.WriteJSON(w, http.StatusOK, map[string]string{"portScheme": scheme, "portDomain": domain})
 }
 
 // sameOrigin: a WebSocket is not subject to the browser's same-origin rule,

@@ -3,6 +3,7 @@ package api
 import (
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 )
 
@@ -49,6 +50,29 @@ func TestProtocolKey(t *testing.T) {
 		}
 		if got := protocolKey(r); got != tt.want {
 			t.Errorf("%q: %q, want %q", tt.header, got, tt.want)
+		}
+	}
+}
+
+// The page learns where ports are served from the server: the gateway's
+// word when it gave one, else localhost (each port its own origin).
+func TestDashConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		origin func(*http.Request) (string, string)
+		want   string
+	}{
+		{"no gateway", nil, `{"portDomain":"localhost:3000","portScheme":"http"}`},
+		{"the gateway's word", func(*http.Request) (string, string) { return "https", "sbx.example.com:8443" }, `{"portDomain":"sbx.example.com:8443","portScheme":"https"}`},
+	} {
+		s := &Server{}
+		s.SetPortOrigin(tc.origin)
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest(http.MethodGet, "/dashboard/api/config", nil)
+		r.Host = "127.0.0.1:3000"
+		s.dashConfig(w, r)
+		if got := strings.TrimSpace(w.Body.String()); w.Code != http.StatusOK || got != tc.want {
+			t.Errorf("%s: %d %s, want %s", tc.name, w.Code, got, tc.want)
 		}
 	}
 }

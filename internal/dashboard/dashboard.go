@@ -28,6 +28,10 @@ const CSP = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inl
 func SecurityHeaders(h http.Header) {
 	h.Set("Content-Security-Policy", CSP)
 	h.Set("X-Frame-Options", "DENY")
+	// No window of another origin (a sandbox's page the dashboard links
+	// to, or one that opened the dashboard) keeps a handle on this one.
+	h.Set("Cross-Origin-Opener-Policy", "same-origin")
+	h.Set("Cross-Origin-Resource-Policy", "same-origin")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("Cache-Control", "no-store")

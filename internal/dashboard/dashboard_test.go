@@ -30,7 +30,7 @@ func TestHandler(t *testing.T) {
 				t.Errorf("Content-Type %q, want %q", ct, tt.wantType)
 			}
 			// Every answer, a 404 too, carries the policy.
-			for k, want := range map[string]string{"Content-Security-Policy": CSP, "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff"} {
+			for k, want := range map[string]string{"Content-Security-Policy": CSP, "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff", "Cross-Origin-Opener-Policy": "same-origin"} {
 				if got := rec.Header().Get(k); got != want {
 					t.Errorf("%s = %q, want %q", k, got, want)
 				}

@@ -78,6 +78,7 @@ type target struct {
 	boot   string // the sandbox's boot: connections of another are never reused
 	tls    bool   // the port serves HTTPS (network.httpsPorts)
 	host   string // Host sent to the sandbox (network.maskRequestHost); "" keeps the client's
+	own    bool   // the request came on the port's own host (not the API's)
 }
 
 // New returns a gateway resolving sandboxes through res.
@@ -105,11 +106,14 @@ func New(res Resolver, log *slog.Logger) *Gateway {
 		FlushInterval: 20 * time.Millisecond,
 		BufferPool:    newBufferPool(256 << 10),
 		ModifyResponse: func(resp *http.Response) error {
+			t := resp.Request.Context().Value(targetKey{}).(target)
+			// Every answer of a sandbox, WebSocket upgrades included,
+			// passes here: its headers claim nothing past its port's host.
+			scopeResponse(resp.Header, t.own)
 			// envd and the interpreter judge access tokens; a wrong one
 			// they refuse is a guess like a wrong API key. A request
 			// without a token is not counted (clients that never send
 			// one, e.g. for interpreter contexts, are not guessing).
-			t := resp.Request.Context().Value(targetKey{}).(target)
 			g.count(t.port, resp.StatusCode)
 			if resp.StatusCode == http.StatusUnauthorized && (t.port == sandbox.EnvdPort || t.port == InterpreterPort) &&
 				resp.Request.Header.Get("X-Access-Token") != "" {
@@ -159,9 +163,6 @@ var hostRoute = regexp.MustCompile(`^([0-9]{1,5})-([a-z0-9]{1,64})$`)
 // Handler dispatches between the data plane and api.
 func (g *Gateway) Handler(api http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if g.routeByPath(w, r) {
-			return
-		}
 		id, port, routed, errMsg := Route(r)
 		if errMsg != "" {
 			badRequest(w, errMsg)
@@ -170,15 +171,17 @@ func (g *Gateway) Handler(api http.Handler) http.Handler {
 		if routed && g.hostRoutedOutside(r) {
 			routed = false
 		}
-		if !routed {
-			if r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
-				g.serveSigned(w, r)
-				return
-			}
+		switch {
+		case routed:
+			// A port host never reaches the API (nor the dashboard).
+			g.serve(w, r, id, port)
+		case g.redirectPathForm(w, r):
+		case r.URL.Path == "/files" && r.URL.Query().Get("signature") != "":
+			g.serveSigned(w, r)
+		default:
+			APIHeaders(w.Header())
 			api.ServeHTTP(w, r)
-			return
 		}
-		g.serve(w, r, id, port)
 	})
 }
 
@@ -207,7 +210,7 @@ func Route(r *http.Request) (id string, port int, routed bool, errMsg string) {
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
-	label, _, ok := strings.Cut(host, ".")
+	label, _, ok := strings.Cut(strings.ToLower(host), ".")
 	if !ok {
 		return "", 0, false, ""
 	}
@@ -261,7 +264,8 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port 
 	// drains and closes the request body when the response starts, which
 	// fails the upstream write and cuts the response short.
 	_ = http.NewResponseController(w).EnableFullDuplex()
-	t := target{client: g.guesses.Client(r), id: id, port: port, addr: net.JoinHostPort(sb.IP.String(), strconv.Itoa(port)), boot: sb.BootID}
+	t := target{client: g.guesses.Client(r), id: id, port: port, addr: net.JoinHostPort(sb.IP.String(), strconv.Itoa(port)), boot: sb.BootID,
+		own: g.onOwnOrigin(r, id, port)}
 	if presentsCredential(r) {
 		if wait, failed, ok := g.guesses.Check(t.client); !ok {
 			authlimit.Refuse(w, t.client, "access token", wait, failed)

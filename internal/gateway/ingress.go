@@ -4,7 +4,6 @@ import (
 	"crypto/subtle"
 	"net"
 	"net/http"
-	"net/url"
 	"regexp"
 	"slices"
 	"strconv"
@@ -18,14 +17,14 @@ import (
 // with allowPublicTraffic false (E2B's header name).
 const TrafficTokenHeader = "E2b-Traffic-Access-Token"
 
-// pathRoute matches /sandboxes/<id>/ports/<port>[/rest].
+// pathRoute matches the retired path form /sandboxes/<id>/ports/<port>[/rest]
+// on the API's origin.
 var pathRoute = regexp.MustCompile(`^/sandboxes/([a-z0-9]{1,64})/ports/([0-9]{1,5})(/.*)?$`)
 
-// routeByPath serves /sandboxes/{id}/ports/{port}/... : the same routing as
-// the headers and Host forms, for clients that can set neither (a browser
-// on a plain host name). The sandbox sees the path without the prefix and
-// the prefix in X-Forwarded-Prefix.
-func (g *Gateway) routeByPath(w http.ResponseWriter, r *http.Request) bool {
+// redirectPathForm answers the path form with a redirect to the port's own
+// origin: served there, a sandbox's page would share the API's and the
+// dashboard's origin. It serves no sandbox content.
+func (g *Gateway) redirectPathForm(w http.ResponseWriter, r *http.Request) bool {
 	m := pathRoute.FindStringSubmatch(r.URL.Path)
 	if m == nil {
 		return false
@@ -36,28 +35,20 @@ func (g *Gateway) routeByPath(w http.ResponseWriter, r *http.Request) bool {
 		return true
 	}
 	prefix := "/sandboxes/" + m[1] + "/ports/" + m[2]
-	if m[3] == "" {
-		// Relative links in the app only resolve under a trailing slash.
-		u := *r.URL
-		u.Path = prefix + "/"
-		u.RawPath = ""
-		http.Redirect(w, r, u.RequestURI(), http.StatusPermanentRedirect)
-		return true
+	to := g.PortURL(r, m[1], port) + strings.TrimPrefix(strings.TrimPrefix(r.URL.EscapedPath(), prefix), "/")
+	if r.URL.RawQuery != "" {
+		to += "?" + r.URL.RawQuery
 	}
-	r2 := r.Clone(r.Context())
-	r2.URL = &url.URL{Path: m[3], RawQuery: r.URL.RawQuery}
-	if raw := r.URL.RawPath; raw != "" {
-		r2.URL.RawPath = strings.TrimPrefix(raw, prefix)
-	}
-	r2.RequestURI = r2.URL.RequestURI()
-	r2.Header.Set("X-Forwarded-Prefix", prefix)
-	g.serve(w, r2, m[1], port)
+	APIHeaders(w.Header())
+	w.Header().Set("Location", to)
+	httperr.WriteJSON(w, http.StatusPermanentRedirect, map[string]any{"code": http.StatusPermanentRedirect, "url": to,
+		"message": "sandbox ports are served on their own origin, never on the API's: " + to})
 	return true
 }
 
-// hostRouted reports whether the request was routed by its Host (not by
-// the E2b-Sandbox-* headers) and, with a domain configured, whether that
-// Host is under it. Hosts outside the domain go to the API.
+// hostRoutedOutside reports whether the request was routed by a Host (not
+// by the E2b-Sandbox-* headers) that is not <port>-<id>.<domain> of the
+// configured domain. Such hosts go to the API.
 func (g *Gateway) hostRoutedOutside(r *http.Request) bool {
 	if g.opts.Domain == "" || r.Header.Get("E2b-Sandbox-Id") != "" || r.Header.Get("E2b-Sandbox-Port") != "" {
 		return false
@@ -66,20 +57,8 @@ func (g *Gateway) hostRoutedOutside(r *http.Request) bool {
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
-	return !strings.HasSuffix(strings.ToLower(host), "."+g.opts.Domain)
-}
-
-// Options are the gateway's ingress settings.
-type Options struct {
-	// Domain, when set, is the only domain whose <port>-<id>.<domain> hosts
-	// are routed to sandboxes.
-	Domain string
-}
-
-// SetOptions configures ingress; call before serving.
-func (g *Gateway) SetOptions(o Options) {
-	o.Domain = strings.Trim(strings.ToLower(o.Domain), ".")
-	g.opts = o
+	_, rest, _ := strings.Cut(strings.ToLower(host), ".")
+	return rest != g.opts.Domain
 }
 
 // admit enforces a sandbox's ingress settings on a request for port and

@@ -75,6 +75,7 @@ func (s *Server) dataPlane(api http.Handler) http.Handler {
 			}
 		}
 		if id == "" {
+			gateway.APIHeaders(w.Header())
 			api.ServeHTTP(w, r)
 			return
 		}

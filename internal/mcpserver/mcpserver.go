@@ -9,9 +9,12 @@ package mcpserver
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -23,12 +26,17 @@ import (
 type Config struct {
 	// Client acts for the caller: its key decides what the tools may see.
 	Client *agentbox.Client
-	// PublicURL is the base URL the caller reaches the server at, for the
-	// URLs expose_port returns.
+	// PublicURL is the base URL the caller reaches the server at: the
+	// scheme and port of the URLs expose_port returns, unless PortOrigin
+	// says otherwise.
 	PublicURL string
-	// Domain is the server's --domain: expose_port then also returns the
-	// host <port>-<id>.<domain>, as the E2B SDKs' getHost does.
+	// Domain is the server's --domain (default "localhost", which browsers
+	// resolve to loopback): expose_port returns the port's own origin
+	// <port>-<id>.<domain>, as the E2B SDKs' getHost does.
 	Domain string
+	// PortOrigin, when set, is the server's own word on where ports are
+	// reached: the scheme and the domain with its port (serve's gateway).
+	PortOrigin func() (scheme, domain string)
 	// Version is reported to clients in the server's implementation info.
 	Version string
 	// Log gets the MCP SDK's warnings and errors; nil: none.
@@ -79,8 +87,11 @@ type HTTPConfig struct {
 	// SelfURL is where this server's API and gateway answer on loopback.
 	SelfURL string
 	Domain  string
-	Version string
-	Log     *slog.Logger
+	// PortOrigin is where a client that sent r reaches sandbox ports (the
+	// gateway's PortOrigin); nil derives it from the request and Domain.
+	PortOrigin func(r *http.Request) (scheme, domain string)
+	Version    string
+	Log        *slog.Logger
 }
 
 // Handler serves MCP over streamable HTTP. It must sit behind the API's
@@ -94,14 +105,19 @@ func Handler(c HTTPConfig) http.Handler {
 		if key == "" {
 			return nil // the API's key check refuses such requests first
 		}
+		var origin func() (string, string)
+		if c.PortOrigin != nil {
+			origin = func() (string, string) { return c.PortOrigin(r) }
+		}
 		return New(Config{
 			Client: agentbox.New(agentbox.WithAPIURL(c.SelfURL), agentbox.WithSandboxURL(c.SelfURL), agentbox.WithAPIKey(key),
 				agentbox.WithMessageLimit(MessageLimit)),
-			PublicURL: publicURL(r),
-			Domain:    c.Domain,
-			Version:   c.Version,
-			Log:       c.Log,
-			Schemas:   schemas,
+			PublicURL:  publicURL(r),
+			Domain:     c.Domain,
+			PortOrigin: origin,
+			Version:    c.Version,
+			Log:        c.Log,
+			Schemas:    schemas,
 		})
 	}, &mcp.StreamableHTTPOptions{
 		Stateless: true,
@@ -164,3 +180,26 @@ func (q quiet) Enabled(ctx context.Context, l slog.Level) bool {
 
 func (q quiet) WithAttrs(a []slog.Attr) slog.Handler { return quiet{q.Handler.WithAttrs(a)} }
 func (q quiet) WithGroup(name string) slog.Handler   { return quiet{q.Handler.WithGroup(name)} }
+
+// portURL is the URL of port of sandbox id on the port's own origin: from
+// PortOrigin when the server gave one, else the scheme and port of
+// PublicURL with Domain (default "localhost"; a domain with a port keeps it).
+func (c Config) portURL(id string, port int) (string, error) {
+	scheme, domain := "", c.Domain
+	if c.PortOrigin != nil {
+		scheme, domain = c.PortOrigin()
+	} else {
+		u, err := url.Parse(c.PublicURL)
+		if err != nil || u.Host == "" {
+			return "", fmt.Errorf("the server's URL %q is not an absolute URL", c.PublicURL)
+		}
+		scheme = u.Scheme
+		if domain == "" {
+			domain = "localhost"
+		}
+		if p := u.Port(); p != "" && !strings.Contains(domain, ":") {
+			domain += ":" + p
+		}
+	}
+	return scheme + "://" + strconv.Itoa(port) + "-" + id + "." + domain + "/", nil
+}

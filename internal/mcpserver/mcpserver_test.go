@@ -225,3 +225,22 @@ func TestHandlerKeepsNoSession(t *testing.T) {
 		}
 	}
 }
+
+// expose_port gives the port's own origin, never a path on the API's.
+func TestPortURL(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"default domain with the server's port", Config{PublicURL: "http://127.0.0.1:3000"}, "http://8000-iabc.localhost:3000/"},
+		{"domain, no port", Config{PublicURL: "https://api.example.com", Domain: "sbx.example.com"}, "https://8000-iabc.sbx.example.com/"},
+		{"domain with its own port (E2B_DOMAIN=localhost:3000)", Config{PublicURL: "http://127.0.0.1:3000", Domain: "localhost:3001"}, "http://8000-iabc.localhost:3001/"},
+		{"the server's word wins", Config{PublicURL: "http://127.0.0.1:3000", Domain: "sbx.example.com", PortOrigin: func() (string, string) { return "https", "sbx.example.com:8443" }}, "https://8000-iabc.sbx.example.com:8443/"},
+	} {
+		got, err := tc.cfg.portURL("iabc", 8000)
+		if err != nil || got != tc.want {
+			t.Errorf("%s: %q, %v; want %q", tc.name, got, err, tc.want)
+		}
+	}
+}

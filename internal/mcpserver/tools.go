@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/url"
-	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -47,8 +46,8 @@ func (t *tools) register(s *mcp.Server) {
 	mcp.AddTool(s, &mcp.Tool{Name: "write_file", Description: "Create or replace a file in a sandbox, creating parent directories. " +
 		"A request carries at most 4 MiB: write bigger files in parts (e.g. base64 chunks appended with run_command)."}, t.writeFile)
 	mcp.AddTool(s, &mcp.Tool{Name: "list_files", Description: "List a directory of a sandbox.", Annotations: ro}, t.listFiles)
-	mcp.AddTool(s, &mcp.Tool{Name: "expose_port", Description: "Return the public URL of a port a sandbox listens on " +
-		"(and its host <port>-<id>.<domain> when the server has a domain, as the E2B SDKs' getHost)."}, t.exposePort)
+	mcp.AddTool(s, &mcp.Tool{Name: "expose_port", Description: "Return the public URL of a port a sandbox listens on, " +
+		"on its own origin <port>-<id>.<domain> (the host as the E2B SDKs' getHost gives it)."}, t.exposePort)
 }
 
 // errInvalid marks a refused argument; the message says which and why.
@@ -475,8 +474,8 @@ type portIn struct {
 }
 
 type portOut struct {
-	URL  string `json:"url" jsonschema:"reaches the port through the server's gateway"`
-	Host string `json:"host,omitempty" jsonschema:"<port>-<id>.<domain>, when the server has a domain"`
+	URL  string `json:"url" jsonschema:"the port's own origin, http(s)://<port>-<id>.<domain>/, through the server's gateway"`
+	Host string `json:"host" jsonschema:"<port>-<id>.<domain> (with the listener's port when not the scheme's default)"`
 	// TrafficAccessToken is needed (header e2b-traffic-access-token) when
 	// the sandbox was created with public traffic off.
 	TrafficAccessToken string `json:"trafficAccessToken,omitempty" jsonschema:"send as header e2b-traffic-access-token; set when the sandbox's ports are not public"`
@@ -495,12 +494,10 @@ func (t *tools) exposePort(ctx context.Context, _ *mcp.CallToolRequest, in portI
 	if err != nil {
 		return nil, portOut{}, err
 	}
-	out := portOut{
-		URL:                t.cfg.PublicURL + "/sandboxes/" + url.PathEscape(sbx.ID) + "/ports/" + strconv.Itoa(in.Port) + "/",
-		TrafficAccessToken: sbx.TrafficAccessToken,
+	u, err := t.cfg.portURL(sbx.ID, in.Port)
+	if err != nil {
+		return nil, portOut{}, err
 	}
-	if t.cfg.Domain != "" {
-		out.Host = strconv.Itoa(in.Port) + "-" + sbx.ID + "." + t.cfg.Domain
-	}
-	return nil, out, nil
+	host, _ := url.Parse(u)
+	return nil, portOut{URL: u, Host: host.Host, TrafficAccessToken: sbx.TrafficAccessToken}, nil
 }

@@ -35,7 +35,8 @@ type Client struct {
 	apiKey     string
 	sandboxURL string
 	http       *http.Client
-	msgMax     int // WithMessageLimit
+	msgMax     int    // WithMessageLimit
+	domain     string // WithDomain
 }
 
 // Option configures a Client.
@@ -64,12 +65,19 @@ func WithHTTPClient(h *http.Client) Option { return func(c *Client) { c.http = h
 // (default): no limit.
 func WithMessageLimit(n int) Option { return func(c *Client) { c.msgMax = n } }
 
+// WithDomain sets the domain of sandbox port hosts <port>-<id>.<domain>
+// (the server's --domain, with a ":port" if the hosts are reached on one)
+// for Sandbox.PortURL. Default: $AGENTBOX_DOMAIN, then $E2B_DOMAIN, then
+// localhost with the data plane's port.
+func WithDomain(d string) Option { return func(c *Client) { c.domain = d } }
+
 // New returns a client configured from opts and the environment.
 func New(opts ...Option) *Client {
 	c := &Client{
 		apiURL:     firstEnv("AGENTBOX_API_URL", "E2B_API_URL"),
 		apiKey:     firstEnv("AGENTBOX_API_KEY", "E2B_API_KEY"),
 		sandboxURL: firstEnv("AGENTBOX_SANDBOX_URL", "E2B_SANDBOX_URL"),
+		domain:     firstEnv("AGENTBOX_DOMAIN", "E2B_DOMAIN"),
 		http:       &http.Client{},
 	}
 	for _, o := range opts {

@@ -77,6 +77,7 @@ function route() {
 
 function logout(msg) {
   sessionStorage.removeItem(KEY);
+  portOrigin = undefined;
   location.hash = "";
   route();
   if (msg) showError(msg);
@@ -147,6 +148,7 @@ function sandboxPage(main, id) {
   const plot = h("div", { id: "plot" });
   const term = h("div", { id: "terminal" });
   const files = h("div", { id: "files" });
+  const ports = h("div", { id: "ports" });
   main.append(
     h("div", { className: "bar" }, h("a", { href: "#sandboxes" }, "← Sandboxes"), h("h2", { className: "mono" }, id),
       h("button", { type: "button", onclick: async () => {
@@ -155,6 +157,7 @@ function sandboxPage(main, id) {
       } }, "Kill"),
       h("a", { href: "#audit/" + encodeURIComponent(id) }, "Audit log")),
     h("div", { className: "panel" }, info),
+    h("div", { className: "panel" }, h("h3", {}, "Ports"), ports),
     h("div", { className: "grid" },
       h("div", { className: "panel" }, h("h3", {}, "Terminal"), term),
       h("div", { className: "panel" }, h("h3", {}, "CPU and memory"), plot)),
@@ -165,9 +168,39 @@ function sandboxPage(main, id) {
         ["Ends", s.endAt], ["CPU / memory", `${s.cpuCount} vCPU, ${s.memoryMB} MiB`], ["Metadata", metaText(s.metadata)]]
         .map(([k, v]) => h("tr", {}, h("th", {}, k), h("td", { className: "meta", "data-field": k }, v))))));
   }).catch((err) => showError(err.message));
+  portLinks(ports, id);
   metricsPlot(plot, id);
   terminal(term, id);
   fileBrowser(files, id, "/home/user");
+}
+
+// The server's port origin, asked once: where <port>-<id>.<domain> hosts
+// are reached.
+let portOrigin;
+function portURL(id, port) {
+  portOrigin ||= api("/dashboard/api/config");
+  return portOrigin.then((c) => `${c.portScheme}://${port}-${id}.${c.portDomain}/`);
+}
+
+// portLinks links a port of the sandbox to its own origin, never to this
+// page's: what the sandbox serves must not run where the key is kept. The
+// link opens without an opener or a referrer.
+function portLinks(el, id) {
+  const port = h("input", { id: "port", type: "number", min: 1, max: 65535, value: 8000, size: 6, "aria-label": "port" });
+  const link = h("a", { id: "port-link", target: "_blank", rel: "noopener noreferrer" });
+  const update = async () => {
+    const p = Number(port.value);
+    if (!Number.isInteger(p) || p < 1 || p > 65535) { link.removeAttribute("href"); link.textContent = ""; return; }
+    try {
+      const url = await portURL(id, p);
+      link.href = url;
+      link.textContent = url;
+    } catch (err) { portOrigin = undefined; showError(err.message); }
+  };
+  port.addEventListener("input", update);
+  el.append(h("label", {}, "Port ", port), " ", link,
+    h("p", { className: "muted" }, "Each port is served on an origin of its own; a server in the sandbox listening on 0.0.0.0 answers there."));
+  update();
 }
 
 function metricsPlot(el, id) {
