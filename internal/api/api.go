@@ -6,7 +6,6 @@ package api
 import (
 	"context"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -149,28 +148,18 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 }
 
 // checkSecret looks up secret, a credential the client sent (what names
-// it), with lookup, and writes the answer of a failure. A guesser is
-// refused before its secret is looked at, so it learns nothing from the
-// refused attempts. Only wrong secrets count.
+// it), with lookup, and writes the answer of a failure. The guess limiter
+// decides that answer (authlimit.Guard): a valid secret is always served,
+// only wrong ones are counted, and only they get 429 once the client's
+// address has spent its failures.
 func (s *Server) checkSecret(w http.ResponseWriter, r *http.Request, what, secret string, lookup func() error) bool {
-	client := s.guesses.Client(r)
-	if wait, failed, ok := s.guesses.Check(client); !ok {
-		authlimit.Refuse(w, client, what, wait, failed)
-		return false
-	}
-	if len(secret) > 256 {
-		s.guesses.Fail(client)
-		httperr.Write(w, fmt.Errorf("invalid %s: %w", what, errdefs.ErrUnauthenticated))
-		return false
-	}
-	if err := lookup(); err != nil {
-		if errors.Is(err, errdefs.ErrUnauthenticated) {
-			s.guesses.Fail(client)
+	return s.guesses.Guard(w, r, what, func() error {
+		if len(secret) > 256 {
+			// Longer than any secret the server issues: not worth a look-up.
+			return fmt.Errorf("invalid %s: %w", what, errdefs.ErrUnauthenticated)
 		}
-		httperr.Write(w, err)
-		return false
-	}
-	return true
+		return lookup()
+	}, httperr.Write)
 }
 
 // ---- responses (api/gen/rest, E2B wire names) ----
