@@ -47,6 +47,7 @@ type Server struct {
 	idem        idempotency     // creates by Idempotency-Key
 	promMetrics http.Handler    // GET /metrics (SetMetrics); nil: off
 	mcp         http.Handler    // MCP over streamable HTTP (SetMCP); nil: no /mcp
+	mcpCalls    teamCalls       // MCP requests under way per team (mcplimit.go)
 	vols        *volume.Service // team volumes (SetVolumes); nil answers 503
 	// MaxBody caps JSON request bodies.
 	MaxBody int64
@@ -119,7 +120,7 @@ func (s *Server) Handler() http.Handler {
 	auth("GET /templates/aliases/{alias}", s.templateAlias)
 	s.templateBuildRoutes(mux, auth)
 	if s.mcp != nil {
-		mux.Handle("/mcp", s.authenticate(s.mcp))
+		mux.Handle("/mcp", s.authenticate(s.mcpCalls.limit(s.mcp)))
 	}
 	s.volumeRoutes(mux, auth)
 	s.dashboardRoutes(mux, auth)

@@ -38,9 +38,10 @@ const (
 // names it changes (per team), and garbage collection, an operator command,
 // excludes only the layer commits of builds in flight (gc.go).
 type Store struct {
-	dir   string
-	log   *slog.Logger
-	locks keyedMutex
+	dir     string
+	log     *slog.Logger
+	locks   keyedMutex
+	uploads uploadLedger // uploads.go
 }
 
 // NewStore opens (creating if needed) the template directory dir.
