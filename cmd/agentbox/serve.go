@@ -502,7 +502,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		apiSrv.SetMetrics(mets.Handler(c.MetricsToken))
 	}
 	apiSrv.SetVolumes(vols)
-	applyBounds(c.Bounds, apiSrv, templates)
+	applyBounds(c.Bounds, apiSrv, templates, gw)
 	go sweepUploads(runCtx, templates, c.Bounds.UploadTTL, log)
 	// Build steps run as sandboxes of the team that asked, through the
 	// manager; builds in flight at the last stop are marked failed here.

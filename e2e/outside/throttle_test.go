@@ -72,6 +72,34 @@ func TestThrottleAttacks(t *testing.T) {
 		}
 		return fmt.Errorf("60 wrong keys from one address, none answered 429")
 	}
+	// A sandbox's own port answers 401 to everything, the port the
+	// gateway used to count for the interpreter's tokens included.
+	sbx, err := agentbox.New(agentbox.WithAPIURL(s.URL), agentbox.WithSandboxURL(s.URL), agentbox.WithAPIKey(s.OtherKey)).Connect(ctx, id, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const deny401 = `import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(401); self.send_header("Content-Length", "0"); self.end_headers()
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(("0.0.0.0", 49999), H).serve_forever()
+`
+	if _, err := sbx.Files.AsUser("root").Write(ctx, "/tmp/deny401.py", []byte(deny401)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sbx.Commands.Run(ctx, "nohup python3 /tmp/deny401.py >/dev/null 2>&1 &", agentbox.WithUser("root")); err != nil {
+		t.Fatal(err)
+	}
+	caller := from("127.0.0.5")
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if st, _, _ := envd(caller, 49999, token); st == http.StatusUnauthorized {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the sandbox's 401 server did not come up on port 49999")
+		}
+	}
 	if err := burst(loopback); err != nil {
 		t.Fatalf("the burst: %v", err)
 	}
@@ -108,34 +136,6 @@ func TestThrottleAttacks(t *testing.T) {
 		}},
 	}
 
-	// A sandbox's own port answers 401 to everything, the port the
-	// gateway used to count for the interpreter's tokens included.
-	sbx, err := agentbox.New(agentbox.WithAPIURL(s.URL), agentbox.WithSandboxURL(s.URL), agentbox.WithAPIKey(s.OtherKey)).Connect(ctx, id, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const deny401 = `import http.server
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(401); self.send_header("Content-Length", "0"); self.end_headers()
-    def log_message(self, *a): pass
-http.server.ThreadingHTTPServer(("0.0.0.0", 49999), H).serve_forever()
-`
-	if _, err := sbx.Files.AsUser("root").Write(ctx, "/tmp/deny401.py", []byte(deny401)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := sbx.Commands.Run(ctx, "nohup python3 /tmp/deny401.py >/dev/null 2>&1 &", agentbox.WithUser("root")); err != nil {
-		t.Fatal(err)
-	}
-	caller := from("127.0.0.5")
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		if st, _, _ := envd(caller, 49999, token); st == http.StatusUnauthorized {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the sandbox's 401 server did not come up on port 49999")
-		}
-	}
 	attacks = append(attacks, attack{side: sideShared, name: "a sandbox port answers 401 to 60 requests, then the caller's key", run: func(t *testing.T) error {
 		for i := range 60 {
 			st, body, err := envd(caller, 49999, token)

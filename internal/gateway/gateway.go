@@ -44,6 +44,7 @@ type Gateway struct {
 	tap     *auditTap // nil: no audit log
 	opts    Options
 	guesses *authlimit.Limiter
+	conns   conns                           // conns.go
 	counter func(target string, status int) // SetRequestCounter; nil counts nothing
 }
 
@@ -246,6 +247,11 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port 
 		return
 	}
 	defer done()
+	release, ok := g.hold(w, r, id)
+	if !ok {
+		return
+	}
+	defer release()
 	// A stream to a sandbox that is killed ends with it.
 	r = r.WithContext(live)
 	if port == sandbox.EnvdPort && internalEnvdPaths[r.URL.Path] {
