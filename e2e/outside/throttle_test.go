@@ -114,6 +114,18 @@ http.server.ThreadingHTTPServer(("0.0.0.0", 49999), H).serve_forever()
 		}
 		return nil
 	}
+	// mcpServed has team B run a command over MCP from c: the MCP server
+	// calls the API and envd back over loopback with B's key and token.
+	mcpServed := func(c *http.Client) error {
+		st, isErr, text, err := mcpCallFrom(ctx, c, s.Server, s.OtherKey, "run_command", map[string]any{"sandboxId": id, "cmd": "echo served"})
+		if err == nil && st == http.StatusOK && (isErr || !strings.Contains(text, "served")) {
+			if strings.Contains(text, "429") || strings.Contains(text, "too many failed") {
+				return crossed("team B's MCP call was throttled: %.160s", text)
+			}
+			return fmt.Errorf("run_command: %.160s", text)
+		}
+		return served("team B's MCP call", st, text, err)
+	}
 	attacks := []attack{
 		{side: sideShared, name: "wrong keys from 127.0.0.1, then team B's key on REST", run: func(t *testing.T) error {
 			st, body, err := rest(loopback, s.OtherKey)
@@ -123,16 +135,11 @@ http.server.ThreadingHTTPServer(("0.0.0.0", 49999), H).serve_forever()
 			st, body, err := envd(loopback, agentbox.EnvdPort, token)
 			return served("team B's valid access token", st, body, err)
 		}},
-		{side: sideShared, name: "wrong keys from 127.0.0.1, then team B's MCP call", run: func(t *testing.T) error {
-			// run_command calls the API and envd back over loopback.
-			st, isErr, text, err := mcpCall(ctx, s.Server, s.OtherKey, "run_command", map[string]any{"sandboxId": id, "cmd": "echo served"})
-			if err == nil && st == http.StatusOK && (isErr || !strings.Contains(text, "served")) {
-				if strings.Contains(text, "429") || strings.Contains(text, "too many failed") {
-					return crossed("team B's MCP call was throttled: %.160s", text)
-				}
-				return fmt.Errorf("run_command: %.160s", text)
-			}
-			return served("team B's MCP call", st, text, err)
+		{side: sideShared, name: "wrong keys from 127.0.0.1, then team B's MCP call from there", run: func(t *testing.T) error {
+			return mcpServed(loopback)
+		}},
+		{side: sideShared, name: "wrong keys from 127.0.0.1, then team B's MCP call from elsewhere (it calls back over loopback)", run: func(t *testing.T) error {
+			return mcpServed(from("127.0.0.6"))
 		}},
 	}
 
@@ -178,17 +185,34 @@ func send(c *http.Client, req *http.Request) (int, string, error) {
 // exchange and returns the HTTP status, whether the tool failed, and its
 // text (the HTTP body when the status is not 200).
 func mcpCall(ctx context.Context, s *harness.Server, key, name string, args map[string]any) (int, bool, string, error) {
-	body := map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": map[string]any{"name": name, "arguments": args}}
-	st, b, err := s.DoHeader(ctx, key, http.MethodPost, "/mcp", body, http.Header{"Accept": {"application/json, text/event-stream"}})
-	if err != nil || st != http.StatusOK {
-		return st, false, string(b), err
+	return mcpCallFrom(ctx, http.DefaultClient, s, key, name, args)
+}
+
+// mcpCallFrom is mcpCall with the client c (e.g. from(ip)).
+func mcpCallFrom(ctx context.Context, c *http.Client, s *harness.Server, key, name string, args map[string]any) (int, bool, string, error) {
+	raw, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": map[string]any{"name": name, "arguments": args}})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+"/mcp", bytes.NewReader(raw))
+	if err != nil {
+		return 0, false, "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("X-API-Key", key)
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, false, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return resp.StatusCode, false, string(b), err
 	}
 	for line := range bytes.SplitSeq(b, []byte("\n")) {
 		if d, ok := bytes.CutPrefix(line, []byte("data: ")); ok {
 			b = d
 		}
 	}
-	var resp struct {
+	var out struct {
 		Result struct {
 			IsError bool `json:"isError"`
 			Content []struct {
@@ -196,12 +220,12 @@ func mcpCall(ctx context.Context, s *harness.Server, key, name string, args map[
 			} `json:"content"`
 		} `json:"result"`
 	}
-	if err := json.Unmarshal(b, &resp); err != nil {
-		return st, false, "", fmt.Errorf("answer of %s: %w: %.200s", name, err, b)
+	if err := json.Unmarshal(b, &out); err != nil {
+		return resp.StatusCode, false, "", fmt.Errorf("answer of %s: %w: %.200s", name, err, b)
 	}
 	var text strings.Builder
-	for _, c := range resp.Result.Content {
+	for _, c := range out.Result.Content {
 		text.WriteString(c.Text)
 	}
-	return st, resp.Result.IsError, text.String(), nil
+	return resp.StatusCode, out.Result.IsError, text.String(), nil
 }
