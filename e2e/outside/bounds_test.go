@@ -22,11 +22,54 @@ import (
 // loses anything to it.
 func TestBoundsAttacks(t *testing.T) {
 	srv := harness.Start(t, harness.Name("bounds"),
-		harness.Args("--idempotency-keys-per-team", "3", "--mcp-calls-per-team", "2"))
+		harness.Args("--idempotency-keys-per-team", "3", "--mcp-calls-per-team", "2", "--gateway-max-per-sandbox", "4"))
 	s := &target{Server: srv, OtherKey: srv.NewKey(t, "bounds-b")}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	runAttacks(t, []attack{
+		{side: sideTenant, name: "streams held open to one sandbox past --gateway-max-per-sandbox", run: func(t *testing.T) error {
+			id := s.teamASandbox(ctx, t)
+			sbx, err := agentbox.New(agentbox.WithAPIURL(s.URL), agentbox.WithSandboxURL(s.URL), agentbox.WithAPIKey(s.APIKey)).Connect(ctx, id, 0)
+			if err != nil {
+				return err
+			}
+			holdCtx, stop := context.WithCancel(ctx)
+			defer stop()
+			for i := range 4 {
+				if _, err := sbx.Commands.Start(holdCtx, "sleep 300"); err != nil {
+					return fmt.Errorf("stream %d within the bound: %w", i, err)
+				}
+			}
+			st, body, err := health(ctx, s, id)
+			switch {
+			case err != nil:
+				return err
+			case st != http.StatusServiceUnavailable:
+				return crossed("a fifth request to a sandbox holding 4 streams (bound 4): %d %.120s", st, body)
+			case !strings.Contains(body, "--gateway-max-per-sandbox"):
+				return fmt.Errorf("the refusal does not name the flag: %.200s", body)
+			}
+			// Another team's sandbox is not held up.
+			st, b, err := s.Do(ctx, s.OtherKey, http.MethodPost, "/v2/sandboxes", map[string]any{"templateID": "base", "timeout": 120})
+			if err != nil || st != http.StatusCreated {
+				return fmt.Errorf("team B creates a sandbox: %d %s %v", st, b, err)
+			}
+			other := jsonField(t, b, "sandboxID")
+			defer s.Do(context.Background(), s.OtherKey, http.MethodDelete, "/sandboxes/"+other, nil)
+			if st, body, err := health(ctx, s, other); err != nil || st != http.StatusNoContent {
+				return crossed("team B's sandbox refused while team A's is at its bound: %d %.120s %v", st, body, err)
+			}
+			// The streams end with their requests and free their places.
+			stop()
+			for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+				if st, _, err := health(ctx, s, id); err == nil && st == http.StatusNoContent {
+					return nil
+				}
+				if time.Now().After(deadline) {
+					return fmt.Errorf("the sandbox's places were not freed a minute after its streams ended")
+				}
+			}
+		}},
 		{side: sideTenant, name: "33 uploads of 8 MiB against a 256 MiB upload quota", run: func(t *testing.T) error {
 			tb, err := requestBuild(ctx, t, s, s.APIKey, "bounds-uploads")
 			if err != nil {
@@ -159,6 +202,15 @@ func TestBoundsAttacks(t *testing.T) {
 			return nil
 		}},
 	})
+}
+
+// health asks envd's health of sandbox id through the gateway (no
+// credential needed): 204 when it answers.
+func health(ctx context.Context, s *target, id string) (int, string, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.URL+"/health", nil)
+	req.Header.Set("E2b-Sandbox-Id", id)
+	req.Header.Set("E2b-Sandbox-Port", fmt.Sprint(agentbox.EnvdPort))
+	return send(http.DefaultClient, req)
 }
 
 // TestUploadExpiryAttack: an upload no build uses is removed after
