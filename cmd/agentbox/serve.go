@@ -82,6 +82,7 @@ type serveConfig struct {
 	CRIUFreezeTimeout    time.Duration // runc.Config.FreezeTimeout
 	LazyResumeMB         int           // runc.Config.LazyResumeMB
 	VolumeTeamMaxTotalMB int           // volume.Config.MaxTotalMBPerTeam
+	Bounds               boundsFlags   // serve_bounds.go
 	Kube                 kubeFlags     // serve_kube.go
 	KubeAPI              kubeAPIFlags  // serve_kubeapi.go
 }
@@ -155,7 +156,7 @@ which wins over the file.`,
 	f.StringVar(&c.MetricsListen, "metrics-listen", "", "also serve Prometheus metrics, without a token, at /metrics on this address (keep it private, e.g. 127.0.0.1:9090)")
 	f.StringVar(&c.LogFormat, "log-format", "text", "text (key=value) or json (one object per line, for log collectors)")
 	f.StringVar(&c.ConfigFile, "config", "", "JSON config file with flag names as keys")
-	f.StringSliceVar(&c.TrustedProxies, "trusted-proxy", nil, "addresses or CIDRs of reverse proxies in front of the server, whose X-Forwarded-For names the client; failed API key and token checks are rate limited per client address (20 in a row, then one per 3 s, answered 429 with Retry-After), and without this the proxy's address would count for all its clients")
+	f.StringSliceVar(&c.TrustedProxies, "trusted-proxy", nil, "addresses or CIDRs of reverse proxies in front of the server, whose X-Forwarded-For names the client; wrong API keys and tokens are rate limited per client address (20 in a row, then one per 3 s; past that wrong ones are answered 429 with Retry-After, while a valid key or token is always served), and without this the proxy's address would count for all its clients")
 	f.IntVar(&c.VolumeSizeMB, "volume-size", volume.DefaultSizeMB, "size limit in MiB of a team volume created without sizeMB")
 	f.IntVar(&c.VolumeMaxSizeMB, "volume-max-size", volume.DefaultMaxSizeMB, "largest volume in MiB a team may create (images are sparse: the host's disk holds what is written, up to the sum of the sizes)")
 	f.IntVar(&c.MaxVolumes, "max-volumes", volume.DefaultMaxPerTeam, "most volumes one team may have")
@@ -163,6 +164,7 @@ which wins over the file.`,
 	addNetFlags(f, &c.Net)
 	addFetchFlags(f, &c.Fetch)
 	addAuditFlags(f, &c.Audit)
+	addBoundsFlags(f, &c.Bounds)
 	addKubeFlags(f, &c.Kube)
 	addKubeAPIFlags(f, &c.KubeAPI)
 	return cmd
@@ -512,6 +514,8 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		apiSrv.SetMetrics(mets.Handler(c.MetricsToken))
 	}
 	apiSrv.SetVolumes(vols)
+	applyBounds(c.Bounds, apiSrv, templates, gw)
+	go sweepUploads(runCtx, templates, c.Bounds.UploadTTL, log)
 	// Build steps run as sandboxes of the team that asked, through the
 	// manager; builds in flight at the last stop are marked failed here.
 	builds, err := template.NewBuilds(ctx, templates, mgr, log)

@@ -6,7 +6,6 @@ package api
 import (
 	"context"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -48,6 +47,7 @@ type Server struct {
 	idem        idempotency     // creates by Idempotency-Key
 	promMetrics http.Handler    // GET /metrics (SetMetrics); nil: off
 	mcp         http.Handler    // MCP over streamable HTTP (SetMCP); nil: no /mcp
+	mcpCalls    teamCalls       // MCP requests under way per team (mcplimit.go)
 	vols        *volume.Service // team volumes (SetVolumes); nil answers 503
 	// portOrigin says where a client reaches sandbox ports (SetPortOrigin).
 	portOrigin func(r *http.Request) (scheme, domain string)
@@ -127,7 +127,7 @@ func (s *Server) Handler() http.Handler {
 	auth("GET /templates/aliases/{alias}", s.templateAlias)
 	s.templateBuildRoutes(mux, auth)
 	if s.mcp != nil {
-		mux.Handle("/mcp", s.authenticate(s.mcp))
+		mux.Handle("/mcp", s.authenticate(s.mcpCalls.limit(s.mcp)))
 	}
 	s.volumeRoutes(mux, auth)
 	s.dashboardRoutes(mux, auth)
@@ -156,28 +156,18 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 }
 
 // checkSecret looks up secret, a credential the client sent (what names
-// it), with lookup, and writes the answer of a failure. A guesser is
-// refused before its secret is looked at, so it learns nothing from the
-// refused attempts. Only wrong secrets count.
+// it), with lookup, and writes the answer of a failure. The guess limiter
+// decides that answer (authlimit.Guard): a valid secret is always served,
+// only wrong ones are counted, and only they get 429 once the client's
+// address has spent its failures.
 func (s *Server) checkSecret(w http.ResponseWriter, r *http.Request, what, secret string, lookup func() error) bool {
-	client := s.guesses.Client(r)
-	if wait, failed, ok := s.guesses.Check(client); !ok {
-		authlimit.Refuse(w, client, what, wait, failed)
-		return false
-	}
-	if len(secret) > 256 {
-		s.guesses.Fail(client)
-		httperr.Write(w, fmt.Errorf("invalid %s: %w", what, errdefs.ErrUnauthenticated))
-		return false
-	}
-	if err := lookup(); err != nil {
-		if errors.Is(err, errdefs.ErrUnauthenticated) {
-			s.guesses.Fail(client)
+	return s.guesses.Guard(w, r, what, func() error {
+		if len(secret) > 256 {
+			// Longer than any secret the server issues: not worth a look-up.
+			return fmt.Errorf("invalid %s: %w", what, errdefs.ErrUnauthenticated)
 		}
-		httperr.Write(w, err)
-		return false
-	}
-	return true
+		return lookup()
+	}, httperr.Write)
 }
 
 // ---- responses (api/gen/rest, E2B wire names) ----

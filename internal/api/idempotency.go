@@ -21,15 +21,21 @@ const IdempotencyHeader = "Idempotency-Key"
 
 const (
 	idemTTL    = 24 * time.Hour // how long a key answers
-	idemMax    = 10000          // keys remembered at most (oldest dropped)
 	idemKeyMax = 255            // bytes
+	// IdempotencyKeysPerTeam is the default of how many keys each team's
+	// cache holds (--idempotency-keys-per-team): past it, the team's own
+	// oldest finished keys are forgotten, never another team's.
+	IdempotencyKeysPerTeam = 1000
 )
 
 // idempotency remembers successful creates by (team, key), in memory: a
-// restart forgets them (the sandboxes themselves survive it).
+// restart forgets them (the sandboxes themselves survive it). Each team has
+// a cache of its own with a cap of its own, so no team can push another's
+// keys out by filling its cache.
 type idempotency struct {
 	mu      sync.Mutex
-	entries map[string]*idemEntry
+	perTeam int // keys per team; 0: IdempotencyKeysPerTeam
+	teams   map[string]map[string]*idemEntry
 }
 
 type idemEntry struct {
@@ -40,8 +46,6 @@ type idemEntry struct {
 	at   time.Time
 }
 
-func idemID(team, key string) string { return team + "\x00" + key }
-
 // begin claims (team, key) for a create of a body hashing to hash. owner
 // says the caller makes the sandbox and must call finish; otherwise e is
 // the first create's entry, to wait for. A key reused with another body is
@@ -50,21 +54,35 @@ func (c *idempotency) begin(team, key string, hash [32]byte) (e *idemEntry, owne
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := time.Now()
-	if c.entries == nil {
-		c.entries = map[string]*idemEntry{}
+	if c.teams == nil {
+		c.teams = map[string]map[string]*idemEntry{}
 	}
-	id := idemID(team, key)
-	if e := c.entries[id]; e != nil && now.Sub(e.at) < idemTTL {
+	entries := c.teams[team]
+	if entries == nil {
+		entries = map[string]*idemEntry{}
+		c.teams[team] = entries
+	}
+	if e := entries[key]; e != nil && now.Sub(e.at) < idemTTL {
 		if e.hash != hash {
 			return nil, false, fmt.Errorf("%s: %q was used for a create with another body; use a new key for a new sandbox: %w", IdempotencyHeader, key, errdefs.ErrConflict)
 		}
 		return e, false, nil
 	}
-	if len(c.entries) >= idemMax {
-		c.evictLocked(now)
+	limit := c.perTeam
+	if limit <= 0 {
+		limit = IdempotencyKeysPerTeam
+	}
+	if len(entries) >= limit {
+		evict(entries, now, limit)
+		if len(entries) >= limit {
+			// Every slot is a create still running: the team's own
+			// concurrency, not another team, has to end first.
+			return nil, false, fmt.Errorf("%s: this team has %d creates with keys under way, its cache's limit (--idempotency-keys-per-team); retry when one ends: %w",
+				IdempotencyHeader, len(entries), errdefs.ErrResourceExhausted)
+		}
 	}
 	e = &idemEntry{hash: hash, done: make(chan struct{}), at: now}
-	c.entries[id] = e
+	entries[key] = e
 	return e, true, nil
 }
 
@@ -74,32 +92,50 @@ func (c *idempotency) finish(team, key string, e *idemEntry, body []byte, ok boo
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e.ok, e.body = ok, body
-	if !ok && c.entries[idemID(team, key)] == e {
-		delete(c.entries, idemID(team, key))
+	if entries := c.teams[team]; !ok && entries[key] == e {
+		delete(entries, key)
+		if len(entries) == 0 {
+			delete(c.teams, team)
+		}
 	}
 	close(e.done)
 }
 
-// evictLocked drops expired entries, then the oldest finished ones until
-// there is room.
-func (c *idempotency) evictLocked(now time.Time) {
-	var oldest string
-	for id, e := range c.entries {
+// evict drops a team's expired entries, then its oldest finished ones
+// until there is room under limit.
+func evict(entries map[string]*idemEntry, now time.Time, limit int) {
+	for key, e := range entries {
 		if now.Sub(e.at) >= idemTTL {
-			delete(c.entries, id)
-			continue
+			delete(entries, key)
 		}
-		select {
-		case <-e.done:
-			if oldest == "" || e.at.Before(c.entries[oldest].at) {
-				oldest = id
+	}
+	for len(entries) >= limit {
+		var oldest string
+		for key, e := range entries {
+			select {
+			case <-e.done:
+				if oldest == "" || e.at.Before(entries[oldest].at) {
+					oldest = key
+				}
+			default:
 			}
-		default:
 		}
+		if oldest == "" {
+			return
+		}
+		delete(entries, oldest)
 	}
-	if len(c.entries) >= idemMax && oldest != "" {
-		delete(c.entries, oldest)
-	}
+}
+
+// SetIdempotencyKeysPerTeam sets how many Idempotency-Key entries each
+// team's cache holds; call before serving.
+func (s *Server) SetIdempotencyKeysPerTeam(n int) { s.idem.perTeam = n }
+
+// held is how many keys team's cache holds.
+func (c *idempotency) held(team string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.teams[team])
 }
 
 // createOnce runs create under the request's Idempotency-Key, if any, and

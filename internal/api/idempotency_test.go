@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -112,5 +113,72 @@ func TestCreateOnceConcurrent(t *testing.T) {
 		if o != out[0] {
 			t.Fatalf("answers differ: %q vs %q", o, out[0])
 		}
+	}
+}
+
+// TestIdempotencyCachePerTeam: each team's keys live in a cache of their
+// own with a cap of its own. A team that fills its cache forgets only its
+// own oldest keys: another team's retry with its key still gets its first
+// answer. A team whose every slot is a create under way is refused with
+// the limit's flag.
+func TestIdempotencyCachePerTeam(t *testing.T) {
+	s := &Server{}
+	s.SetIdempotencyKeysPerTeam(4)
+	var made atomic.Int32
+	create := func() (any, error) { return map[string]int32{"n": made.Add(1)}, nil }
+	call := func(team, key string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/sandboxes", nil)
+		r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, store.APIKey{TeamID: team}))
+		r.Header.Set(IdempotencyHeader, key)
+		w := httptest.NewRecorder()
+		s.createOnce(w, r, "body", create)
+		return w
+	}
+	first := call("b", "b-key").Body.String()
+	aFirst := call("a", "a-0").Body.String()
+	for i := 1; i <= 100; i++ {
+		if w := call("a", fmt.Sprint("a-", i)); w.Code != http.StatusCreated {
+			t.Fatalf("team a's create %d: %d %s", i, w.Code, w.Body)
+		}
+	}
+	for _, tc := range []struct {
+		name, team, key, want string
+		same                  bool
+	}{
+		{"another team's key survives", "b", "b-key", first, true},
+		{"the filling team's newest key answers", "a", "a-100", "", false},
+		{"the filling team's oldest key is forgotten", "a", "a-0", aFirst, false},
+	} {
+		got := call(tc.team, tc.key).Body.String()
+		if tc.want != "" && (got == tc.want) != tc.same {
+			t.Errorf("%s: answer %q, first answer %q", tc.name, got, tc.want)
+		}
+	}
+	if n := s.idem.held("a"); n > 4 {
+		t.Errorf("team a holds %d keys, cap 4", n)
+	}
+	if n := s.idem.held("b"); n != 1 {
+		t.Errorf("team b holds %d keys, want its 1", n)
+	}
+
+	// Every slot under way: refused, naming the flag.
+	hold := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			r := httptest.NewRequest(http.MethodPost, "/sandboxes", nil)
+			r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, store.APIKey{TeamID: "c"}))
+			r.Header.Set(IdempotencyHeader, fmt.Sprint("c-", i))
+			s.createOnce(httptest.NewRecorder(), r, "body", func() (any, error) { <-hold; return "ok", nil })
+		})
+	}
+	for s.idem.held("c") < 4 {
+		runtime.Gosched()
+	}
+	w := call("c", "c-late")
+	close(hold)
+	wg.Wait()
+	if w.Code != http.StatusTooManyRequests || !strings.Contains(w.Body.String(), "--idempotency-keys-per-team") {
+		t.Fatalf("past the cap with every create under way: %d %s, want 429 naming the flag", w.Code, w.Body)
 	}
 }

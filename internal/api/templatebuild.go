@@ -27,16 +27,59 @@ type TemplateBuilder interface {
 	Delete(ctx context.Context, team, ref string) error
 	HasUpload(team, hash string) bool
 	PutUpload(team, hash string, r io.Reader, maxBytes int64, digestMustMatch bool) (template.Upload, error)
+	CheckUploadRoom(team string, size int64) error
 }
 
 // Limits of the build API.
 const uploadTokenTTL = time.Hour
 
+// UploadLinksPerTeam is the default of how many upload links one team may
+// hold unused at once (--upload-links-per-team).
+const UploadLinksPerTeam = 64
+
 // uploadGrants are the one-time upload links handed out: each is for one
-// team and one files hash.
+// team and one files hash. Links are capped per team, here and nowhere
+// else: an unused link expires after uploadTokenTTL.
 type uploadGrants struct {
-	mu     sync.Mutex
-	grants map[string]uploadGrant // by token
+	mu      sync.Mutex
+	perTeam int                    // 0: UploadLinksPerTeam
+	grants  map[string]uploadGrant // by token
+}
+
+// SetUploadLinksPerTeam sets how many unused upload links a team may hold;
+// call before serving.
+func (s *Server) SetUploadLinksPerTeam(n int) { s.uploads.perTeam = n }
+
+// issue hands out a new link for team's upload of hash, refusing it when
+// the team holds its cap of unused links.
+func (u *uploadGrants) issue(team, hash string, verify bool, now time.Time) (string, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.grants == nil {
+		u.grants = map[string]uploadGrant{}
+	}
+	held := 0
+	for k, g := range u.grants {
+		switch {
+		case now.After(g.expires):
+			delete(u.grants, k)
+		case g.team == team:
+			held++
+		}
+	}
+	limit := u.perTeam
+	if limit <= 0 {
+		limit = UploadLinksPerTeam
+	}
+	if held >= limit {
+		return "", fmt.Errorf("upload links: the team holds %d unused upload links, the most this server allows (agentbox serve --upload-links-per-team); upload to them or wait until they expire (%s after they were made): %w",
+			held, uploadTokenTTL, errdefs.ErrResourceExhausted)
+	}
+	tok := make([]byte, 24) // 192 random bits: never guessed
+	_, _ = rand.Read(tok)
+	token := hex.EncodeToString(tok)
+	u.grants[token] = uploadGrant{team: team, hash: hash, verify: verify, expires: now.Add(uploadTokenTTL)}
+	return token, nil
 }
 
 type uploadGrant struct {
@@ -166,21 +209,11 @@ func (s *Server) fileUploadLink(w http.ResponseWriter, r *http.Request) {
 		httperr.WriteJSON(w, http.StatusCreated, rest.TemplateBuildFileUpload{Present: true})
 		return
 	}
-	tok := make([]byte, 24)
-	_, _ = rand.Read(tok)
-	token := hex.EncodeToString(tok)
-	s.uploads.mu.Lock()
-	if s.uploads.grants == nil {
-		s.uploads.grants = map[string]uploadGrant{}
+	token, err := s.uploads.issue(team, hash, r.URL.Query().Get("verify") == "sha256", time.Now())
+	if err != nil {
+		httperr.Write(w, err)
+		return
 	}
-	now := time.Now()
-	for k, g := range s.uploads.grants {
-		if now.After(g.expires) {
-			delete(s.uploads.grants, k)
-		}
-	}
-	s.uploads.grants[token] = uploadGrant{team: team, hash: hash, verify: r.URL.Query().Get("verify") == "sha256", expires: now.Add(uploadTokenTTL)}
-	s.uploads.mu.Unlock()
 	scheme := "http"
 	if r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https" {
 		scheme = "https"
@@ -204,6 +237,14 @@ func (s *Server) uploadFiles(w http.ResponseWriter, r *http.Request) {
 	if !ok || time.Now().After(g.expires) {
 		httperr.Write(w, fmt.Errorf("upload URL is unknown or expired; ask GET /templates/{id}/files/{hash} again: %w", errdefs.ErrNotFound))
 		return
+	}
+	if r.ContentLength > 0 {
+		// A declared size past the quota is refused before a byte is read
+		// (PutUpload counts the bytes themselves as they come).
+		if err := b.CheckUploadRoom(g.team, r.ContentLength); err != nil {
+			httperr.Write(w, err)
+			return
+		}
 	}
 	if _, err := b.PutUpload(g.team, g.hash, http.MaxBytesReader(w, r.Body, template.MaxUploadBytes+1), template.MaxUploadBytes, g.verify); err != nil {
 		httperr.Write(w, err)

@@ -1,15 +1,17 @@
 // Package authlimit slows down credential guessing: it counts the failed
-// authentications of each client address (API keys, sandbox access and
-// traffic tokens, signed file URLs) and, past a burst, refuses that
-// address's authentication attempts with 429 and Retry-After until its
-// allowance refills. Other addresses are never affected, and a client
-// whose credential is valid is never counted. Memory is bounded: at most
-// MaxClients addresses are tracked, least recently failed first out.
+// authentications of each client address (API keys, volume tokens, sandbox
+// access and traffic tokens, signed file URLs) and, past a burst, answers
+// that address's wrong credentials with 429 and Retry-After until its
+// allowance refills. Only failures are counted and only failures are
+// refused: a valid credential is always served, from any address (Guard).
+// Memory is bounded: at most MaxClients addresses are tracked, least
+// recently failed first out.
 package authlimit
 
 import (
 	"container/list"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -19,6 +21,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
 )
 
 // Options tune a Limiter; zero fields take the defaults in brackets.
@@ -132,26 +136,10 @@ func (l *Limiter) refill(b *bucket, now time.Time) {
 	}
 }
 
-// Check reports whether client may try to authenticate now; when it may
-// not, wait is how long until it may and failed how many failures got it
-// there.
-func (l *Limiter) Check(client netip.Prefix) (wait time.Duration, failed int, ok bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	e, found := l.clients[client]
-	if !found {
-		return 0, 0, true
-	}
-	b := e.Value.(*bucket)
-	l.refill(b, l.opts.Now())
-	if b.tokens >= 1 {
-		return 0, b.failed, true
-	}
-	return time.Duration((1 - b.tokens) * float64(l.opts.Refill)), b.failed, false
-}
-
-// Fail counts one failed authentication of client.
-func (l *Limiter) Fail(client netip.Prefix) {
+// spend counts one failed authentication of client when its allowance has
+// room for it. When it has none, the failure is refused: wait is how long
+// until the next one would be allowed and failed how many got it there.
+func (l *Limiter) spend(client netip.Prefix) (wait time.Duration, failed int, ok bool) {
 	now := l.opts.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -167,9 +155,66 @@ func (l *Limiter) Fail(client netip.Prefix) {
 	}
 	b := e.Value.(*bucket)
 	l.refill(b, now)
-	b.tokens = math.Max(0, b.tokens-1)
-	b.failed++
 	l.lru.MoveToFront(e)
+	if b.tokens < 1 {
+		return time.Duration((1 - b.tokens) * float64(l.opts.Refill)), b.failed, false
+	}
+	b.tokens--
+	b.failed++
+	return 0, b.failed, true
+}
+
+// Guard is the one place where the outcome of a credential check becomes
+// an answer, on every surface that checks one (API keys, volume tokens,
+// sandbox access and traffic tokens, signed URLs). check looks at the
+// credential r presents (what names it, e.g. "API key"):
+//
+//   - nil: the credential is valid and Guard returns true. A valid
+//     credential is never refused and never counted, whatever else came
+//     from its address: teams sharing an address (MCP calling back over
+//     loopback, a NAT'd backend) never lock each other out.
+//   - an error wrapping errdefs.ErrUnauthenticated: a wrong credential. It
+//     is counted against the client's address and answered by deny while
+//     the address has failures left, then with 429 and Retry-After until
+//     its allowance refills.
+//   - any other error (the store is down) is answered by deny, uncounted.
+//
+// Checking before refusing makes the answer to a throttled guesser tell a
+// right guess (served) from a wrong one (429). That is no oracle worth
+// having: every credential the server issues is a random or keyed secret
+// of 160 bits or more (API keys: 20 random bytes; access and traffic
+// tokens: 160-bit HMACs of the sandbox id; volume tokens and signed URLs:
+// 256-bit MACs; upload links: 24 random bytes), so no rate of guessing
+// finds one. The throttle bounds the work and noise of guessing; the
+// length of the secrets is what keeps them secret.
+func (l *Limiter) Guard(w http.ResponseWriter, r *http.Request, what string, check func() error, deny func(http.ResponseWriter, error)) bool {
+	err := check()
+	if err == nil {
+		return true
+	}
+	if errors.Is(err, errdefs.ErrUnauthenticated) {
+		client := l.Client(r)
+		if wait, failed, ok := l.spend(client); !ok {
+			refuse(w, client, what, wait, failed)
+			return false
+		}
+	}
+	deny(w, err)
+	return false
+}
+
+// Throttled reports whether client has spent its allowance of failures
+// (and its next wrong credential would get 429).
+func (l *Limiter) Throttled(client netip.Prefix) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, found := l.clients[client]
+	if !found {
+		return false
+	}
+	b := e.Value.(*bucket)
+	l.refill(b, l.opts.Now())
+	return b.tokens < 1
 }
 
 // Tracked is how many addresses the limiter holds.
@@ -179,15 +224,15 @@ func (l *Limiter) Tracked() int {
 	return l.lru.Len()
 }
 
-// Refuse writes the 429 for a client Check refused: E2B's error shape, a
-// Retry-After in whole seconds, and a message saying why. what names the
-// credential ("API key", "access token").
-func Refuse(w http.ResponseWriter, client netip.Prefix, what string, wait time.Duration, failed int) {
+// refuse answers a wrong credential from a client whose failures are
+// spent: 429 in E2B's error shape, a Retry-After in whole seconds, and a
+// message saying why. what names the credential ("API key").
+func refuse(w http.ResponseWriter, client netip.Prefix, what string, wait time.Duration, failed int) {
 	secs := max(1, int(math.Ceil(wait.Seconds())))
 	w.Header().Set("Retry-After", strconv.Itoa(secs))
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusTooManyRequests)
-	msg := fmt.Sprintf("too many failed authentications from %s (%d in a row): %s checks from this address are refused for %d s; retry after that with a valid %s",
+	msg := fmt.Sprintf("too many failed authentications from %s (%d in a row): this %s is not valid, and wrong ones from this address are refused for %d s; a valid %s is always served",
 		client, failed, what, secs, what)
 	_ = json.NewEncoder(w).Encode(map[string]any{"code": http.StatusTooManyRequests, "message": msg})
 }

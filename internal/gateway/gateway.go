@@ -10,12 +10,12 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"net/netip"
 	"net/url"
 	"regexp"
 	"strconv"
@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/agentbox/agentbox/internal/authlimit"
+	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/sandbox"
 )
@@ -43,6 +44,7 @@ type Gateway struct {
 	tap     *auditTap // nil: no audit log
 	opts    Options
 	guesses *authlimit.Limiter
+	conns   conns                           // conns.go
 	counter func(target string, status int) // SetRequestCounter; nil counts nothing
 }
 
@@ -71,14 +73,13 @@ const InterpreterPort = 49999
 type targetKey struct{}
 
 type target struct {
-	client netip.Prefix // counted for failed token checks
-	id     string
-	port   int
-	addr   string
-	boot   string // the sandbox's boot: connections of another are never reused
-	tls    bool   // the port serves HTTPS (network.httpsPorts)
-	host   string // Host sent to the sandbox (network.maskRequestHost); "" keeps the client's
-	own    bool   // the request came on the port's own host (not the API's)
+	id   string
+	port int
+	addr string
+	boot string // the sandbox's boot: connections of another are never reused
+	tls  bool   // the port serves HTTPS (network.httpsPorts)
+	host string // Host sent to the sandbox (network.maskRequestHost); "" keeps the client's
+	own  bool   // the request came on the port's own host (not the API's)
 }
 
 // New returns a gateway resolving sandboxes through res.
@@ -110,15 +111,11 @@ func New(res Resolver, log *slog.Logger) *Gateway {
 			// Every answer of a sandbox, WebSocket upgrades included,
 			// passes here: its headers claim nothing past its port's host.
 			scopeResponse(resp.Header, t.own)
-			// envd and the interpreter judge access tokens; a wrong one
-			// they refuse is a guess like a wrong API key. A request
-			// without a token is not counted (clients that never send
-			// one, e.g. for interpreter contexts, are not guessing).
+			// What a sandbox answers on its ports is its own business and
+			// never counts as a guess by the caller: code in the sandbox
+			// can answer 401 to anything. The gateway judges the
+			// credentials it knows before proxying (checkAccess).
 			g.count(t.port, resp.StatusCode)
-			if resp.StatusCode == http.StatusUnauthorized && (t.port == sandbox.EnvdPort || t.port == InterpreterPort) &&
-				resp.Request.Header.Get("X-Access-Token") != "" {
-				g.guesses.Fail(t.client)
-			}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -253,6 +250,11 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port 
 		return
 	}
 	defer done()
+	release, ok := g.hold(w, r, id)
+	if !ok {
+		return
+	}
+	defer release()
 	// A stream to a sandbox that is killed ends with it.
 	r = r.WithContext(live)
 	if port == sandbox.EnvdPort && internalEnvdPaths[r.URL.Path] {
@@ -264,15 +266,9 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port 
 	// drains and closes the request body when the response starts, which
 	// fails the upstream write and cuts the response short.
 	_ = http.NewResponseController(w).EnableFullDuplex()
-	t := target{client: g.guesses.Client(r), id: id, port: port, addr: net.JoinHostPort(sb.IP.String(), strconv.Itoa(port)), boot: sb.BootID,
+	t := target{id: id, port: port, addr: net.JoinHostPort(sb.IP.String(), strconv.Itoa(port)), boot: sb.BootID,
 		own: g.onOwnOrigin(r, id, port)}
-	if presentsCredential(r) {
-		if wait, failed, ok := g.guesses.Check(t.client); !ok {
-			authlimit.Refuse(w, t.client, "access token", wait, failed)
-			return
-		}
-	}
-	if !g.admit(w, r, sb, port, &t) {
+	if !g.checkAccess(w, r, sb, port) || !g.admit(w, r, sb, port, &t) {
 		return
 	}
 	ctx := r.Context()
@@ -304,34 +300,64 @@ func (g *Gateway) serveSigned(w http.ResponseWriter, r *http.Request) {
 		op = "write"
 	}
 	sig := q.Get("signature")
-	client := g.guesses.Client(r)
-	if wait, failed, ok := g.guesses.Check(client); !ok {
-		authlimit.Refuse(w, client, "signed URL", wait, failed)
+	var signer string
+	if !g.guesses.Guard(w, r, "signed URL", func() error {
+		for _, sb := range g.res.Running() {
+			if !sb.Secure {
+				continue
+			}
+			want := Signature(q.Get("path"), op, q.Get("username"), g.res.Token(sb.ID), q.Get("signature_expiration"))
+			if subtle.ConstantTimeCompare([]byte(want), []byte(sig)) == 1 {
+				signer = sb.ID
+				return nil
+			}
+		}
+		return errBadSignature
+	}, unauthorized) {
 		return
 	}
-	for _, sb := range g.res.Running() {
-		if !sb.Secure {
-			continue
-		}
-		want := Signature(q.Get("path"), op, q.Get("username"), g.res.Token(sb.ID), q.Get("signature_expiration"))
-		if subtle.ConstantTimeCompare([]byte(want), []byte(sig)) == 1 {
-			g.serve(w, r, sb.ID, sandbox.EnvdPort)
-			return
-		}
+	g.serve(w, r, signer, sandbox.EnvdPort)
+}
+
+var (
+	errBadSignature = fmt.Errorf("invalid signature: no running sandbox issued this URL (it may have been killed): %w", errdefs.ErrUnauthenticated)
+	// errBadToken is envd's own answer to a wrong access token.
+	errBadToken = fmt.Errorf("unauthorized access, please provide a valid access token or method signing if supported: %w", errdefs.ErrUnauthenticated)
+)
+
+// unauthorized answers a wrong credential the gateway judged with 401.
+func unauthorized(w http.ResponseWriter, err error) {
+	httperr.WriteJSON(w, http.StatusUnauthorized, map[string]any{"code": http.StatusUnauthorized, "message": httperr.Message(err)})
+}
+
+// checkAccess judges the sandbox access token of a request for envd's or
+// the interpreter's port before it is proxied, so that a wrong token is
+// counted as a guess by the limiter while a right one is always served.
+// The gateway knows each sandbox's token; envd and the interpreter check
+// it again. A request without a token is not judged here (envd's health,
+// the interpreter's context routes, signed file URLs; envd answers those).
+func (g *Gateway) checkAccess(w http.ResponseWriter, r *http.Request, sb *sandbox.Sandbox, port int) bool {
+	if !sb.Secure || (port != sandbox.EnvdPort && port != InterpreterPort) {
+		return true
 	}
-	g.guesses.Fail(client)
-	httperr.WriteJSON(w, http.StatusUnauthorized, map[string]any{"code": http.StatusUnauthorized, "message": "invalid signature: no running sandbox issued this URL (it may have been killed)"})
+	tokens := r.Header.Values("X-Access-Token")
+	if len(tokens) == 0 {
+		return true
+	}
+	return g.guesses.Guard(w, r, "access token", func() error {
+		want := []byte(g.res.Token(sb.ID))
+		for _, tok := range tokens {
+			if subtle.ConstantTimeCompare([]byte(tok), want) != 1 {
+				return errBadToken
+			}
+		}
+		return nil
+	}, unauthorized)
 }
 
 // SetAuthLimiter replaces the limiter of failed token checks, e.g. with
 // the API's, so one client's guesses count together. Call before serving.
 func (g *Gateway) SetAuthLimiter(l *authlimit.Limiter) { g.guesses = l }
-
-// presentsCredential reports whether r carries a token the gateway or the
-// sandbox will check; only such requests are refused to a guesser.
-func presentsCredential(r *http.Request) bool {
-	return r.Header.Get("X-Access-Token") != "" || r.Header.Get(TrafficTokenHeader) != "" || r.URL.Query().Get("signature") != ""
-}
 
 // Signature is E2B's file URL signature:
 // "v1_" + base64(sha256("<path>:<operation>:<username>:<token>[:<expiration>]")).

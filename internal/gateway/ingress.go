@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"crypto/subtle"
+	"fmt"
 	"net"
 	"net/http"
 	"regexp"
@@ -9,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/sandbox"
 )
@@ -67,14 +69,19 @@ func (g *Gateway) hostRoutedOutside(r *http.Request) bool {
 func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, sb *sandbox.Sandbox, port int, t *target) bool {
 	n := sb.Network
 	if !n.PublicTraffic() && port != sandbox.EnvdPort {
-		want := g.res.TrafficToken(sb.ID)
 		got := r.Header.Get(TrafficTokenHeader)
-		if subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
-			if got != "" {
-				g.guesses.Fail(t.client)
+		if got == "" {
+			forbidden(w, sb.ID, fmt.Errorf("this sandbox's ports need its traffic access token in the %s header", TrafficTokenHeader))
+			return false
+		}
+		// A wrong token is a guess (authlimit.Guard decides the answer);
+		// a right one is always let through.
+		if !g.guesses.Guard(w, r, "traffic access token", func() error {
+			if subtle.ConstantTimeCompare([]byte(got), []byte(g.res.TrafficToken(sb.ID))) != 1 {
+				return fmt.Errorf("this sandbox's ports need its traffic access token in the %s header; the one sent is wrong: %w", TrafficTokenHeader, errdefs.ErrUnauthenticated)
 			}
-			httperr.WriteJSON(w, http.StatusForbidden, map[string]any{"sandboxId": sb.ID, "code": http.StatusForbidden,
-				"message": "this sandbox's ports need its traffic access token in the " + TrafficTokenHeader + " header"})
+			return nil
+		}, func(w http.ResponseWriter, err error) { forbidden(w, sb.ID, err) }) {
 			return false
 		}
 		// The sandbox's app never sees its token.
@@ -87,4 +94,10 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, sb *sandbox.Sand
 		}
 	}
 	return true
+}
+
+// forbidden answers a request without the sandbox's traffic token with 403,
+// as E2B does.
+func forbidden(w http.ResponseWriter, id string, err error) {
+	httperr.WriteJSON(w, http.StatusForbidden, map[string]any{"sandboxId": id, "code": http.StatusForbidden, "message": httperr.Message(err)})
 }

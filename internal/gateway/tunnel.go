@@ -42,6 +42,12 @@ func (g *Gateway) Tunnel(w http.ResponseWriter, r *http.Request, sb *sandbox.San
 		return
 	}
 	defer done()
+	release, ok := g.hold(w, r, sb.ID)
+	if !ok {
+		g.record(r.Context(), base, audit.Denied, "gateway connection limit")
+		return
+	}
+	defer release()
 	d := net.Dialer{Timeout: 5 * time.Second}
 	up, err := d.DialContext(r.Context(), "tcp4", net.JoinHostPort(live.IP.String(), strconv.Itoa(port)))
 	if err != nil {

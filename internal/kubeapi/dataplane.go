@@ -14,7 +14,7 @@ import (
 	coordv1 "k8s.io/api/coordination/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/agentbox/agentbox/internal/authlimit"
+	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/gateway"
 	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/kube"
@@ -62,15 +62,14 @@ func (s *Server) dataPlane(api http.Handler) http.Handler {
 			return
 		}
 		if id == "" && r.URL.Path == "/files" && r.URL.Query().Get("signature") != "" {
-			client := s.guesses.Client(r)
-			if wait, failed, ok := s.guesses.Check(client); !ok {
-				authlimit.Refuse(w, client, "signed URL", wait, failed)
-				return
-			}
-			id = s.signedBy(r)
-			if id == "" {
-				s.guesses.Fail(client)
-				httperr.WriteJSON(w, http.StatusUnauthorized, map[string]any{"code": http.StatusUnauthorized, "message": "invalid signature: no running sandbox issued this URL (it may have been killed)"})
+			if !s.guesses.Guard(w, r, "signed URL", func() error {
+				if id = s.signedBy(r); id == "" {
+					return fmt.Errorf("invalid signature: no running sandbox issued this URL (it may have been killed): %w", errdefs.ErrUnauthenticated)
+				}
+				return nil
+			}, func(w http.ResponseWriter, err error) {
+				httperr.WriteJSON(w, http.StatusUnauthorized, map[string]any{"code": http.StatusUnauthorized, "message": httperr.Message(err)})
+			}) {
 				return
 			}
 		}

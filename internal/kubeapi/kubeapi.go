@@ -186,17 +186,13 @@ func (s *Server) authenticate(next http.HandlerFunc) http.Handler {
 			httperr.Write(w, fmt.Errorf("missing API key: send it in the X-API-Key header (make one with `agentbox apikey create --kubernetes`): %w", errdefs.ErrUnauthenticated))
 			return
 		}
-		client := s.guesses.Client(r)
-		if wait, failed, ok := s.guesses.Check(client); !ok {
-			authlimit.Refuse(w, client, "API key", wait, failed)
-			return
-		}
-		team, err := s.teamOfKey(r.Context(), key)
-		if err != nil {
-			if errors.Is(err, errdefs.ErrUnauthenticated) {
-				s.guesses.Fail(client)
-			}
-			httperr.Write(w, err)
+		// The limiter decides the answer (authlimit.Guard): a valid key
+		// is always served, only wrong ones are counted and refused.
+		var team string
+		if !s.guesses.Guard(w, r, "API key", func() (err error) {
+			team, err = s.teamOfKey(r.Context(), key)
+			return err
+		}, httperr.Write) {
 			return
 		}
 		nss, err := s.teamNamespaces(r.Context(), team)

@@ -43,6 +43,9 @@ type Config struct {
 	Log *slog.Logger
 	// Schemas caches the tools' JSON schemas across servers made per request.
 	Schemas *mcp.SchemaCache
+	// Request, over HTTP, is the context of the request the server was
+	// made for: tool calls end with it. nil: they end with the session.
+	Request context.Context
 }
 
 // MessageLimit bounds each data-plane message the tools' client reads
@@ -118,6 +121,7 @@ func Handler(c HTTPConfig) http.Handler {
 			Version:    c.Version,
 			Log:        c.Log,
 			Schemas:    schemas,
+			Request:    r.Context(),
 		})
 	}, &mcp.StreamableHTTPOptions{
 		Stateless: true,

@@ -244,3 +244,69 @@ func TestPortURL(t *testing.T) {
 		}
 	}
 }
+
+// TestJoinCapped: output is joined in one pass and cut at the limit, on a
+// UTF-8 boundary; a million small chunks cost linear time.
+func TestJoinCapped(t *testing.T) {
+	many := make([]string, 1<<20)
+	for i := range many {
+		many[i] = "x"
+	}
+	for _, tc := range []struct {
+		name   string
+		chunks []string
+		limit  int
+		want   string
+		cut    bool
+	}{
+		{"under the limit", []string{"ab", "cd"}, 10, "abcd", false},
+		{"at the limit", []string{"ab", "cd"}, 4, "abcd", false},
+		{"cut in a chunk", []string{"ab", "cdef"}, 3, "abc", true},
+		{"cut before a split rune", []string{"a", "é"}, 2, "a", true},
+		{"nothing", nil, 4, "", false},
+		{"a million chunks", many, 1 << 10, strings.Repeat("x", 1<<10), true},
+	} {
+		got, cut := joinCapped(tc.chunks, tc.limit)
+		if got != tc.want || cut != tc.cut {
+			t.Errorf("%s: %q %v, want %q %v", tc.name, got, cut, tc.want, tc.cut)
+		}
+	}
+}
+
+// TestToolCallEndsWithItsRequest: a tool call whose HTTP request goes away
+// stops its own calls to the API (they are made under the request's
+// context), instead of running on for a client that left.
+func TestToolCallEndsWithItsRequest(t *testing.T) {
+	reached, ended := make(chan struct{}), make(chan struct{})
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(reached)
+		<-r.Context().Done()
+		close(ended)
+	}))
+	defer api.Close()
+	srv := httptest.NewServer(Handler(HTTPConfig{SelfURL: api.URL}))
+	defer srv.Close()
+	ctx, cancel := context.WithCancel(t.Context())
+	body := `{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"list_sandboxes","arguments":{}}}`
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("X-API-Key", "k")
+	req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	select {
+	case <-reached:
+	case err := <-errc:
+		t.Fatalf("the tool call ended before it reached the API: %v", err)
+	}
+	cancel()
+	<-ended // the API saw the call go away; a leak would hang here
+	<-errc
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -33,21 +34,37 @@ func (t *tools) register(s *mcp.Server) {
 	ro := &mcp.ToolAnnotations{ReadOnlyHint: true}
 	mcp.AddTool(s, &mcp.Tool{Name: "create_sandbox", Description: "Start a sandbox from a template and return its id. " +
 		"Network: allowInternetAccess false denies all outbound traffic; denyOut lists CIDRs (0.0.0.0/0 for all) and allowOut " +
-		"addresses, CIDRs or domains (*.example.com) reachable despite denyOut."}, t.createSandbox)
-	mcp.AddTool(s, &mcp.Tool{Name: "list_sandboxes", Description: "List your team's sandboxes, running and paused.", Annotations: ro}, t.listSandboxes)
-	mcp.AddTool(s, &mcp.Tool{Name: "kill_sandbox", Description: "Stop and delete a sandbox (also when paused)."}, t.killSandbox)
-	mcp.AddTool(s, &mcp.Tool{Name: "pause_sandbox", Description: "Pause a running sandbox, keeping memory, processes and files until resume_sandbox."}, t.pauseSandbox)
-	mcp.AddTool(s, &mcp.Tool{Name: "resume_sandbox", Description: "Resume a paused sandbox (a running one has its life extended)."}, t.resumeSandbox)
+		"addresses, CIDRs or domains (*.example.com) reachable despite denyOut."}, bind(t.cfg.Request, t.createSandbox))
+	mcp.AddTool(s, &mcp.Tool{Name: "list_sandboxes", Description: "List your team's sandboxes, running and paused.", Annotations: ro}, bind(t.cfg.Request, t.listSandboxes))
+	mcp.AddTool(s, &mcp.Tool{Name: "kill_sandbox", Description: "Stop and delete a sandbox (also when paused)."}, bind(t.cfg.Request, t.killSandbox))
+	mcp.AddTool(s, &mcp.Tool{Name: "pause_sandbox", Description: "Pause a running sandbox, keeping memory, processes and files until resume_sandbox."}, bind(t.cfg.Request, t.pauseSandbox))
+	mcp.AddTool(s, &mcp.Tool{Name: "resume_sandbox", Description: "Resume a paused sandbox (a running one has its life extended)."}, bind(t.cfg.Request, t.resumeSandbox))
 	mcp.AddTool(s, &mcp.Tool{Name: "run_command", Description: "Run a shell command (bash -l -c) in a sandbox and wait for it; " +
-		"returns its exit code, stdout and stderr. A non-zero exit is a result, not a tool error."}, t.runCommand)
+		"returns its exit code, stdout and stderr. A non-zero exit is a result, not a tool error."}, bind(t.cfg.Request, t.runCommand))
 	mcp.AddTool(s, &mcp.Tool{Name: "run_code", Description: "Run code in the sandbox's stateful code interpreter (Python, JavaScript, " +
-		"TypeScript, bash); the sandbox must come from an interpreter template such as code-interpreter-v1."}, t.runCode)
-	mcp.AddTool(s, &mcp.Tool{Name: "read_file", Description: "Read a file of a sandbox: UTF-8 text as is, anything else base64.", Annotations: ro}, t.readFile)
+		"TypeScript, bash); the sandbox must come from an interpreter template such as code-interpreter-v1."}, bind(t.cfg.Request, t.runCode))
+	mcp.AddTool(s, &mcp.Tool{Name: "read_file", Description: "Read a file of a sandbox: UTF-8 text as is, anything else base64.", Annotations: ro}, bind(t.cfg.Request, t.readFile))
 	mcp.AddTool(s, &mcp.Tool{Name: "write_file", Description: "Create or replace a file in a sandbox, creating parent directories. " +
-		"A request carries at most 4 MiB: write bigger files in parts (e.g. base64 chunks appended with run_command)."}, t.writeFile)
-	mcp.AddTool(s, &mcp.Tool{Name: "list_files", Description: "List a directory of a sandbox.", Annotations: ro}, t.listFiles)
+		"A request carries at most 4 MiB: write bigger files in parts (e.g. base64 chunks appended with run_command)."}, bind(t.cfg.Request, t.writeFile))
+	mcp.AddTool(s, &mcp.Tool{Name: "list_files", Description: "List a directory of a sandbox.", Annotations: ro}, bind(t.cfg.Request, t.listFiles))
 	mcp.AddTool(s, &mcp.Tool{Name: "expose_port", Description: "Return the public URL of a port a sandbox listens on, " +
-		"on its own origin <port>-<id>.<domain> (the host as the E2B SDKs' getHost gives it)."}, t.exposePort)
+		"on its own origin <port>-<id>.<domain> (the host as the E2B SDKs' getHost gives it)."}, bind(t.cfg.Request, t.exposePort))
+}
+
+// bind runs h under a context that also ends with req, the HTTP request
+// that carries the call: a client that goes away stops its tool call and
+// the calls it makes, instead of leaving them to run for no one. nil: the
+// session's context only (stdio).
+func bind[In, Out any](req context.Context, h mcp.ToolHandlerFor[In, Out]) mcp.ToolHandlerFor[In, Out] {
+	if req == nil {
+		return h
+	}
+	return func(ctx context.Context, r *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		defer context.AfterFunc(req, cancel)()
+		return h(ctx, r, in)
+	}
 }
 
 // errInvalid marks a refused argument; the message says which and why.
@@ -292,6 +309,28 @@ type codeOut struct {
 	Stdout  string       `json:"stdout"`
 	Stderr  string       `json:"stderr"`
 	Error   *codeError   `json:"error,omitempty" jsonschema:"what the code raised, if anything"`
+	// Truncated says output past the limit was dropped.
+	Truncated bool `json:"truncated,omitempty" jsonschema:"stdout or stderr passed 1 MiB and was cut; write big output to a file and read parts of it"`
+}
+
+// joinCapped joins chunks in one pass, keeping at most limit bytes (cut at
+// a UTF-8 boundary): the sandbox chooses how many chunks it sends and how
+// big, and repeated concatenation would cost time quadratic in them.
+func joinCapped(chunks []string, limit int) (string, bool) {
+	var b strings.Builder
+	for _, c := range chunks {
+		room := limit - b.Len()
+		if len(c) > room {
+			cut := room
+			for cut > 0 && !utf8.RuneStart(c[cut]) {
+				cut--
+			}
+			b.WriteString(c[:cut])
+			return b.String(), true
+		}
+		b.WriteString(c)
+	}
+	return b.String(), false
 }
 
 func (t *tools) runCode(ctx context.Context, _ *mcp.CallToolRequest, in codeIn) (*mcp.CallToolResult, codeOut, error) {
@@ -324,12 +363,10 @@ func (t *tools) runCode(ctx context.Context, _ *mcp.CallToolRequest, in codeIn) 
 			Markdown: r.Markdown, SVG: r.SVG, PNG: r.PNG, JPEG: r.JPEG, LaTeX: r.LaTeX,
 			JSON: raw(r.JSON), Data: raw(r.Data), Chart: raw(r.Chart)})
 	}
-	for _, s := range ex.Logs.Stdout {
-		out.Stdout += s
-	}
-	for _, s := range ex.Logs.Stderr {
-		out.Stderr += s
-	}
+	var cutOut, cutErr bool
+	out.Stdout, cutOut = joinCapped(ex.Logs.Stdout, maxOutputBytes)
+	out.Stderr, cutErr = joinCapped(ex.Logs.Stderr, maxOutputBytes)
+	out.Truncated = cutOut || cutErr
 	if ex.Error != nil {
 		out.Error = &codeError{Name: ex.Error.Name, Value: ex.Error.Value, Traceback: ex.Error.Traceback}
 	}

@@ -46,8 +46,9 @@ type Store struct {
 	// fetch carries every request a build makes to a host its input
 	// names (registry pulls): the destination policy's transport, the
 	// package's only way out to such hosts.
-	fetch  http.RoundTripper
-	unpack UnpackLimits // image layers
+	fetch   http.RoundTripper
+	unpack  UnpackLimits // image layers
+	uploads uploadLedger // uploads.go
 }
 
 // NewStore opens (creating if needed) the template directory dir.
