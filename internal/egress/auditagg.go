@@ -144,7 +144,7 @@ func (a *aggregator) drain(like audit.Event, limit float64) []audit.Event {
 	for _, k := range a.order {
 		r := a.rows[k]
 		fields := map[string]any{
-			"dst": k.dst, "action": k.action, "count": r.count,
+			"dst": k.dst, "recordAction": k.action, "count": r.count,
 			"first": r.first.UTC().Format(time.RFC3339Nano), "last": r.last.UTC().Format(time.RFC3339Nano),
 		}
 		if k.host != "" {

@@ -23,6 +23,15 @@ const byNameSet = "by_name"
 // bridgesSet holds the names of the server's bridges.
 const bridgesSet = "bridges"
 
+// EgressMark is the socket mark (SO_MARK) of every connection an agentbox
+// egress proxy opens on a sandbox's behalf. Each server's table refuses
+// marked packets to the host's own addresses and into its sandboxes, so
+// neither an address the host gained after the proxy decided nor another
+// server's proxy (whose operator ranges may cover this server's subnet)
+// opens a path. The same value for every server: one server's rule holds
+// for all of them.
+const EgressMark = 0x61620000
+
 // privateRanges are never reachable from a sandbox, whatever its policy.
 var privateRanges = []netip.Prefix{
 	netip.MustParsePrefix("10.0.0.0/8"),
@@ -256,6 +265,21 @@ func (m *Manager) installRules(keep, keepByName []netip.Addr) error {
 	add(policy, rule(isIPv4(), saddr, &expr.Lookup{SourceRegister: 1, SetName: vmap.Name, SetID: vmap.ID, IsDestRegSet: true, DestRegister: 0}))
 	deny(policy, isIPv4(), saddr, &expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID})
 	jumpPolicy := &expr.Verdict{Kind: expr.VerdictJump, Chain: policy.Name}
+
+	// What an egress proxy dials for a sandbox (EgressMark) reaches neither
+	// the host, on any address it has when the packet leaves (fib: no list
+	// to keep in sync), nor this server's sandboxes, whichever server's
+	// proxy it is.
+	output := c.AddChain(&nftables.Chain{Name: "output", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter, Policy: &accepting})
+	marked := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(EgressMark)},
+	}
+	for _, match := range [][]expr.Any{fibDaddrLocal(), toBr(true)} {
+		add(output, rule(marked, match, l4Proto(unix.IPPROTO_TCP), &expr.Reject{Type: unix.NFT_REJECT_TCP_RST}))
+		add(output, rule(marked, match, &expr.Verdict{Kind: expr.VerdictDrop}))
+	}
 
 	// Sandboxes reach no host listener on any host address; replies to
 	// connections the host opened (gateway → envd) still pass, and so do
