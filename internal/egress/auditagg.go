@@ -67,8 +67,8 @@ type aggregator struct {
 	teamID, apiKey string
 }
 
-func newAggregator(rate float64) *aggregator {
-	return &aggregator{rate: newBucket(rate, 10*rate), rows: map[aggKey]*aggRow{}, more: map[string]*aggMore{}}
+func newAggregator(rate, burst float64) *aggregator {
+	return &aggregator{rate: newBucket(rate, burst), rows: map[aggKey]*aggRow{}, more: map[string]*aggMore{}}
 }
 
 func keyOf(ev audit.Event) aggKey {

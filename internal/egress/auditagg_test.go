@@ -101,7 +101,7 @@ func TestAggregator(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a := newAggregator(tc.rate)
+			a := newAggregator(tc.rate, 10*tc.rate)
 			admitted := 0
 			var total int64
 			for _, ev := range tc.events() {
@@ -152,7 +152,7 @@ func TestAggregator(t *testing.T) {
 }
 
 func TestAggregatorTimes(t *testing.T) {
-	a := newAggregator(0.001)
+	a := newAggregator(0.001, 0.01)
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	for _, d := range []time.Duration{3 * time.Second, time.Second, 7 * time.Second} {
 		a.admit(connectEvent("198.51.100.1:80", audit.Denied, t0.Add(d)))

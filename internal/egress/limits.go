@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,6 +28,9 @@ type Limits struct {
 	// destination and decision, and written as "suppressed" rows with the
 	// count every few seconds (auditagg.go). Default 20.
 	AuditRate float64
+	// AuditBurst is how many records a sandbox may add at once before
+	// AuditRate applies. Default ten times AuditRate.
+	AuditBurst int
 }
 
 func (l *Limits) setDefaults() {
@@ -41,6 +45,9 @@ func (l *Limits) setDefaults() {
 	}
 	if l.AuditRate <= 0 {
 		l.AuditRate = 20
+	}
+	if l.AuditBurst <= 0 {
+		l.AuditBurst = int(min(10*l.AuditRate, math.MaxInt32))
 	}
 }
 
@@ -80,7 +87,7 @@ type quota struct {
 }
 
 func newQuota(l Limits) *quota {
-	return &quota{dns: newBucket(l.DNSRate, 2*l.DNSRate), audit: newAggregator(l.AuditRate)}
+	return &quota{dns: newBucket(l.DNSRate, 2*l.DNSRate), audit: newAggregator(l.AuditRate, float64(l.AuditBurst))}
 }
 
 // acquire takes one of n slots; release gives it back.
