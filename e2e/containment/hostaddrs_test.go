@@ -196,15 +196,15 @@ while True:
 	}
 }
 
-// hostLink is the host's own link the test adds addresses to: one end of
-// a veth pair, both ends on the host (some kernels have no dummy links).
-const hostLink = "abhaddr0"
-
 // addHostAddrs adds three host addresses to a veth of the host's own and
 // three to bridge, each random within its range, and removes them when t
 // ends.
 func addHostAddrs(t *testing.T, bridge string) []netip.Addr {
 	t.Helper()
+	// The host's own link: one end of a veth pair, both ends on the host
+	// (some kernels have no dummy links), named per test process so that
+	// runs of several worktrees do not share it.
+	hostLink := fmt.Sprintf("abh%05d", os.Getpid()%100000)
 	l, err := netlink.LinkByName(hostLink)
 	if err != nil {
 		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostLink}, PeerName: hostLink + "p"}); err != nil && !errors.Is(err, unix.EEXIST) {
