@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/agentbox/agentbox/internal/audit"
+	"github.com/agentbox/agentbox/internal/egress"
 )
 
 // newAuditCmd is `agentbox audit prune`: the operator's explicit way to
@@ -108,7 +110,7 @@ func addAuditFlags(f *pflag.FlagSet, a *auditFlags) {
 	f.Var(&a.MaxAge, "audit-max-age", "audit events older than this are removed (e.g. 30d, 12h; 0 keeps them)")
 	f.Int64Var(&a.MaxRows, "audit-max-rows", audit.DefaultMaxRows, "keep at most this many audit events, the newest (0: no cap)")
 	f.Int64Var(&a.MaxBytes, "audit-max-bytes", audit.DefaultMaxBytes, "remove the oldest audit events while the database is larger than this (0: no cap)")
-	f.Float64Var(&a.Rate, "audit-rate", audit.DefaultRate, "audit events per second one sandbox may add of one kind (process, file, egress, limit, syscall) after its burst; the rest are counted in \"suppressed\" events (-1: no limit)")
+	f.Float64Var(&a.Rate, "audit-rate", audit.DefaultRate, "audit events per second one sandbox may add of one kind (process, file, egress, limit, syscall) after its burst; the rest are counted in \"suppressed\" events, egress ones per destination and decision (-1: no limit)")
 	f.IntVar(&a.Burst, "audit-burst", audit.DefaultBurst, "audit events one sandbox may add of one kind at once before --audit-rate applies")
 }
 
@@ -127,6 +129,15 @@ func (a auditFlags) options() ([]audit.Option, error) {
 		audit.WithLimits(audit.Limits{Rate: a.Rate, Burst: a.Burst}),
 		audit.WithRetention(audit.Retention{MaxAge: time.Duration(a.MaxAge), MaxRows: a.MaxRows, MaxBytes: a.MaxBytes}),
 	}, nil
+}
+
+// egressLimits hands --audit-rate and --audit-burst to the egress proxy,
+// which limits (and aggregates per destination) every egress record.
+func (a auditFlags) egressLimits() egress.Limits {
+	if a.Rate < 0 {
+		return egress.Limits{AuditRate: math.Inf(1), AuditBurst: math.MaxInt}
+	}
+	return egress.Limits{AuditRate: a.Rate, AuditBurst: a.Burst}
 }
 
 // runAudit starts retention and returns a function that writes the counts

@@ -59,7 +59,7 @@ func (n netFlags) operatorAllow() ([]netip.Prefix, error) {
 
 // startEgress starts the egress proxy and resolver and routes sandbox
 // traffic to them. It returns nil with --egress=false.
-func startEgress(ctx context.Context, n netFlags, nw *network.Manager, st *store.Store, subnet netip.Prefix, opAllow []netip.Prefix, log *slog.Logger) (*egress.Server, error) {
+func startEgress(ctx context.Context, n netFlags, nw *network.Manager, st *store.Store, subnet netip.Prefix, opAllow []netip.Prefix, limits egress.Limits, log *slog.Logger) (*egress.Server, error) {
 	if !n.Egress {
 		return nil, nil
 	}
@@ -89,7 +89,7 @@ func startEgress(ctx context.Context, n netFlags, nw *network.Manager, st *store
 	if err != nil {
 		return nil, err
 	}
-	eg := egress.New(egress.Config{Gateway: nw.Gateway(), Subnet: subnet, OperatorAllow: opAllow, Nameservers: dns, RootCAs: roots, CASecret: secret}, log)
+	eg := egress.New(egress.Config{Gateway: nw.Gateway(), Subnet: subnet, OperatorAllow: opAllow, Nameservers: dns, RootCAs: roots, CASecret: secret, Limits: limits}, log)
 	ports, err := eg.Start(ctx)
 	if err != nil {
 		return nil, err

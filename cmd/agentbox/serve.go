@@ -432,7 +432,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	eg, err := startEgress(ctx, c.Net, nw, st, subnet, opAllow, log)
+	eg, err := startEgress(ctx, c.Net, nw, st, subnet, opAllow, c.Audit.egressLimits(), log)
 	if err != nil {
 		return err
 	}

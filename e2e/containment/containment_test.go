@@ -226,6 +226,12 @@ func (e *env) run(ctx context.Context, t *testing.T, a attack) (string, string) 
 		defer e.client.Kill(context.WithoutCancel(ctx), sb.ID)
 		target, info = sb, inf
 	}
+	// The host's addresses and listeners as they are now: other software
+	// (other tests, other servers) adds and removes them while the suite
+	// runs, and an address that has left the host since is no longer the
+	// host's (a connection to it is internet egress, which the policy may
+	// allow). hostaddrs_test.go attacks addresses that come and go.
+	e.vars["HOST_ADDRS"], e.vars["HOST_PORTS"] = strings.Join(hostAddrs(), " "), strings.Join(hostListeners(), " ")
 	saved := e.attacker
 	e.attacker = target
 	defer func() { e.attacker = saved }()

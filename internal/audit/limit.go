@@ -78,7 +78,12 @@ type limiter struct {
 func (l *Log) admit(e Event) bool {
 	// A summary of another limiter (the egress proxy counts its own floods)
 	// is already at most one per its window; dropping it would lose counts.
-	if e.Kind == KindLifecycle || e.Action == ActionSuppressed || l.limits.Rate < 0 {
+	//
+	// Egress events come from the egress proxy alone, which applies the
+	// same rate and aggregates what is over it per destination and
+	// decision: counted again here, the destinations it kept apart would
+	// fold into one number.
+	if e.Kind == KindLifecycle || e.Kind == KindEgress || e.Action == ActionSuppressed || l.limits.Rate < 0 {
 		return true
 	}
 	lim := &l.lim

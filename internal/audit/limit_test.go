@@ -40,7 +40,7 @@ func TestFloodIsCountedNotDropped(t *testing.T) {
 				if i%2 == 0 {
 					d = Denied
 				}
-				if err := l.Append(ctx, Event{SandboxID: "flood", TeamID: "t", Kind: KindEgress, Action: fmt.Sprintf("dns-%d", w), Decision: d}); err != nil {
+				if err := l.Append(ctx, Event{SandboxID: "flood", TeamID: "t", Kind: KindProcess, Action: fmt.Sprintf("dns-%d", w), Decision: d}); err != nil {
 					t.Error(err)
 					return
 				}
@@ -52,14 +52,14 @@ func TestFloodIsCountedNotDropped(t *testing.T) {
 	if err := l.Append(ctx, Event{SandboxID: "flood", Kind: KindLifecycle, Action: "kill"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Append(ctx, Event{SandboxID: "quiet", Kind: KindEgress, Action: "connect"}); err != nil {
+	if err := l.Append(ctx, Event{SandboxID: "quiet", Kind: KindProcess, Action: "connect"}); err != nil {
 		t.Fatal(err)
 	}
 	// The burst ends: the count is written once its window closes,
 	// without Flush.
 	time.Sleep(3 * lim.Window)
 
-	evs, err := l.Query(ctx, Query{SandboxID: "flood", Kinds: []string{KindEgress}})
+	evs, err := l.Query(ctx, Query{SandboxID: "flood", Kinds: []string{KindProcess}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func TestFloodIsCountedNotDropped(t *testing.T) {
 		for d, c := range e.Fields["decisions"].(map[string]any) {
 			decisions[d] += int64(c.(float64))
 		}
-		if !strings.Contains(e.Reason, fmt.Sprintf("%d more egress events", n)) || e.TeamID != "t" {
+		if !strings.Contains(e.Reason, fmt.Sprintf("%d more process events", n)) || e.TeamID != "t" {
 			t.Errorf("summary %+v does not say how many or whose", e)
 		}
 	}

@@ -4,14 +4,19 @@ import (
 	"bufio"
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"syscall"
 	"time"
 
 	"golang.org/x/net/proxy"
+	"golang.org/x/sys/unix"
+
+	"github.com/agentbox/agentbox/internal/network"
 )
 
 // dial connects to addr for sandbox b: directly, or through its upstream
@@ -19,7 +24,7 @@ import (
 func (s *Server) dial(ctx context.Context, b *binding, addr netip.AddrPort) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
 	defer cancel()
-	d := &net.Dialer{}
+	d := &net.Dialer{Control: markEgress}
 	d.SetMultipathTCP(false)
 	up := b.policy.Upstream
 	if up == nil {
@@ -77,6 +82,22 @@ func (s *Server) dial(ctx context.Context, b *binding, addr netip.AddrPort) (net
 		return c, nil
 	}
 	return nil, fmt.Errorf("egress proxy scheme %q", up.Scheme)
+}
+
+// markEgress marks a socket the proxy opens for a sandbox (network.EgressMark),
+// so that the kernel refuses it the host's own addresses and every agentbox
+// server's sandboxes at the moment it connects: an address the host gained
+// after the policy was decided, or another server's sandbox that an
+// operator range covers, is never reached through the proxy.
+func markEgress(_, _ string, c syscall.RawConn) error {
+	var serr error
+	err := c.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, network.EgressMark)
+	})
+	if err := errors.Join(err, serr); err != nil {
+		return fmt.Errorf("mark the egress socket: %w", err)
+	}
+	return nil
 }
 
 // checkUpstream refuses an upstream proxy inside the platform's denied

@@ -21,7 +21,9 @@ import (
 // in allowOut, or anything when its default is to allow. Every other name
 // gets NXDOMAIN at once, without a query upstream: a name is data, and a
 // sandbox without internet must not be able to send it anywhere (no DNS
-// tunnel through the host's resolvers). An allowOut address range opens
+// tunnel through the host's resolvers). A sandbox no name is allowed to
+// (internet off, no domain in allowOut) gets REFUSED for every name: deny
+// all is deny all, DNS included. An allowOut address range opens
 // addresses, not names.
 
 func (s *Server) serveDNSUDP(pc net.PacketConn) {
@@ -138,6 +140,10 @@ func (s *Server) query(ctx context.Context, b *binding, q []byte, transport stri
 	name := strings.TrimSuffix(strings.ToLower(qs[0].Name.String()), ".")
 	pol := b.policy
 	if _, named := pol.AllowsDomain(name); !named && !defaultAllows(pol) {
+		if len(pol.AllowDomains) == 0 {
+			s.recordDNS(ctx, b, name, qs[0].Type, false, "no name resolves: "+pol.DecideIP(netip.IPv4Unspecified()).Rule+" and no domain in allowOut")
+			return reply(h, qs, dnsmessage.RCodeRefused)
+		}
 		s.recordDNS(ctx, b, name, qs[0].Type, false, "not in allowOut: "+pol.DecideIP(netip.IPv4Unspecified()).Rule)
 		return reply(h, qs, dnsmessage.RCodeNameError)
 	}

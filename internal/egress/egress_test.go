@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/net/dns/dnsmessage"
 
 	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/network"
@@ -96,15 +97,52 @@ func (e *env) dial(ctx context.Context, addr string) (net.Conn, error) {
 	})
 }
 
-// resolver asks the sandbox's nameserver (any address: nftables sends port
-// 53 to the egress resolver).
+// resolver asks the sandbox's nameserver, the resolver at the gateway.
 func (e *env) resolver() *net.Resolver {
 	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
 		return testutil.InNetNS(e.ep.NetNSPath, func() (net.Conn, error) {
 			var d net.Dialer
-			return d.DialContext(ctx, "udp4", "9.9.9.9:53")
+			return d.DialContext(ctx, "udp4", net.JoinHostPort(e.nw.Gateway().String(), "53"))
 		})
 	}}
+}
+
+// query sends one A query for name to server (address:port) from inside
+// the sandbox over network (udp4 or tcp4) and returns the answer's code.
+func (e *env) query(network, server, name string) (dnsmessage.RCode, error) {
+	return testutil.InNetNS(e.ep.NetNSPath, func() (dnsmessage.RCode, error) {
+		d := net.Dialer{Timeout: 3 * time.Second}
+		c, err := d.Dial(network, server)
+		if err != nil {
+			return 0, err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+		b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: 7, RecursionDesired: true})
+		_ = b.StartQuestions()
+		_ = b.Question(dnsmessage.Question{Name: dnsmessage.MustNewName(name + "."), Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET})
+		q, _ := b.Finish()
+		if network == "tcp4" {
+			q = append([]byte{byte(len(q) >> 8), byte(len(q))}, q...)
+		}
+		if _, err := c.Write(q); err != nil {
+			return 0, err
+		}
+		buf := make([]byte, 1500)
+		n, err := c.Read(buf)
+		if err != nil {
+			return 0, err
+		}
+		if network == "tcp4" {
+			buf, n = buf[2:], n-2
+		}
+		var p dnsmessage.Parser
+		h, err := p.Start(buf[:n])
+		if err != nil {
+			return 0, err
+		}
+		return h.RCode, nil
+	})
 }
 
 // client is an HTTP client inside the sandbox trusting roots.

@@ -1,7 +1,7 @@
 package egress
 
 import (
-	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,9 +24,13 @@ type Limits struct {
 	// nameserver. Default 32.
 	DNSInFlight int
 	// AuditRate is the egress and DNS audit records per second kept per
-	// sandbox (burst: ten times as many). Past it records are counted and
-	// one "suppressed" record with the count follows. Default 20.
+	// sandbox (burst: ten times as many). Past it records are counted per
+	// destination and decision, and written as "suppressed" rows with the
+	// count every few seconds (auditagg.go). Default 20.
 	AuditRate float64
+	// AuditBurst is how many records a sandbox may add at once before
+	// AuditRate applies. Default ten times AuditRate.
+	AuditBurst int
 }
 
 func (l *Limits) setDefaults() {
@@ -41,6 +45,9 @@ func (l *Limits) setDefaults() {
 	}
 	if l.AuditRate <= 0 {
 		l.AuditRate = 20
+	}
+	if l.AuditBurst <= 0 {
+		l.AuditBurst = int(min(10*l.AuditRate, math.MaxInt32))
 	}
 }
 
@@ -73,16 +80,14 @@ func (b *bucket) allow() bool {
 // quota is one sandbox's share of the limits. It outlives policy changes
 // (a new binding keeps its predecessor's quota).
 type quota struct {
-	conns     atomic.Int64
-	dnsBusy   atomic.Int64
-	dns       *bucket
-	audit     *bucket
-	dropped   atomic.Uint64 // audit records suppressed since the last summary
-	firstDrop atomic.Int64  // unix nanoseconds of the first of them
+	conns   atomic.Int64
+	dnsBusy atomic.Int64
+	dns     *bucket
+	audit   *aggregator // the audit rate, and what it held back (auditagg.go)
 }
 
 func newQuota(l Limits) *quota {
-	return &quota{dns: newBucket(l.DNSRate, 2*l.DNSRate), audit: newBucket(l.AuditRate, 10*l.AuditRate)}
+	return &quota{dns: newBucket(l.DNSRate, 2*l.DNSRate), audit: newAggregator(l.AuditRate, float64(l.AuditBurst))}
 }
 
 // acquire takes one of n slots; release gives it back.
@@ -95,37 +100,23 @@ func acquire(c *atomic.Int64, n int) bool {
 }
 
 // admit applies the sandbox's audit rate to ev: it reports whether ev
-// may be written, and first queues a summary of what was suppressed
-// before it, so the log says how much is missing and when.
+// may be written as it is; otherwise ev is counted in its destination's
+// row, written at the end of the window.
 func (s *Server) admit(q *quota, ev audit.Event) bool {
-	if !q.audit.allow() {
-		if q.dropped.Add(1) == 1 {
-			q.firstDrop.Store(time.Now().UnixNano())
-		}
-		return false
-	}
-	s.flushSuppressed(q, ev)
-	return true
+	return q.audit.admit(ev)
 }
 
-// flushSuppressed queues one record for the audit records q suppressed,
-// labelled like like.
+// flushSuppressed queues the rows of what q held back since the last
+// window, labelled like like.
 func (s *Server) flushSuppressed(q *quota, like audit.Event) {
-	n := q.dropped.Swap(0)
-	if n == 0 {
-		return
+	for _, ev := range q.audit.drain(like, s.cfg.Limits.AuditRate) {
+		s.push(ev)
 	}
-	since := time.Unix(0, q.firstDrop.Load())
-	s.push(audit.Event{
-		Time: time.Now(), SandboxID: like.SandboxID, TeamID: like.TeamID, APIKeyID: like.APIKeyID,
-		Kind: audit.KindEgress, Action: "suppressed", Decision: audit.Denied,
-		Reason: fmt.Sprintf("%d more egress records suppressed (over %.0f per second for this sandbox)", n, s.cfg.Limits.AuditRate),
-		Fields: map[string]any{"suppressed": n, "since": since.UTC().Format(time.RFC3339Nano)},
-	})
 }
 
-// flushAll writes the pending summaries of every bound sandbox; a flood
-// that stopped still gets its count recorded.
+// flushAll writes the held-back rows of every bound sandbox: at most
+// aggKeys and one per decision each, every window; a flood that stopped
+// still gets its counts recorded.
 func (s *Server) flushAll() {
 	s.mu.RLock()
 	bs := make([]*binding, 0, len(s.byID))
@@ -134,8 +125,6 @@ func (s *Server) flushAll() {
 	}
 	s.mu.RUnlock()
 	for _, b := range bs {
-		if b.q.dropped.Load() > 0 && b.q.audit.allow() {
-			s.flushSuppressed(b.q, audit.Event{SandboxID: b.id, TeamID: b.policy.TeamID, APIKeyID: b.policy.APIKeyID})
-		}
+		s.flushSuppressed(b.q, audit.Event{SandboxID: b.id, TeamID: b.policy.TeamID, APIKeyID: b.policy.APIKeyID})
 	}
 }

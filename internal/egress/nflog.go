@@ -34,6 +34,8 @@ const (
 	// nflogSnaplen is enough for an IPv4 header with options and the
 	// ports.
 	nflogSnaplen = 64
+	// nflogReadBuffer holds about 30,000 logged packets.
+	nflogReadBuffer = 8 << 20
 )
 
 // openNFLog binds a netlink socket to a free NFLOG group, trying groups
@@ -43,7 +45,16 @@ func openNFLog(seed string) (*netlink.Conn, uint16, error) {
 	if err != nil {
 		return nil, 0, fmt.Errorf("nflog: %w", err)
 	}
-	_ = c.SetReadBuffer(4 << 20)
+	// A flood of refused connections is a burst of log messages: past the
+	// socket's buffer the kernel drops them, and with them the record of
+	// the one connection that mattered. SetReadBuffer is capped by
+	// net.core.rmem_max; the server is root, so the size is forced.
+	_ = c.SetReadBuffer(nflogReadBuffer)
+	if raw, err := c.SyscallConn(); err == nil {
+		_ = raw.Control(func(fd uintptr) {
+			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, nflogReadBuffer)
+		})
+	}
 	h := fnv.New32a()
 	h.Write([]byte(seed))
 	start := uint16(1000 + h.Sum32()%30000)

@@ -23,6 +23,15 @@ const byNameSet = "by_name"
 // bridgesSet holds the names of the server's bridges.
 const bridgesSet = "bridges"
 
+// EgressMark is the socket mark (SO_MARK) of every connection an agentbox
+// egress proxy opens on a sandbox's behalf. Each server's table refuses
+// marked packets to the host's own addresses and into its sandboxes, so
+// neither an address the host gained after the proxy decided nor another
+// server's proxy (whose operator ranges may cover this server's subnet)
+// opens a path. The same value for every server: one server's rule holds
+// for all of them.
+const EgressMark = 0x61620000
+
 // privateRanges are never reachable from a sandbox, whatever its policy.
 var privateRanges = []netip.Prefix{
 	netip.MustParsePrefix("10.0.0.0/8"),
@@ -257,6 +266,21 @@ func (m *Manager) installRules(keep, keepByName []netip.Addr) error {
 	deny(policy, isIPv4(), saddr, &expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID})
 	jumpPolicy := &expr.Verdict{Kind: expr.VerdictJump, Chain: policy.Name}
 
+	// What an egress proxy dials for a sandbox (EgressMark) reaches neither
+	// the host, on any address it has when the packet leaves (fib: no list
+	// to keep in sync), nor this server's sandboxes, whichever server's
+	// proxy it is.
+	output := c.AddChain(&nftables.Chain{Name: "output", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter, Policy: &accepting})
+	marked := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(EgressMark)},
+	}
+	for _, match := range [][]expr.Any{fibDaddrLocal(), toBr(true)} {
+		add(output, rule(marked, match, l4Proto(unix.IPPROTO_TCP), &expr.Reject{Type: unix.NFT_REJECT_TCP_RST}))
+		add(output, rule(marked, match, &expr.Verdict{Kind: expr.VerdictDrop}))
+	}
+
 	// Sandboxes reach no host listener on any host address; replies to
 	// connections the host opened (gateway → envd) still pass, and so do
 	// connections nftables itself redirected to the egress proxy and DNS
@@ -316,34 +340,52 @@ func (m *Manager) installRules(keep, keepByName []netip.Addr) error {
 		// that accepted and then reset would be a socket that opened and
 		// died. What reaches the proxy is what the policy allows by
 		// address, and ports 80 and 443 of sandboxes whose domains only the
-		// Host or SNI can decide.
+		// Host or SNI can decide; what reaches the resolver is a query to
+		// the gateway or to an address the policy allows.
 		pf := c.AddChain(&nftables.Chain{Name: "prefilter", Table: t, Type: nftables.ChainTypeFilter,
 			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityMangle, Policy: &accepting})
-		tcp := l4Proto(unix.IPPROTO_TCP)
 		add(pf, rule(fromBr(), ctEstablishedRelated(), accept()))
-		add(pf, rule(fromBr(), l4Port(unix.IPPROTO_TCP, 53), accept())) // to the resolver
-		// The host on any of its addresses (the gateway too), link-local
-		// and metadata addresses, other sandboxes.
-		deny(pf, fromBr(), tcp, fibDaddrLocal())
-		deny(pf, fromBr(), tcp, ipInPrefix(16, netip.MustParsePrefix("169.254.0.0/16")))
-		deny(pf, fromBr(), tcp, ipInPrefix(16, m.cfg.Subnet))
-		byName := func(match ...any) {
-			for _, port := range []uint16{80, 443} {
-				add(pf, rule(append(match, fromBr(), isIPv4(), saddr,
-					&expr.Lookup{SourceRegister: 1, SetName: nameSet.Name, SetID: nameSet.ID},
-					l4Port(unix.IPPROTO_TCP, port), accept())...))
+		// The sandbox's own nameserver: the resolver at the gateway, which
+		// answers only the names the policy allows.
+		gw := ipInPrefix(16, netip.PrefixFrom(m.gateway, 32))
+		add(pf, rule(fromBr(), gw, l4Port(unix.IPPROTO_TCP, 53), accept()))
+		add(pf, rule(fromBr(), gw, l4Port(unix.IPPROTO_UDP, 53), accept()))
+		// What the NAT chain below redirects (TCP, and DNS over UDP) is
+		// decided here first, by where it was sent: a query to an outside
+		// nameserver is a connection to that address like any other, so
+		// with the internet off it fails as every denied destination does.
+		for _, r := range []struct {
+			match []expr.Any
+			tcp   bool
+		}{{l4Proto(unix.IPPROTO_TCP), true}, {l4Port(unix.IPPROTO_UDP, 53), false}} {
+			redirected, tcp := r.match, r.tcp
+			// The host on any of its addresses, whenever it got them (the
+			// gateway too; fib looks each packet up, no list to keep),
+			// link-local and metadata addresses, other sandboxes.
+			deny(pf, fromBr(), redirected, fibDaddrLocal())
+			deny(pf, fromBr(), redirected, ipInPrefix(16, netip.MustParsePrefix("169.254.0.0/16")))
+			deny(pf, fromBr(), redirected, ipInPrefix(16, m.cfg.Subnet))
+			byName := func(match ...any) {
+				if !tcp {
+					return
+				}
+				for _, port := range []uint16{80, 443} {
+					add(pf, rule(append(match, fromBr(), isIPv4(), saddr,
+						&expr.Lookup{SourceRegister: 1, SetName: nameSet.Name, SetID: nameSet.ID},
+						l4Port(unix.IPPROTO_TCP, port), accept())...))
+				}
 			}
+			for _, p := range m.cfg.OperatorAllow {
+				byName(ipInPrefix(16, p))
+				add(pf, rule(fromBr(), redirected, ipInPrefix(16, p), jumpPolicy))
+				add(pf, rule(fromBr(), redirected, ipInPrefix(16, p), accept()))
+			}
+			for _, p := range append(privateRanges, netip.MustParsePrefix("224.0.0.0/3"), netip.MustParsePrefix("0.0.0.0/8")) {
+				deny(pf, fromBr(), redirected, ipInPrefix(16, p))
+			}
+			byName()
+			add(pf, rule(fromBr(), redirected, jumpPolicy))
 		}
-		for _, p := range m.cfg.OperatorAllow {
-			byName(ipInPrefix(16, p))
-			add(pf, rule(fromBr(), tcp, ipInPrefix(16, p), jumpPolicy))
-			add(pf, rule(fromBr(), tcp, ipInPrefix(16, p), accept()))
-		}
-		for _, p := range append(privateRanges, netip.MustParsePrefix("224.0.0.0/3"), netip.MustParsePrefix("0.0.0.0/8")) {
-			deny(pf, fromBr(), tcp, ipInPrefix(16, p))
-		}
-		byName()
-		add(pf, rule(fromBr(), tcp, jumpPolicy))
 
 		// Every TCP connection and DNS query a sandbox opens goes to the host's
 		// egress proxy and resolver, which apply the policy by name and
