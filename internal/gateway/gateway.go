@@ -266,6 +266,8 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port 
 	// drains and closes the request body when the response starts, which
 	// fails the upstream write and cuts the response short.
 	_ = http.NewResponseController(w).EnableFullDuplex()
+	// Every return, refusals included, leaves the body read (finishBody).
+	defer finishBody(r)
 	t := target{id: id, port: port, addr: net.JoinHostPort(sb.IP.String(), strconv.Itoa(port)), boot: sb.BootID,
 		own: g.onOwnOrigin(r, id, port)}
 	if !g.checkAccess(w, r, sb, port) || !g.admit(w, r, sb, port, &t) {
@@ -274,7 +276,6 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port 
 	ctx := r.Context()
 	r = r.WithContext(context.WithValue(ctx, targetKey{}, t))
 	g.proxyAudited(w, r, sb, port)
-	finishBody(r)
 }
 
 // finishBody reads what is left of a request body (a little) before the
