@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/hostkey"
 	"github.com/agentbox/agentbox/internal/runtime"
 )
 
@@ -72,11 +73,21 @@ const (
 // snapshotStore keeps snapshots on disk, one directory each. A snapshot
 // appears by renaming a complete temporary directory, so a crash never
 // leaves a half one that looks usable.
+//
+// A snapshot's directory is named by its opaque host key (internal/hostkey),
+// not its id: its layers are overlay lower dirs and idmapped mount sources
+// of the sandboxes restored from it, and its image dir is an argument of
+// the checkpoint tools, all of which every host user can read in /proc.
+// Directories an earlier version named by the id keep that name.
 type snapshotStore struct {
-	dir string
-	log *slog.Logger
-	mu  sync.Mutex
+	dir  string
+	keys hostkey.Keyer
+	log  *slog.Logger
+	mu   sync.Mutex
 }
+
+// snapshotKeySecret holds the store's key secret, in the private store dir.
+const snapshotKeySecret = ".key-secret"
 
 func openSnapshotStore(dir string, log *slog.Logger) (*snapshotStore, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -86,6 +97,10 @@ func openSnapshotStore(dir string, log *slog.Logger) (*snapshotStore, error) {
 	// list or read them, also when an older version made the dir wider.
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot dir: make private: %w", err)
+	}
+	keys, err := hostkey.Load(filepath.Join(dir, snapshotKeySecret))
+	if err != nil {
+		return nil, fmt.Errorf("snapshot dir: %w", err)
 	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -97,28 +112,69 @@ func openSnapshotStore(dir string, log *slog.Logger) (*snapshotStore, error) {
 			_ = os.RemoveAll(filepath.Join(dir, e.Name()))
 		}
 	}
-	return &snapshotStore{dir: dir, log: log}, nil
+	return &snapshotStore{dir: dir, keys: keys, log: log}, nil
 }
 
-func (s *snapshotStore) path(id string) string { return filepath.Join(s.dir, id) }
+// path is snapshot id's directory: named by its key, or by the id itself
+// when an earlier version made it.
+func (s *snapshotStore) path(id string) string {
+	if legacy := filepath.Join(s.dir, id); ValidID(id) {
+		if _, err := os.Lstat(legacy); err == nil {
+			return legacy
+		}
+	}
+	return filepath.Join(s.dir, s.keys.Key(id))
+}
+
+// tmpPath is where snapshot id is assembled before it appears at path.
+func (s *snapshotStore) tmpPath(id string) string {
+	return filepath.Join(s.dir, snapshotTmp+s.keys.Key(id))
+}
+
 func (s *snapshotStore) image(id string) string {
-	return filepath.Join(s.dir, id, "image")
+	return filepath.Join(s.path(id), "image")
+}
+
+// dirOf names the snapshot whose directory (the first element of a path
+// relative to the store) is name.
+func (s *snapshotStore) dirOf(name string) (string, bool) {
+	snap, err := s.loadDir(name)
+	if err != nil {
+		return "", false
+	}
+	return snap.ID, true
 }
 
 func (s *snapshotStore) load(id string) (*Snapshot, error) {
 	if !ValidID(id) {
 		return nil, fmt.Errorf("snapshot %q: %w", id, errdefs.ErrNotFound)
 	}
-	b, err := os.ReadFile(filepath.Join(s.path(id), snapshotMeta))
+	snap, err := s.loadDir(filepath.Base(s.path(id)))
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("snapshot %q: %w", id, errdefs.ErrNotFound)
 		}
 		return nil, err
 	}
+	if snap.ID != id {
+		return nil, fmt.Errorf("snapshot %q: %w", id, errdefs.ErrNotFound)
+	}
+	return snap, nil
+}
+
+// loadDir reads the snapshot in the store's directory name, which must be
+// the one its id is kept in.
+func (s *snapshotStore) loadDir(name string) (*Snapshot, error) {
+	b, err := os.ReadFile(filepath.Join(s.dir, name, snapshotMeta))
+	if err != nil {
+		return nil, err
+	}
 	var snap Snapshot
 	if err := json.Unmarshal(b, &snap); err != nil {
-		return nil, fmt.Errorf("snapshot %s: %w", id, err)
+		return nil, fmt.Errorf("snapshot dir %s: %w", name, err)
+	}
+	if !ValidID(snap.ID) || filepath.Base(s.path(snap.ID)) != name {
+		return nil, fmt.Errorf("snapshot dir %s: holds snapshot %q of another dir: %w", name, snap.ID, fs.ErrNotExist)
 	}
 	return &snap, nil
 }
@@ -136,7 +192,7 @@ func (s *snapshotStore) list(all bool) []*Snapshot {
 		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		snap, err := s.load(e.Name())
+		snap, err := s.loadDir(e.Name())
 		if err != nil || (!all && s.deleted(snap.ID)) {
 			continue
 		}
@@ -255,7 +311,7 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden,
 		}
 	}
 	snap.Layers = append(slices.Clone(layers), filepath.Join(snaps.path(snap.ID), "upper"))
-	tmp := filepath.Join(snaps.dir, snapshotTmp+snap.ID)
+	tmp := snaps.tmpPath(snap.ID)
 	if err := os.Mkdir(tmp, 0o700); err != nil {
 		return nil, err
 	}
@@ -378,7 +434,7 @@ func (m *Manager) snapshotGC(ctx context.Context) {
 			// A moved image carries its base layers in its own dir: only
 			// other snapshots' layers keep those snapshots.
 			if rel, err := filepath.Rel(snaps.dir, l); err == nil && !strings.HasPrefix(rel, "..") {
-				if owner := strings.Split(rel, string(filepath.Separator))[0]; owner != s.ID {
+				if owner, ok := snaps.dirOf(strings.Split(rel, string(filepath.Separator))[0]); ok && owner != s.ID {
 					used[owner] = true
 				}
 			}
