@@ -140,8 +140,10 @@ func TestHostUserObjects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _, _ = s.Do(context.Background(), s.APIKey, http.MethodDelete, "/templates/"+tb.templateID, nil) })
-	if res, err := tb.run("base", []map[string]any{{"type": "RUN", "args": []string{"echo built > /opt/built"}}}); err != nil || res != "ready" {
+	t.Cleanup(func() {
+		_, _, _ = s.Do(context.Background(), s.APIKey, http.MethodDelete, "/templates/"+tb.templateID, nil)
+	})
+	if res, err := tb.run("base", []map[string]any{{"type": "RUN", "args": []string{"echo built > \"$HOME/built\""}}}); err != nil || res != "ready" {
 		t.Fatalf("build a template: %s %v", res, err)
 	}
 	// An upload no build used (yet): it stays in the upload store.

@@ -117,6 +117,9 @@ func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func
 	if err != nil {
 		return nil, err
 	}
+	if err := sealLayers(tmp); err != nil {
+		return nil, err
+	}
 	snap := img.Snapshot
 	if snap.FilesystemOnly || !ValidID(snap.SandboxID) {
 		return nil, fmt.Errorf("moved image of sandbox %q: not a memory image: %w", snap.SandboxID, errdefs.ErrInvalidArgument)

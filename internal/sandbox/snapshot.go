@@ -327,6 +327,9 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden,
 		return nil, fmt.Errorf("sandbox %s: snapshot: %w", id, err)
 	}
 	m.fault("snapshot:captured")
+	if err := sealLayers(tmp); err != nil {
+		return nil, fmt.Errorf("sandbox %s: snapshot: %w", id, err)
+	}
 	snap.SizeBytes = dirSize(tmp)
 	b, _ := json.MarshalIndent(snap, "", "  ")
 	if err := os.WriteFile(filepath.Join(tmp, snapshotMeta), b, 0o600); err != nil {
@@ -338,6 +341,26 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden,
 	ok = true
 	m.log.Info("snapshot created", "sandbox", id, "snapshot", snap.ID, "name", name, "bytes", snap.SizeBytes, "took", time.Since(start).Round(time.Millisecond))
 	return snap, nil
+}
+
+// sealLayers closes the captured layers of the snapshot in dir to every
+// host user but their owner: restoring the image makes the snapshot's dir
+// searchable by others (the restored tasks read the image as the sandbox's
+// mapped root), and its layer paths are in every host user's mountinfo.
+// The server reads the layers as root (overlay, idmapped mounts, copies).
+func sealLayers(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if n := e.Name(); e.IsDir() && (n == "upper" || n == "upper.log" || strings.HasPrefix(n, "base-")) {
+			if err := os.Chmod(filepath.Join(dir, n), 0o700); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func dirSize(dir string) int64 {
