@@ -249,4 +249,6 @@ true`, strings.Join(paths, "\n")+"\n")
 		hidden("the volume", volID),
 		hidden("the built template and its build", tb.templateID, tb.buildID),
 	})
+	// Closed to others, the paused sandbox's bundle still resumes.
+	do("resume the paused sandbox", http.MethodPost, "/sandboxes/"+paused+"/resume", map[string]any{"timeout": 300}, http.StatusCreated)
 }
