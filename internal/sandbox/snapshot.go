@@ -107,9 +107,15 @@ func openSnapshotStore(dir string, log *slog.Logger) (*snapshotStore, error) {
 		return nil, fmt.Errorf("snapshot dir: %w", err)
 	}
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), snapshotTmp) {
+		switch {
+		case strings.HasPrefix(e.Name(), snapshotTmp):
 			log.Warn("removing incomplete snapshot", "dir", e.Name())
 			_ = os.RemoveAll(filepath.Join(dir, e.Name()))
+		case e.IsDir() && !strings.HasPrefix(e.Name(), "."):
+			// Layers an earlier version left open to others.
+			if err := sealLayers(filepath.Join(dir, e.Name())); err != nil {
+				log.Warn("snapshot layers stay open to host users", "dir", e.Name(), "err", err)
+			}
 		}
 	}
 	return &snapshotStore{dir: dir, keys: keys, log: log}, nil

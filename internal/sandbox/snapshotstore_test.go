@@ -69,3 +69,26 @@ func TestSnapshotDirsHideIDs(t *testing.T) {
 		t.Errorf("dirOf = %q %v", id, ok)
 	}
 }
+
+// TestSnapshotLayersSealedOnOpen: layers an earlier version left readable
+// by others are closed when the store opens.
+func TestSnapshotLayersSealedOnOpen(t *testing.T) {
+	dir := t.TempDir()
+	for _, d := range []string{"snapold000000000001/upper", "snapold000000000001/base-0", "snapold000000000001/image"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := openSnapshotStore(dir, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	for d, want := range map[string]os.FileMode{"upper": 0o700, "base-0": 0o700, "image": 0o755} {
+		fi, err := os.Stat(filepath.Join(dir, "snapold000000000001", d))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fi.Mode().Perm(); got != want {
+			t.Errorf("%s: mode %o, want %o", d, got, want)
+		}
+	}
+}
