@@ -241,6 +241,40 @@ true`, strings.Join(paths, "\n")+"\n")
 			}
 			return nil
 		}},
+		{side: sideHostUser, name: "nobody lists the server's mounts named in its mountinfo (rootfs, idmapped layers, volumes)", run: func(t *testing.T) error {
+			// The server's mount points (it mounts in the host's mount
+			// namespace, which nobody reads too).
+			b, err := os.ReadFile("/proc/self/mountinfo")
+			if err != nil {
+				return err
+			}
+			var points []string
+			for line := range strings.Lines(string(b)) {
+				f := strings.Fields(line)
+				if len(f) > 4 && (strings.HasPrefix(f[4], s.DataDir) || strings.HasPrefix(f[4], s.TemplateDir) || strings.HasPrefix(f[4], "/run/"+s.Instance+"/")) {
+					points = append(points, f[4])
+				}
+			}
+			if len(points) < 4 {
+				return fmt.Errorf("only %d server mounts: the attack would prove nothing", len(points))
+			}
+			// Directories: a netns pin (a file) only names a namespace
+			// nobody cannot enter.
+			out, err := nobody(`while IFS= read -r p; do [ -d "$p" ] && ls -A "$p" >/dev/null 2>&1 && echo "$p"; done; true`, strings.Join(points, "\n")+"\n")
+			if err != nil {
+				return fmt.Errorf("nobody: %v: %s", err, out)
+			}
+			var got []string
+			for line := range strings.Lines(out) {
+				if l := strings.TrimSpace(line); l != "" && !isPublic(s.DataDir, l) {
+					got = append(got, l)
+				}
+			}
+			if len(got) > 0 {
+				return crossed("%d of %d mounts listable: %s", len(got), len(points), strings.Join(first(got, 4), ", "))
+			}
+			return nil
+		}},
 		hidden("snapshots (the restored one's and the fork's)", snaps...),
 		hidden("the running sandbox", running),
 		hidden("the paused sandbox", paused),
