@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/agentbox/agentbox/internal/confine"
 	"github.com/agentbox/agentbox/internal/localrun"
 	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/runtime/bundle"
@@ -48,6 +49,11 @@ func runHook(name string, args []string) error {
 			return fmt.Errorf("%s hook takes no arguments", bundle.HoldHook)
 		}
 		return bundle.RunHoldHook(os.Stdin)
+	case confine.Hook:
+		if len(args) != 1 {
+			return fmt.Errorf("%s hook takes one argument", confine.Hook)
+		}
+		return confine.RunHook(args[0])
 	case localrun.InitHook:
 		if len(args) != 1 {
 			return fmt.Errorf("%s hook takes one argument", localrun.InitHook)
@@ -56,5 +62,5 @@ func runHook(name string, args []string) error {
 	case "":
 		return errors.New("__hook: name a hook")
 	}
-	return fmt.Errorf("__hook: unknown hook %q (want %s, %s, %s, %s, %s or %s)", name, network.PlugHookName, runc.PlugWaitHook, runc.UserNSLimitsHook, runc.BootIDHook, bundle.HoldHook, localrun.InitHook)
+	return fmt.Errorf("__hook: unknown hook %q (want %s, %s, %s, %s, %s, %s or %s)", name, network.PlugHookName, runc.PlugWaitHook, runc.UserNSLimitsHook, runc.BootIDHook, bundle.HoldHook, localrun.InitHook, confine.Hook)
 }

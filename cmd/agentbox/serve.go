@@ -290,7 +290,7 @@ func newRuntime(c *serveConfig, runDir, envd, hookBin string, nw *network.Manage
 	}
 	mv, err := microvm.New(microvm.Config{
 		StateDir: filepath.Join(c.DataDir, "microvm"), RunDir: filepath.Join(runDir, "microvm"), Envd: envd,
-		Accel: c.MicroVMAccel, CgroupParent: c.Instance, Net: nw,
+		Accel: c.MicroVMAccel, CgroupParent: c.Instance, Net: nw, HookBinary: hookBin,
 	}, log)
 	if err != nil {
 		return nil, nil, err

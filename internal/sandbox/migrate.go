@@ -102,7 +102,7 @@ func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func
 		return nil, err
 	}
 	sid := newSnapshotID()
-	tmp := filepath.Join(snaps.dir, snapshotTmp+sid)
+	tmp := snaps.tmpPath(sid)
 	if err := os.Mkdir(tmp, 0o700); err != nil {
 		return nil, err
 	}
@@ -115,6 +115,9 @@ func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func
 	}()
 	img, err := fill(tmp)
 	if err != nil {
+		return nil, err
+	}
+	if err := sealLayers(tmp); err != nil {
 		return nil, err
 	}
 	snap := img.Snapshot

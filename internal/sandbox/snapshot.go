@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/hostkey"
 	"github.com/agentbox/agentbox/internal/runtime"
 )
 
@@ -72,11 +73,21 @@ const (
 // snapshotStore keeps snapshots on disk, one directory each. A snapshot
 // appears by renaming a complete temporary directory, so a crash never
 // leaves a half one that looks usable.
+//
+// A snapshot's directory is named by its opaque host key (internal/hostkey),
+// not its id: its layers are overlay lower dirs and idmapped mount sources
+// of the sandboxes restored from it, and its image dir is an argument of
+// the checkpoint tools, all of which every host user can read in /proc.
+// Directories an earlier version named by the id keep that name.
 type snapshotStore struct {
-	dir string
-	log *slog.Logger
-	mu  sync.Mutex
+	dir  string
+	keys hostkey.Keyer
+	log  *slog.Logger
+	mu   sync.Mutex
 }
+
+// snapshotKeySecret holds the store's key secret, in the private store dir.
+const snapshotKeySecret = ".key-secret"
 
 func openSnapshotStore(dir string, log *slog.Logger) (*snapshotStore, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -87,38 +98,89 @@ func openSnapshotStore(dir string, log *slog.Logger) (*snapshotStore, error) {
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot dir: make private: %w", err)
 	}
+	keys, err := hostkey.Load(filepath.Join(dir, snapshotKeySecret))
+	if err != nil {
+		return nil, fmt.Errorf("snapshot dir: %w", err)
+	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot dir: %w", err)
 	}
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), snapshotTmp) {
+		switch {
+		case strings.HasPrefix(e.Name(), snapshotTmp):
 			log.Warn("removing incomplete snapshot", "dir", e.Name())
 			_ = os.RemoveAll(filepath.Join(dir, e.Name()))
+		case e.IsDir() && !strings.HasPrefix(e.Name(), "."):
+			// Layers an earlier version left open to others.
+			if err := sealLayers(filepath.Join(dir, e.Name())); err != nil {
+				log.Warn("snapshot layers stay open to host users", "dir", e.Name(), "err", err)
+			}
 		}
 	}
-	return &snapshotStore{dir: dir, log: log}, nil
+	return &snapshotStore{dir: dir, keys: keys, log: log}, nil
 }
 
-func (s *snapshotStore) path(id string) string { return filepath.Join(s.dir, id) }
+// path is snapshot id's directory: named by its key, or by the id itself
+// when an earlier version made it.
+func (s *snapshotStore) path(id string) string {
+	if legacy := filepath.Join(s.dir, id); ValidID(id) {
+		if _, err := os.Lstat(legacy); err == nil {
+			return legacy
+		}
+	}
+	return filepath.Join(s.dir, s.keys.Key(id))
+}
+
+// tmpPath is where snapshot id is assembled before it appears at path.
+func (s *snapshotStore) tmpPath(id string) string {
+	return filepath.Join(s.dir, snapshotTmp+s.keys.Key(id))
+}
+
 func (s *snapshotStore) image(id string) string {
-	return filepath.Join(s.dir, id, "image")
+	return filepath.Join(s.path(id), "image")
+}
+
+// dirOf names the snapshot whose directory (the first element of a path
+// relative to the store) is name.
+func (s *snapshotStore) dirOf(name string) (string, bool) {
+	snap, err := s.loadDir(name)
+	if err != nil {
+		return "", false
+	}
+	return snap.ID, true
 }
 
 func (s *snapshotStore) load(id string) (*Snapshot, error) {
 	if !ValidID(id) {
 		return nil, fmt.Errorf("snapshot %q: %w", id, errdefs.ErrNotFound)
 	}
-	b, err := os.ReadFile(filepath.Join(s.path(id), snapshotMeta))
+	snap, err := s.loadDir(filepath.Base(s.path(id)))
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("snapshot %q: %w", id, errdefs.ErrNotFound)
 		}
 		return nil, err
 	}
+	if snap.ID != id {
+		return nil, fmt.Errorf("snapshot %q: %w", id, errdefs.ErrNotFound)
+	}
+	return snap, nil
+}
+
+// loadDir reads the snapshot in the store's directory name, which must be
+// the one its id is kept in.
+func (s *snapshotStore) loadDir(name string) (*Snapshot, error) {
+	b, err := os.ReadFile(filepath.Join(s.dir, name, snapshotMeta))
+	if err != nil {
+		return nil, err
+	}
 	var snap Snapshot
 	if err := json.Unmarshal(b, &snap); err != nil {
-		return nil, fmt.Errorf("snapshot %s: %w", id, err)
+		return nil, fmt.Errorf("snapshot dir %s: %w", name, err)
+	}
+	if !ValidID(snap.ID) || filepath.Base(s.path(snap.ID)) != name {
+		return nil, fmt.Errorf("snapshot dir %s: holds snapshot %q of another dir: %w", name, snap.ID, fs.ErrNotExist)
 	}
 	return &snap, nil
 }
@@ -136,7 +198,7 @@ func (s *snapshotStore) list(all bool) []*Snapshot {
 		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		snap, err := s.load(e.Name())
+		snap, err := s.loadDir(e.Name())
 		if err != nil || (!all && s.deleted(snap.ID)) {
 			continue
 		}
@@ -255,7 +317,7 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden,
 		}
 	}
 	snap.Layers = append(slices.Clone(layers), filepath.Join(snaps.path(snap.ID), "upper"))
-	tmp := filepath.Join(snaps.dir, snapshotTmp+snap.ID)
+	tmp := snaps.tmpPath(snap.ID)
 	if err := os.Mkdir(tmp, 0o700); err != nil {
 		return nil, err
 	}
@@ -271,6 +333,9 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden,
 		return nil, fmt.Errorf("sandbox %s: snapshot: %w", id, err)
 	}
 	m.fault("snapshot:captured")
+	if err := sealLayers(tmp); err != nil {
+		return nil, fmt.Errorf("sandbox %s: snapshot: %w", id, err)
+	}
 	snap.SizeBytes = dirSize(tmp)
 	b, _ := json.MarshalIndent(snap, "", "  ")
 	if err := os.WriteFile(filepath.Join(tmp, snapshotMeta), b, 0o600); err != nil {
@@ -282,6 +347,26 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden,
 	ok = true
 	m.log.Info("snapshot created", "sandbox", id, "snapshot", snap.ID, "name", name, "bytes", snap.SizeBytes, "took", time.Since(start).Round(time.Millisecond))
 	return snap, nil
+}
+
+// sealLayers closes the captured layers of the snapshot in dir to every
+// host user but their owner: restoring the image makes the snapshot's dir
+// searchable by others (the restored tasks read the image as the sandbox's
+// mapped root), and its layer paths are in every host user's mountinfo.
+// The server reads the layers as root (overlay, idmapped mounts, copies).
+func sealLayers(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if n := e.Name(); e.IsDir() && (n == "upper" || n == "upper.log" || strings.HasPrefix(n, "base-")) {
+			if err := os.Chmod(filepath.Join(dir, n), 0o700); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func dirSize(dir string) int64 {
@@ -378,7 +463,7 @@ func (m *Manager) snapshotGC(ctx context.Context) {
 			// A moved image carries its base layers in its own dir: only
 			// other snapshots' layers keep those snapshots.
 			if rel, err := filepath.Rel(snaps.dir, l); err == nil && !strings.HasPrefix(rel, "..") {
-				if owner := strings.Split(rel, string(filepath.Separator))[0]; owner != s.ID {
+				if owner, ok := snaps.dirOf(strings.Split(rel, string(filepath.Separator))[0]); ok && owner != s.ID {
 					used[owner] = true
 				}
 			}

@@ -55,7 +55,13 @@ func (s *Store) idmappedLayer(ctx context.Context, layer string, from, to uint32
 		im.pending[target]++
 		return target, nil
 	}
-	if err := os.MkdirAll(im.dir, 0o711); err != nil {
+	// Private: the mount points are in every host user's mountinfo, and
+	// overlay reaches its lower dirs with the server's (root's) rights,
+	// so no one else needs to walk here.
+	if err := os.MkdirAll(im.dir, 0o700); err != nil {
+		return "", err
+	}
+	if err := os.Chmod(im.dir, 0o700); err != nil {
 		return "", err
 	}
 	if err := os.Mkdir(target, 0o755); err != nil && !errors.Is(err, os.ErrExist) {

@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -138,6 +139,7 @@ func New(cfg Config, log *slog.Logger) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bundles: %w", err)
 	}
+	closeBundles(cfg.StateDir)
 	s := &Store{cfg: cfg, log: log.With("component", "bundle"), cgroupV2: IsCgroupV2(), keys: keys}
 	s.uids = uidPool{dir: cfg.UIDRangeDir, base: cfg.UserNSBase, size: cfg.UserNSSize, count: cfg.UserNSRanges}
 	s.idmap.dir = cfg.IdmapDir
@@ -147,6 +149,23 @@ func New(cfg Config, log *slog.Logger) (*Store, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// closeBundles takes the others' search bit off the user-namespaced
+// bundles (owned by their mapped root) in stateDir that an earlier version
+// opened when it paused them: their mapped root owns them and needs none.
+func closeBundles(stateDir string) {
+	entries, _ := os.ReadDir(stateDir)
+	for _, e := range entries {
+		p := filepath.Join(stateDir, e.Name())
+		fi, err := os.Lstat(p)
+		if err != nil || !fi.IsDir() || fi.Mode().Perm()&0o007 == 0 {
+			continue
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != 0 && fi.Mode().Perm()&0o100 != 0 {
+			_ = os.Chmod(p, fi.Mode().Perm()&^0o007)
+		}
+	}
 }
 
 // MkdirPrivate makes dir (and its parents) mode 0711: searchable, never

@@ -267,13 +267,23 @@ func (s *Store) prepareUserNSBundle(dir string, base uint32, extra ...string) er
 // EnsureSearchable gives "others" search (not read) permission on dir and
 // its ancestors: runc sets up the rootfs and bind mounts as the sandbox's
 // mapped root, an unprivileged host uid, which must be able to walk there.
-func EnsureSearchable(dir string) error {
+func EnsureSearchable(dir string) error { return EnsureSearchableBy(dir, -1) }
+
+// EnsureSearchableBy is EnsureSearchable for host uid alone: a directory
+// uid owns and may search already (a user-namespaced bundle, base:0 0710)
+// stays closed to others, so what is in it (the sandbox's upper dir, its
+// pause image) is not opened to every host user; uid -1 means anyone.
+func EnsureSearchableBy(dir string, uid int) error {
 	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
 		fi, err := os.Stat(d)
 		if err != nil {
 			return err
 		}
-		if fi.Mode().Perm()&0o001 == 0 {
+		owned := false
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && uid >= 0 && int(st.Uid) == uid && fi.Mode().Perm()&0o100 != 0 {
+			owned = true
+		}
+		if !owned && fi.Mode().Perm()&0o001 == 0 {
 			if err := os.Chmod(d, fi.Mode().Perm()|0o001); err != nil {
 				return err
 			}

@@ -370,7 +370,7 @@ func (d *Driver) restoreNew(ctx context.Context, spec runtime.Spec, opts runtime
 	// editing it behind the guest's back would race its cached blocks, so
 	// that guest takes its settings from renumber's frames instead.
 	if _, err := os.Stat(filepath.Join(opts.ImageDir, fsOnlyFile)); opts.FilesystemOnly || err == nil {
-		if err := writeSeed(ctx, dir, disk, gc); err != nil {
+		if err := d.writeSeed(ctx, spec.ID, disk, gc); err != nil {
 			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
 	}

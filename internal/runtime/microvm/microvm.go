@@ -75,6 +75,10 @@ type Config struct {
 	CgroupParent string
 	// Net makes each sandbox's netns.
 	Net runtime.NetPlugger
+	// HookBinary is the agentbox binary, which confines the host tools
+	// that edit a guest's disk (internal/confine). Required to start
+	// sandboxes from file-system snapshots.
+	HookBinary string
 }
 
 // Driver runs microVM sandboxes. Its state is on disk (a directory per

@@ -17,6 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/agentbox/agentbox/internal/confine"
 	"github.com/agentbox/agentbox/internal/guestinit"
 )
 
@@ -92,32 +93,77 @@ func renumber(ctx context.Context, nsPath, mac, addr, gw string) error {
 
 // writeSeed replaces the guest's settings on a writable disk that no VM
 // runs on (a copy for a new sandbox), so a fresh boot of it takes them.
-func writeSeed(ctx context.Context, dir, disk string, gc guestinit.Config) error {
+// The disk is the guest's own writing: e2fsck and debugfs parse it as the
+// sandbox's unprivileged uid inside internal/confine (no network, no other
+// file, limits, seccomp), never as host root.
+func (d *Driver) writeSeed(ctx context.Context, id, disk string, gc guestinit.Config) error {
+	if d.cfg.HookBinary == "" {
+		return errors.New("microvm: Config.HookBinary is required to edit a guest disk")
+	}
+	uid, err := d.sandboxUID(id)
+	if err != nil {
+		return err
+	}
 	b, _ := json.Marshal(gc)
-	tmp := filepath.Join(dir, guestinit.ConfigFile)
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+	// The settings, handed to debugfs as a descriptor: a pipe has no
+	// path for it to reopen, so an unlinked private file it is.
+	seed, err := os.CreateTemp(filepath.Dir(disk), ".seed-*")
+	if err != nil {
 		return err
 	}
-	defer os.Remove(tmp)
-	cmds := filepath.Join(dir, "seed.debugfs")
-	script := fmt.Sprintf("rm /%s\nwrite %s /%s\n", guestinit.ConfigFile, tmp, guestinit.ConfigFile)
-	if err := os.WriteFile(cmds, []byte(script), 0o600); err != nil {
+	os.Remove(seed.Name())
+	defer seed.Close()
+	if _, err := seed.Write(b); err != nil {
 		return err
 	}
-	defer os.Remove(cmds)
+	img, err := os.OpenFile(disk, os.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer img.Close()
+	fi, err := img.Stat()
+	if err != nil {
+		return err
+	}
+	// The tool reopens the disk by /proc/self/fd, which checks its owner:
+	// the copy is the sandbox's uid's while it runs (QEMU, as that uid,
+	// is handed it read-write anyway), root's again after.
+	if err := img.Chown(uid, uid); err != nil {
+		return err
+	}
+	defer img.Chown(0, 0)
+	if err := seed.Chown(uid, uid); err != nil {
+		return err
+	}
+	run := func(stdin string, argv ...string) ([]byte, error) {
+		return confine.Tool{
+			Self: d.cfg.HookBinary, UID: uid, GID: uid, Argv: argv,
+			Files: []*os.File{img, seed}, Stdin: strings.NewReader(stdin),
+			Limits: confine.Limits{FileSize: uint64(fi.Size())},
+		}.Run(ctx)
+	}
+	e2fsck, err := exec.LookPath("e2fsck")
+	if err != nil {
+		return err
+	}
+	debugfs, err := exec.LookPath("debugfs")
+	if err != nil {
+		return err
+	}
 	// The guest's journal may hold the latest root directory: replay it
 	// first, as the guest's kernel would at mount (debugfs does not).
-	if out, err := exec.CommandContext(ctx, "e2fsck", "-E", "journal_only", "-p", disk).CombinedOutput(); err != nil {
+	if out, err := run("", e2fsck, "-E", "journal_only", "-p", confine.FD(0)); err != nil {
 		if ee, ok := errors.AsType[*exec.ExitError](err); !ok || ee.ExitCode() > 1 {
-			return fmt.Errorf("e2fsck %s: %w: %s", disk, err, strings.TrimSpace(string(out)))
+			return fmt.Errorf("e2fsck on the disk of sandbox %s: %w: %s", id, err, confine.Output(out))
 		}
 	}
-	if out, err := exec.CommandContext(ctx, "debugfs", "-w", "-f", cmds, disk).CombinedOutput(); err != nil {
-		return fmt.Errorf("debugfs %s: %w: %s", disk, err, strings.TrimSpace(string(out)))
+	script := fmt.Sprintf("rm /%s\nwrite %s /%s\n", guestinit.ConfigFile, confine.FD(1), guestinit.ConfigFile)
+	if out, err := run(script, debugfs, "-w", "-f", "-", confine.FD(0)); err != nil {
+		return fmt.Errorf("debugfs on the disk of sandbox %s: %w: %s", id, err, confine.Output(out))
 	}
-	out, err := exec.CommandContext(ctx, "debugfs", "-R", "cat /"+guestinit.ConfigFile, disk).Output()
+	out, err := run("", debugfs, "-R", "cat /"+guestinit.ConfigFile, confine.FD(0))
 	if err != nil || !bytes.Contains(out, b) {
-		return fmt.Errorf("debugfs %s: the guest's settings were not written (%v)", disk, err)
+		return fmt.Errorf("debugfs on the disk of sandbox %s: the guest's settings were not written (%v): %s", id, err, confine.Output(out))
 	}
 	return nil
 }

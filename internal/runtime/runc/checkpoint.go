@@ -262,7 +262,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 		if err := shareImage(img, int(base)); err != nil {
 			return fmt.Errorf("sandbox %s: image: %w", id, err)
 		}
-		if err := bundle.EnsureSearchable(filepath.Dir(img)); err != nil {
+		if err := bundle.EnsureSearchableBy(filepath.Dir(img), int(base)); err != nil {
 			return fmt.Errorf("sandbox %s: image: %w", id, err)
 		}
 		// The image is restored in this range and owned by it: the
