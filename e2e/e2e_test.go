@@ -5,6 +5,7 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 // TestJSSDK runs e2e/js with the official e2b SDK, once per pinned version
 // (each test file imports one: e2b is 2.51.0, e2b-250 is 2.50.0).
+// E2E_JS_TEST_NAME_PATTERN runs only the JS tests whose names match.
 func TestJSSDK(t *testing.T) {
 	s := need(t)
 	jsDir := filepath.Join(s.Root, "e2e", "js")
@@ -28,7 +30,13 @@ func TestJSSDK(t *testing.T) {
 			harness.SDKMatrix(t, jsDir, v.module)
 			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Minute)
 			defer cancel()
-			cmd := exec.CommandContext(ctx, "node", "--test", "--test-reporter=spec", v.file)
+			args := []string{"--test", "--test-reporter=spec"}
+			if p := os.Getenv("E2E_JS_TEST_NAME_PATTERN"); p != "" {
+				// Runs only the JS tests whose names match (node's
+				// --test-name-pattern), e.g. while working on one.
+				args = append(args, "--test-name-pattern="+p)
+			}
+			cmd := exec.CommandContext(ctx, "node", append(args, v.file)...)
 			cmd.Dir = jsDir
 			cmd.Env = s.env()
 			out, err := cmd.CombinedOutput()

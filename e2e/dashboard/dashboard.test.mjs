@@ -91,18 +91,27 @@ test("dashboard: log in, sandbox, terminal, files, plot, audit log", { timeout: 
     assert.ok(await page.locator("#plot canvas").count() >= 1);
     await page.screenshot({ path: join(shots, "sandbox.png"), fullPage: true });
 
-    // The audit log, filtered to file events, shows the upload and only file events.
+    // The audit log, filtered to file events, shows the upload and only file
+    // events. The unfiltered list already shows the upload, so the test waits
+    // for the state it asserts (the filtered list), never for time.
     await page.goto(base + "/dashboard/#audit/" + encodeURIComponent(created));
     await page.waitForSelector("#audit-rows tr");
     await page.selectOption("#audit-kind", "file");
-    await page.waitForFunction(() => [...document.querySelectorAll("#audit-rows tr")].some((r) => r.textContent.includes("dash-upload.bin")), null, { timeout: 30_000 });
-    const kinds = await page.$$eval("#audit-rows tr td:nth-child(3)", (tds) => tds.map((td) => td.textContent));
-    assert.ok(kinds.length > 0 && kinds.every((k) => k === "file"), `only file events, got ${kinds}`);
+    const auditKinds = () => [...document.querySelectorAll("#audit-rows tr")].map((r) => r.querySelector("td:nth-child(3)")?.textContent);
+    const filtered = await page.waitForFunction(() => {
+      const rows = [...document.querySelectorAll("#audit-rows tr")];
+      const kinds = rows.map((r) => r.querySelector("td:nth-child(3)")?.textContent);
+      return rows.some((r) => r.textContent.includes("dash-upload.bin")) && kinds.every((k) => k === "file") && kinds;
+    }, null, { timeout: 30_000 }).then((h) => h.jsonValue(), () => null);
+    const kinds = filtered ?? await page.evaluate(auditKinds);
+    assert.ok(filtered && kinds.length > 0 && kinds.every((k) => k === "file"), `only file events with the upload, got ${kinds}`);
     await page.screenshot({ path: join(shots, "audit.png"), fullPage: true });
 
-    // Usage: this server meters, so the page shows its team's figures.
+    // Usage: this server meters, so the page shows its team's figures. A
+    // hash change re-renders the page after goto returns: wait for the usage
+    // page itself, not for a table the previous page left.
     await page.goto(base + "/dashboard/#usage");
-    await page.waitForSelector("#usage-absent, main table");
+    await page.waitForFunction(() => document.querySelector("main h2")?.textContent === "Usage" && document.querySelector("#usage-absent, main table"));
     await page.screenshot({ path: join(shots, "usage.png") });
     assert.equal(await page.locator("#usage-absent").count(), 0, "the server serves /usage");
     assert.ok(await page.locator("main table").count() > 0, "usage shows a table of figures");
@@ -117,7 +126,7 @@ test("dashboard: log in, sandbox, terminal, files, plot, audit log", { timeout: 
     }) }));
     await page.goto(base + "/dashboard/#templates");
     await page.goto(base + "/dashboard/#usage");
-    await page.waitForSelector("main table");
+    await page.waitForFunction(() => document.querySelector("main h2")?.textContent === "Usage" && document.querySelector("main").textContent.includes("Team team-1"));
     const usageText = await page.textContent("main");
     for (const want of ["team-1", "12.5", "3.3", "4096", "isbx1", evil]) assert.ok(usageText.includes(want), `usage page shows ${want}: ${usageText}`);
     assert.equal(await page.locator("main img, main script").count(), 0);
@@ -126,8 +135,9 @@ test("dashboard: log in, sandbox, terminal, files, plot, audit log", { timeout: 
 
     // Templates with their builds: base is listed, its build log opens.
     await page.goto(base + "/dashboard/#templates");
-    await page.waitForSelector("main table tbody tr");
-    assert.ok(await page.$$eval("main table td", (tds) => tds.some((td) => td.textContent.split(", ").includes("base"))), "base is listed");
+    const baseListed = await page.waitForFunction(() => document.querySelector("main h2")?.textContent === "Templates" &&
+      [...document.querySelectorAll("main table td")].some((td) => td.textContent.split(", ").includes("base")), null, { timeout: 30_000 }).then(() => true, () => false);
+    assert.ok(baseListed, `base is listed: ${await page.textContent("main")}`);
     const logButton = page.locator("main table button").first();
     if (await logButton.count()) {
       await logButton.click();

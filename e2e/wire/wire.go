@@ -161,9 +161,11 @@ func (c *Client) Get(ctx context.Context, id string) (*ListedSandbox, error) {
 func (c *Client) List(ctx context.Context, metadata map[string]string) ([]ListedSandbox, error) {
 	q := url.Values{}
 	if len(metadata) > 0 {
+		// As the e2b SDKs send it: each key and value encoded, then the
+		// pairs, then (by q.Encode) the parameter.
 		m := url.Values{}
 		for k, v := range metadata {
-			m.Set(k, v)
+			m.Set(url.QueryEscape(k), url.QueryEscape(v))
 		}
 		q.Set("metadata", m.Encode())
 	}

@@ -138,12 +138,12 @@ func TestListFilters(t *testing.T) {
 	t0 := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
 	sb := &sandbox.Sandbox{ID: "i1", TemplateID: "tpl1", Alias: "base", State: sandbox.StateRunning, StartedAt: t0,
 		Metadata: map[string]string{"a&b": "x=y", "path": "/srv/data", "who": "Zoë Müller", "sp ace": "v v"}}
-	// What the SDKs send: the metadata map as a URL-encoded query string,
-	// encoded again as one query parameter.
+	// What the SDKs send: each key and value URL-encoded, the pairs as a
+	// URL-encoded query string, encoded again as one query parameter.
 	md := func(kv ...string) string {
 		v := url.Values{}
 		for i := 0; i < len(kv); i += 2 {
-			v.Set(kv[i], kv[i+1])
+			v.Set(url.QueryEscape(kv[i]), url.QueryEscape(kv[i+1]))
 		}
 		return v.Encode()
 	}

@@ -36,20 +36,16 @@ type ListFilters struct {
 	States   []string          // "running", "paused"; none: any
 }
 
-// ParseListFilters reads the metadata (the SDK URL-encodes a query string,
-// "k=v&k2=v2", into one parameter; the last value of a key wins) and state
-// (repeated or comma-separated) parameters of q.
+// ParseListFilters reads the metadata and state (repeated or
+// comma-separated) parameters of q. The last value of a metadata key wins.
 func ParseListFilters(q url.Values) (ListFilters, error) {
 	var f ListFilters
 	if raw := q.Get("metadata"); raw != "" {
-		vals, err := url.ParseQuery(raw)
+		md, err := parseMetadataFilter(raw)
 		if err != nil {
-			return f, fmt.Errorf("metadata: must be a URL-encoded query string like \"user=abc&app=prod\": %v: %w", err, errdefs.ErrInvalidArgument)
+			return f, err
 		}
-		f.Metadata = map[string]string{}
-		for k, v := range vals {
-			f.Metadata[k] = v[len(v)-1]
-		}
+		f.Metadata = md
 	}
 	for _, st := range q["state"] {
 		for part := range strings.SplitSeq(st, ",") {
@@ -63,6 +59,38 @@ func ParseListFilters(q url.Values) (ListFilters, error) {
 		}
 	}
 	return f, nil
+}
+
+// parseMetadataFilter decodes a metadata filter as the e2b SDKs encode it
+// and E2B's API decodes it: the SDK URL-encodes each key and value, joins
+// them into "k=v&k2=v2", URL-encodes that string, and sends it as a query
+// parameter (which url.Values already decoded). So the string is decoded
+// once, split into pairs on '&' and '=', and each key and value decoded
+// again. A '&' or '=' inside a key or value arrives encoded and survives the
+// split. A pair that is not exactly KEY=VALUE is refused, as E2B does.
+func parseMetadataFilter(raw string) (map[string]string, error) {
+	const how = "send KEY=VALUE pairs joined by '&', each key and value URL-encoded and the whole string URL-encoded again, as the e2b SDKs do"
+	s, err := url.QueryUnescape(raw)
+	if err != nil {
+		return nil, fmt.Errorf("metadata: %q is not URL-encoded (%v); %s: %w", Truncate(raw), err, how, errdefs.ErrInvalidArgument)
+	}
+	out := map[string]string{}
+	for pair := range strings.SplitSeq(s, "&") {
+		k, v, ok := strings.Cut(pair, "=")
+		if !ok || strings.Contains(v, "=") {
+			return nil, fmt.Errorf("metadata: %q is not one KEY=VALUE pair; %s: %w", Truncate(pair), how, errdefs.ErrInvalidArgument)
+		}
+		key, err := url.QueryUnescape(k)
+		if err != nil {
+			return nil, fmt.Errorf("metadata: key %q is not URL-encoded (%v); %s: %w", Truncate(k), err, how, errdefs.ErrInvalidArgument)
+		}
+		val, err := url.QueryUnescape(v)
+		if err != nil {
+			return nil, fmt.Errorf("metadata: value of %q is not URL-encoded (%v); %s: %w", Truncate(key), err, how, errdefs.ErrInvalidArgument)
+		}
+		out[key] = val
+	}
+	return out, nil
 }
 
 // Truncate shortens a client's value quoted back in an error.

@@ -46,10 +46,24 @@ func TestParseListFilters(t *testing.T) {
 		{query: "", wantMeta: nil},
 		{query: "metadata=" + url.QueryEscape("user=abc&app=prod"), wantMeta: map[string]string{"user": "abc", "app": "prod"}},
 		{query: "metadata=" + url.QueryEscape("k=1&k=2"), wantMeta: map[string]string{"k": "2"}},
+		// What the e2b JS SDK (2.50, 2.51) sends for
+		// {idx: "one & two=2/é", "k&=/%+ é": "v&=/%+ ü 100%"}: each key
+		// and value encoded, the pairs form-encoded, the parameter encoded.
+		{query: "metadata=idx%3Done%252520%252526%252520two%25253D2%25252F%2525C3%2525A9%26k%252526%25253D%25252F%252525%25252B%252520%2525C3%2525A9%3Dv%252526%25253D%25252F%252525%25252B%252520%2525C3%2525BC%252520100%252525",
+			wantMeta: map[string]string{"idx": "one & two=2/é", "k&=/%+ é": "v&=/%+ ü 100%"}},
+		// The same through Go's encoders (sdk/go).
+		{query: url.Values{"metadata": {url.Values{url.QueryEscape("a&b"): {url.QueryEscape("c=d+e f")}}.Encode()}}.Encode(), wantMeta: map[string]string{"a&b": "c=d+e f"}},
+		{query: "metadata=" + url.QueryEscape("=empty-key"), wantMeta: map[string]string{"": "empty-key"}},
 		{query: "state=running,paused", wantStates: []string{"running", "paused"}},
 		{query: "state=running&state=paused", wantStates: []string{"running", "paused"}},
 		{query: "state=stopped", wantErr: true},
+		// Malformed filters are refused, as E2B refuses them (400).
 		{query: "metadata=%25zz", wantErr: true},
+		{query: "metadata=user", wantErr: true},
+		{query: "metadata=" + url.QueryEscape("a=1&"), wantErr: true},
+		{query: "metadata=" + url.QueryEscape("a=b=c"), wantErr: true},
+		{query: "metadata=" + url.QueryEscape("a=%zz"), wantErr: true},
+		{query: "metadata=" + url.QueryEscape("%25zz=1"), wantErr: true},
 	}
 	for _, tt := range tests {
 		q, err := url.ParseQuery(tt.query)

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
+	abv1 "github.com/agentbox/agentbox/internal/kube/apis/agentbox/v1alpha1"
 	agentsv1 "github.com/agentbox/agentbox/internal/kube/apis/agents/v1beta1"
 	extv1 "github.com/agentbox/agentbox/internal/kube/apis/extensions/v1beta1"
 )
@@ -23,16 +24,19 @@ import (
 // bound to team NAME while the agent runs: labelled, re-labelled or
 // unlabelled, the namespace reconciler below applies the change at once.
 //
-// The rule for a change: the Sandboxes of a namespace stay with the team
-// that owns them. Every Sandbox an agent runs is labelled with its team's
-// name (LabelTeam), and while a namespace holds Sandboxes of a team other
-// than the one its label names (or holds any after the label is removed),
-// it stays bound to the team that owns them: that team's sandboxes keep
-// running and can be deleted, and no new Sandbox there is started (its
-// Ready condition says TeamRebinding). The namespace gets a Warning event
+// The rule for a change: the Sandboxes and SandboxSnapshots of a namespace
+// stay with the team that owns them. Every Sandbox an agent runs is
+// labelled with its team's name (LabelTeam), every SandboxSnapshot an agent
+// takes records it (status.team), and while a namespace holds Sandboxes or
+// SandboxSnapshots of a team other than the one its label names (or holds
+// any after the label is removed), it stays bound to the team that owns
+// them: that team's sandboxes keep running and its snapshots stay its own,
+// both can be deleted, and no new Sandbox there is started (its Ready
+// condition says TeamRebinding). The namespace gets a Warning event
 // TeamRebindRefused saying so, and the new binding takes effect once the
-// old team's Sandboxes are deleted. So a re-label never hands one team's
-// sandboxes (or their quota) to another.
+// old team's objects are deleted. So a re-label never hands one team's
+// sandboxes or snapshots (or their quota) to another. serve --kubernetes
+// reads bindings by the same rule (Holders).
 const (
 	ReasonTeamRebinding     = "TeamRebinding"
 	ReasonTeamRebindRefused = "TeamRebindRefused"
@@ -153,9 +157,13 @@ func (r *nsReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 			if want == "" {
 				asked = "no longer labelled " + LabelTeam
 			}
+			what, err := r.heldKinds(ctx, name, holder)
+			if err != nil {
+				return ctrl.Result{}, err
+			}
 			r.event(&ns, true, ReasonTeamRebindRefused, "Bind",
-				"namespace %s is %s but holds Sandboxes of team %s: it stays bound to team %s, which keeps them, and no new Sandbox is started here until they are deleted (or the label names %s again)",
-				name, asked, holder, holder, holder)
+				"namespace %s is %s but holds %s of team %s: it stays bound to team %s, which keeps them, and no new Sandbox is started here until they are deleted (or the label names %s again)",
+				name, asked, what, holder, holder, holder)
 			r.wakeNamespace(ctx, name)
 		}
 		return ctrl.Result{RequeueAfter: holdRecheck}, nil
@@ -182,23 +190,91 @@ func (r *nsReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 	return ctrl.Result{}, nil
 }
 
-// holders lists (sorted) the teams other than want that own Sandboxes in
-// ns, by the team label agents put on the Sandboxes they run. Only
-// Sandboxes an agent ran count (their status, which only agents write,
-// has a sandbox id): a team label the object's writer set on one that
-// never ran moves no binding.
+// holders lists (sorted) the teams other than want that own Sandboxes or
+// SandboxSnapshots in ns (Holders).
 func (r *nsReconciler) holders(ctx context.Context, ns, want string) ([]string, error) {
-	var list agentsv1.SandboxList
-	if err := r.c.List(ctx, &list, client.InNamespace(ns), client.HasLabels{LabelTeam}, client.UnsafeDisableDeepCopy); err != nil {
+	return Holders(ctx, r.c, ns, want)
+}
+
+// Holders lists (sorted) the teams other than want that own objects in
+// ns: Sandboxes an agent ran, by the team label agents put on them, and
+// SandboxSnapshots an agent took, by their status.team. While it holds
+// any, ns stays bound to their team whatever its label says: the node
+// agents bind it so, and serve --kubernetes serves it so. Only objects an
+// agent ran or took count (their status, which only agents write, has an
+// id): a team label the object's writer set on one that never ran moves no
+// binding.
+func Holders(ctx context.Context, c client.Reader, ns, want string) ([]string, error) {
+	seen := map[string]bool{}
+	var sbs agentsv1.SandboxList
+	if err := c.List(ctx, &sbs, client.InNamespace(ns), client.HasLabels{LabelTeam}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("list Sandboxes of namespace %s: %w", ns, err)
 	}
-	seen := map[string]bool{}
-	for _, o := range list.Items {
+	for _, o := range sbs.Items {
 		if t := o.Labels[LabelTeam]; t != want && o.Status.SandboxID != "" {
 			seen[t] = true
 		}
 	}
+	var snaps abv1.SandboxSnapshotList
+	if err := c.List(ctx, &snaps, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("list SandboxSnapshots of namespace %s: %w", ns, err)
+	}
+	for _, o := range snaps.Items {
+		if t := SnapshotTeam(&o); t != "" && t != want {
+			seen[t] = true
+		}
+	}
 	return slices.Sorted(maps.Keys(seen)), nil
+}
+
+// BoundTeam is the team a label-bound namespace is bound to by the rule
+// above ("" = none): the first (sorted) team other than its label's that
+// holds objects in it, else its label's.
+func BoundTeam(ctx context.Context, c client.Reader, ns *corev1.Namespace) (string, error) {
+	want := ""
+	if ns.DeletionTimestamp.IsZero() {
+		want = ns.Labels[LabelTeam]
+	}
+	holders, err := Holders(ctx, c, ns.Name, want)
+	if err != nil {
+		return "", err
+	}
+	if len(holders) > 0 {
+		return holders[0], nil
+	}
+	return want, nil
+}
+
+// SnapshotTeam is the team a SandboxSnapshot belongs to ("" = its
+// namespace's: one no agent took yet, or taken in a --kube-team
+// namespace).
+func SnapshotTeam(s *abv1.SandboxSnapshot) string {
+	if s.Status.SnapshotID == "" {
+		return ""
+	}
+	return s.Status.Team
+}
+
+// heldKinds names what team holds in ns: "Sandboxes", "SandboxSnapshots"
+// or both.
+func (r *nsReconciler) heldKinds(ctx context.Context, ns, team string) (string, error) {
+	var snaps abv1.SandboxSnapshotList
+	if err := r.c.List(ctx, &snaps, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
+		return "", fmt.Errorf("list SandboxSnapshots of namespace %s: %w", ns, err)
+	}
+	var sbs agentsv1.SandboxList
+	if err := r.c.List(ctx, &sbs, client.InNamespace(ns), client.MatchingLabels{LabelTeam: team}, client.UnsafeDisableDeepCopy); err != nil {
+		return "", fmt.Errorf("list Sandboxes of namespace %s: %w", ns, err)
+	}
+	hasSnap := slices.ContainsFunc(snaps.Items, func(s abv1.SandboxSnapshot) bool { return SnapshotTeam(&s) == team })
+	hasSbx := slices.ContainsFunc(sbs.Items, func(s agentsv1.Sandbox) bool { return s.Status.SandboxID != "" })
+	switch {
+	case hasSnap && hasSbx:
+		return "Sandboxes and SandboxSnapshots", nil
+	case hasSnap:
+		return "SandboxSnapshots", nil
+	}
+	return "Sandboxes", nil
 }
 
 // wakeNamespace re-queues every Sandbox, warm pool and claim of ns, which

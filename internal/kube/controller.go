@@ -233,11 +233,14 @@ func New(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger) (*Controller
 	}
 	if cfg.LabelTeams != nil {
 		// Every agent binds for itself; a Sandbox's team label change
-		// (its first run) re-checks its namespace's binding.
+		// (its first run) or a SandboxSnapshot's team (once taken), and
+		// either's deletion, re-checks its namespace's binding.
+		nsOf := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: o.GetNamespace()}}}
+		})
 		if err := ctrl.NewControllerManagedBy(mgr).For(&corev1.Namespace{}).Named("namespace").WithOptions(everyNode).
-			Watches(&agentsv1.Sandbox{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-				return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: o.GetNamespace()}}}
-			})).
+			Watches(&agentsv1.Sandbox{}, nsOf).
+			Watches(&abv1.SandboxSnapshot{}, nsOf).
 			Complete(&nsReconciler{reconcilerBase: base, wake: wake}); err != nil {
 			return nil, fmt.Errorf("kube: namespace controller: %w", err)
 		}

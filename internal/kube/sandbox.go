@@ -156,7 +156,7 @@ func (r *sandboxReconciler) reconcile(ctx context.Context, bnd nsBinding, obj *a
 		sb = r.find(ctx, team, obj)
 	}
 	if sb == nil && bnd.refusing {
-		msg := fmt.Sprintf("namespace %s holds Sandboxes of team %s but is labelled %s=%q: no new Sandbox starts here until team %s's are deleted (or the label names it again)",
+		msg := fmt.Sprintf("namespace %s holds Sandboxes or SandboxSnapshots of team %s but is labelled %s=%q: no new Sandbox starts here until team %s's are deleted (or the label names it again)",
 			obj.Namespace, bnd.name, LabelTeam, bnd.pending, bnd.name)
 		setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, ReasonTeamRebinding, msg)
 		r.event(obj, true, ReasonTeamRebinding, "Create", "%s", msg)

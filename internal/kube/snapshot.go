@@ -126,6 +126,12 @@ func (r *snapshotReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	}
 	before := st.DeepCopy()
 	res, err := r.take(ctx, team, ss, &snap)
+	if st.SnapshotID != "" && st.Team == "" && bnd.name != "" {
+		// The team that took it (one taken before snapshots recorded
+		// their team gets its namespace's): it keeps the snapshot, and
+		// the namespace, whatever the namespace's label says later.
+		st.Team = bnd.name
+	}
 	st.ObservedGeneration = snap.Generation
 	if err == nil && !snapshotStatusEqual(before, st) {
 		err = r.c.Status().Update(ctx, &snap)
@@ -139,7 +145,7 @@ func (r *snapshotReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 }
 
 func snapshotStatusEqual(a, b *abv1.SandboxSnapshotStatus) bool {
-	return a.Phase == b.Phase && a.SnapshotID == b.SnapshotID && a.SandboxID == b.SandboxID && a.Template == b.Template &&
+	return a.Phase == b.Phase && a.SnapshotID == b.SnapshotID && a.Team == b.Team && a.SandboxID == b.SandboxID && a.Template == b.Template &&
 		a.NodeName == b.NodeName && a.SizeBytes == b.SizeBytes && a.Location == b.Location &&
 		a.ObservedGeneration == b.ObservedGeneration && conditionsEqual(a.Conditions, b.Conditions)
 }
@@ -244,8 +250,8 @@ func (r *snapshotReconciler) upload(ctx context.Context, team string, ss Snapsho
 }
 
 // sourceSnapshot reads the Ready SandboxSnapshot a Sandbox starts from.
-// Only the Sandbox's own namespace is looked in: a snapshot belongs to its
-// namespace's team.
+// Only the Sandbox's own namespace is looked in, and only the snapshots of
+// the team the namespace is bound to count.
 func (b reconcilerBase) sourceSnapshot(ctx context.Context, obj *agentsv1.Sandbox) (*abv1.SandboxSnapshot, string, error) {
 	name := obj.Annotations[AnnotationSnapshot]
 	var snap abv1.SandboxSnapshot
@@ -254,6 +260,12 @@ func (b reconcilerBase) sourceSnapshot(ctx context.Context, obj *agentsv1.Sandbo
 			return nil, ReasonSnapshotNotFound, fmt.Errorf("metadata.annotations[%s]: no SandboxSnapshot %s in namespace %s", AnnotationSnapshot, name, obj.Namespace)
 		}
 		return nil, agentsv1.ReasonReconcilerError, err
+	}
+	if t := SnapshotTeam(&snap); t != "" {
+		// Another team's snapshot is as unknown as a missing one.
+		if bnd, ok := b.teams.team(obj.Namespace); !ok || bnd.name != t {
+			return nil, ReasonSnapshotNotFound, fmt.Errorf("metadata.annotations[%s]: no SandboxSnapshot %s of this namespace's team in namespace %s", AnnotationSnapshot, name, obj.Namespace)
+		}
 	}
 	if !snap.DeletionTimestamp.IsZero() || snap.Status.Phase != abv1.PhaseReady || snap.Status.SnapshotID == "" {
 		return &snap, ReasonSnapshotNotReady, fmt.Errorf("metadata.annotations[%s]: SandboxSnapshot %s is not Ready (phase %q)", AnnotationSnapshot, name, snap.Status.Phase)

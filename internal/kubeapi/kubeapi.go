@@ -49,8 +49,12 @@ const (
 	LabelOrigin = "agentbox.dev/origin"
 )
 
-// hashIndex indexes API key Secrets by their sha256 field.
-const hashIndex = "agentbox.keyHash"
+// hashIndex indexes API key Secrets by their sha256 field; snapshotTeamIndex
+// SandboxSnapshots by the team that took them (kube.SnapshotTeam).
+const (
+	hashIndex         = "agentbox.keyHash"
+	snapshotTeamIndex = "agentbox.snapshotTeam"
+)
 
 // Config configures the API tier.
 type Config struct {
@@ -129,6 +133,14 @@ func New(cfg Config, log *slog.Logger) (*Server, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("index API key Secrets: %w", err)
 	}
+	if err := ca.IndexField(context.Background(), &abv1.SandboxSnapshot{}, snapshotTeamIndex, func(o client.Object) []string {
+		if s, ok := o.(*abv1.SandboxSnapshot); ok && kube.SnapshotTeam(s) != "" {
+			return []string{kube.SnapshotTeam(s)}
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("index SandboxSnapshots: %w", err)
+	}
 	c, err := client.New(rc, client.Options{Scheme: scheme, Cache: &client.CacheOptions{Reader: ca}})
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
@@ -171,8 +183,13 @@ type ctxKey struct{}
 // caller is who an API key belongs to.
 type caller struct {
 	team string
-	// namespaces are the team's namespaces, sorted; creates go to the first.
+	// namespaces are the team's namespaces, sorted (teamNamespaces).
 	namespaces []string
+	// home are the namespaces new sandboxes may start in, sorted; creates
+	// go to the first. held names the namespaces labelled for the team
+	// that another team still holds, and that team.
+	home []string
+	held map[string]string
 }
 
 func callerOf(ctx context.Context) caller { return ctx.Value(ctxKey{}).(caller) }
@@ -195,12 +212,12 @@ func (s *Server) authenticate(next http.HandlerFunc) http.Handler {
 		}, httperr.Write) {
 			return
 		}
-		nss, err := s.teamNamespaces(r.Context(), team)
+		who, err := s.teamNamespaces(r.Context(), team)
 		if err != nil {
 			httperr.Write(w, err)
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, caller{team: team, namespaces: nss})))
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, who)))
 	})
 }
 
@@ -226,20 +243,59 @@ func (s *Server) teamOfKey(ctx context.Context, key string) (string, error) {
 	return "", fmt.Errorf("invalid API key: %w", errdefs.ErrUnauthenticated)
 }
 
-// teamNamespaces lists the namespaces labelled for team.
-func (s *Server) teamNamespaces(ctx context.Context, team string) ([]string, error) {
+// teamNamespaces finds team's namespaces by the node agents' binding rule
+// (kube.BoundTeam): a namespace labelled for team is the team's unless it
+// holds another team's Sandboxes or SandboxSnapshots, and a namespace that
+// holds team's SandboxSnapshots stays the team's whatever its label says
+// now. So a re-label never hands one team's snapshots to another, and the
+// old team can still list and delete them (new sandboxes start only in
+// namespaces labelled for the team and held by no other).
+func (s *Server) teamNamespaces(ctx context.Context, team string) (caller, error) {
+	who := caller{team: team}
 	var list corev1.NamespaceList
 	if err := s.c.List(ctx, &list, client.MatchingLabels{kube.LabelTeam: team}); err != nil {
-		return nil, fmt.Errorf("list the namespaces of team %s: %w", team, err)
+		return who, fmt.Errorf("list the namespaces of team %s: %w", team, err)
 	}
-	var out []string
-	for _, n := range list.Items {
-		if n.DeletionTimestamp.IsZero() {
-			out = append(out, n.Name)
+	for i := range list.Items {
+		n := &list.Items[i]
+		if !n.DeletionTimestamp.IsZero() {
+			continue
+		}
+		bound, err := kube.BoundTeam(ctx, s.c, n)
+		if err != nil {
+			return who, err
+		}
+		if bound != team {
+			if who.held == nil {
+				who.held = map[string]string{}
+			}
+			who.held[n.Name] = bound
+			continue
+		}
+		who.home = append(who.home, n.Name)
+	}
+	var snaps abv1.SandboxSnapshotList
+	if err := s.c.List(ctx, &snaps, client.MatchingFields{snapshotTeamIndex: team}, client.UnsafeDisableDeepCopy); err != nil {
+		return who, fmt.Errorf("list the SandboxSnapshots of team %s: %w", team, err)
+	}
+	who.namespaces = slices.Clone(who.home)
+	for _, sn := range snaps.Items {
+		if slices.Contains(who.namespaces, sn.Namespace) || who.held[sn.Namespace] != "" {
+			continue
+		}
+		var n corev1.Namespace
+		if err := s.c.Get(ctx, client.ObjectKey{Name: sn.Namespace}, &n); err != nil || !n.DeletionTimestamp.IsZero() {
+			continue // a namespace going away serves nothing
+		}
+		if bound, err := kube.BoundTeam(ctx, s.c, &n); err != nil {
+			return who, err
+		} else if bound == team {
+			who.namespaces = append(who.namespaces, sn.Namespace)
 		}
 	}
-	slices.Sort(out)
-	return out, nil
+	slices.Sort(who.home)
+	slices.Sort(who.namespaces)
+	return who, nil
 }
 
 // Handler serves the API and the data plane.

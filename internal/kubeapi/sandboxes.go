@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -199,11 +200,16 @@ func (s *Server) createSandbox(ctx context.Context, body rest.NewSandbox, d time
 		body.Network != nil, body.AllowInternetAccess != nil && !*body.AllowInternetAccess, body.IdleTimeout != nil && *body.IdleTimeout > 0:
 		return view{}, invalid("autoPause, autoResume, volumeMounts, network, allow_internet_access and idleTimeout are not served by `agentbox serve --kubernetes`; create the sandbox on a node agent's own API, or leave them out")
 	}
-	if len(who.namespaces) == 0 {
+	if len(who.home) == 0 && len(who.held) > 0 {
+		held := slices.Sorted(maps.Keys(who.held))
+		return view{}, fmt.Errorf("namespace %s is labelled %s=%s but still holds Sandboxes or SandboxSnapshots of team %s: it passes to team %s once they are deleted (or label another namespace for team %s): %w",
+			held[0], kube.LabelTeam, who.team, who.held[held[0]], who.team, who.team, errdefs.ErrConflict)
+	}
+	if len(who.home) == 0 {
 		return view{}, fmt.Errorf("team %s has no namespace: label one with %s=%s (kubectl label namespace NS %s=%s): %w",
 			who.team, kube.LabelTeam, who.team, kube.LabelTeam, who.team, errdefs.ErrConflict)
 	}
-	ns := who.namespaces[0]
+	ns := who.home[0]
 	id := sandbox.NewID()
 	end := metav1.NewTime(time.Now().Add(d).Truncate(time.Second))
 	ann := map[string]string{kube.AnnotationSandboxID: id, AnnotationTemplate: tpl}

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -51,17 +52,18 @@ func snapshotKey(ref string) string {
 	return ref
 }
 
-// teamSnapshots lists the SandboxSnapshots of the caller's namespaces
-// (not being deleted), newest first.
+// teamSnapshots lists the caller's SandboxSnapshots (in its namespaces,
+// taken by its team, not being deleted), newest first.
 func (s *Server) teamSnapshots(ctx context.Context) ([]*abv1.SandboxSnapshot, error) {
 	var out []*abv1.SandboxSnapshot
-	for _, ns := range callerOf(ctx).namespaces {
+	who := callerOf(ctx)
+	for _, ns := range who.namespaces {
 		var list abv1.SandboxSnapshotList
 		if err := s.c.List(ctx, &list, client.InNamespace(ns)); err != nil {
 			return nil, fmt.Errorf("list SandboxSnapshots: %w", err)
 		}
 		for i := range list.Items {
-			if list.Items[i].DeletionTimestamp.IsZero() {
+			if list.Items[i].DeletionTimestamp.IsZero() && snapshotOwnedBy(&list.Items[i], who.team) {
 				out = append(out, &list.Items[i])
 			}
 		}
@@ -221,6 +223,13 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		httperr.Write(w, fmt.Errorf("delete SandboxSnapshot %s/%s: %w", snap.Namespace, snap.Name, kubeErr(err)))
 		return
 	}
+	// Answer once this replica's cache sees it go (its finalizer may hold
+	// it a while), so a list right after does not show it.
+	_ = s.poll(r.Context(), "delete", func() (bool, error) {
+		var got abv1.SandboxSnapshot
+		err := s.c.Get(r.Context(), client.ObjectKeyFromObject(snap), &got)
+		return apierrors.IsNotFound(err) || (err == nil && !got.DeletionTimestamp.IsZero()), nil
+	})
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -2,16 +2,21 @@ package kubeapi
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/agentbox/agentbox/internal/kube"
 	abv1 "github.com/agentbox/agentbox/internal/kube/apis/agentbox/v1alpha1"
+	agentsv1 "github.com/agentbox/agentbox/internal/kube/apis/agents/v1beta1"
 )
 
 func TestSnapshotKey(t *testing.T) {
@@ -70,7 +75,7 @@ func TestSnapshotsAgainstAPIServer(t *testing.T) {
 		if err := c.Create(ctx, s); err != nil {
 			t.Fatal(err)
 		}
-		s.Status = abv1.SandboxSnapshotStatus{Phase: abv1.PhaseReady, SnapshotID: "snaplocal" + name, SandboxID: "isrc", NodeName: "node-x", Template: "base"}
+		s.Status = abv1.SandboxSnapshotStatus{Phase: abv1.PhaseReady, SnapshotID: "snaplocal" + name, Team: "a", SandboxID: "isrc", NodeName: "node-x", Template: "base"}
 		if err := c.Status().Update(ctx, s); err != nil {
 			t.Fatal(err)
 		}
@@ -164,6 +169,113 @@ func TestSnapshotsAgainstAPIServer(t *testing.T) {
 			t.Errorf("snapa3 still there")
 		}
 	})
+}
+
+// TestSnapshotRelabel re-labels the namespace of team A's snapshots for
+// team C: they stay team A's (listed, deleted by A), C neither lists,
+// deletes nor starts from them, and the namespace is not C's for new
+// sandboxes while they are there.
+func TestSnapshotRelabel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts etcd and kube-apiserver")
+	}
+	c, hs := apiServer(t)
+	ctx := t.Context()
+	for _, name := range []string{"snapa1", "snapa2"} {
+		s := &abv1.SandboxSnapshot{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "team-a"}, Spec: abv1.SandboxSnapshotSpec{SandboxRef: abv1.SandboxRef{Name: "src"}}}
+		if err := c.Create(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		s.Status = abv1.SandboxSnapshotStatus{Phase: abv1.PhaseReady, SnapshotID: "snaplocal" + name, Team: "a", SandboxID: "isrc", NodeName: "node-x", Template: "base"}
+		if err := c.Status().Update(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keyC := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "key-c", Namespace: "agentbox-system", Labels: map[string]string{kube.LabelTeam: "c"}},
+		Type: SecretType, Data: map[string][]byte{KeyHashField: []byte(HashKey("e2b_keyc"))}}
+	if err := c.Create(ctx, keyC); err != nil {
+		t.Fatal(err)
+	}
+	ids := func(key string) []string {
+		t.Helper()
+		st, body := call(t, hs, key, "GET", "/snapshots", "")
+		if st != 200 {
+			t.Fatalf("list: %d %s", st, body)
+		}
+		var got []struct {
+			SnapshotID string `json:"snapshotID"`
+		}
+		if err := json.Unmarshal([]byte(body), &got); err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, s := range got {
+			out = append(out, s.SnapshotID)
+		}
+		slices.Sort(out)
+		return out
+	}
+	waitUntil := func(what string, f func() (bool, string)) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			ok, last := f()
+			if ok {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %s", what, last)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitUntil("team A lists its two snapshots", func() (bool, string) {
+		got := ids("e2b_keya")
+		return len(got) == 2, fmt.Sprint(got)
+	})
+	var ns corev1.Namespace
+	if err := c.Get(ctx, client.ObjectKey{Name: "team-a"}, &ns); err != nil {
+		t.Fatal(err)
+	}
+	ns.Labels[kube.LabelTeam] = "c"
+	if err := c.Update(ctx, &ns); err != nil {
+		t.Fatal(err)
+	}
+	// The replica saw the re-label once team C, which has no other
+	// namespace, is told the namespace is still held.
+	create := `{"templateID":"base","timeout":30}`
+	waitUntil("team C told namespace team-a is still team A's", func() (bool, string) {
+		st, body := call(t, hs, "e2b_keyc", "POST", "/sandboxes", create)
+		return st == 409 && strings.Contains(body, "team-a") && strings.Contains(body, "of team a"), fmt.Sprint(st, " ", body)
+	})
+
+	if got := ids("e2b_keyc"); len(got) != 0 {
+		t.Errorf("team C lists team A's snapshots after the re-label: %v", got)
+	}
+	for _, ref := range []string{"snapa1:default", "snapa2"} {
+		if st, body := call(t, hs, "e2b_keyc", "DELETE", "/templates/"+ref, ""); st != 404 {
+			t.Errorf("team C deletes %s: %d %s", ref, st, body)
+		}
+	}
+	stTheirs, bodyTheirs := call(t, hs, "e2b_keyc", "POST", "/sandboxes", `{"templateID":"snapa1:default","timeout":30}`)
+	stUnknown, bodyUnknown := call(t, hs, "e2b_keyc", "POST", "/sandboxes", `{"templateID":"snapzzzz:default","timeout":30}`)
+	if stTheirs == 201 || stTheirs != stUnknown || bodyTheirs != bodyUnknown {
+		t.Errorf("team C starts from team A's snapshot: %d %s; from an unknown one: %d %s", stTheirs, bodyTheirs, stUnknown, bodyUnknown)
+	}
+	var sb agentsv1.SandboxList
+	if err := c.List(ctx, &sb, client.InNamespace("team-a")); err != nil || len(sb.Items) != 0 {
+		t.Errorf("Sandboxes in team-a after team C's creates: %d (%v)", len(sb.Items), err)
+	}
+
+	// Team A keeps them: it lists and deletes them.
+	if got := ids("e2b_keya"); !slices.Equal(got, []string{"snapa1:default", "snapa2:default"}) {
+		t.Errorf("team A lists %v after the re-label", got)
+	}
+	for _, name := range []string{"snapa1", "snapa2"} {
+		if st, body := call(t, hs, "e2b_keya", "DELETE", "/templates/"+name+":default", ""); st != 204 {
+			t.Errorf("team A deletes %s after the re-label: %d %s", name, st, body)
+		}
+	}
 }
 
 // nextToken is the X-Next-Token of a GET.

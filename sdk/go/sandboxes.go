@@ -122,9 +122,11 @@ func (c *Client) Connect(ctx context.Context, id string, timeout time.Duration) 
 func (c *Client) List(ctx context.Context, opts ListOptions) ([]SandboxInfo, error) {
 	q := url.Values{}
 	if len(opts.Metadata) > 0 {
+		// As the e2b SDKs send it: each key and value encoded, then the
+		// pairs, then (by q.Encode) the parameter.
 		md := url.Values{}
 		for k, v := range opts.Metadata {
-			md.Set(k, v)
+			md.Set(url.QueryEscape(k), url.QueryEscape(v))
 		}
 		q.Set("metadata", md.Encode())
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agentbox/agentbox/api/gen/rest"
+	"github.com/agentbox/agentbox/internal/apireq"
 )
 
 // recorded is one request the fake control plane saw.
@@ -147,7 +148,7 @@ func TestList(t *testing.T) {
 	defer srv.Close()
 	c := New(WithAPIURL(srv.URL))
 	got, err := c.List(context.Background(), ListOptions{
-		Metadata: map[string]string{"user": "a b", "app": "x&y"},
+		Metadata: map[string]string{"user": "a b", "app": "x&y=z/%+é"},
 		State:    []string{"running", "paused"},
 	})
 	if err != nil {
@@ -162,9 +163,10 @@ func TestList(t *testing.T) {
 	if len(queries) != 2 || queries[1].Get("nextToken") != "page2" {
 		t.Fatalf("queries = %v", queries)
 	}
-	md, err := url.ParseQuery(queries[0].Get("metadata"))
-	if err != nil || md.Get("user") != "a b" || md.Get("app") != "x&y" {
-		t.Errorf("metadata filter = %q", queries[0].Get("metadata"))
+	// The server decodes the filter as E2B's API does.
+	f, err := apireq.ParseListFilters(queries[0])
+	if err != nil || f.Metadata["user"] != "a b" || f.Metadata["app"] != "x&y=z/%+é" || len(f.Metadata) != 2 {
+		t.Errorf("metadata filter = %q, decoded %v (%v)", queries[0].Get("metadata"), f.Metadata, err)
 	}
 	if queries[0].Get("state") != "running,paused" {
 		t.Errorf("state = %q", queries[0].Get("state"))

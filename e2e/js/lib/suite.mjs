@@ -21,6 +21,8 @@ const EGRESS_PROBE = process.env.E2E_EGRESS_PROBE || '203.0.113.80:80'
 // through the metadata key the server reads, since the SDK has no field for it.
 const ISOLATION = process.env.E2E_ISOLATION || ''
 const MIN = 60_000
+// Metadata whose keys and values hold what URL encodings treat specially.
+const RESERVED = { 'idx': 'one & two=2/é', 'k&=/%+ é': 'v&=/%+ ü 100%', 'plus+key': 'a+b c%20d', '日本': 'データ=値&x' }
 
 export function requiredEnv() {
   const missing = ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY'].filter((k) => !process.env[k])
@@ -109,7 +111,7 @@ export function suite(label, sdk) {
     describe('one sandbox, end to end', { concurrency: false }, () => {
       let sbx
       before(async () => {
-        sbx = await create({ metadata: { role: 'main' }, envs: { SBX_ENV: 'from-create' } })
+        sbx = await create({ metadata: { role: 'main', ...RESERVED }, envs: { SBX_ENV: 'from-create' } })
       })
 
       it('getInfo describes it', async () => {
@@ -129,6 +131,32 @@ export function suite(label, sdk) {
         assert.deepEqual(mine.map((s) => s.sandboxId), [sbx.sandboxId])
         const none = await listAll(sdk, { query: { metadata: { e2e: runId, role: 'absent' } } })
         assert.equal(none.length, 0)
+      })
+
+      it('list filters by metadata with reserved and non-ASCII characters', async () => {
+        // The SDK encodes each key and value, then the pairs, then the
+        // parameter: the server undoes all three.
+        for (const [k, v] of Object.entries(RESERVED)) {
+          const got = await listAll(sdk, { query: { metadata: { e2e: runId, [k]: v } } })
+          assert.deepEqual(got.map((s) => s.sandboxId), [sbx.sandboxId], `filter ${k}=${v}`)
+          assert.equal(got[0].metadata[k], v)
+        }
+        const all = await listAll(sdk, { query: { metadata: { e2e: runId, ...RESERVED } } })
+        assert.deepEqual(all.map((s) => s.sandboxId), [sbx.sandboxId])
+        // One character off matches nothing.
+        for (const [k, v] of Object.entries(RESERVED)) {
+          assert.equal((await listAll(sdk, { query: { metadata: { e2e: runId, [k]: v + ' ' } } })).length, 0, `filter ${k}=${v} plus a space`)
+        }
+      })
+
+      it('a malformed metadata filter is refused with 400, as E2B refuses it', async () => {
+        for (const raw of ['user', 'a%3D1%26', 'a%3Db%3Dc', 'a%3D%25zz']) {
+          for (const path of ['/sandboxes', '/v2/sandboxes']) {
+            const r = await rawAPI('GET', `${path}?metadata=${raw}`)
+            assert.equal(r.status, 400, `GET ${path}?metadata=${raw}: ${r.status} ${r.text}`)
+            assert.match(r.text, /metadata/)
+          }
+        }
       })
 
       it('commands: stdout, stderr, exit codes', async () => {

@@ -63,6 +63,14 @@ type SandboxSnapshotStatus struct {
 	// snapshotID is the snapshot's id on its node.
 	// +optional
 	SnapshotID string `json:"snapshotID,omitempty"`
+	// team is the agentbox team the snapshot belongs to: the team its
+	// namespace was bound to by label when its node agent took it (empty in
+	// a --kube-team namespace, which never changes team). Only agents write
+	// it. serve --kubernetes lists, restores and deletes the snapshot for
+	// this team alone, and a namespace holding it stays bound to this team
+	// (a re-label waits until the snapshot is deleted).
+	// +optional
+	Team string `json:"team,omitempty"`
 	// sandboxID is the E2B id of the sandbox it was taken of.
 	// +optional
 	SandboxID string `json:"sandboxID,omitempty"`
@@ -86,13 +94,15 @@ type SandboxSnapshotStatus struct {
 }
 
 // SandboxSnapshot is a persistent snapshot (memory and files) of a running
-// Sandbox. It belongs to its namespace's team: only Sandboxes of the same
-// namespace start from it (annotation agentbox.dev/snapshot).
+// Sandbox, owned by the team that took it. Its namespace keeps that team
+// while it exists, and only Sandboxes of the same namespace start from it
+// (annotation agentbox.dev/snapshot).
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=sbxsnap
 // +kubebuilder:printcolumn:name="Sandbox",type=string,JSONPath=`.spec.sandboxRef.name`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Team",type=string,JSONPath=`.status.team`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.nodeName`
 // +kubebuilder:printcolumn:name="Size",type=integer,JSONPath=`.status.sizeBytes`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
