@@ -28,7 +28,8 @@ func quotaFlags() []quotaFlag {
 		{"disk-mb", "diskSizeMB", "largest writable disk (MiB) one sandbox may ask for", func(q *store.TeamQuota) *int { return &q.DiskMB }, func(q sandbox.Quota) int { return q.DiskMB }},
 		{"pids", "pids", "most processes and threads one sandbox may ask for", func(q *store.TeamQuota) *int { return &q.PIDs }, func(q sandbox.Quota) int { return q.PIDs }},
 		{"tmp-mb", "tmpSizeMB", "largest in-memory /tmp (MiB) one sandbox may ask for", func(q *store.TeamQuota) *int { return &q.TmpMB }, func(q sandbox.Quota) int { return q.TmpMB }},
-		{"max-sandboxes", "maxSandboxes", "most sandboxes the team may have at once, running, paused or starting", func(q *store.TeamQuota) *int { return &q.MaxSandboxes }, func(q sandbox.Quota) int { return q.MaxSandboxes }},
+		{"max-sandboxes", "maxSandboxes", "most sandboxes the team may have at once, running, paused or starting (a template build in progress counts as one)", func(q *store.TeamQuota) *int { return &q.MaxSandboxes }, func(q sandbox.Quota) int { return q.MaxSandboxes }},
+		{"max-builds", "maxBuilds", "most template builds the team may run at once", func(q *store.TeamQuota) *int { return &q.MaxBuilds }, func(q sandbox.Quota) int { return q.MaxBuilds }},
 	}
 }
 
@@ -60,9 +61,12 @@ func newTeamCmd() *cobra.Command {
 		Short: "List teams and manage their quotas (on the server's data directory)",
 		Long: `Work directly on the server's database (run on the server host, as a user
 who can read --data-dir). A team's quota caps the limits its creates may ask for
-(cpuCount, memoryMB, diskSizeMB, pids, tmpSizeMB) and how many sandboxes it may
-have at once; a field that is not set takes the server's default. The server
-reads the quota at every create: changes apply to the next create, no restart.`,
+(cpuCount, memoryMB, diskSizeMB, pids, tmpSizeMB), how many sandboxes it may
+have at once and how many template builds it may run at once; a field that is
+not set takes the server's default. A build's RUN steps run within the same
+limits as its sandboxes, and a build in progress counts as one of its
+sandboxes. The server reads the quota at every create and build: changes apply
+to the next one, no restart.`,
 	}
 	cmd.PersistentFlags().StringVar(&dataDir, "data-dir", defaultDataDir(), "server data directory")
 
@@ -121,7 +125,7 @@ reads the quota at every create: changes apply to the next create, no restart.`,
 		},
 	}
 	set := &cobra.Command{
-		Use:   "set <team> [--cpu N] [--memory-mb N] [--disk-mb N] [--pids N] [--tmp-mb N] [--max-sandboxes N]",
+		Use:   "set <team> [--cpu N] [--memory-mb N] [--disk-mb N] [--pids N] [--tmp-mb N] [--max-sandboxes N] [--max-builds N]",
 		Short: "Set fields of a team's quota (others keep their value; 0 = the server's default)",
 		Example: `  agentbox team quota set research --memory-mb 4096 --max-sandboxes 10
   agentbox team quota set research --memory-mb 0   # back to the server's default`,
@@ -143,7 +147,7 @@ reads the quota at every create: changes apply to the next create, no restart.`,
 			changed = true
 		}
 		if !changed {
-			return errors.New("nothing to set: give at least one of --cpu, --memory-mb, --disk-mb, --pids, --tmp-mb, --max-sandboxes")
+			return errors.New("nothing to set: give at least one of --cpu, --memory-mb, --disk-mb, --pids, --tmp-mb, --max-sandboxes, --max-builds")
 		}
 		return withTeam(cmd, args[0], func(st *store.Store, t store.Team) error {
 			q, _, err := st.TeamQuota(cmd.Context(), t.ID)

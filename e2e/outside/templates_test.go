@@ -87,6 +87,13 @@ func (tb *templateBuild) run(from string, steps []map[string]any) (string, error
 	if st != http.StatusAccepted {
 		return fmt.Sprintf("start refused: %d %s", st, b), nil
 	}
+	return tb.wait()
+}
+
+// wait waits for the started build to end: it returns "ready" or the
+// failure's message.
+func (tb *templateBuild) wait() (string, error) {
+	path := "/templates/" + tb.templateID + "/builds/" + tb.buildID
 	for deadline := time.Now().Add(5 * time.Minute); time.Now().Before(deadline); time.Sleep(300 * time.Millisecond) {
 		_, b, err := tb.s.Do(tb.ctx, tb.key, http.MethodGet, path+"/status", nil)
 		if err != nil {

@@ -18,24 +18,19 @@ import (
 	"github.com/agentbox/agentbox/internal/template"
 )
 
-// Build-step sandbox defaults for limits the request leaves zero, each
-// capped at the team's quota: enough for a package install.
-const (
-	buildCPUs     = 2
-	buildMemoryMB = 2048
-	buildDiskMB   = 8192
-)
-
 // RunSteps runs a template build's RUN steps (template.StepRunner) in one
 // hidden sandbox of req.TeamID made by the pipeline's build path: the same
-// runtime, hardening (user namespace, seccomp, capabilities, disk quota on
-// the writable layer), network policy (internet yes; host, loopback,
-// private and metadata addresses no) and team quota as any of the team's
-// sandboxes, and it counts toward maxSandboxes while it runs. Each command
-// runs through envd as its user, in its workdir, with its env; the first
-// that fails ends the batch with an error naming its line. When every
-// command passed, the writable layer is captured into req.UpperDir. The
-// sandbox is destroyed in every case.
+// runtime, hardening (user namespace, seccomp, capabilities), network
+// policy (internet yes; host, loopback, private and metadata addresses no)
+// and limits as any of the team's sandboxes: CPU, memory, processes and a
+// disk for the writable layer, as a create asks or gets by default, within
+// the team's quota (resolveBuild). It counts toward maxSandboxes while it
+// runs, in its build's slot when the build was admitted (AdmitBuild). Each
+// command runs through envd as its user, in its workdir, with its env; the
+// first that fails ends the batch with an error naming its line, and the
+// limit it hit if it hit one (a *template.LimitError). When every command
+// passed, the writable layer is captured into req.UpperDir. The sandbox is
+// destroyed in every case.
 func (m *Manager) RunSteps(ctx context.Context, req template.StepRequest) (err error) {
 	if err := checkStepRequest(req); err != nil {
 		return err
@@ -46,6 +41,7 @@ func (m *Manager) RunSteps(ctx context.Context, req template.StepRequest) (err e
 	}
 	b := newBuild("build", CreateRequest{TeamID: req.TeamID, Timeout: m.cfg.MaxTimeout, Secure: true, AllowInternet: true})
 	b.step = &req
+	b.counts = !m.buildAdmitted(req.TeamID, req.BuildID)
 	sb, err := m.run(ctx, buildStep(), b)
 	if err != nil {
 		return fmt.Errorf("build %s: step sandbox: %w", req.BuildID, err)
@@ -69,8 +65,14 @@ func (m *Manager) RunSteps(ctx context.Context, req template.StepRequest) (err e
 	if out == nil {
 		out = io.Discard
 	}
+	fmt.Fprintf(out, "    step sandbox: %s\n", describeLimits(b.limits))
 	c := m.envdOf(sb)
+	lr, _ := m.rt.(runtime.LimitReporter)
 	for _, cmd := range req.Commands {
+		var before runtime.LimitCounters
+		if lr != nil {
+			before, _ = lr.LimitCounters(ctx, sb.ID)
+		}
 		start := time.Now()
 		user, dir := cmd.User, cmd.Workdir
 		if user == "" {
@@ -81,12 +83,19 @@ func (m *Manager) RunSteps(ctx context.Context, req template.StepRequest) (err e
 		}
 		code, rerr := c.Run(ctx, envdclient.Command{Cmd: cmd.Cmd, User: user, Workdir: dir, Env: cmd.Env}, out, out)
 		m.auditStep(ctx, sb, cmd, code, rerr, time.Since(start))
-		if rerr != nil {
-			return fmt.Errorf("%s: %w", stepWhere(cmd), rerr)
+		var failed error
+		switch {
+		case rerr != nil:
+			failed = rerr
+		case code != 0:
+			failed = &template.ExitError{Line: cmd.Line, Cmd: cmd.Cmd, Code: code}
+		default:
+			continue
 		}
-		if code != 0 {
-			return fmt.Errorf("%s: %w", stepWhere(cmd), &template.ExitError{Line: cmd.Line, Cmd: cmd.Cmd, Code: code})
+		if why := m.stepLimitHit(context.WithoutCancel(ctx), sb, b.quota, lr, before); why != "" {
+			failed = &template.LimitError{Msg: fmt.Sprintf("%s %q %s", stepWhere(cmd), cmd.Cmd, why), Err: failed}
 		}
+		return fmt.Errorf("%s: %w", stepWhere(cmd), failed)
 	}
 	// Frozen while the layer is copied: one instant of the filesystem,
 	// whatever a step left running in the background.
@@ -128,15 +137,19 @@ func checkStepRequest(req template.StepRequest) error {
 }
 
 // resolveBuild makes the record of a build step's sandbox: hidden, owned by
-// the build's team, on the build's layers, the default tier, the team's
-// quota, the sandbox network policy with internet access.
+// the build's team, on the build's layers, the default tier, the sandbox
+// network policy with internet access, and a create's limits: what the
+// request asks (refused over the team's quota, naming the field), else what
+// a sandbox gets by default, capped at the team's quota, so a step never
+// has more than any sandbox of the team could.
 func (m *Manager) resolveBuild(ctx context.Context, b *build) error {
 	req := b.step
 	q := b.quota
 	defaults := &template.Template{
-		CPUCount: capAt(buildCPUs, q.CPUCount), MemoryMB: capAt(buildMemoryMB, q.MemoryMB), DiskMB: capAt(buildDiskMB, q.DiskMB),
+		CPUCount: capAt(template.DefaultCPUCount, q.CPUCount), MemoryMB: capAt(template.DefaultMemoryMB, q.MemoryMB),
+		DiskMB: capAt(template.DefaultDiskMB, q.DiskMB),
 	}
-	limits, err := resolveLimits(Limits{CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, DiskMB: req.DiskMB}, defaults, q)
+	limits, err := resolveLimits(Limits{CPUCount: req.CPUCount, MemoryMB: req.MemoryMB, DiskMB: req.DiskMB, PIDs: capAt(DefaultPIDs, q.PIDs)}, defaults, q)
 	if err != nil {
 		return err
 	}
@@ -159,6 +172,49 @@ func capAt(v, cap int) int {
 		return cap
 	}
 	return v
+}
+
+// describeLimits is a step sandbox's limits for the build log.
+func describeLimits(l Limits) string {
+	disk := "no disk limit"
+	if l.DiskMB > 0 {
+		disk = fmt.Sprintf("%d MiB disk", l.DiskMB)
+	}
+	return fmt.Sprintf("%d CPU(s), %d MiB memory, %s, %d processes", l.CPUCount, l.MemoryMB, disk, l.PIDs)
+}
+
+// stepLimitHit says which limit a failed step command hit, if one: a
+// process killed for memory or a fork refused since before, or the disk
+// full. "" when none did (the command failed on its own).
+func (m *Manager) stepLimitHit(ctx context.Context, sb *Sandbox, q Quota, lr runtime.LimitReporter, before runtime.LimitCounters) string {
+	if lr != nil {
+		if now, err := lr.LimitCounters(ctx, sb.ID); err == nil {
+			switch {
+			case now.OOMKills > before.OOMKills:
+				return "was killed: it used more than " + limitOf("memory", "MiB", sb.MemoryMB, q.MemoryMB, "memoryMB", "--memory-mb")
+			case now.PIDsMax > before.PIDsMax:
+				return "could not start a process: it ran into " + limitOf("process", "processes and threads", sb.PIDs, q.PIDs, "", "--pids")
+			}
+		}
+	}
+	if st, err := m.rt.Stats(ctx, sb.ID); err == nil && diskFull(st) {
+		return "wrote more than " + limitOf("disk", "MiB", sb.DiskMB, q.DiskMB, "", "--disk-mb") + `; writes failed with "No space left on device"`
+	}
+	return ""
+}
+
+// limitOf names a build step's limit of n units and how to raise it: the
+// team's quota (an operator's flag) or, when the step got less than the
+// quota, the build request's field that asks for more.
+func limitOf(what, unit string, n, quota int, field, flag string) string {
+	raise := fmt.Sprintf("an operator raises it with `agentbox team quota set <team> %s N`", flag)
+	switch {
+	case quota > 0 && n >= quota:
+		return fmt.Sprintf("the team's %s quota of %d %s (%s)", what, n, unit, raise)
+	case field != "":
+		return fmt.Sprintf("the build step's %s limit of %d %s (the build's %s, or a sandbox's default; ask for up to the team's quota of %d with %s in the build request)", what, n, unit, field, quota, field)
+	}
+	return fmt.Sprintf("the build step's %s limit of %d %s (a sandbox's default under the team's quota of %d)", what, n, unit, quota)
 }
 
 // auditStep records one build command like a process start in any sandbox

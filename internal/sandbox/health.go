@@ -195,9 +195,15 @@ func (m *Manager) limitCounters(ctx context.Context, sb *Sandbox, c runtime.Limi
 	}
 }
 
+// diskFull reports whether a writable disk is used up: under 2 MiB free,
+// less than a write can use.
+func diskFull(st runtime.Stats) bool {
+	return st.DiskTotal > 0 && int64(st.DiskTotal)-int64(st.DiskUsed) < 2<<20
+}
+
 func (m *Manager) diskCheck(ctx context.Context, sb *Sandbox, st runtime.Stats) {
 	free := int64(st.DiskTotal) - int64(st.DiskUsed)
-	full := free < 2<<20
+	full := diskFull(st)
 	m.limits.mu.Lock()
 	was := m.limits.diskFull[sb.ID]
 	if full || free > int64(st.DiskTotal)/20 {

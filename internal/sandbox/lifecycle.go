@@ -84,6 +84,9 @@ type lifecycle struct {
 	forkSlots chan struct{}
 	// reserved counts creates in flight per team for maxSandboxes (quota.go).
 	reserved map[string]int
+	// builds holds the template builds in progress (build ID -> team): each
+	// counts against its team's maxBuilds and maxSandboxes (quota.go).
+	builds map[string]string
 	// gone is cancelled when the sandbox is removed, ending the data-plane
 	// traffic still in flight to it (Wake); a pause keeps it.
 	gone map[string]sandboxLife

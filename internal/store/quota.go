@@ -19,7 +19,8 @@ type TeamQuota struct {
 	DiskMB       int `json:"diskSizeMB"`
 	PIDs         int `json:"pids"`
 	TmpMB        int `json:"tmpSizeMB"`
-	MaxSandboxes int `json:"maxSandboxes"` // running, paused or starting at once
+	MaxSandboxes int `json:"maxSandboxes"` // running, paused or starting at once (a build counts as one)
+	MaxBuilds    int `json:"maxBuilds"`    // template builds in progress at once
 }
 
 // TeamInfo is a team with its quota row, if any.
@@ -49,7 +50,7 @@ func (s *Store) FindTeam(ctx context.Context, ref string) (Team, error) {
 // ListTeams lists every team with its quota and key count, oldest first.
 func (s *Store) ListTeams(ctx context.Context) ([]TeamInfo, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT t.id, t.name, t.created_at,
-		q.team_id IS NOT NULL, IFNULL(q.cpu_count, 0), IFNULL(q.memory_mb, 0), IFNULL(q.disk_mb, 0), IFNULL(q.pids, 0), IFNULL(q.tmp_mb, 0), IFNULL(q.max_sandboxes, 0),
+		q.team_id IS NOT NULL, IFNULL(q.cpu_count, 0), IFNULL(q.memory_mb, 0), IFNULL(q.disk_mb, 0), IFNULL(q.pids, 0), IFNULL(q.tmp_mb, 0), IFNULL(q.max_sandboxes, 0), IFNULL(q.max_builds, 0),
 		(SELECT COUNT(*) FROM api_keys k WHERE k.team_id = t.id)
 		FROM teams t LEFT JOIN team_quotas q ON q.team_id = t.id ORDER BY t.created_at, t.id`)
 	if err != nil {
@@ -61,7 +62,7 @@ func (s *Store) ListTeams(ctx context.Context) ([]TeamInfo, error) {
 		var ti TeamInfo
 		var created int64
 		q := &ti.Quota
-		if err := rows.Scan(&ti.ID, &ti.Name, &created, &ti.HasQuota, &q.CPUCount, &q.MemoryMB, &q.DiskMB, &q.PIDs, &q.TmpMB, &q.MaxSandboxes, &ti.APIKeys); err != nil {
+		if err := rows.Scan(&ti.ID, &ti.Name, &created, &ti.HasQuota, &q.CPUCount, &q.MemoryMB, &q.DiskMB, &q.PIDs, &q.TmpMB, &q.MaxSandboxes, &q.MaxBuilds, &ti.APIKeys); err != nil {
 			return nil, err
 		}
 		ti.CreatedAt = time.Unix(0, created)
@@ -73,8 +74,8 @@ func (s *Store) ListTeams(ctx context.Context) ([]TeamInfo, error) {
 // TeamQuota returns the team's stored quota; ok is false when the team has
 // none (every field then takes the server's default).
 func (s *Store) TeamQuota(ctx context.Context, teamID string) (q TeamQuota, ok bool, err error) {
-	err = s.db.QueryRowContext(ctx, `SELECT IFNULL(cpu_count, 0), IFNULL(memory_mb, 0), IFNULL(disk_mb, 0), IFNULL(pids, 0), IFNULL(tmp_mb, 0), IFNULL(max_sandboxes, 0)
-		FROM team_quotas WHERE team_id = ?`, teamID).Scan(&q.CPUCount, &q.MemoryMB, &q.DiskMB, &q.PIDs, &q.TmpMB, &q.MaxSandboxes)
+	err = s.db.QueryRowContext(ctx, `SELECT IFNULL(cpu_count, 0), IFNULL(memory_mb, 0), IFNULL(disk_mb, 0), IFNULL(pids, 0), IFNULL(tmp_mb, 0), IFNULL(max_sandboxes, 0), IFNULL(max_builds, 0)
+		FROM team_quotas WHERE team_id = ?`, teamID).Scan(&q.CPUCount, &q.MemoryMB, &q.DiskMB, &q.PIDs, &q.TmpMB, &q.MaxSandboxes, &q.MaxBuilds)
 	if errors.Is(err, sql.ErrNoRows) {
 		return TeamQuota{}, false, nil
 	}
@@ -89,16 +90,16 @@ func (s *Store) SetTeamQuota(ctx context.Context, teamID string, q TeamQuota) er
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"cpuCount", q.CPUCount}, {"memoryMB", q.MemoryMB}, {"diskSizeMB", q.DiskMB}, {"pids", q.PIDs}, {"tmpSizeMB", q.TmpMB}, {"maxSandboxes", q.MaxSandboxes}} {
+	}{{"cpuCount", q.CPUCount}, {"memoryMB", q.MemoryMB}, {"diskSizeMB", q.DiskMB}, {"pids", q.PIDs}, {"tmpSizeMB", q.TmpMB}, {"maxSandboxes", q.MaxSandboxes}, {"maxBuilds", q.MaxBuilds}} {
 		if f.v < 0 {
 			return fmt.Errorf("%s: must not be negative, got %d: %w", f.name, f.v, errdefs.ErrInvalidArgument)
 		}
 	}
-	_, err := s.db.ExecContext(ctx, `INSERT INTO team_quotas(team_id, cpu_count, memory_mb, disk_mb, pids, tmp_mb, max_sandboxes, updated_at)
-		VALUES(?,?,?,?,?,?,?,?)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO team_quotas(team_id, cpu_count, memory_mb, disk_mb, pids, tmp_mb, max_sandboxes, max_builds, updated_at)
+		VALUES(?,?,?,?,?,?,?,?,?)
 		ON CONFLICT(team_id) DO UPDATE SET cpu_count=excluded.cpu_count, memory_mb=excluded.memory_mb, disk_mb=excluded.disk_mb,
-		pids=excluded.pids, tmp_mb=excluded.tmp_mb, max_sandboxes=excluded.max_sandboxes, updated_at=excluded.updated_at`,
-		teamID, q.CPUCount, q.MemoryMB, q.DiskMB, q.PIDs, q.TmpMB, q.MaxSandboxes, time.Now().UnixNano())
+		pids=excluded.pids, tmp_mb=excluded.tmp_mb, max_sandboxes=excluded.max_sandboxes, max_builds=excluded.max_builds, updated_at=excluded.updated_at`,
+		teamID, q.CPUCount, q.MemoryMB, q.DiskMB, q.PIDs, q.TmpMB, q.MaxSandboxes, q.MaxBuilds, time.Now().UnixNano())
 	if err != nil {
 		if isForeignKey(err) {
 			return fmt.Errorf("team %q: %w", teamID, errdefs.ErrNotFound)

@@ -2,7 +2,10 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
@@ -20,7 +23,7 @@ func TestTeamQuota(t *testing.T) {
 	if q, ok, err := s.TeamQuota(ctx, team.ID); err != nil || ok || q != (TeamQuota{}) {
 		t.Fatalf("no quota yet: %+v, %v, %v", q, ok, err)
 	}
-	want := TeamQuota{CPUCount: 2, MemoryMB: 512, MaxSandboxes: 3}
+	want := TeamQuota{CPUCount: 2, MemoryMB: 512, MaxSandboxes: 3, MaxBuilds: 1}
 	if err := s.SetTeamQuota(ctx, team.ID, want); err != nil {
 		t.Fatal(err)
 	}
@@ -105,5 +108,38 @@ func TestFindTeam(t *testing.T) {
 	}
 	if _, err := s.FindTeam(ctx, "missing"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("FindTeam(missing) = %v, want ErrNotFound", err)
+	}
+}
+
+// TestTeamQuotaUpgrade: a database made before maxBuilds existed keeps its
+// quotas and gains the field when opened.
+func TestTeamQuotaUpgrade(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "old.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := strings.Replace(schema, "\tmax_sandboxes INTEGER, -- running, paused or starting at once\n", "\tmax_sandboxes INTEGER,\n", 1)
+	if _, err := db.ExecContext(ctx, old+`INSERT INTO teams VALUES('t1', 'research', 1);
+		INSERT INTO team_quotas(team_id, memory_mb, max_sandboxes, updated_at) VALUES('t1', 512, 3, 1);`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	for range 2 { // and a second open finds it there
+		s, err := Open(ctx, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q, ok, err := s.TeamQuota(ctx, "t1"); err != nil || !ok || q.MemoryMB != 512 || q.MaxSandboxes != 3 {
+			t.Fatalf("old quota after the upgrade: %+v %v %v", q, ok, err)
+		}
+		if err := s.SetTeamQuota(ctx, "t1", TeamQuota{MemoryMB: 512, MaxSandboxes: 3, MaxBuilds: 4}); err != nil {
+			t.Fatal(err)
+		}
+		if q, _, _ := s.TeamQuota(ctx, "t1"); q.MaxBuilds != 4 {
+			t.Fatalf("maxBuilds after the upgrade: %+v", q)
+		}
+		s.Close()
 	}
 }

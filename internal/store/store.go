@@ -66,6 +66,29 @@ CREATE TABLE IF NOT EXISTS team_quotas (
 );
 `
 
+// columns added to tables after their first release: ALTER TABLE on a
+// database made before them (CREATE TABLE IF NOT EXISTS leaves it as it was).
+var addedColumns = []struct{ table, column, decl string }{
+	{"team_quotas", "max_builds", "INTEGER"}, // template builds in progress at once
+}
+
+// addColumns adds the addedColumns a database lacks.
+func addColumns(ctx context.Context, db *sql.DB) error {
+	for _, c := range addedColumns {
+		var n int
+		if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?`, c.table, c.column).Scan(&n); err != nil {
+			return err
+		}
+		if n > 0 {
+			continue
+		}
+		if _, err := db.ExecContext(ctx, "ALTER TABLE "+c.table+" ADD COLUMN "+c.column+" "+c.decl); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Open opens (creating if needed) the database at path. The database holds
 // every team's secrets and the server secret every sandbox token derives
 // from, so it and its WAL, shared-memory and journal files are made 0600,
@@ -85,6 +108,10 @@ func Open(ctx context.Context, path string) (*Store, error) {
 	if _, err := db.ExecContext(ctx, schema+volumeSchema+usageSchema); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("init schema in %s: %w", path, err)
+	}
+	if err := addColumns(ctx, db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("upgrade schema in %s: %w", path, err)
 	}
 	// SQLite gives new WAL and -shm files the database file's mode; this
 	// also covers ones left over from an older version.

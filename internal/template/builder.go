@@ -144,7 +144,9 @@ func (e *BuildError) Error() string {
 		where += fmt.Sprintf(" (line %d)", e.Line)
 	}
 	msg := fmt.Sprintf("%s %s: %v", where, e.Op, e.Err)
-	if e.Op == OpRun && e.ExitCode >= 0 {
+	if le, ok := errors.AsType[*LimitError](e.Err); ok {
+		msg = fmt.Sprintf("%s %s: %s", where, e.Op, le.Msg)
+	} else if e.Op == OpRun && e.ExitCode >= 0 {
 		msg = fmt.Sprintf("%s %s failed with exit code %d", where, e.Op, e.ExitCode)
 	}
 	if e.Output != "" {

@@ -295,9 +295,19 @@ func (b *Builds) Start(ctx context.Context, team, templateID, buildID string, sp
 	}
 	spec.TeamID, spec.Name, spec.Tag, spec.Tags, spec.ID, spec.BuildID = team, j.Name, j.Tag, j.Tags, j.TemplateID, j.BuildID
 	spec.CPUCount, spec.MemoryMB, spec.Runner, spec.LocalImages = j.CPUCount, j.MemoryMB, b.runner, false
+	// The build holds its slot in the team's quota from here until it
+	// ends, however it ends; refused, it stays waiting and can be started
+	// again later.
+	release := func() {}
+	if a, ok := b.runner.(BuildAdmitter); ok {
+		if release, err = a.AdmitBuild(ctx, BuildAdmission{TeamID: team, BuildID: j.BuildID, CPUCount: j.CPUCount, MemoryMB: j.MemoryMB}); err != nil {
+			return err
+		}
+	}
 	j.mu.Lock()
 	if j.Status != StatusWaiting {
 		j.mu.Unlock()
+		release()
 		return fmt.Errorf("build %s was started already: %w", buildID, errdefs.ErrConflict)
 	}
 	j.Status = StatusBuilding
@@ -307,14 +317,17 @@ func (b *Builds) Start(ctx context.Context, team, templateID, buildID string, sp
 	}
 	j.mu.Unlock()
 	if err := j.save(); err != nil {
+		release()
 		return err
 	}
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), MaxBuildTime)
 	go func() {
+		defer release()
 		defer cancel()
 		j.logf("info", "Building template %s:%s (%s)", j.Name, j.Tag, j.TemplateID)
 		began := time.Now()
 		tpl, err := b.store.BuildFromSpec(bctx, spec, j)
+		release() // before the status says the build ended
 		j.finish(tpl, err)
 		if b.done != nil {
 			b.done(err == nil, time.Since(began))

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
 )
 
 // OperatorRunner runs the commands of the operator's builtin definitions
@@ -18,10 +20,16 @@ import (
 // namespaces, with the host's network (the mirror). It is what `agentbox
 // template build <builtin>` uses without a running server; every build a
 // team asks for runs its steps as sandboxes through the server's runner.
+// It has none of a sandbox's limits or isolation, so it refuses a request
+// made for a team: a team's input never runs here.
 type OperatorRunner struct{}
 
 // RunSteps implements StepRunner.
 func (OperatorRunner) RunSteps(ctx context.Context, req StepRequest) error {
+	if req.TeamID != "" {
+		return fmt.Errorf("build %s of team %s: the operator's runner runs only the operator's builtin definitions; a team's steps run as its sandboxes through the server: %w",
+			req.BuildID, req.TeamID, errdefs.ErrInvalidArgument)
+	}
 	work, err := os.MkdirTemp(filepath.Dir(req.UpperDir), ".step-")
 	if err != nil {
 		return err

@@ -3,6 +3,7 @@ package template
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -61,7 +62,10 @@ func (s *Store) runStep(ctx context.Context, spec BuildSpec, step Step, st *buil
 	err = spec.Runner.RunSteps(ctx, StepRequest{
 		TeamID: spec.TeamID, BuildID: spec.BuildID, Layers: lowers,
 		Commands: []StepCommand{{Line: step.Line, Cmd: cmd, User: user, Workdir: wd, Env: env}},
-		UpperDir: upper, MemoryMB: spec.BuildMemoryMB, DiskMB: spec.BuildDiskMB, Output: tail,
+		UpperDir: upper, Output: tail,
+		// The template's own sizes when the build names them; the runner
+		// holds them to the team's quota.
+		CPUCount: spec.CPUCount, MemoryMB: cmp.Or(spec.BuildMemoryMB, spec.MemoryMB), DiskMB: spec.BuildDiskMB,
 	})
 	tail.flush()
 	if err != nil {

@@ -220,7 +220,9 @@ func diskUsageStatfs(dir string) (used, total uint64, ok bool) {
 		return 0, 0, false
 	}
 	total = st.Blocks * uint64(st.Bsize)
-	return total - st.Bfree*uint64(st.Bsize), total, true
+	// Bavail, not Bfree: ext4 keeps a few MiB (reserved clusters) that no
+	// write gets, so a full disk still has them free.
+	return total - min(st.Bavail, st.Blocks)*uint64(st.Bsize), total, true
 }
 
 // AttachLoop binds file to a free loop device that detaches itself once

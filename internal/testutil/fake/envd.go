@@ -48,7 +48,8 @@ type Run struct {
 
 // Envd answers as the envd of every running fake container: /health,
 // /init, /files and the process service's Start. A command "exit N" exits
-// with N; any other prints "ok" and exits 0.
+// with N; "simulate oom|pids|disk-full" makes the container hit that limit
+// (Runtime.Hit) and exits 137 (oom) or 1; any other prints "ok" and exits 0.
 type Envd struct {
 	h   *Host
 	srv *httptest.Server
@@ -260,7 +261,10 @@ type processService struct {
 	e *Envd
 }
 
-var exitCmd = regexp.MustCompile(`^exit (\d+)$`)
+var (
+	exitCmd     = regexp.MustCompile(`^exit (\d+)$`)
+	simulateCmd = regexp.MustCompile(`^simulate (oom|pids|disk-full)$`)
+)
 
 func (p *processService) Start(ctx context.Context, req *connect.Request[process.StartRequest], stream *connect.ServerStream[process.StartResponse]) error {
 	id := ctx.Value(idKey{}).(string)
@@ -284,6 +288,12 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[process
 	code := 0
 	if m := exitCmd.FindStringSubmatch(cmd); m != nil {
 		code, _ = strconv.Atoi(m[1])
+	} else if m := simulateCmd.FindStringSubmatch(cmd); m != nil {
+		p.e.h.Runtime.Hit(id, m[1])
+		code = 1
+		if m[1] == "oom" {
+			code = 137
+		}
 	} else if err := stream.Send(&process.StartResponse{Event: &process.ProcessEvent{Event: &process.ProcessEvent_Data{
 		Data: &process.ProcessEvent_DataEvent{Output: &process.ProcessEvent_DataEvent_Stdout{Stdout: []byte("ok\n")}},
 	}}}); err != nil {

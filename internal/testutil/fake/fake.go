@@ -105,10 +105,12 @@ func (h *Host) Leaks() []string {
 const imageFile = "fake-envd.json"
 
 type container struct {
-	spec   runtime.Spec
-	status runtime.Status
-	pause  *envdState // the pause image: envd's memory, or files only
-	fsOnly bool
+	spec     runtime.Spec
+	status   runtime.Status
+	pause    *envdState // the pause image: envd's memory, or files only
+	fsOnly   bool
+	limits   runtime.LimitCounters // limit hits (Hit)
+	diskFull bool                  // its writable disk is used up (Hit)
 }
 
 // Runtime is an in-memory runtime.Runtime and runtime.Checkpointer with
@@ -167,10 +169,52 @@ func (r *Runtime) State(ctx context.Context, id string) (runtime.Status, error) 
 	return c.status, nil
 }
 
-// Stats returns zero figures for a known container.
+// Stats returns zero figures for a known container, but a used-up disk
+// after Hit(id, "disk-full").
 func (r *Runtime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
-	_, err := r.State(ctx, id)
-	return runtime.Stats{}, err
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c, err := r.get(id)
+	if err != nil {
+		return runtime.Stats{}, err
+	}
+	var st runtime.Stats
+	if c.diskFull {
+		st.DiskTotal = uint64(max(c.spec.Resources.DiskMB, 1)) << 20
+		st.DiskUsed = st.DiskTotal
+	}
+	return st, nil
+}
+
+// LimitCounters returns the container's limit hits (Hit).
+func (r *Runtime) LimitCounters(ctx context.Context, id string) (runtime.LimitCounters, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c, err := r.get(id)
+	if err != nil {
+		return runtime.LimitCounters{}, err
+	}
+	return c.limits, nil
+}
+
+// Hit makes container id hit a limit, as its cgroup or disk would record
+// it: "oom" (a process killed for memory), "pids" (a fork refused) or
+// "disk-full".
+func (r *Runtime) Hit(id, what string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c, ok := r.containers[id]
+	if !ok {
+		return
+	}
+	switch what {
+	case "oom":
+		c.limits.OOMKills++
+	case "pids":
+		c.limits.PIDsMax++
+	case "disk-full":
+		c.diskFull = true
+	}
 }
 
 // List returns every container id.
