@@ -61,7 +61,16 @@ func runReaper(argv, env []string, dir string, sys *syscall.SysProcAttr) int {
 	// reset to their defaults in the command by execve.
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
-	p, err := os.StartProcess(argv[0], argv, &os.ProcAttr{Dir: dir, Env: env, Sys: sys, Files: []*os.File{os.Stdin, os.Stdout, os.Stderr}})
+	if sys == nil {
+		sys = &syscall.SysProcAttr{}
+	}
+	// The command runs in the user cgroup; the reaper stays in envd's
+	// reserve, so it can report and kill whatever the command does.
+	var p *os.Process
+	err := startInUserCgroup(cgroupMount, sys, func() (err error) {
+		p, err = os.StartProcess(argv[0], argv, &os.ProcAttr{Dir: dir, Env: env, Sys: sys, Files: []*os.File{os.Stdin, os.Stdout, os.Stderr}})
+		return err
+	})
 	if err != nil {
 		fmt.Fprintf(status, "err %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
 		return 127

@@ -1,0 +1,46 @@
+package envd
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+func TestFindUserCgroup(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		files []string
+		want  userCgroup
+	}{
+		{"none", []string{"pids/tasks", "memory/tasks"}, userCgroup{}},
+		{"v1", []string{"pids/user/tasks", "memory/user/tasks", "cpu/user/tasks"}, userCgroup{tasks: []string{"pids/user/tasks", "memory/user/tasks"}}},
+		{"v1 pids only", []string{"pids/user/tasks"}, userCgroup{tasks: []string{"pids/user/tasks"}}},
+		{"v2", []string{"cgroup.controllers", "user/cgroup.procs"}, userCgroup{v2: "user"}},
+		{"v2 without one", []string{"cgroup.controllers", "cgroup.procs"}, userCgroup{}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			root := t.TempDir()
+			for _, f := range c.files {
+				p := filepath.Join(root, f)
+				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(p, nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got := findUserCgroup(root)
+			want := c.want
+			if want.v2 != "" {
+				want.v2 = filepath.Join(root, want.v2)
+			}
+			for i := range want.tasks {
+				want.tasks[i] = filepath.Join(root, want.tasks[i])
+			}
+			if got.v2 != want.v2 || !slices.Equal(got.tasks, want.tasks) {
+				t.Errorf("findUserCgroup = %+v; want %+v", got, want)
+			}
+		})
+	}
+}
