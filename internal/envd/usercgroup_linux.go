@@ -96,3 +96,28 @@ func startInUserCgroup(root string, sys *syscall.SysProcAttr, start func() error
 	}
 	return start()
 }
+
+// MakeUserCgroup makes the user cgroup itself, with at most pids tasks and
+// memBytes of memory (0: no limit of its own), where the sandbox's cgroups
+// are the sandbox kernel's own (gVisor's sentry: the host's cgroup holds
+// the whole sandbox and the server cannot reach the cgroups inside). One
+// that exists already (a restored sandbox) keeps its limits.
+func MakeUserCgroup(pids, memBytes int64) error {
+	for _, f := range []struct {
+		ctrl, file string
+		value      int64
+	}{{"pids", "pids.max", pids}, {"memory", "memory.limit_in_bytes", memBytes}} {
+		dir := filepath.Join(cgroupMount, f.ctrl, agentruntime.UserCgroup)
+		if err := os.Mkdir(dir, 0o755); errors.Is(err, fs.ErrExist) {
+			continue
+		} else if err != nil {
+			return err
+		}
+		if f.value > 0 {
+			if err := os.WriteFile(filepath.Join(dir, f.file), []byte(strconv.FormatInt(f.value, 10)), 0); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

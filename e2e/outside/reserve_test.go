@@ -1,0 +1,58 @@
+package outside
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/agentbox/agentbox/bench/benchmark"
+	"github.com/agentbox/agentbox/e2e/wire"
+)
+
+// sideSandboxOwner: code inside a sandbox, as root, against its own
+// owner's control of it (envd's process API).
+const sideSandboxOwner = "sandbox→owner"
+
+// TestControlPlaneReserve: code in a sandbox runs a bounded fork bomb, or a
+// memory thrash past the sandbox's memory limit, for a few seconds; once it
+// ended, the owner's next command through envd succeeds within a generous
+// deadline (a bound on the outcome, not a measure: the bench reports the
+// figure). envd keeps a reserve of pids and memory that the user's
+// processes cannot take (internal/runtime/bundle/usercgroup.go).
+func TestControlPlaneReserve(t *testing.T) {
+	s := server(t)
+	c := wire.New(s.URL, s.APIKey)
+	const secs, deadline = 5, 15 * time.Second
+	var attacks []attack
+	for _, tier := range []struct{ name, isolation string }{{"runc", "container"}, {"gVisor", "gvisor"}} {
+		for _, a := range benchmark.Abuses() {
+			if a.Name == "CPU spin" {
+				continue // takes no pids or memory
+			}
+			attacks = append(attacks, attack{
+				side: sideSandboxOwner,
+				name: fmt.Sprintf("%d s %s on %s starves its owner's next command for %s", secs, a.Name, tier.name, deadline),
+				run: func(t *testing.T) error {
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+					defer cancel()
+					sb, err := c.Create(ctx, wire.CreateRequest{TemplateID: "base", Timeout: 300, Metadata: map[string]string{"outside": "reserve", "agentbox.isolation": tier.isolation}})
+					if err != nil {
+						t.Fatalf("create %s sandbox: %v", tier.name, err)
+					}
+					defer func() { _ = c.Kill(context.Background(), sb.SandboxID) }()
+					if r, err := c.Run(ctx, sb, "", "echo ok"); err != nil || r.ExitCode != 0 {
+						t.Fatalf("the owner's echo fails before any abuse: %+v %v", r, err)
+					}
+					took, err := benchmark.OwnerRecovery(ctx, c, sb, a, secs, deadline, 10*time.Second)
+					if err != nil {
+						return crossed("%v", err)
+					}
+					t.Logf("%s on %s: the owner's echo ran again %s after it ended", a.Name, tier.name, took.Round(time.Millisecond))
+					return nil
+				},
+			})
+		}
+	}
+	runAttacks(t, attacks)
+}
