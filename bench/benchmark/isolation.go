@@ -193,6 +193,20 @@ func RunIsolation(ctx context.Context, cfg IsolationConfig, w io.Writer, log *sl
 					<-d
 				}
 			}
+			// Next to the neighbour's worst echo, the abuser's own owner:
+			// how soon its next command runs after a bounded fork bomb.
+			for _, a := range abuses {
+				if a.Name != "fork bomb" {
+					continue
+				}
+				value, note := "-", "from the bomb's end to the owner's first successful `echo` in the same sandbox"
+				if d, err := OwnerRecovery(ctx, c, idle[1], a, 5, 60*time.Second, perCall); err != nil {
+					note = firstLine(err.Error())
+				} else {
+					value = round(d).String()
+				}
+				fmt.Fprintf(tw, "%s\towner recovery after a bounded 5 s fork bomb\t%s\t%s\n", tier, value, note)
+			}
 		}
 		for _, sb := range idle {
 			_ = c.Kill(ctx, sb.SandboxID)

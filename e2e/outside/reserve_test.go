@@ -41,9 +41,11 @@ func TestControlPlaneReserve(t *testing.T) {
 						t.Fatalf("create %s sandbox: %v", tier.name, err)
 					}
 					defer func() { _ = c.Kill(context.Background(), sb.SandboxID) }()
-					if r, err := c.Run(ctx, sb, "", "echo ok"); err != nil || r.ExitCode != 0 {
-						t.Fatalf("the owner's echo fails before any abuse: %+v %v", r, err)
+					r, err := c.Run(ctx, sb, "", "grep -E 'pids|memory' /proc/self/cgroup")
+					if err != nil || r.ExitCode != 0 {
+						t.Fatalf("the owner's command fails before any abuse: %+v %v", r, err)
 					}
+					t.Logf("a command's cgroups on %s: %s", tier.name, oneLine(r.Stdout))
 					took, err := benchmark.OwnerRecovery(ctx, c, sb, a, secs, deadline, 10*time.Second)
 					if err != nil {
 						return crossed("%v", err)
