@@ -46,3 +46,81 @@ func OwnerRecovery(ctx context.Context, c *wire.Client, sb *wire.Sandbox, a Abus
 	}
 	return 0, fmt.Errorf("no echo of the owner succeeded within %s after the %s: %w", deadline, a.Name, last)
 }
+
+// ForkBomb is the shell's classic fork bomb: it never ends by itself.
+const ForkBomb = `:(){ :|:& };:`
+
+// RecoverFromForkBomb starts ForkBomb in sb as root and waits until it holds
+// the sandbox's process limit (the owner's `echo` fails: nothing new can
+// start); then the owner kills it through envd (SIGKILL ends the command's
+// whole tree) and the result is how long after the kill the owner's `echo
+// ok` succeeds again. Each stage gives up after deadline; each echo waits
+// at most perCall.
+func RecoverFromForkBomb(ctx context.Context, c *wire.Client, sb *wire.Sandbox, deadline, perCall time.Duration) (time.Duration, error) {
+	const tag = "fork-bomb"
+	bctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	bombDone := make(chan struct{})
+	go func() {
+		defer close(bombDone)
+		_, _ = c.RunTagged(bctx, sb, "root", ForkBomb, tag)
+	}()
+	echo := func() error {
+		cctx, cancel := context.WithTimeout(ctx, perCall)
+		defer cancel()
+		res, err := c.Run(cctx, sb, "", "echo ok")
+		switch {
+		case err != nil:
+			return err
+		case strings.TrimSpace(res.Stdout) != "ok":
+			return fmt.Errorf("echo ok: exit %d, stdout %q, stderr %q", res.ExitCode, res.Stdout, res.Stderr)
+		}
+		return nil
+	}
+	pace := func() error {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+			return nil
+		}
+	}
+	start := time.Now()
+	for {
+		if err := echo(); err != nil {
+			break // the bomb holds every process slot the owner's command could take
+		}
+		if time.Since(start) > deadline {
+			return 0, fmt.Errorf("the fork bomb did not fill the sandbox's process limit within %s", deadline)
+		}
+		if err := pace(); err != nil {
+			return 0, err
+		}
+	}
+	start = time.Now()
+	for {
+		kctx, cancel := context.WithTimeout(ctx, perCall)
+		err := c.Signal(kctx, sb, tag, true)
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Since(start) > deadline {
+			return 0, fmt.Errorf("the owner could not kill the fork bomb within %s: %w", deadline, err)
+		}
+		if err := pace(); err != nil {
+			return 0, err
+		}
+	}
+	killed := time.Now()
+	var last error
+	for time.Since(killed) < deadline {
+		if last = echo(); last == nil {
+			return time.Since(killed), nil
+		}
+		if err := pace(); err != nil {
+			return 0, err
+		}
+	}
+	return 0, fmt.Errorf("no echo of the owner succeeded within %s of killing the fork bomb: %w", deadline, last)
+}

@@ -9,6 +9,9 @@ import (
 	"github.com/agentbox/agentbox/internal/runtime/bundle"
 )
 
+// taskMemory is the sandbox memory kept per task of the user cgroup.
+const taskMemory = 1 << 20
+
 // options are the bundle options of this tier's sandboxes.
 func options() bundle.Options {
 	return bundle.Options{Tier: Name, Harden: harden}
@@ -21,7 +24,8 @@ func options() bundle.Options {
 // with the limits the server computes (--user-pids, --user-memory), on a
 // cgroup mount writable inside (the sentry's cgroupfs, never the host's).
 // The sentry enforces pids.max; its memory limit is not enforced (the host
-// cgroup's is, on the whole sandbox).
+// cgroup's is, on the whole sandbox), so the user cgroup's pids are bounded
+// by its memory too.
 func harden(s *specs.Spec) {
 	var pidsLimit, memLimit int64
 	if r := s.Linux.Resources; r != nil {
@@ -33,6 +37,13 @@ func harden(s *specs.Spec) {
 		}
 	}
 	pids, mem := bundle.UserLimits(pidsLimit, memLimit)
+	if mem > 0 {
+		// Every task costs the sentry memory that nothing inside bounds
+		// (its memory controller is not enforced): at most one task per
+		// taskMemory, so a fork bomb meets the pids limit before the
+		// host's OOM killer meets the sentry, which would end the sandbox.
+		pids = min(pids, mem/taskMemory)
+	}
 	if pids <= 0 {
 		return
 	}
