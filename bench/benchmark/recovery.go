@@ -47,8 +47,10 @@ func OwnerRecovery(ctx context.Context, c *wire.Client, sb *wire.Sandbox, a Abus
 	return 0, fmt.Errorf("no echo of the owner succeeded within %s after the %s: %w", deadline, a.Name, last)
 }
 
-// ForkBomb is the shell's classic fork bomb: it never ends by itself.
-const ForkBomb = `:(){ :|:& };:`
+// ForkBomb is the shell's classic fork bomb, which never ends by itself;
+// the command's own shell then becomes a sleep (no fork needed), so the
+// command runs until its owner kills it.
+const ForkBomb = `:(){ :|:& };:; exec sleep 3600`
 
 // RecoverFromForkBomb starts ForkBomb in sb as root and waits until it holds
 // the sandbox's process limit (the owner's `echo` fails: nothing new can

@@ -22,11 +22,11 @@ import (
 )
 
 func main() {
-	if len(os.Args) > 2 && os.Args[1] == "reap" && os.Args[2] == "--" {
-		// A command's reaper (internal/envd/reaper_linux.go); no flags. It
-		// holds no secret and runs as the command's user, who may kill it
-		// anyway; left dumpable, CRIU can checkpoint it across pauses.
-		os.Exit(envd.RunReaper(os.Args[3:]))
+	if len(os.Args) > 2 && os.Args[1] == "reap" && (os.Args[2] == "--" || os.Args[2] == "--cred") {
+		// A command's reaper (internal/envd/reaper_linux.go). It holds no
+		// secret; it runs as root, the command as --cred's ids; left
+		// dumpable, CRIU can checkpoint it across pauses.
+		os.Exit(envd.RunReaper(os.Args[2:]))
 	}
 	if len(os.Args) == 3 && os.Args[1] == "reap" && os.Args[2] == "--spare" {
 		// A reaper started ahead of its command (spare_linux.go).

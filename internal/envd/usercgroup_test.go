@@ -44,3 +44,28 @@ func TestFindUserCgroup(t *testing.T) {
 		})
 	}
 }
+
+func TestCredArg(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want string // credArg of the parse; "" for an error
+	}{
+		{"1000:1000:", "1000:1000:"},
+		{"1000:1000", "1000:1000:"},
+		{"1000:100:27,100", "1000:100:27,100"},
+		{"x:1", ""},
+		{"1000", ""},
+		{"1:2:a", ""},
+	} {
+		got, err := parseCred(c.in)
+		if c.want == "" {
+			if err == nil {
+				t.Errorf("parseCred(%q) = %+v; want an error", c.in, got)
+			}
+			continue
+		}
+		if err != nil || credArg(got) != c.want {
+			t.Errorf("parseCred(%q) = %+v, %v; want %s", c.in, got, err, c.want)
+		}
+	}
+}
