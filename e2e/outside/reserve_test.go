@@ -33,14 +33,15 @@ func TestControlPlaneReserve(t *testing.T) {
 	var attacks []attack
 	for _, tier := range []struct{ name, isolation string }{{"runc", "container"}, {"gVisor", "gvisor"}} {
 		for _, abuse := range []struct {
-			name    string
-			recover func(ctx context.Context, sb *wire.Sandbox) (time.Duration, error)
+			name     string
+			forkBomb bool
+			recover  func(ctx context.Context, sb *wire.Sandbox) (time.Duration, error)
 		}{
-			{fmt.Sprintf("fork bomb on %s keeps its owner from killing it and running a command for %s", tier.name, deadline),
+			{fmt.Sprintf("fork bomb on %s keeps its owner from killing it and running a command for %s", tier.name, deadline), true,
 				func(ctx context.Context, sb *wire.Sandbox) (time.Duration, error) {
 					return benchmark.RecoverFromForkBomb(ctx, c, sb, deadline, perCall)
 				}},
-			{fmt.Sprintf("%d s memory thrash on %s keeps its owner from running a command for %s", secs, tier.name, deadline),
+			{fmt.Sprintf("%d s memory thrash on %s keeps its owner from running a command for %s", secs, tier.name, deadline), false,
 				func(ctx context.Context, sb *wire.Sandbox) (time.Duration, error) {
 					return benchmark.OwnerRecovery(ctx, c, sb, thrash, secs, deadline, perCall)
 				}},
@@ -62,6 +63,13 @@ func TestControlPlaneReserve(t *testing.T) {
 					}
 					t.Logf("a command's cgroups on %s: %s", tier.name, oneLine(r.Stdout))
 					took, err := abuse.recover(ctx, sb)
+					if err != nil && tier.isolation == "gvisor" && abuse.forkBomb {
+						// gVisor's sentry does not enforce its memory
+						// controller: the bomb's tasks fill the sandbox's
+						// memory before the user cgroup's pids limit, and
+						// the host's OOM killer ends the sentry.
+						return gap("%v (gVisor: the sentry is OOM-killed before the user cgroup's pids limit holds)", err)
+					}
 					if err != nil {
 						return crossed("%v", err)
 					}

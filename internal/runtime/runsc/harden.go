@@ -9,9 +9,6 @@ import (
 	"github.com/agentbox/agentbox/internal/runtime/bundle"
 )
 
-// taskMemory is the sandbox memory kept per task of the user cgroup.
-const taskMemory = 1 << 20
-
 // options are the bundle options of this tier's sandboxes.
 func options() bundle.Options {
 	return bundle.Options{Tier: Name, Harden: harden}
@@ -24,8 +21,9 @@ func options() bundle.Options {
 // with the limits the server computes (--user-pids, --user-memory), on a
 // cgroup mount writable inside (the sentry's cgroupfs, never the host's).
 // The sentry enforces pids.max; its memory limit is not enforced (the host
-// cgroup's is, on the whole sandbox), so the user cgroup's pids are bounded
-// by its memory too.
+// cgroup's is, on the whole sandbox): a fork bomb in gVisor can still fill
+// the sandbox's memory before the user cgroup's pids, and the host's OOM
+// killer then ends the sentry, and the sandbox with it.
 func harden(s *specs.Spec) {
 	var pidsLimit, memLimit int64
 	if r := s.Linux.Resources; r != nil {
@@ -37,13 +35,6 @@ func harden(s *specs.Spec) {
 		}
 	}
 	pids, mem := bundle.UserLimits(pidsLimit, memLimit)
-	if mem > 0 {
-		// Every task costs the sentry memory that nothing inside bounds
-		// (its memory controller is not enforced): at most one task per
-		// taskMemory, so a fork bomb meets the pids limit before the
-		// host's OOM killer meets the sentry, which would end the sandbox.
-		pids = min(pids, mem/taskMemory)
-	}
 	if pids <= 0 {
 		return
 	}

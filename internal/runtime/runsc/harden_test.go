@@ -16,8 +16,8 @@ func TestHardenReserve(t *testing.T) {
 		wantRW   bool
 	}{
 		{"no limits: no user cgroup", nil, nil, false},
-		{"pids and memory: a task per MiB", &specs.LinuxResources{Pids: &specs.LinuxPids{Limit: p(4096)}, Memory: &specs.LinuxMemory{Limit: p(1 << 30)}},
-			[]string{"--user-pids", "896", "--user-memory", "939524096"}, true},
+		{"pids and memory", &specs.LinuxResources{Pids: &specs.LinuxPids{Limit: p(4096)}, Memory: &specs.LinuxMemory{Limit: p(1 << 30)}},
+			[]string{"--user-pids", "3584", "--user-memory", "939524096"}, true},
 		{"pids only", &specs.LinuxResources{Pids: &specs.LinuxPids{Limit: p(256)}}, []string{"--user-pids", "192"}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
