@@ -3,8 +3,13 @@ package benchmark
 import (
 	"context"
 	"fmt"
+	"io"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/agentbox/agentbox/internal/runtime"
 
 	"github.com/agentbox/agentbox/e2e/wire"
 )
@@ -46,6 +51,9 @@ func OwnerRecovery(ctx context.Context, c *wire.Client, sb *wire.Sandbox, a Abus
 	}
 	return 0, fmt.Errorf("no echo of the owner succeeded within %s after the %s: %w", deadline, a.Name, last)
 }
+
+// parallelReads is how many files the owner reads at once during the bomb.
+const parallelReads = 32
 
 // ForkBomb is the shell's classic fork bomb, which never ends by itself;
 // the command's own shell then becomes a sleep (no fork needed), so the
@@ -98,6 +106,27 @@ func RecoverFromForkBomb(ctx context.Context, c *wire.Client, sb *wire.Sandbox, 
 		if err := pace(); err != nil {
 			return 0, err
 		}
+	}
+	// Meanwhile the owner moves files, in parallel: envd needs threads for
+	// that, which (the bomb holding every other process slot) only its
+	// reserve gives it; a Go program that cannot make one ends, and envd
+	// is the sandbox's init.
+	var wg sync.WaitGroup
+	var failed atomic.Int32
+	var lastErr atomic.Value
+	for range parallelReads {
+		wg.Go(func() {
+			dctx, cancel := context.WithTimeout(ctx, deadline)
+			defer cancel()
+			if _, err := c.Download(dctx, sb, runtime.EnvdPathInSandbox, io.Discard); err != nil {
+				failed.Add(1)
+				lastErr.Store(err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		return 0, fmt.Errorf("%d of the owner's %d parallel file reads failed while the fork bomb ran: %v", n, parallelReads, lastErr.Load())
 	}
 	start = time.Now()
 	for {
