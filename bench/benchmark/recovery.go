@@ -6,7 +6,6 @@ import (
 	"io"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/agentbox/agentbox/internal/runtime"
@@ -110,24 +109,17 @@ func RecoverFromForkBomb(ctx context.Context, c *wire.Client, sb *wire.Sandbox, 
 	// Meanwhile the owner moves files, in parallel: envd needs threads for
 	// that, which (the bomb holding every other process slot) only its
 	// reserve gives it; a Go program that cannot make one ends, and envd
-	// is the sandbox's init.
+	// is the sandbox's init. Whether the reads finish in time on the CPU
+	// the bomb leaves is not the point: an envd gone fails the kill below.
 	var wg sync.WaitGroup
-	var failed atomic.Int32
-	var lastErr atomic.Value
 	for range parallelReads {
 		wg.Go(func() {
-			dctx, cancel := context.WithTimeout(ctx, deadline)
+			dctx, cancel := context.WithTimeout(ctx, perCall)
 			defer cancel()
-			if _, err := c.Download(dctx, sb, runtime.EnvdPathInSandbox, io.Discard); err != nil {
-				failed.Add(1)
-				lastErr.Store(err)
-			}
+			_, _ = c.Download(dctx, sb, runtime.EnvdPathInSandbox, io.Discard)
 		})
 	}
 	wg.Wait()
-	if n := failed.Load(); n > 0 {
-		return 0, fmt.Errorf("%d of the owner's %d parallel file reads failed while the fork bomb ran: %v", n, parallelReads, lastErr.Load())
-	}
 	start = time.Now()
 	for {
 		kctx, cancel := context.WithTimeout(ctx, perCall)

@@ -30,7 +30,7 @@ import (
 const cgroupMount = "/sys/fs/cgroup"
 
 // userCgroup says where the user cgroup is: the v2 directory, or the v1
-// "tasks" files of each hierarchy that has one (pids, memory).
+// "tasks" files of each hierarchy that has one (pids, memory, cpu).
 type userCgroup struct {
 	v2    string
 	tasks []string
@@ -46,7 +46,7 @@ func findUserCgroup(root string) userCgroup {
 		return userCgroup{}
 	}
 	var cg userCgroup
-	for _, ctrl := range []string{"pids", "memory"} {
+	for _, ctrl := range []string{"pids", "memory", "cpu"} {
 		p := filepath.Join(root, ctrl, agentruntime.UserCgroup, "tasks")
 		if _, err := os.Stat(p); err == nil {
 			cg.tasks = append(cg.tasks, p)

@@ -14,7 +14,7 @@ func TestFindUserCgroup(t *testing.T) {
 		want  userCgroup
 	}{
 		{"none", []string{"pids/tasks", "memory/tasks"}, userCgroup{}},
-		{"v1", []string{"pids/user/tasks", "memory/user/tasks", "cpu/user/tasks"}, userCgroup{tasks: []string{"pids/user/tasks", "memory/user/tasks"}}},
+		{"v1", []string{"pids/user/tasks", "memory/user/tasks", "cpu/user/tasks", "blkio/user/tasks"}, userCgroup{tasks: []string{"pids/user/tasks", "memory/user/tasks", "cpu/user/tasks"}}},
 		{"v1 pids only", []string{"pids/user/tasks"}, userCgroup{tasks: []string{"pids/user/tasks"}}},
 		{"v2", []string{"cgroup.controllers", "user/cgroup.procs"}, userCgroup{v2: "user"}},
 		{"v2 without one", []string{"cgroup.controllers", "cgroup.procs"}, userCgroup{}},

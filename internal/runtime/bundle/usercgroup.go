@@ -22,6 +22,9 @@ import (
 // sandbox's minus the reserve; envd and the reapers that supervise commands
 // stay in the sandbox's cgroup, where only the reserve is left when the user
 // cgroup is full. An OOM in the user cgroup kills a user process, never envd.
+// The user cgroup is one CPU scheduling entity too (cpu controller, default
+// weight): thousands of runaway tasks weigh as much as envd's, not
+// thousands of times more.
 //
 // The server creates the child (it owns the cgroup) and gives its
 // membership files (cgroup.procs and tasks; no limit) to the sandbox's root,
@@ -77,7 +80,7 @@ type userCgroupFile struct {
 // limits its own leave after the reserve, its membership files owned by the
 // sandbox's root. Only a sandbox in a user namespace gets one (its root is
 // not the host's, so the read-write cgroup mount gives it nothing else); on
-// v1 it lives in the pids and memory hierarchies, on v2 in the single tree
+// v1 it lives in the pids, memory and cpu hierarchies, on v2 in the single tree
 // (see setupUserCgroupV2, which needs the sandbox's init started).
 func (s *Store) SetupUserCgroup(id string) error {
 	oci, err := ReadSpec(s.Dir(id))
@@ -131,7 +134,7 @@ func setupUserCgroupV1(cgPath string, pids, mem int64, rootUID uint32) error {
 	for _, c := range []struct {
 		ctrl  string
 		files []userCgroupFile
-	}{{"pids", pidsFiles}, {"memory", memFiles}} {
+	}{{"pids", pidsFiles}, {"memory", memFiles}, {"cpu", procs}} {
 		if err := writeUserCgroup(filepath.Join(cgroupRoot, c.ctrl, cgPath, UserCgroup), c.files, rootUID); err != nil {
 			return fmt.Errorf("user cgroup (%s): %w", c.ctrl, err)
 		}
@@ -185,6 +188,9 @@ func setupUserCgroupV2(cgPath string, pids, mem int64, rootUID uint32) error {
 	if err := os.WriteFile(filepath.Join(parent, "cgroup.subtree_control"), []byte("+pids +memory"), 0o644); err != nil {
 		return fmt.Errorf("user cgroup: enable pids and memory: %w", err)
 	}
+	// Where the cpu controller is delegated, the two leaves share the
+	// sandbox's CPU equally when both are busy.
+	_ = os.WriteFile(filepath.Join(parent, "cgroup.subtree_control"), []byte("+cpu"), 0o644)
 	files := []userCgroupFile{{name: "cgroup.procs", chown: true}}
 	if pids > 0 {
 		files = append(files, userCgroupFile{name: "pids.max", value: strconv.FormatInt(pids, 10)})
