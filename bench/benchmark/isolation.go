@@ -79,8 +79,10 @@ func memInfo(field string) uint64 {
 // latency next to raw `runc run` / `runsc run` of /bin/true; host memory
 // per idle sandbox and how many idle sandboxes fit; and a neighbour's
 // `echo` round trip (p50, p99, worst) idle, under a CPU spin, a fork bomb
-// and a memory thrash in other sandboxes, and under all three at once. It
-// reports, never asserts (e2e/outside/neighbour_test.go asserts).
+// and a memory thrash in other sandboxes, and under all three at once; and
+// how soon the abuser's own owner runs a command again after killing a fork
+// bomb in it. It reports, never asserts (e2e/outside/neighbour_test.go and
+// reserve_test.go assert).
 func RunIsolation(ctx context.Context, cfg IsolationConfig, w io.Writer, log *slog.Logger) error {
 	cfg.defaults()
 	c := wire.New(cfg.APIURL, cfg.APIKey)
@@ -193,6 +195,16 @@ func RunIsolation(ctx context.Context, cfg IsolationConfig, w io.Writer, log *sl
 					<-d
 				}
 			}
+			// Next to the neighbour's worst echo, the abuser's own owner:
+			// how soon its next command runs once it killed a fork bomb
+			// that held the sandbox's process limit.
+			value, note := "-", "from the owner's kill (through envd) of a fork bomb at the pids limit to its first successful `echo`"
+			if d, err := RecoverFromForkBomb(ctx, c, idle[1], 60*time.Second, perCall); err != nil {
+				note = firstLine(err.Error())
+			} else {
+				value = round(d).String()
+			}
+			fmt.Fprintf(tw, "%s\towner recovery after killing a fork bomb\t%s\t%s\n", tier, value, note)
 		}
 		for _, sb := range idle {
 			_ = c.Kill(ctx, sb.SandboxID)

@@ -22,11 +22,11 @@ import (
 )
 
 func main() {
-	if len(os.Args) > 2 && os.Args[1] == "reap" && os.Args[2] == "--" {
-		// A command's reaper (internal/envd/reaper_linux.go); no flags. It
-		// holds no secret and runs as the command's user, who may kill it
-		// anyway; left dumpable, CRIU can checkpoint it across pauses.
-		os.Exit(envd.RunReaper(os.Args[3:]))
+	if len(os.Args) > 2 && os.Args[1] == "reap" && (os.Args[2] == "--" || os.Args[2] == "--cred") {
+		// A command's reaper (internal/envd/reaper_linux.go). It holds no
+		// secret; it runs as root, the command as --cred's ids; left
+		// dumpable, CRIU can checkpoint it across pauses.
+		os.Exit(envd.RunReaper(os.Args[2:]))
 	}
 	if len(os.Args) == 3 && os.Args[1] == "reap" && os.Args[2] == "--spare" {
 		// A reaper started ahead of its command (spare_linux.go).
@@ -80,6 +80,8 @@ func run(args []string) error {
 	version := fs.Bool("version", false, "print the version and exit")
 	auditSyscalls := fs.String("audit-syscalls", "", "as init: x86_64 syscall numbers (comma-separated) the sandbox's seccomp policy refuses, to refuse again with kernel audit logging on (see internal/envd/auditfilter_linux.go)")
 	microvmGuest := fs.Bool(guestinit.GuestFlag[2:], false, "as init: a microVM guest's, which takes new network settings from the host after a restore")
+	userPIDs := fs.Int64("user-pids", 0, "as init: make the user cgroup (where commands run) in the sandbox's own cgroupfs with this many tasks at most, the rest of the sandbox's being envd's reserve (the gVisor tier; elsewhere the server makes it); 0: none")
+	userMemory := fs.Int64("user-memory", 0, "as init, with --user-pids: the user cgroup's memory limit in bytes; 0: none")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -117,6 +119,11 @@ func run(args []string) error {
 			}
 			if err != nil {
 				log.Warn("refused syscalls will not be audited", "err", err)
+			}
+		}
+		if *userPIDs > 0 {
+			if err := envd.MakeUserCgroup(*userPIDs, *userMemory); err != nil {
+				log.Warn("envd keeps no reserve of pids and memory: commands share the sandbox's limits with it", "err", err)
 			}
 		}
 		// Before anything else starts: nothing in the sandbox keeps it.

@@ -229,10 +229,20 @@ type Result struct {
 // Run starts `/bin/bash -l -c cmd` through envd's process.Process/Start
 // (Connect server stream, JSON codec) as user and waits for its end.
 func (c *Client) Run(ctx context.Context, s *Sandbox, user, cmd string) (*Result, error) {
-	msg, err := json.Marshal(map[string]any{
+	return c.RunTagged(ctx, s, user, cmd, "")
+}
+
+// RunTagged is Run with a tag (when not empty) that Signal can name the
+// command by while it runs.
+func (c *Client) RunTagged(ctx context.Context, s *Sandbox, user, cmd, tag string) (*Result, error) {
+	start := map[string]any{
 		"process": map[string]any{"cmd": "/bin/bash", "args": []string{"-l", "-c", cmd}},
 		"stdin":   false,
-	})
+	}
+	if tag != "" {
+		start["tag"] = tag
+	}
+	msg, err := json.Marshal(start)
 	if err != nil {
 		return nil, err
 	}
@@ -259,6 +269,36 @@ func (c *Client) Run(ctx context.Context, s *Sandbox, user, cmd string) (*Result
 		return nil, &Error{Method: "POST", Path: "/process.Process/Start", Status: resp.StatusCode, Body: string(data)}
 	}
 	return readProcessStream(bufio.NewReader(resp.Body))
+}
+
+// Signal sends SIGKILL (kill) or SIGTERM to the command tagged tag through
+// envd's process.Process/SendSignal (Connect unary, JSON); SIGKILL ends the
+// command's whole tree.
+func (c *Client) Signal(ctx context.Context, s *Sandbox, tag string, kill bool) error {
+	sig := "SIGNAL_SIGTERM"
+	if kill {
+		sig = "SIGNAL_SIGKILL"
+	}
+	body, err := json.Marshal(map[string]any{"process": map[string]any{"tag": tag}, "signal": sig})
+	if err != nil {
+		return err
+	}
+	req, err := c.envdRequest(ctx, s, http.MethodPost, "/process.Process/SendSignal", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Connect-Protocol-Version", "1")
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return &Error{Method: "POST", Path: "/process.Process/SendSignal", Status: resp.StatusCode, Body: string(data)}
+	}
+	return nil
 }
 
 type processEvent struct {

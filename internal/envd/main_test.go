@@ -13,8 +13,8 @@ import (
 var testReaper string
 
 func TestMain(m *testing.M) {
-	if len(os.Args) > 2 && os.Args[1] == "reap" && os.Args[2] == "--" {
-		os.Exit(RunReaper(os.Args[3:]))
+	if len(os.Args) > 2 && os.Args[1] == "reap" && (os.Args[2] == "--" || os.Args[2] == "--cred") {
+		os.Exit(RunReaper(os.Args[2:]))
 	}
 	if len(os.Args) == 3 && os.Args[1] == "reap" && os.Args[2] == "--spare" {
 		os.Exit(RunSpareReaper())

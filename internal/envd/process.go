@@ -229,7 +229,13 @@ func (s *Server) startProcessOn(ctx context.Context, u *User, req *process.Start
 		}
 		if !handed {
 			cmd.ExtraFiles = []*os.File{statusW, controlR}
-			cmd.Args = append([]string{s.reaper, "reap", "--", cmd.Path}, cmd.Args[1:]...)
+			reap := []string{s.reaper, "reap"}
+			if c := cmd.SysProcAttr.Credential; c != nil {
+				// The reaper stays root; the command takes the user.
+				reap = append(reap, "--cred", credArg(c))
+				cmd.SysProcAttr.Credential = nil
+			}
+			cmd.Args = append(append(reap, "--", cmd.Path), cmd.Args[1:]...)
 			cmd.Path = s.reaper
 		}
 	}

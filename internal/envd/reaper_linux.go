@@ -34,9 +34,63 @@ const (
 	reaperControlFD = 4
 )
 
-// RunReaper is "envd reap -- argv...". It returns the reaper's exit code.
-func RunReaper(argv []string) int {
-	return runReaper(argv, os.Environ(), "", nil)
+// RunReaper is "envd reap [--cred uid:gid[:group,...]] -- argv...", args
+// being what follows "reap". It returns the reaper's exit code. With
+// --cred the reaper stays root and the command takes those ids, as with a
+// spare reaper: the reaper can put the command in the user cgroup, which
+// only root may do (usercgroup_linux.go), and the command cannot kill it.
+func RunReaper(args []string) int {
+	var sys *syscall.SysProcAttr
+	if len(args) > 1 && args[0] == "--cred" {
+		c, err := parseCred(args[1])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "envd reap:", err)
+			return 2
+		}
+		sys = &syscall.SysProcAttr{Credential: c}
+		args = args[2:]
+	}
+	if len(args) == 0 || args[0] != "--" {
+		fmt.Fprintln(os.Stderr, "envd reap: usage: envd reap [--cred uid:gid[:group,...]] -- command [args...]")
+		return 2
+	}
+	return runReaper(args[1:], os.Environ(), "", sys)
+}
+
+// credArg formats c for "envd reap --cred".
+func credArg(c *syscall.Credential) string {
+	gs := make([]string, len(c.Groups))
+	for i, g := range c.Groups {
+		gs[i] = strconv.FormatUint(uint64(g), 10)
+	}
+	return fmt.Sprintf("%d:%d:%s", c.Uid, c.Gid, strings.Join(gs, ","))
+}
+
+// parseCred parses credArg's format.
+func parseCred(s string) (*syscall.Credential, error) {
+	f := strings.SplitN(s, ":", 3)
+	if len(f) < 2 {
+		return nil, fmt.Errorf("--cred %q: want uid:gid[:group,...]", s)
+	}
+	var ids []uint32
+	for _, v := range f[:2] {
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("--cred %q: %w", s, err)
+		}
+		ids = append(ids, uint32(n))
+	}
+	c := &syscall.Credential{Uid: ids[0], Gid: ids[1], Groups: []uint32{}}
+	if len(f) == 3 && f[2] != "" {
+		for _, v := range strings.Split(f[2], ",") {
+			n, err := strconv.ParseUint(v, 10, 32)
+			if err != nil {
+				return nil, fmt.Errorf("--cred %q: %w", s, err)
+			}
+			c.Groups = append(c.Groups, uint32(n))
+		}
+	}
+	return c, nil
 }
 
 // runReaper reaps argv run with env in dir (empty: the reaper's own) with
@@ -61,7 +115,16 @@ func runReaper(argv, env []string, dir string, sys *syscall.SysProcAttr) int {
 	// reset to their defaults in the command by execve.
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
-	p, err := os.StartProcess(argv[0], argv, &os.ProcAttr{Dir: dir, Env: env, Sys: sys, Files: []*os.File{os.Stdin, os.Stdout, os.Stderr}})
+	if sys == nil {
+		sys = &syscall.SysProcAttr{}
+	}
+	// The command runs in the user cgroup; the reaper stays in envd's
+	// reserve, so it can report and kill whatever the command does.
+	var p *os.Process
+	err := startInUserCgroup(cgroupMount, sys, func() (err error) {
+		p, err = os.StartProcess(argv[0], argv, &os.ProcAttr{Dir: dir, Env: env, Sys: sys, Files: []*os.File{os.Stdin, os.Stdout, os.Stderr}})
+		return err
+	})
 	if err != nil {
 		fmt.Fprintf(status, "err %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
 		return 127

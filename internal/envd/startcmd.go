@@ -48,7 +48,8 @@ func (s *Server) runStartCmd(cmdline, workdir string) error {
 	}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := s.children.Start(cmd, cmd.Start); err != nil {
+	// In the user cgroup, with what it starts (the code interpreter's kernels).
+	if err := s.children.Start(cmd, func() error { return startInUserCgroup(cgroupMount, cmd.SysProcAttr, cmd.Start) }); err != nil {
 		logFile.Close()
 		return err
 	}

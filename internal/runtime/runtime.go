@@ -14,6 +14,15 @@ import (
 // every sandbox. envd runs as the container's init (PID 1).
 const EnvdPathInSandbox = "/.agentbox/bin/envd"
 
+// UserCgroup is the child of a sandbox's cgroup that holds everything envd
+// starts for the user, with lower limits than the sandbox's, so envd keeps
+// a reserve of pids and memory (bundle/usercgroup.go). On cgroup v2 envd
+// itself sits in the sibling EnvdCgroup.
+const (
+	UserCgroup = "user"
+	EnvdCgroup = "envd"
+)
+
 // Resources are the cgroup limits of one sandbox.
 type Resources struct {
 	CPUCount int // whole CPUs (CFS quota = CPUCount * period); 0 = unlimited

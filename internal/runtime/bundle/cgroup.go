@@ -121,6 +121,13 @@ func (s *Store) RemoveCgroups(cgPath string) error {
 	}
 	var errs []error
 	for _, d := range dirs {
+		// The user cgroup (and on v2 envd's leaf) go first: a cgroup
+		// with children cannot be removed.
+		for _, child := range []string{UserCgroup, runtime.EnvdCgroup} {
+			if err := unix.Rmdir(filepath.Join(d, child)); err != nil && !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, fmt.Errorf("rmdir %s: %w", filepath.Join(d, child), err))
+			}
+		}
 		if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
 			errs = append(errs, fmt.Errorf("rmdir %s: %w", d, err))
 		}

@@ -28,5 +28,16 @@ func (s *Store) LimitCounters(id string) (runtime.LimitCounters, error) {
 	if err != nil {
 		return c, fmt.Errorf("sandbox %s limit counters: %w", id, err)
 	}
+	// A limit hit in the user cgroup (usercgroup.go) is counted there.
+	// (v2's memory.events counts the subtree already.)
+	var oom, pids uint64
+	if s.cgroupV2 {
+		pids, _ = statField(filepath.Join(cgroupRoot, cg, UserCgroup, "pids.events"), "max")
+	} else {
+		oom, _ = statField(filepath.Join(cgroupRoot, "memory", cg, UserCgroup, "memory.oom_control"), "oom_kill")
+		pids, _ = statField(filepath.Join(cgroupRoot, "pids", cg, UserCgroup, "pids.events"), "max")
+	}
+	c.OOMKills += oom
+	c.PIDsMax += pids
 	return c, nil
 }

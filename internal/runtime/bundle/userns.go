@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -46,6 +47,14 @@ func (s *Store) userns(oci *specs.Spec, ownNet bool, base uint32) {
 	m := []specs.LinuxIDMapping{{ContainerID: 0, HostID: base, Size: s.cfg.UserNSSize}}
 	oci.Linux.Namespaces = append(oci.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
 	oci.Linux.UIDMappings, oci.Linux.GIDMappings = m, m
+	// envd's reaper moves commands into the user cgroup from inside
+	// (usercgroup.go): the cgroup mount is writable, and only the files the
+	// server gave the sandbox's root are.
+	for i, mnt := range oci.Mounts {
+		if mnt.Destination == "/sys/fs/cgroup" {
+			oci.Mounts[i].Options = slices.DeleteFunc(slices.Clone(mnt.Options), func(o string) bool { return o == "ro" })
+		}
+	}
 	if ownNet {
 		return
 	}

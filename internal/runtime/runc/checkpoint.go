@@ -550,6 +550,9 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 			return fmt.Errorf("sandbox %s: network after restore: %w", spec.ID, err)
 		}
 	}
+	// CRIU puts the processes back in their cgroups; the user cgroup's
+	// limits and owners are the server's to set again.
+	d.reserveForEnvd(spec.ID)
 	if d.b.UserNS() {
 		// CRIU restores the namespace but not its /proc/sys/user caps.
 		// The sandbox runs already; it only keeps the host's caps.

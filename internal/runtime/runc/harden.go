@@ -41,3 +41,12 @@ func dropCaps(caps []string) []string {
 	}
 	return out
 }
+
+// reserveForEnvd sets up the user cgroup of sandbox id, which keeps envd a
+// reserve of pids and memory (bundle/usercgroup.go). A sandbox without one
+// still runs, with envd sharing its limits with the user's processes.
+func (d *Driver) reserveForEnvd(id string) {
+	if err := d.b.SetupUserCgroup(id); err != nil {
+		d.log.Warn("envd keeps no reserve of pids and memory: commands share the sandbox's limits with it", "id", id, "err", err)
+	}
+}

@@ -68,6 +68,7 @@ func (d *Driver) start(ctx context.Context, id, dir string, ownNet bool) (int, e
 	if err := d.mountBootID(ctx, dir, pid, d.b.UserNS()); err != nil {
 		return 0, err
 	}
+	d.reserveForEnvd(id)
 	err = d.startInit(ctx, id, pid)
 	if errors.Is(err, errNoExecFifo) {
 		err = d.client(logFile).Start(ctx, d.cid(id))

@@ -313,7 +313,7 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 		}
 	}()
 	if !inPlace {
-		o := bundle.Options{Tier: Name}
+		o := options()
 		if rb, err = d.b.BuildFromImage(ctx, spec, o, 0); err != nil {
 			return err
 		}

@@ -223,7 +223,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	if err := d.available(); err != nil {
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
-	built, rb, err := d.b.Build(ctx, spec, bundle.Options{Tier: Name})
+	built, rb, err := d.b.Build(ctx, spec, options())
 	if err != nil {
 		return err
 	}

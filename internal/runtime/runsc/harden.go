@@ -1,0 +1,50 @@
+package runsc
+
+import (
+	"slices"
+	"strconv"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
+)
+
+// options are the bundle options of this tier's sandboxes.
+func options() bundle.Options {
+	return bundle.Options{Tier: Name, Harden: harden}
+}
+
+// harden gives envd its reserve of pids and memory inside the sentry. The
+// host's cgroup holds the whole sandbox (sentry, gofer, every task's stub),
+// and the cgroups its tasks see are the sentry's own (runsc's cgroupfs),
+// which the server cannot reach: envd makes the user cgroup there itself,
+// with the limits the server computes (--user-pids, --user-memory), on a
+// cgroup mount writable inside (the sentry's cgroupfs, never the host's).
+// The sentry enforces pids.max; its memory limit is not enforced (the host
+// cgroup's is, on the whole sandbox): a fork bomb in gVisor can still fill
+// the sandbox's memory before the user cgroup's pids, and the host's OOM
+// killer then ends the sentry, and the sandbox with it.
+func harden(s *specs.Spec) {
+	var pidsLimit, memLimit int64
+	if r := s.Linux.Resources; r != nil {
+		if r.Pids != nil && r.Pids.Limit != nil {
+			pidsLimit = *r.Pids.Limit
+		}
+		if r.Memory != nil && r.Memory.Limit != nil {
+			memLimit = *r.Memory.Limit
+		}
+	}
+	pids, mem := bundle.UserLimits(pidsLimit, memLimit)
+	if pids <= 0 {
+		return
+	}
+	for i, m := range s.Mounts {
+		if m.Destination == "/sys/fs/cgroup" {
+			s.Mounts[i].Options = slices.DeleteFunc(slices.Clone(m.Options), func(o string) bool { return o == "ro" })
+		}
+	}
+	s.Process.Args = append(s.Process.Args, "--user-pids", strconv.FormatInt(pids, 10))
+	if mem > 0 {
+		s.Process.Args = append(s.Process.Args, "--user-memory", strconv.FormatInt(mem, 10))
+	}
+}
