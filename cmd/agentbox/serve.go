@@ -135,7 +135,7 @@ which wins over the file.`,
 	f.StringVar(&c.Listen, "listen", "127.0.0.1:3000", "address for the API and the data plane")
 	f.StringVar(&c.DataPlaneListen, "data-plane-listen", "", "optional second address serving only sandbox traffic")
 	f.StringVar(&c.DataDir, "data-dir", "/var/lib/agentbox", "state directory: database, API key, sandboxes")
-	f.StringVar(&c.TemplateDir, "template-dir", "", "template store (default <data-dir>/templates)")
+	f.StringVar(&c.TemplateDir, "template-dir", "", "template store, recorded in <data-dir>/template-dir for the operator commands (default: the recorded one, else <data-dir>/templates)")
 	f.StringVar(&c.Envd, "envd", "", "path of the static envd binary (default: envd next to this binary, then $PATH)")
 	f.StringVar(&c.Runc, "runc", "runc", "OCI runtime binary")
 	f.StringVar(&c.Bridge, "bridge", "agentbox0", "host bridge the sandboxes attach to (past 1,000 sandboxes, also <bridge>-1, <bridge>-2, ...)")
@@ -365,9 +365,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--subnet: %w", err)
 	}
-	if c.TemplateDir == "" {
-		c.TemplateDir = filepath.Join(c.DataDir, "templates")
-	}
+	c.TemplateDir = templateStoreDir(c.DataDir, c.TemplateDir)
 	envd, err := findEnvd(c.Envd)
 	if err != nil {
 		return err
@@ -381,6 +379,9 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	}
 	placeServer(c.Instance, log)
 	if err := privateDataDir(c.DataDir); err != nil {
+		return err
+	}
+	if err := recordTemplateDir(c.DataDir, c.TemplateDir); err != nil {
 		return err
 	}
 	if envd, err = pinEnvd(envd, c.DataDir); err != nil { // serve_lifecycle.go
