@@ -1,9 +1,13 @@
 package main
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/agentbox/agentbox/internal/template"
 )
 
 func TestTemplateStoreDir(t *testing.T) {
@@ -51,5 +55,30 @@ func TestRecordTemplateDirRoundTrip(t *testing.T) {
 	}
 	if fi.Mode().Perm() != 0o600 {
 		t.Errorf("%s mode %v, want 0600", templateDirFile, fi.Mode().Perm())
+	}
+}
+
+func TestBuildEstimate(t *testing.T) {
+	store, err := template.NewStore(t.TempDir(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defs := template.BuiltinDefinitions()
+	tests := []struct {
+		name string
+		want []string
+	}{
+		{"base", []string{"Building base into " + store.Dir(), "about 1-2 minutes"}},
+		{"code-interpreter-v1", []string{"Building code-interpreter-v1", "2-4 minutes", "base first, about 1-2 minutes"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			msg := buildEstimate(t.Context(), store, defs[tt.name])
+			for _, w := range tt.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("buildEstimate(%s) = %q, want %q in it", tt.name, msg, w)
+				}
+			}
+		})
 	}
 }
