@@ -153,6 +153,12 @@ func TestREADME(t *testing.T) {
 		build := ci.inlineWith(t, "template build code-interpreter-v1")
 		out := r.bash(t, t.TempDir(), 40*time.Minute, r.adapt(build))
 		t.Logf("%s: %s", build, lastLine(out))
+		// The build must land in the store the server reads, not in the
+		// CLI's own idea of one (<data-dir>/templates, which serve was not
+		// told to use).
+		if _, err := os.Stat(filepath.Join(s.DataDir, "templates")); err == nil && s.TemplateDir != filepath.Join(s.DataDir, "templates") {
+			t.Errorf("%s built into %s/templates; the server serves %s", build, s.DataDir, s.TemplateDir)
+		}
 	})
 	t.Run("CodeInterpreter", func(t *testing.T) {
 		if len(ci.blocks) == 0 {
