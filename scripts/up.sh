@@ -3,7 +3,8 @@
 # server in the foreground (it prints its URL, API key and an example).
 # Environment: AGENTBOX_DATA_DIR (default /var/lib/agentbox),
 # AGENTBOX_LISTEN (default 127.0.0.1:3000),
-# AGENTBOX_TEMPLATE_DIR (default /var/cache/agentbox/templates).
+# AGENTBOX_TEMPLATE_DIR (default /var/cache/agentbox/templates; serve records
+# it in the data dir, so `sudo bin/agentbox template build NAME` builds there).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PATH="/usr/local/go/bin:$PATH"

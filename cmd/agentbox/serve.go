@@ -135,7 +135,7 @@ which wins over the file.`,
 	f.StringVar(&c.Listen, "listen", "127.0.0.1:3000", "address for the API and the data plane")
 	f.StringVar(&c.DataPlaneListen, "data-plane-listen", "", "optional second address serving only sandbox traffic")
 	f.StringVar(&c.DataDir, "data-dir", "/var/lib/agentbox", "state directory: database, API key, sandboxes")
-	f.StringVar(&c.TemplateDir, "template-dir", "", "template store (default <data-dir>/templates)")
+	f.StringVar(&c.TemplateDir, "template-dir", "", "template store, recorded in <data-dir>/template-dir for the operator commands (default: the recorded one, else <data-dir>/templates)")
 	f.StringVar(&c.Envd, "envd", "", "path of the static envd binary (default: envd next to this binary, then $PATH)")
 	f.StringVar(&c.Runc, "runc", "runc", "OCI runtime binary")
 	f.StringVar(&c.Bridge, "bridge", "agentbox0", "host bridge the sandboxes attach to (past 1,000 sandboxes, also <bridge>-1, <bridge>-2, ...)")
@@ -365,9 +365,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--subnet: %w", err)
 	}
-	if c.TemplateDir == "" {
-		c.TemplateDir = filepath.Join(c.DataDir, "templates")
-	}
+	c.TemplateDir = templateStoreDir(c.DataDir, c.TemplateDir)
 	envd, err := findEnvd(c.Envd)
 	if err != nil {
 		return err
@@ -381,6 +379,9 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	}
 	placeServer(c.Instance, log)
 	if err := privateDataDir(c.DataDir); err != nil {
+		return err
+	}
+	if err := recordTemplateDir(c.DataDir, c.TemplateDir); err != nil {
 		return err
 	}
 	if envd, err = pinEnvd(envd, c.DataDir); err != nil { // serve_lifecycle.go
@@ -587,7 +588,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		log.Info("agentbox is ready", "apiURL", "http://"+ln.Addr().String(), "apiKeyFile", filepath.Join(c.DataDir, "apikey"))
 	} else {
 		scheme, domain := gw.PortOrigin(&http.Request{Host: ln.Addr().String(), Header: http.Header{}})
-		printBanner(out, "http://"+ln.Addr().String(), scheme+"://<port>-<sandboxID>."+domain+"/", key, c.DataDir)
+		printBanner(out, "http://"+ln.Addr().String(), scheme+"://<port>-<sandboxID>."+domain+"/", key, c.DataDir, os.Args[0])
 	}
 	log.Info("agentbox serving", "listen", ln.Addr().String(), "data-dir", c.DataDir, "templates", c.TemplateDir, "envd", envd)
 
@@ -703,7 +704,10 @@ func firstKey(ctx context.Context, st *store.Store, dataDir string) (string, err
 	return plain, nil
 }
 
-func printBanner(out io.Writer, url, ports, key, dataDir string) {
+// printBanner's examples must work when pasted into a shell: cli is the
+// binary as it was started (scripts/up.sh runs bin/agentbox, not on $PATH),
+// and the sandbox's hostname is escaped from the user's shell.
+func printBanner(out io.Writer, url, ports, key, dataDir, cli string) {
 	shown := key
 	if shown == "" {
 		shown = "(see " + filepath.Join(dataDir, "apikey") + " or `agentbox apikey create`)"
@@ -715,11 +719,11 @@ agentbox is ready.
 
 Use it from the official E2B SDK (npm install e2b):
   export E2B_API_URL=%[1]s E2B_SANDBOX_URL=%[1]s E2B_VOLUME_API_URL=%[1]s E2B_API_KEY=%[2]s
-  node -e "const {Sandbox}=require('e2b'); (async()=>{const s=await Sandbox.create('base'); console.log((await s.commands.run('echo hello from $(hostname)')).stdout); await s.kill()})()"
+  node -e "const {Sandbox}=require('e2b'); (async()=>{const s=await Sandbox.create('base'); console.log((await s.commands.run('echo hello from \$(hostname)')).stdout); await s.kill()})()"
 
-Or the CLI:  agentbox create base && agentbox exec <id> -- python3 -c 'print(1)'
-Or an agent over MCP:  %[1]s/mcp with header X-API-Key (or stdio: agentbox mcp)
+Or the CLI:  id=$(%[5]s create base) && %[5]s exec $id -- python3 -c 'print(1)' && %[5]s kill $id
+Or an agent over MCP:  %[1]s/mcp with header X-API-Key (or stdio: %[5]s mcp)
 Or a browser:  %[1]s/dashboard/ (log in with the API key)
 Sandbox ports:  %[4]s (each port its own origin)
-`, url, shown, filepath.Join(dataDir, "apikey"), ports)
+`, url, shown, filepath.Join(dataDir, "apikey"), ports, cli)
 }

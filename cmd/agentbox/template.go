@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 
@@ -98,9 +97,12 @@ func newTemplateInspectCmd() *cobra.Command {
 	}
 }
 
+// templateDirHelp says where the operator commands look without the flag.
+const templateDirHelp = "the server's template store (default: the one the server on $AGENTBOX_DATA_DIR, else /var/lib/agentbox, serves from; else <that dir>/templates)"
+
 // templateDirFlag adds the operator commands' --template-dir.
 func templateDirFlag(cmd *cobra.Command, dir *string) {
-	cmd.Flags().StringVar(dir, "template-dir", filepath.Join(defaultDataDir(), "templates"), "the server's template store")
+	cmd.Flags().StringVar(dir, "template-dir", "", templateDirHelp)
 }
 
 // operatorStore opens the template store on this host: operator commands
@@ -110,6 +112,7 @@ func operatorStore(cmd *cobra.Command, dir string) (*template.Store, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("this is an operator command on the server's template store: run it as root on the server's host")
 	}
+	dir = templateStoreDir(defaultDataDir(), dir)
 	if _, err := os.Stat(dir); err != nil {
 		return nil, fmt.Errorf("--template-dir: %w", err)
 	}
