@@ -11,8 +11,11 @@
 // sandbox→interpreter (from inside a sandbox against the host service named)
 // neighbour (one sandbox against another) and sandbox→volume (a sandbox's
 // root against its volume mount, and through the files it leaves in the
-// volume, against the server's volume content API). The run fails when any row
-// CROSSED or could not be carried out (error).
+// volume, against the server's volume content API), outsider (no key at all),
+// web-page (a page a sandbox serves, opened in a browser logged into the
+// dashboard), shared address (a client behind an address other teams use too)
+// and sandbox→owner (a sandbox's workload against its owner's control of it).
+// The run fails when any row CROSSED or could not be carried out (error).
 //
 // # Adding attacks
 //
