@@ -53,6 +53,9 @@ type unpackResult struct {
 	TooLarge bool   `json:"tooLarge,omitempty"`
 }
 
+// unpackChildEnv is set in the child's environment.
+const unpackChildEnv = "AGENTBOX_UNPACK_CHILD"
+
 // sealedFlag marks the second step of the hook (after the re-exec).
 const sealedFlag = "sealed"
 
@@ -90,6 +93,11 @@ func confinedUnpack(ctx context.Context, self string, r io.Reader, dir string, l
 	if self == "" {
 		return unpackStats{}, errors.New("unpack: no binary to run the confined unpacker")
 	}
+	// A binary that does not dispatch the hook (a test binary without
+	// TestMain) would run its own main as the child: never recursively.
+	if os.Getenv(unpackChildEnv) != "" {
+		return unpackStats{}, fmt.Errorf("unpack: %s did not run the %s hook but unpacks again", self, UnpackHook)
+	}
 	d, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return unpackStats{}, fmt.Errorf("unpack: %w", err)
@@ -100,7 +108,7 @@ func confinedUnpack(ctx context.Context, self string, r io.Reader, dir string, l
 		return unpackStats{}, err
 	}
 	cmd := exec.CommandContext(ctx, self, "__hook", UnpackHook, string(b))
-	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"}
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C", unpackChildEnv + "=1"}
 	if v, ok := os.LookupEnv(confine.ProbeEnv); ok {
 		cmd.Env = append(cmd.Env, confine.ProbeEnv+"="+v)
 	}
