@@ -12,6 +12,7 @@ import (
 	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/runtime/bundle"
 	"github.com/agentbox/agentbox/internal/runtime/runc"
+	"github.com/agentbox/agentbox/internal/template"
 	// Joins a sandbox's user namespace before the Go runtime starts, for
 	// the hooks that run inside one (as `runc init` does).
 	"github.com/agentbox/agentbox/internal/runtime/nsjoin"
@@ -54,6 +55,8 @@ func runHook(name string, args []string) error {
 			return fmt.Errorf("%s hook takes one argument", confine.Hook)
 		}
 		return confine.RunHook(args[0])
+	case template.UnpackHook:
+		return template.RunUnpackHook(args)
 	case localrun.InitHook:
 		if len(args) != 1 {
 			return fmt.Errorf("%s hook takes one argument", localrun.InitHook)
@@ -62,5 +65,5 @@ func runHook(name string, args []string) error {
 	case "":
 		return errors.New("__hook: name a hook")
 	}
-	return fmt.Errorf("__hook: unknown hook %q (want %s, %s, %s, %s, %s, %s or %s)", name, network.PlugHookName, runc.PlugWaitHook, runc.UserNSLimitsHook, runc.BootIDHook, bundle.HoldHook, localrun.InitHook, confine.Hook)
+	return fmt.Errorf("__hook: unknown hook %q (want %s, %s, %s, %s, %s, %s, %s or %s)", name, network.PlugHookName, runc.PlugWaitHook, runc.UserNSLimitsHook, runc.BootIDHook, bundle.HoldHook, localrun.InitHook, confine.Hook, template.UnpackHook)
 }

@@ -34,7 +34,12 @@ func fetchAllowArgs() harness.Option {
 		return harness.Args() // TestFetchAttacks fails on the nil listener
 	}
 	allowedRegistry = ln
-	return harness.Args("--fetch-allow", ln.Addr().String())
+	img, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		return harness.Args("--fetch-allow", ln.Addr().String()) // TestImageUnpackAttacks fails on the nil listener
+	}
+	imageRegistry = img
+	return harness.Args("--fetch-allow", ln.Addr().String(), "--fetch-allow", img.Addr().String())
 }
 
 const fetchSecret = "SECRET-internal-service-reply-7f3a"

@@ -25,16 +25,22 @@ var ownDenied = []uint32{
 // binary, so a later exec can only run a system tool, as the same
 // confined uid, under the same filter and limits.
 func filter() ([]unix.SockFilter, error) {
-	denied := ownDenied
+	// The exec of the tool itself must pass.
+	return filterProg(true)
+}
+
+// filterProg refuses ownDenied, the container tier's list and extra;
+// allowExec keeps execve.
+func filterProg(allowExec bool, extra ...uint32) ([]unix.SockFilter, error) {
+	denied := append(append([]uint32{}, ownDenied...), extra...)
 	for _, n := range seccomprules.DeniedSyscalls() {
 		if nr, ok := seccomprules.SyscallNumber(n); ok {
 			denied = append(denied, uint32(nr))
 		}
 	}
-	// The exec of the tool itself must pass.
 	var keep []uint32
 	for _, nr := range denied {
-		if nr != unix.SYS_EXECVE {
+		if nr != unix.SYS_EXECVE || !allowExec {
 			keep = append(keep, nr)
 		}
 	}

@@ -239,8 +239,28 @@ func TestUnreachableRegistry(t *testing.T) {
 	}
 }
 
+// TestHostileLayerNeutralised: in the server's confined child as in
+// process, no entry of a hostile layer lands outside it.
 func TestHostileLayerNeutralised(t *testing.T) {
 	testutil.RequireRoot(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []struct {
+		name   string
+		unpack func(r io.Reader, dir string) (unpackStats, error)
+	}{
+		{"in process", func(r io.Reader, dir string) (unpackStats, error) { return unpackLayer(context.Background(), r, dir) }},
+		{"confined", func(r io.Reader, dir string) (unpackStats, error) {
+			return confinedUnpack(context.Background(), self, r, dir, UnpackLimits{})
+		}},
+	} {
+		t.Run(u.name, func(t *testing.T) { testHostileLayer(t, u.unpack) })
+	}
+}
+
+func testHostileLayer(t *testing.T, unpack func(io.Reader, string) (unpackStats, error)) {
 	outside := t.TempDir()
 	victim := filepath.Join(outside, "victim")
 	if err := os.WriteFile(victim, []byte("intact"), 0o644); err != nil {
@@ -263,7 +283,7 @@ func TestHostileLayerNeutralised(t *testing.T) {
 		{name: "owned", body: "x", uid: 1234},
 	})
 	dst := t.TempDir()
-	st, err := unpackLayer(context.Background(), bytes.NewReader(hostile), dst)
+	st, err := unpack(bytes.NewReader(hostile), dst)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -152,7 +152,7 @@ func (s *Store) importImage(ctx context.Context, src string, auth *RegistryAuth,
 				return fetchErr(err)
 			}
 			defer rc.Close()
-			stats, err = unpackArchive(ctx, rc, rootfs, budget)
+			stats, err = s.unpackArchive(ctx, rc, rootfs, budget)
 			if err != nil {
 				if errors.Is(err, errdefs.ErrTooLarge) {
 					return err

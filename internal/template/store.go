@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net/http"
@@ -46,8 +47,11 @@ type Store struct {
 	// fetch carries every request a build makes to a host its input
 	// names (registry pulls): the destination policy's transport, the
 	// package's only way out to such hosts.
-	fetch   http.RoundTripper
-	unpack  UnpackLimits // image layers
+	fetch  http.RoundTripper
+	unpack UnpackLimits // image layers
+	// self is the server's binary, which runs the confined unpacker
+	// (`self __hook unpack`); a test binary must dispatch that hook.
+	self    string
 	uploads uploadLedger // uploads.go
 }
 
@@ -66,7 +70,18 @@ func NewStore(dir string, log *slog.Logger) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Store{dir: abs, log: log.With("component", "template"), fetch: destpolicy.New(destpolicy.Config{}).Transport()}, nil
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("template store: own binary, for the confined unpacker: %w", err)
+	}
+	return &Store{dir: abs, log: log.With("component", "template"), fetch: destpolicy.New(destpolicy.Config{}).Transport(), self: self}, nil
+}
+
+// unpackArchive is how the store unpacks an archive a tenant wrote (an
+// image layer, an uploaded build context): confined, in a child (see
+// UnpackHook), never in the server's own process.
+func (s *Store) unpackArchive(ctx context.Context, r io.Reader, dir string, lim UnpackLimits) (unpackStats, error) {
+	return confinedUnpack(ctx, s.self, r, dir, lim)
 }
 
 // SetFetchPolicy sets the destination policy of the registry pulls builds

@@ -30,6 +30,9 @@ type unpackStats struct {
 	Rejected       []string // entries skipped as unsafe, with the reason
 	Bytes          int64    // file content written
 	Digest         string   // "sha256:<hex>" of the tar stream (unpackArchive)
+	// Opaque are the directories to mark opaque, when the unpacker may
+	// not set trusted xattrs itself (the confined one): its caller does.
+	Opaque []string `json:",omitempty"`
 }
 
 func (u *unpackStats) reject(name, why string) {
@@ -60,7 +63,9 @@ func unpackLayer(ctx context.Context, r io.Reader, dir string) (unpackStats, err
 // past a limit it stops with errdefs.ErrTooLarge. archive, if not nil,
 // says how many bytes of the archive were received so far, for the ratio
 // limit.
-func unpackLimited(ctx context.Context, r io.Reader, dir string, lim UnpackLimits, archive func() int64) (unpackStats, error) {
+//
+// deferOpaque leaves the opaque markers to the caller (unpackStats.Opaque).
+func unpackLimited(ctx context.Context, r io.Reader, dir string, lim UnpackLimits, archive func() int64, deferOpaque bool) (unpackStats, error) {
 	lim = lim.withDefaults()
 	var st unpackStats
 	written := &st.Bytes
@@ -116,6 +121,14 @@ func unpackLimited(ctx context.Context, r io.Reader, dir string, lim UnpackLimit
 				st.reject(hdr.Name, "parent: "+err.Error())
 				continue
 			}
+		}
+		if base == whiteoutOpaque && deferOpaque {
+			if err := root.MkdirAll(parent, 0o755); err != nil {
+				return st, fmt.Errorf("opaque whiteout %s: %w", hdr.Name, err)
+			}
+			st.Opaque = append(st.Opaque, parent)
+			st.Whiteouts++
+			continue
 		}
 		if base == whiteoutOpaque {
 			if err := setOpaque(root, parent); err != nil {

@@ -182,13 +182,17 @@ func (s *archiveStream) digest() string { return "sha256:" + hex.EncodeToString(
 // or not, as received) into dir with unpackLimited, reads the stream to its
 // end and returns the digest of the tar stream in the stats.
 func unpackArchive(ctx context.Context, r io.Reader, dir string, lim UnpackLimits) (unpackStats, error) {
+	return unpackArchiveTo(ctx, r, dir, lim, false)
+}
+
+func unpackArchiveTo(ctx context.Context, r io.Reader, dir string, lim UnpackLimits, deferOpaque bool) (unpackStats, error) {
 	lim = lim.withDefaults()
 	s, err := newArchiveStream(r, lim)
 	if err != nil {
 		return unpackStats{}, err
 	}
 	defer s.closer()
-	st, err := unpackLimited(ctx, s, dir, lim, func() int64 { return s.in.n })
+	st, err := unpackLimited(ctx, s, dir, lim, func() int64 { return s.in.n }, deferOpaque)
 	if err != nil {
 		return st, err
 	}

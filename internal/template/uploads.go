@@ -163,7 +163,7 @@ func (s *Store) extractUpload(ctx context.Context, team, hash, dir string) error
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	st, err := unpackArchive(ctx, f, dir, contextLimits())
+	st, err := s.unpackArchive(ctx, f, dir, contextLimits())
 	if err != nil {
 		return fmt.Errorf("upload %s: %w", hash[:12], err)
 	}
