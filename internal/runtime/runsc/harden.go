@@ -25,7 +25,7 @@ func options() bundle.Options {
 // limit of 300), and its memory limit is not enforced (the host cgroup's
 // is, on the whole sandbox). With the systrap platform every address space
 // has a stub process on the host, a host pid and a few hundred KiB of the
-// host cgroup's memory, which the sentry keeps for reuse after the task is
+// host cgroup's memory, which stay after many tasks have ended and been
 // reaped: the host cost follows the peak of tasks, not their count now. A
 // fork bomb in gVisor still reaches the host cgroup's memory limit, and the
 // host's OOM killer then ends the sentry, and the sandbox with it. A lower
