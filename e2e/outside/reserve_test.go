@@ -64,11 +64,12 @@ func TestControlPlaneReserve(t *testing.T) {
 					t.Logf("a command's cgroups on %s: %s", tier.name, oneLine(r.Stdout))
 					took, err := abuse.recover(ctx, sb)
 					if err != nil && tier.isolation == "gvisor" && abuse.forkBomb {
-						// gVisor's sentry does not enforce its memory
-						// controller: the bomb's tasks fill the sandbox's
-						// memory before the user cgroup's pids limit, and
-						// the host's OOM killer ends the sentry.
-						return gap("%v (gVisor: the sentry is OOM-killed before the user cgroup's pids limit holds)", err)
+						// gVisor's sentry lets a fork bomb past the user
+						// cgroup's pids.max and keeps each address space's
+						// host stub after its task ends: the host cgroup's
+						// memory fills and its OOM killer ends the sentry
+						// (internal/runtime/runsc/harden.go).
+						return gap("%v (gVisor: the host's OOM killer ends the sentry; the user cgroup's pids limit does not bound a fork bomb's host memory)", err)
 					}
 					if err != nil {
 						return crossed("%v", err)

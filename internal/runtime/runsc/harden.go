@@ -20,10 +20,17 @@ func options() bundle.Options {
 // which the server cannot reach: envd makes the user cgroup there itself,
 // with the limits the server computes (--user-pids, --user-memory), on a
 // cgroup mount writable inside (the sentry's cgroupfs, never the host's).
-// The sentry enforces pids.max; its memory limit is not enforced (the host
-// cgroup's is, on the whole sandbox): a fork bomb in gVisor can still fill
-// the sandbox's memory before the user cgroup's pids, and the host's OOM
-// killer then ends the sentry, and the sandbox with it.
+// The sentry refuses a fork past pids.max (EAGAIN) but not every one under
+// a fork bomb's concurrent forks (the user cgroup counted 525 tasks at a
+// limit of 300), and its memory limit is not enforced (the host cgroup's
+// is, on the whole sandbox). With the systrap platform every address space
+// has a stub process on the host, a host pid and a few hundred KiB of the
+// host cgroup's memory, which stay after many tasks have ended and been
+// reaped: the host cost follows the peak of tasks, not their count now. A
+// fork bomb in gVisor still reaches the host cgroup's memory limit, and the
+// host's OOM killer then ends the sentry, and the sandbox with it. A lower
+// host pids limit does not help: the sentry's own threads share it, and a
+// sentry that cannot make one ends (Go's newosproc).
 func harden(s *specs.Spec) {
 	var pidsLimit, memLimit int64
 	if r := s.Linux.Resources; r != nil {
