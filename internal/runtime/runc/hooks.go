@@ -15,6 +15,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/runtime/bundle"
@@ -149,6 +150,15 @@ func inSession(loginuid uint32, start func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		goruntime.LockOSThread() // never unlocked: the thread dies with the goroutine
+		if unix.Gettid() == unix.Getpid() {
+			// The runtime never ends the main thread, so a login uid set
+			// there would stay on the server's own thread (and show in
+			// /proc/<pid>/loginuid). Holding the main thread here, run on
+			// another; this thread keeps its own uid and can be released.
+			errc <- inSession(loginuid, start)
+			goruntime.UnlockOSThread()
+			return
+		}
 		_ = os.WriteFile("/proc/thread-self/loginuid", []byte(strconv.FormatUint(uint64(loginuid), 10)), 0o644)
 		errc <- start()
 	}()
