@@ -31,20 +31,8 @@ func RunHook(arg string) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("confine: private mounts: %w", err)
 	}
-	l := sp.Limits
-	for _, r := range []struct {
-		res int
-		val uint64
-	}{
-		{unix.RLIMIT_CPU, or(l.CPUSeconds, defaultCPUSeconds)},
-		{unix.RLIMIT_AS, or(l.AddressSpace, defaultAddressSpace)},
-		{unix.RLIMIT_NOFILE, or(l.Files, defaultFiles)},
-		{unix.RLIMIT_CORE, 0},
-		{unix.RLIMIT_FSIZE, or(l.FileSize, unix.RLIM_INFINITY)},
-	} {
-		if err := unix.Setrlimit(r.res, &unix.Rlimit{Cur: r.val, Max: r.val}); err != nil {
-			return fmt.Errorf("confine: rlimit %d: %w", r.res, err)
-		}
+	if err := setLimits(sp.Limits); err != nil {
+		return err
 	}
 	// The rules are made as root (the passed files' dirs are root's), and
 	// hold for the tool after the drop.
