@@ -229,24 +229,43 @@ var internalEnvdPaths = map[string]bool{"/init": true}
 // frozen one, resume a paused one with autoResume. live is ctx, also
 // cancelled when the sandbox is removed; done ends the request's activity
 // (the idle timeout only counts time without requests in flight).
+// check runs on the sandbox's record before anything wakes it.
 type Waker interface {
-	Wake(ctx context.Context, id string) (sb *sandbox.Sandbox, live context.Context, done func(), ok bool)
+	WakeIf(ctx context.Context, id string, check func(*sandbox.Sandbox) bool) (sb *sandbox.Sandbox, live context.Context, done func(), ok bool)
 }
 
 // wake finds the running sandbox id for traffic, waking it if the resolver
-// can; the traffic runs under live, and done must be called when it ends.
-func (g *Gateway) wake(ctx context.Context, id string) (sb *sandbox.Sandbox, live context.Context, done func(), ok bool) {
+// can, once check (nil: none) has passed on its record; the traffic runs
+// under live, and done must be called when it ends.
+func (g *Gateway) wake(ctx context.Context, id string, check func(*sandbox.Sandbox) bool) (sb *sandbox.Sandbox, live context.Context, done func(), ok bool) {
 	if wk, isWaker := g.res.(Waker); isWaker {
-		return wk.Wake(ctx, id)
+		return wk.WakeIf(ctx, id, check)
 	}
 	sb, ok = g.res.Lookup(id)
+	if ok && check != nil && !check(sb) {
+		return nil, nil, nil, false
+	}
 	return sb, ctx, func() {}, ok
 }
 
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port int) {
-	sb, live, done, ok := g.wake(r.Context(), id)
+	// Every return, refusals included, leaves the body read (finishBody).
+	defer finishBody(r)
+	if port == sandbox.EnvdPort && internalEnvdPaths[r.URL.Path] {
+		httperr.WriteJSON(w, http.StatusNotFound, map[string]any{"code": http.StatusNotFound, "message": "not found"})
+		return
+	}
+	// Credentials are judged on the record before the sandbox is woken: a
+	// request with a wrong token never resumes or thaws anything.
+	refused := false
+	sb, live, done, ok := g.wake(r.Context(), id, func(rec *sandbox.Sandbox) bool {
+		refused = !g.checkAccess(w, r, rec, port) || !g.checkTraffic(w, r, rec, port)
+		return !refused
+	})
 	if !ok {
-		notFound(w, id)
+		if !refused {
+			notFound(w, id)
+		}
 		return
 	}
 	defer done()
@@ -257,22 +276,14 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port 
 	defer release()
 	// A stream to a sandbox that is killed ends with it.
 	r = r.WithContext(live)
-	if port == sandbox.EnvdPort && internalEnvdPaths[r.URL.Path] {
-		httperr.WriteJSON(w, http.StatusNotFound, map[string]any{"code": http.StatusNotFound, "message": "not found"})
-		return
-	}
 	// Full duplex: the sandbox often answers (and streams) before the proxy
 	// has finished forwarding the request body. Without this, net/http
 	// drains and closes the request body when the response starts, which
 	// fails the upstream write and cuts the response short.
 	_ = http.NewResponseController(w).EnableFullDuplex()
-	// Every return, refusals included, leaves the body read (finishBody).
-	defer finishBody(r)
 	t := target{id: id, port: port, addr: net.JoinHostPort(sb.IP.String(), strconv.Itoa(port)), boot: sb.BootID,
 		own: g.onOwnOrigin(r, id, port)}
-	if !g.checkAccess(w, r, sb, port) || !g.admit(w, r, sb, port, &t) {
-		return
-	}
+	g.admit(sb, port, &t)
 	ctx := r.Context()
 	r = r.WithContext(context.WithValue(ctx, targetKey{}, t))
 	g.proxyAudited(w, r, sb, port)

@@ -195,9 +195,9 @@ func (w *wakeResolver) Lookup(id string) (*sandbox.Sandbox, bool) {
 	return w.fakeResolver.Lookup(id)
 }
 
-func (w *wakeResolver) Wake(ctx context.Context, id string) (*sandbox.Sandbox, context.Context, func(), bool) {
+func (w *wakeResolver) WakeIf(ctx context.Context, id string, check func(*sandbox.Sandbox) bool) (*sandbox.Sandbox, context.Context, func(), bool) {
 	sb, ok := w.Lookup(id)
-	if !ok {
+	if !ok || (check != nil && !check(sb)) {
 		return nil, nil, nil, false
 	}
 	live, cancel := context.WithCancel(ctx)

@@ -63,12 +63,11 @@ func (g *Gateway) hostRoutedOutside(r *http.Request) bool {
 	return rest != g.opts.Domain
 }
 
-// admit enforces a sandbox's ingress settings on a request for port and
-// fills in how to reach the port. It answers the request itself and
-// returns false when the request may not pass.
-func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, sb *sandbox.Sandbox, port int, t *target) bool {
-	n := sb.Network
-	if !n.PublicTraffic() && port != sandbox.EnvdPort {
+// checkTraffic enforces a sandbox's traffic access token on a request for
+// one of its ports. It answers the request itself and returns false when
+// the request may not pass.
+func (g *Gateway) checkTraffic(w http.ResponseWriter, r *http.Request, sb *sandbox.Sandbox, port int) bool {
+	if !sb.Network.PublicTraffic() && port != sandbox.EnvdPort {
 		got := r.Header.Get(TrafficTokenHeader)
 		if got == "" {
 			forbidden(w, sb.ID, fmt.Errorf("this sandbox's ports need its traffic access token in the %s header", TrafficTokenHeader))
@@ -87,13 +86,18 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, sb *sandbox.Sand
 		// The sandbox's app never sees its token.
 		r.Header.Del(TrafficTokenHeader)
 	}
-	if n != nil {
+	return true
+}
+
+// admit sets what the sandbox's network settings say about reaching port
+// on the target.
+func (g *Gateway) admit(sb *sandbox.Sandbox, port int, t *target) {
+	if n := sb.Network; n != nil {
 		t.tls = slices.Contains(n.HTTPSPorts, port)
 		if n.MaskRequestHost != "" {
 			t.host = strings.ReplaceAll(n.MaskRequestHost, "${PORT}", strconv.Itoa(port))
 		}
 	}
-	return true
 }
 
 // forbidden answers a request without the sandbox's traffic token with 403,

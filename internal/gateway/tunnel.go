@@ -36,7 +36,7 @@ func (g *Gateway) Tunnel(w http.ResponseWriter, r *http.Request, sb *sandbox.San
 		httperr.WriteJSON(w, http.StatusForbidden, map[string]any{"sandboxId": sb.ID, "port": port, "code": http.StatusForbidden, "message": msg})
 		return
 	}
-	live, alive, done, ok := g.wake(r.Context(), sb.ID)
+	live, alive, done, ok := g.wake(r.Context(), sb.ID, nil)
 	if !ok {
 		notFound(w, sb.ID)
 		return

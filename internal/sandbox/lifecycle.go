@@ -441,7 +441,15 @@ func (m *Manager) touch(id string) {
 // answer. done ends the request's activity (a sandbox with requests in
 // flight is not idle) and releases live.
 func (m *Manager) Wake(ctx context.Context, id string) (*Sandbox, context.Context, func(), bool) {
-	sb, end, ok := m.wake(ctx, id)
+	return m.WakeIf(ctx, id, nil)
+}
+
+// WakeIf is Wake for traffic that must pass check first: check sees the
+// sandbox's record in whatever state it is and runs before anything wakes
+// it, so a request the gateway refuses (a wrong access token) never
+// resumes or thaws a sandbox. A nil check passes everything.
+func (m *Manager) WakeIf(ctx context.Context, id string, check func(*Sandbox) bool) (*Sandbox, context.Context, func(), bool) {
+	sb, end, ok := m.wake(ctx, id, check)
 	if !ok {
 		return nil, nil, nil, false
 	}
@@ -482,7 +490,7 @@ func (m *Manager) ended(id string) {
 	delete(m.life.activity, id)
 }
 
-func (m *Manager) wake(ctx context.Context, id string) (*Sandbox, func(), bool) {
+func (m *Manager) wake(ctx context.Context, id string, check func(*Sandbox) bool) (*Sandbox, func(), bool) {
 	m.mu.Lock()
 	sb, ok := m.sandboxes[id]
 	if !ok || sb.TeamID == poolTeam || sb.BuildID != "" {
@@ -490,7 +498,11 @@ func (m *Manager) wake(ctx context.Context, id string) (*Sandbox, func(), bool) 
 		return nil, nil, false
 	}
 	st := sb.State
+	rec := clone(sb)
 	m.mu.Unlock()
+	if check != nil && !check(rec) {
+		return nil, nil, false
+	}
 	switch st {
 	case StateRunning:
 		if err := m.thaw(ctx, id); err != nil {
