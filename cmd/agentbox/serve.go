@@ -524,6 +524,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		return err
 	}
 	builds.SetObserver(mets.BuildDone)
+	builds.SetWaitingPerTeam(c.Bounds.BuildRequests)
 	apiSrv.SetBuilds(builds)
 	apiSrv.SetTunneler(gw)
 	proxies, err := parseTrustedProxies(c.TrustedProxies)

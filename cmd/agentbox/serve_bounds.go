@@ -24,6 +24,7 @@ type boundsFlags struct {
 	MCPCallsPerTeam int
 	GatewayClient   int
 	GatewaySandbox  int
+	BuildRequests   int
 }
 
 func addBoundsFlags(f *pflag.FlagSet, b *boundsFlags) {
@@ -33,6 +34,7 @@ func addBoundsFlags(f *pflag.FlagSet, b *boundsFlags) {
 	f.IntVar(&b.IdempotencyKeys, "idempotency-keys-per-team", api.IdempotencyKeysPerTeam, "most Idempotency-Key answers remembered per team; past it the team's own oldest are forgotten, never another team's")
 	f.IntVar(&b.GatewayClient, "gateway-max-per-client", gateway.DefaultMaxPerClient, "most sandbox requests, streams and tunnels one client address (IPv4 address or IPv6 /64; see --trusted-proxy) may have open through the gateway at once; more are refused with 429")
 	f.IntVar(&b.GatewaySandbox, "gateway-max-per-sandbox", gateway.DefaultMaxPerSandbox, "most requests, streams and tunnels the gateway holds open to one sandbox at once; more are refused with 503")
+	f.IntVar(&b.BuildRequests, "build-requests-per-team", template.WaitingBuildsPerTeam, "most requested template builds one team may leave unstarted at once (an unstarted one expires after an hour); more are refused with 429")
 	f.IntVar(&b.MCPCallsPerTeam, "mcp-calls-per-team", api.MCPCallsPerTeam, "most MCP requests (tool calls) one team may have under way at once on /mcp; more are refused with 429")
 }
 

@@ -22,7 +22,8 @@ import (
 // loses anything to it.
 func TestBoundsAttacks(t *testing.T) {
 	srv := harness.Start(t, harness.Name("bounds"),
-		harness.Args("--idempotency-keys-per-team", "3", "--mcp-calls-per-team", "2", "--gateway-max-per-sandbox", "4"))
+		harness.Args("--idempotency-keys-per-team", "3", "--mcp-calls-per-team", "2", "--gateway-max-per-sandbox", "4",
+			"--build-requests-per-team", "3"))
 	s := &target{Server: srv, OtherKey: srv.NewKey(t, "bounds-b")}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
@@ -69,6 +70,32 @@ func TestBoundsAttacks(t *testing.T) {
 					return fmt.Errorf("the sandbox's places were not freed a minute after its streams ended")
 				}
 			}
+		}},
+		{side: sideTenant, name: "build requests never started past --build-requests-per-team", run: func(t *testing.T) error {
+			// A team of its own: the other rows request builds too.
+			third := srv.NewKey(t, "bounds-c")
+			request := func(key string, i int) (int, string, error) {
+				st, b, err := s.Do(ctx, key, http.MethodPost, "/v3/templates", map[string]any{"name": fmt.Sprintf("unstarted-%d", i)})
+				return st, string(b), err
+			}
+			for i := range 3 {
+				if st, b, err := request(third, i); err != nil || st != http.StatusAccepted {
+					return fmt.Errorf("build request %d within the bound: %d %.200s %v", i, st, b, err)
+				}
+			}
+			st, b, err := request(third, 3)
+			switch {
+			case err != nil:
+				return err
+			case st != http.StatusTooManyRequests:
+				return crossed("a fourth unstarted build request (bound 3): %d %.120s", st, b)
+			case !strings.Contains(b, "--build-requests-per-team"):
+				return fmt.Errorf("the refusal does not name the flag: %.200s", b)
+			}
+			if st, b, err := request(s.APIKey, 100); err != nil || st != http.StatusAccepted {
+				return crossed("team A refused while team C is at its bound: %d %.200s %v", st, b, err)
+			}
+			return nil
 		}},
 		{side: sideTenant, name: "33 uploads of 8 MiB against a 256 MiB upload quota", run: func(t *testing.T) error {
 			tb, err := requestBuild(ctx, t, s, s.APIKey, "bounds-uploads")

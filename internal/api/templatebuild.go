@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -170,7 +171,10 @@ func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request) {
 	team := keyOf(r.Context()).TeamID
 	j, err := jobs.Request(r.Context(), team, template.BuildRequest{Name: name, Tag: tag, Tags: b.Tags, CPUCount: b.CPUCount, MemoryMB: b.MemoryMB})
 	if err != nil {
-		httperr.Write(w, fmt.Errorf("name: %w", err))
+		if !errors.Is(err, errdefs.ErrResourceExhausted) {
+			err = fmt.Errorf("name: %w", err)
+		}
+		httperr.Write(w, err)
 		return
 	}
 	httperr.WriteJSON(w, http.StatusAccepted, rest.TemplateRequestResponseV3{

@@ -2,6 +2,7 @@ package template
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -24,8 +25,14 @@ import (
 const (
 	MaxBuildTime  = 2 * time.Hour
 	maxLogEntries = 20000 // per build; older entries are dropped first
-	jobsKept      = 200   // finished builds remembered for status queries
-	jobsDir       = ".builds"
+	jobsKept      = 200   // finished builds remembered per team for status queries
+	// WaitingBuildsPerTeam is the default of how many requested builds
+	// one team may leave unstarted at once.
+	WaitingBuildsPerTeam = 16
+	// waitingTTL is how long a requested build may wait to be started;
+	// an older one fails and becomes a finished job like any other.
+	waitingTTL = time.Hour
+	jobsDir    = ".builds"
 )
 
 // Build job states, as the E2B build API names them.
@@ -51,8 +58,9 @@ type Builds struct {
 	dir    string
 	log    *slog.Logger
 
-	mu   sync.Mutex
-	jobs map[string]*Job // by build ID
+	mu      sync.Mutex
+	jobs    map[string]*Job // by build ID
+	waiting int             // most unstarted builds per team (0: WaitingBuildsPerTeam)
 
 	// done, when set (SetObserver), hears how each build ended and took.
 	done func(ok bool, took time.Duration)
@@ -61,6 +69,10 @@ type Builds struct {
 // SetObserver makes every finished build call done (metrics). Call before
 // serving.
 func (b *Builds) SetObserver(done func(ok bool, took time.Duration)) { b.done = done }
+
+// SetWaitingPerTeam bounds how many requested, unstarted builds one team
+// may hold (0: WaitingBuildsPerTeam). Call before serving.
+func (b *Builds) SetWaitingPerTeam(n int) { b.waiting = n }
 
 // Job is one build.
 type Job struct {
@@ -208,6 +220,22 @@ func (b *Builds) Request(ctx context.Context, team string, r BuildRequest) (*Job
 	if _, err := normalizeTags(append([]string{r.Tag}, r.Tags...)); err != nil {
 		return nil, err
 	}
+	// A requested build holds a directory and a record until it is
+	// started: each team has a bound on those, and an unstarted one
+	// expires.
+	b.mu.Lock()
+	b.expireWaitingLocked(ctx)
+	waiting := 0
+	for _, j := range b.jobs {
+		if j.TeamID == team && j.state() == StatusWaiting {
+			waiting++
+		}
+	}
+	b.mu.Unlock()
+	if limit := cmp.Or(b.waiting, WaitingBuildsPerTeam); waiting >= limit {
+		return nil, fmt.Errorf("team has %d requested builds not yet started (at most %d; start or wait for them, an unstarted build expires %s after it was requested, or raise serve --build-requests-per-team): %w",
+			waiting, limit, waitingTTL, errdefs.ErrResourceExhausted)
+	}
 	j := &Job{
 		BuildID: newJobID(), TemplateID: NamedID(team, r.Name, r.Tag), TeamID: team, Name: r.Name, Tag: r.Tag,
 		Tags: r.Tags, CPUCount: r.CPUCount, MemoryMB: r.MemoryMB, Status: StatusWaiting, CreatedAt: time.Now().UTC(), b: b,
@@ -225,24 +253,52 @@ func (b *Builds) Request(ctx context.Context, team string, r BuildRequest) (*Job
 	return j, nil
 }
 
-// pruneLocked forgets the oldest finished jobs past jobsKept.
-func (b *Builds) pruneLocked(ctx context.Context) {
-	var done []*Job
+// state is the job's status.
+func (j *Job) state() string {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.Status
+}
+
+// expireWaitingLocked fails every requested build nobody started within
+// waitingTTL.
+func (b *Builds) expireWaitingLocked(ctx context.Context) {
+	now := time.Now()
 	for _, j := range b.jobs {
 		j.mu.Lock()
-		if j.Status == StatusReady || j.Status == StatusError {
-			done = append(done, j)
+		if j.Status != StatusWaiting || now.Sub(j.CreatedAt) < waitingTTL {
+			j.mu.Unlock()
+			continue
 		}
+		msg := fmt.Sprintf("the build was not started within %s of its request; request it again", waitingTTL)
+		j.Status = StatusError
+		j.Reason = &Reason{Message: msg, LogEntries: []LogEntry{}}
 		j.mu.Unlock()
+		if err := j.save(); err != nil {
+			b.log.WarnContext(ctx, "expire unstarted build", "build", j.BuildID, "err", err)
+		}
 	}
-	if len(done) <= jobsKept {
-		return
+}
+
+// pruneLocked forgets each team's oldest finished jobs past jobsKept: one
+// team's churn never pushes out another team's build history.
+func (b *Builds) pruneLocked(ctx context.Context) {
+	done := map[string][]*Job{}
+	for _, j := range b.jobs {
+		if st := j.state(); st == StatusReady || st == StatusError {
+			done[j.TeamID] = append(done[j.TeamID], j)
+		}
 	}
-	slices.SortFunc(done, func(x, y *Job) int { return x.CreatedAt.Compare(y.CreatedAt) })
-	for _, j := range done[:len(done)-jobsKept] {
-		delete(b.jobs, j.BuildID)
-		if err := os.RemoveAll(filepath.Join(b.dir, j.BuildID)); err != nil {
-			b.log.WarnContext(ctx, "build job removal incomplete", "build", j.BuildID, "err", err)
+	for _, jobs := range done {
+		if len(jobs) <= jobsKept {
+			continue
+		}
+		slices.SortFunc(jobs, func(x, y *Job) int { return x.CreatedAt.Compare(y.CreatedAt) })
+		for _, j := range jobs[:len(jobs)-jobsKept] {
+			delete(b.jobs, j.BuildID)
+			if err := os.RemoveAll(filepath.Join(b.dir, j.BuildID)); err != nil {
+				b.log.WarnContext(ctx, "build job removal incomplete", "build", j.BuildID, "err", err)
+			}
 		}
 	}
 }
@@ -306,9 +362,10 @@ func (b *Builds) Start(ctx context.Context, team, templateID, buildID string, sp
 	}
 	j.mu.Lock()
 	if j.Status != StatusWaiting {
+		st := j.Status
 		j.mu.Unlock()
 		release()
-		return fmt.Errorf("build %s was started already: %w", buildID, errdefs.ErrConflict)
+		return fmt.Errorf("build %s is %s, not waiting to be started (a build starts once; request a new one): %w", buildID, st, errdefs.ErrConflict)
 	}
 	j.Status = StatusBuilding
 	f, err := os.OpenFile(filepath.Join(b.dir, j.BuildID, "logs.jsonl"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)

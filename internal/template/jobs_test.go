@@ -3,6 +3,7 @@ package template
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -110,5 +111,48 @@ func TestBuildJobs(t *testing.T) {
 	st = waitStatus(t, b2, "a", bad, StatusError)
 	if st.Reason.Step != "1" || !strings.Contains(st.Reason.Message, "exit code 7") || !strings.Contains(st.Reason.Message, "broken-step-output") {
 		t.Errorf("failed build reason: %+v", st.Reason)
+	}
+}
+
+// TestWaitingBuildsAreBounded: a team cannot pile up requested builds it
+// never starts (each holds a directory and a record); the bound is its own,
+// never another team's, and an unstarted build expires.
+func TestWaitingBuildsAreBounded(t *testing.T) {
+	ctx := context.Background()
+	b, err := NewBuilds(ctx, newTestStore(t), &fakeRunner{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.SetWaitingPerTeam(3)
+	var first *Job
+	for i := range 3 {
+		j, err := b.Request(ctx, "a", BuildRequest{Name: fmt.Sprintf("t%d", i)})
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if first == nil {
+			first = j
+		}
+	}
+	_, err = b.Request(ctx, "a", BuildRequest{Name: "t3"})
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "--build-requests-per-team") {
+		t.Fatalf("a fourth unstarted build: %v, want ErrResourceExhausted naming the flag", err)
+	}
+	if _, err := b.Request(ctx, "b", BuildRequest{Name: "t0"}); err != nil {
+		t.Fatalf("another team is not bound by team a's builds: %v", err)
+	}
+	// The oldest expires: it fails, frees its place, and cannot be started.
+	first.mu.Lock()
+	first.CreatedAt = time.Now().Add(-2 * waitingTTL)
+	first.mu.Unlock()
+	if _, err := b.Request(ctx, "a", BuildRequest{Name: "t3"}); err != nil {
+		t.Fatalf("after one expired: %v", err)
+	}
+	st, err := b.Status(ctx, "a", first.TemplateID, first.BuildID, 0, 0, "")
+	if err != nil || st.Status != StatusError || st.Reason == nil || !strings.Contains(st.Reason.Message, "not started") {
+		t.Fatalf("expired build: %+v %v", st, err)
+	}
+	if err := b.Start(ctx, "a", first.TemplateID, first.BuildID, BuildSpec{}); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("starting an expired build: %v, want ErrConflict", err)
 	}
 }
