@@ -22,7 +22,7 @@ import (
 // next command. Every command and terminal starts through a reaper
 // (reaper_linux.go) and the template's start command through
 // startTemplateCommand: those two places call startInUserCgroup. Without a
-// user cgroup (no user namespace, gVisor, a microVM, an older server) the
+// user cgroup (no user namespace, an older server) the
 // process starts where envd is.
 
 // cgroupMount is where the sandbox's cgroups are mounted (as their root,

@@ -23,6 +23,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	agentruntime "github.com/agentbox/agentbox/internal/runtime"
 )
 
 // Guest-side paths and names shared with the host side (internal/runtime/microvm).
@@ -66,6 +68,12 @@ type Config struct {
 	Addr     string   `json:"addr"`    // eth0's address, CIDR
 	Gateway  string   `json:"gateway"` // default route
 	DNS      []string `json:"dns"`     // nameservers
+	// UserPIDs and UserMemory are the limits of the user cgroup, where
+	// envd starts everything for the user (0: none of its own): the rest
+	// of the guest's tasks and RAM are envd's reserve, so the owner can
+	// still kill a fork bomb or a memory thrash and run a command.
+	UserPIDs   int64 `json:"userPids,omitempty"`
+	UserMemory int64 `json:"userMemory,omitempty"`
 }
 
 // Run sets the guest up and execs envd as init; it returns only on failure
@@ -109,6 +117,10 @@ func Run() error {
 	}
 	if err := switchRoot("/newroot"); err != nil {
 		return err
+	}
+	if err := makeUserCgroup(cgroupRoot, cfg.UserPIDs, cfg.UserMemory); err != nil {
+		// A guest without the reserve still serves its owner.
+		fmt.Fprintf(os.Stderr, "agentbox guest: no user cgroup: %v\n", err)
 	}
 	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "TERM=xterm"}
 	return syscall.Exec(envdPath, []string{envdPath, "--log-file", logDir + "/envd.log", GuestFlag}, env)
@@ -342,4 +354,46 @@ func switchRoot(root string) error {
 		return err
 	}
 	return unix.Chdir("/")
+}
+
+// cgroupRoot is where the guest mounts its cgroup2 hierarchy, where envd
+// looks for the user cgroup.
+const cgroupRoot = "/sys/fs/cgroup"
+
+// makeUserCgroup mounts the guest's cgroup2 hierarchy at root and makes
+// the user cgroup (runtime.UserCgroup) below it with at most pids tasks and
+// memBytes of memory; envd, the guest's init, stays in the root cgroup
+// outside it. Nothing is made when both limits are 0.
+func makeUserCgroup(root string, pids, memBytes int64) error {
+	if pids <= 0 && memBytes <= 0 {
+		return nil
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("cgroup2", root, "cgroup2", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil && !errors.Is(err, unix.EBUSY) {
+		return fmt.Errorf("mount cgroup2: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "cgroup.subtree_control"), []byte("+pids +memory"), 0); err != nil {
+		return fmt.Errorf("enable the pids and memory controllers: %w", err)
+	}
+	// The user cgroup is one CPU scheduling entity: thousands of runaway
+	// tasks weigh as much as envd, not thousands of times more.
+	_ = os.WriteFile(filepath.Join(root, "cgroup.subtree_control"), []byte("+cpu"), 0)
+	dir := filepath.Join(root, agentruntime.UserCgroup)
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	for _, f := range []struct {
+		name  string
+		value int64
+	}{{"pids.max", pids}, {"memory.max", memBytes}, {"memory.swap.max", 0}} {
+		if f.value <= 0 && f.name != "memory.swap.max" {
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(dir, f.name), []byte(fmt.Sprint(f.value)), 0); err != nil && f.name != "memory.swap.max" {
+			return fmt.Errorf("%s: %w", f.name, err)
+		}
+	}
+	return nil
 }

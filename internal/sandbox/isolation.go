@@ -116,13 +116,16 @@ func resolveLimits(req Limits, tpl *template.Template, q Quota) (Limits, error) 
 		min     int
 		unit    string
 		whatFor string
+		// server: the default is the server's, not the template's; a
+		// team quota below it lowers it instead of refusing the create.
+		server bool
 	}
 	for _, f := range []field{
-		{"cpuCount", req.CPUCount, &l.CPUCount, q.CPUCount, 1, "CPUs", "CPU time"},
-		{"memoryMB", req.MemoryMB, &l.MemoryMB, q.MemoryMB, 64, "MiB", "memory"},
-		{"diskSizeMB", req.DiskMB, &l.DiskMB, q.DiskMB, 64, "MiB", "the writable disk"},
-		{"pids", req.PIDs, &l.PIDs, q.PIDs, 16, "processes", "processes and threads"},
-		{"tmpSizeMB", req.TmpMB, &l.TmpMB, q.TmpMB, 1, "MiB", "/tmp"},
+		{"cpuCount", req.CPUCount, &l.CPUCount, q.CPUCount, 1, "CPUs", "CPU time", false},
+		{"memoryMB", req.MemoryMB, &l.MemoryMB, q.MemoryMB, 64, "MiB", "memory", false},
+		{"diskSizeMB", req.DiskMB, &l.DiskMB, q.DiskMB, 64, "MiB", "the writable disk", false},
+		{"pids", req.PIDs, &l.PIDs, q.PIDs, 16, "processes", "processes and threads", true},
+		{"tmpSizeMB", req.TmpMB, &l.TmpMB, q.TmpMB, 1, "MiB", "/tmp", true},
 	} {
 		if f.asked < 0 {
 			return l, fmt.Errorf("%s: must not be negative, got %d: %w", f.name, f.asked, errdefs.ErrInvalidArgument)
@@ -132,6 +135,8 @@ func resolveLimits(req Limits, tpl *template.Template, q Quota) (Limits, error) 
 				return l, fmt.Errorf("%s: %d %s is below the minimum of %d: %w", f.name, f.asked, f.unit, f.min, errdefs.ErrInvalidArgument)
 			}
 			*f.dst = f.asked
+		} else if f.server && f.quota > 0 {
+			*f.dst = min(*f.dst, f.quota)
 		}
 		if f.quota > 0 && *f.dst > f.quota {
 			return l, fmt.Errorf("%s: %d %s is over the team quota of %d %s for %s; ask for at most %d: %w",

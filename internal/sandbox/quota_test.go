@@ -176,3 +176,18 @@ func TestReserveSandboxCountsInFlight(t *testing.T) {
 		t.Fatalf("warm pool is not capped: %v", err)
 	}
 }
+
+// TestServerDefaultsFollowTheQuota: a team quota below a server default
+// (pids) lowers the default a create gets; only a value the create
+// asked for past the quota is refused.
+func TestServerDefaultsFollowTheQuota(t *testing.T) {
+	tpl := &template.Template{MemoryMB: 512}
+	q := Quota{Limits: Limits{PIDs: 512}}
+	got, err := resolveLimits(Limits{}, tpl, q)
+	if err != nil || got.PIDs != 512 {
+		t.Fatalf("defaults under a small quota: %+v %v, want pids 512", got, err)
+	}
+	if _, err := resolveLimits(Limits{PIDs: 1024}, tpl, q); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "pids: 1024") {
+		t.Fatalf("asking for pids over the quota: %v, want a refusal naming pids", err)
+	}
+}

@@ -364,7 +364,7 @@ func (d *Driver) restoreNew(ctx context.Context, spec runtime.Spec, opts runtime
 	if err != nil {
 		return fmt.Errorf("sandbox %s: network: %w", spec.ID, err)
 	}
-	gc := guestConfig(spec.ID, addr, gw, spec.DNS)
+	gc := guestConfig(spec, addr, gw)
 	// Only a copy that boots fresh reads its settings from the disk. A
 	// memory image still has the disk's filesystem mounted in the guest:
 	// editing it behind the guest's back would race its cached blocks, so

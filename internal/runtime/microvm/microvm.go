@@ -361,7 +361,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	if err := os.Mkdir(seed, 0o700); err != nil {
 		return err
 	}
-	gc, _ := json.Marshal(guestConfig(spec.ID, addr, gw, spec.DNS))
+	gc, _ := json.Marshal(guestConfig(spec, addr, gw))
 	if err := os.WriteFile(filepath.Join(seed, guestinit.ConfigFile), gc, 0o600); err != nil {
 		return err
 	}

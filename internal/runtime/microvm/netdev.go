@@ -9,6 +9,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/internal/guestinit"
+	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
 )
 
 // tapName is the tap device QEMU makes in the sandbox's netns.
@@ -117,9 +119,12 @@ func inNetNS(path string, f func(*netlink.Handle) error) error {
 }
 
 // guestConfig is what the guest init learns from the command line.
-func guestConfig(id, addr, gw string, dns []string) guestinit.Config {
+func guestConfig(spec runtime.Spec, addr, gw string) guestinit.Config {
 	if ip, _, err := net.ParseCIDR(addr); err != nil || ip == nil {
 		addr = ""
 	}
-	return guestinit.Config{Hostname: id, Addr: addr, Gateway: gw, DNS: dns}
+	// The guest's own kernel enforces the sandbox's pids and memory: the
+	// user cgroup gets them less envd's reserve, as a container's does.
+	pids, mem := bundle.UserLimits(int64(spec.Resources.PIDs), int64(memoryMB(spec))<<20)
+	return guestinit.Config{Hostname: spec.ID, Addr: addr, Gateway: gw, DNS: spec.DNS, UserPIDs: pids, UserMemory: mem}
 }
