@@ -304,6 +304,9 @@ func (s *Service) fromAudit(ctx context.Context, r store.AuditRow, batch map[str
 		if end, ok := fields["end_at"].(string); ok {
 			data["set_timeout"] = end
 		}
+		if n, ok := fields["network_egress"].(map[string]any); ok {
+			data["network_egress"] = n
+		}
 	}
 	batch[r.SandboxID] = in
 	return s.event(typ, r.TeamID, r.SandboxID, r.Time, in, data), true
