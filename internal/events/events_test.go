@@ -484,3 +484,25 @@ func TestPolicyViolationEvents(t *testing.T) {
 		return len(evs) >= 2 && len(evs) < 30 && total == 60
 	})
 }
+
+func TestRetentionByAge(t *testing.T) {
+	f := newFixture(t)
+	svc, _ := f.service(t, Config{MaxAge: time.Hour})
+	ctx := context.Background()
+	old := svc.event(TypeCreated, "t", "s", time.Now().Add(-2*time.Hour), Info{}, map[string]any{})
+	fresh := svc.event(TypeKilled, "t", "s", time.Now(), Info{}, map[string]any{})
+	if _, _, err := f.st.AppendEvents(ctx, store.EventBatch{Events: []store.EventRow{old, fresh}}); err != nil {
+		t.Fatal(err)
+	}
+	_, b := call(t, svc, "t", "GET", "/events/sandboxes/s", nil)
+	if strings.Contains(string(b), old.ID) || !strings.Contains(string(b), fresh.ID) {
+		t.Fatalf("served past --events-max-age: %s", b)
+	}
+	if _, err := f.st.PruneEvents(ctx, time.Now().Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	kept, err := f.st.ListEvents(ctx, store.EventFilter{TeamID: "t", Limit: 10})
+	if err != nil || len(kept) != 1 || !strings.Contains(kept[0], fresh.ID) {
+		t.Fatalf("after pruning: %v %v, want only the fresh event", kept, err)
+	}
+}
