@@ -43,6 +43,7 @@ func (s *Service) deliverLoop(ctx context.Context) {
 		if err != nil && ctx.Err() == nil {
 			s.log.Error("read owed deliveries", "err", err)
 		}
+		busyAll := len(due) > 0
 		for _, d := range due {
 			mu.Lock()
 			busy := inFlight[d.ID] || perTeam[d.TeamID] >= s.cfg.PerTeam || len(inFlight) >= s.cfg.Workers
@@ -54,6 +55,7 @@ func (s *Service) deliverLoop(ctx context.Context) {
 			if busy {
 				continue
 			}
+			busyAll = false
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -71,7 +73,8 @@ func (s *Service) deliverLoop(ctx context.Context) {
 			}()
 		}
 		wait := 5 * time.Second
-		if next, ok, err := s.st.NextDelivery(ctx); err == nil && ok {
+		// Everything due is in flight: the next to finish wakes the loop.
+		if next, ok, err := s.st.NextDelivery(ctx); err == nil && ok && !busyAll {
 			wait = min(max(next.Sub(s.now()), 10*time.Millisecond), wait)
 		}
 		timer := time.NewTimer(wait)

@@ -469,7 +469,7 @@ func TestPolicyViolationEvents(t *testing.T) {
 		}
 	}
 	waitFor(t, "the first and the aggregated violation", func() bool {
-		_, b := call(t, svc, "t", "GET", "/events/sandboxes/s?types="+TypePolicyViolation, nil)
+		_, b := call(t, svc, "t", "GET", "/events/sandboxes/s?limit=100&types="+TypePolicyViolation, nil)
 		var evs []Event
 		_ = json.Unmarshal(b, &evs)
 		total := 0.0
