@@ -49,7 +49,10 @@ func TestEventsAttacks(t *testing.T) {
 			return nil
 		}},
 		{side: sideTenant, name: "other team GET /events/webhooks/{id} and the list", run: func(t *testing.T) error {
-			if st, b := func() (int, string) { st, b, _ := s.Do(ctx, s.OtherKey, http.MethodGet, "/events/webhooks/"+hook, nil); return st, string(b) }(); st != http.StatusNotFound {
+			if st, b := func() (int, string) {
+				st, b, _ := s.Do(ctx, s.OtherKey, http.MethodGet, "/events/webhooks/"+hook, nil)
+				return st, string(b)
+			}(); st != http.StatusNotFound {
 				return crossed("GET: %d %.120s", st, b)
 			}
 			_, b, _ := s.Do(ctx, s.OtherKey, http.MethodGet, "/events/webhooks", nil)
