@@ -49,13 +49,14 @@ func TestEventsAttacks(t *testing.T) {
 			return nil
 		}},
 		{side: sideTenant, name: "other team GET /events/webhooks/{id} and the list", run: func(t *testing.T) error {
-			if st, b := func() (int, string) {
-				st, b, _ := s.Do(ctx, s.OtherKey, http.MethodGet, "/events/webhooks/"+hook, nil)
-				return st, string(b)
-			}(); st != http.StatusNotFound {
+			st, b, err := s.Do(ctx, s.OtherKey, http.MethodGet, "/events/webhooks/"+hook, nil)
+			if err != nil {
+				return err
+			}
+			if st != http.StatusNotFound {
 				return crossed("GET: %d %.120s", st, b)
 			}
-			_, b, _ := s.Do(ctx, s.OtherKey, http.MethodGet, "/events/webhooks", nil)
+			_, b, _ = s.Do(ctx, s.OtherKey, http.MethodGet, "/events/webhooks", nil)
 			if strings.Contains(string(b), hook) {
 				return crossed("listed: %.120s", b)
 			}
