@@ -17,7 +17,7 @@ type fetchFlags struct {
 }
 
 func addFetchFlags(f *pflag.FlagSet, x *fetchFlags) {
-	f.StringSliceVar(&x.Allow, "fetch-allow", nil, "a destination the server may reach on a tenant's behalf (a template build's fromImage registry, its token server and blob redirects) although it is loopback, private, link-local or this host's: host[:port], IP[:port] or CIDR, repeatable (e.g. a local registry 127.0.0.1:5000, a LAN mirror 10.0.0.0/24); without it those are refused; the sandbox subnet and --fetch-deny stay closed")
+	f.StringSliceVar(&x.Allow, "fetch-allow", nil, "a destination the server may reach on a tenant's behalf (a template build's fromImage registry, its token server and blob redirects; a webhook's receiver) although it is loopback, private, link-local or this host's: host[:port], IP[:port] or CIDR, repeatable (e.g. a local registry 127.0.0.1:5000, a LAN mirror 10.0.0.0/24); without it those are refused; the sandbox subnet and --fetch-deny stay closed")
 	f.StringSliceVar(&x.Deny, "fetch-deny", nil, "CIDR ranges the server never reaches on a tenant's behalf besides the always-closed ones (loopback, private, link-local and metadata, CGNAT, multicast, this host's addresses, the sandbox subnet): e.g. a cluster's pod and service ranges when they are public addresses; repeatable")
 }
 

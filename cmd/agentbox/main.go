@@ -66,6 +66,7 @@ $AGENTBOX_API_KEY, $E2B_API_KEY, or the file apikey in $AGENTBOX_DATA_DIR
 		newPortForwardCmd(),
 		newTimeoutCmd(),
 		newLogsCmd(),
+		newEventsCmd(),
 		newTemplateCmd(),
 		newRunCodeCmd(),
 		newRunCmd(),

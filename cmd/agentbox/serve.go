@@ -76,6 +76,7 @@ type serveConfig struct {
 	MaxVolumes      int
 	Net             netFlags
 	Fetch           fetchFlags     // fetchflags.go
+	Events          eventsFlags    // serve_events.go
 	Lifecycle       lifecycleFlags // serve_lifecycle.go
 	Audit           auditFlags     // audit.go
 
@@ -163,6 +164,7 @@ which wins over the file.`,
 	f.IntVar(&c.VolumeTeamMaxTotalMB, "volume-team-max-total-size", volume.DefaultMaxTotalMBPerTeam, "most MiB the sizes of one team's volumes may add up to")
 	addNetFlags(f, &c.Net)
 	addFetchFlags(f, &c.Fetch)
+	addEventsFlags(f, &c.Events)
 	addAuditFlags(f, &c.Audit)
 	addBoundsFlags(f, &c.Bounds)
 	addKubeFlags(f, &c.Kube)
@@ -515,6 +517,9 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		apiSrv.SetMetrics(mets.Handler(c.MetricsToken))
 	}
 	apiSrv.SetVolumes(vols)
+	if err := startEvents(runCtx, c.Events, st, mgr, fetchPolicy, apiSrv, log); err != nil { // serve_events.go
+		return err
+	}
 	applyBounds(c.Bounds, apiSrv, templates, gw)
 	go sweepUploads(runCtx, templates, c.Bounds.UploadTTL, log)
 	// Build steps run as sandboxes of the team that asked, through the

@@ -105,6 +105,10 @@ test("dashboard: log in, sandbox, terminal, files, plot, audit log", { timeout: 
     }, null, { timeout: 30_000 }).then((h) => h.jsonValue(), () => null);
     const kinds = filtered ?? await page.evaluate(auditKinds);
     assert.ok(filtered && kinds.length > 0 && kinds.every((k) => k === "file"), `only file events with the upload, got ${kinds}`);
+    // The same page lists the sandbox's lifecycle events (GET /events/sandboxes/{id}).
+    const created_ = await page.waitForFunction(() => [...document.querySelectorAll("#events-rows tr")].some((r) => r.querySelector("td:nth-child(2)")?.textContent === "created"),
+      null, { timeout: 30_000 }).then(() => true, () => false);
+    assert.ok(created_, `no created event in the lifecycle events: ${await page.evaluate(() => document.getElementById("events-rows")?.textContent)}`);
     await page.screenshot({ path: join(shots, "audit.png"), fullPage: true });
 
     // Usage: this server meters, so the page shows its team's figures. A

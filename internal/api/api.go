@@ -49,6 +49,7 @@ type Server struct {
 	mcp         http.Handler    // MCP over streamable HTTP (SetMCP); nil: no /mcp
 	mcpCalls    teamCalls       // MCP requests under way per team (mcplimit.go)
 	vols        *volume.Service // team volumes (SetVolumes); nil answers 503
+	events      EventRoutes     // lifecycle events and webhooks (events.go); nil answers 503
 	// portOrigin says where a client reaches sandbox ports (SetPortOrigin).
 	portOrigin func(r *http.Request) (scheme, domain string)
 	// MaxBody caps JSON request bodies.
@@ -121,6 +122,7 @@ func (s *Server) Handler() http.Handler {
 	s.networkRoutes(auth)
 	s.logsRoutes(auth)
 	s.lifecycleRoutes(auth)
+	s.eventsRoutes(auth)
 	s.usageRoutes(auth) // usage.go
 	auth("GET /templates", s.listTemplates)
 	auth("GET /templates/{id}", s.getTemplate)

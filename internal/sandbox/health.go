@@ -32,6 +32,9 @@ func (m *Manager) auditLifecycle(ctx context.Context, sb *Sandbox, action, decis
 		fields = map[string]any{}
 	}
 	fields["template"] = sb.TemplateID
+	if sb.BuildID != "" {
+		fields["build"] = sb.BuildID
+	}
 	if sb.Isolation != "" {
 		fields["isolation"] = sb.Isolation
 	}

@@ -304,6 +304,7 @@ func (m *Manager) pause(ctx context.Context, teamID, id string, expired, memory 
 	delete(m.life.activity, id)
 	m.mu.Unlock()
 	m.log.Info("sandbox paused", "sandbox", id, "took", time.Since(start).Round(time.Millisecond))
+	m.auditLifecycle(ctx, prev, "pause", "allowed", "", map[string]any{"memory": memory, "expired": expired})
 	return nil
 }
 
@@ -404,6 +405,7 @@ func (m *Manager) resume(ctx context.Context, teamID, id string, timeout time.Du
 	}
 	m.touch(id)
 	m.log.Info("sandbox resumed", "sandbox", id, "auto", auto, "took", time.Since(start).Round(time.Millisecond))
+	m.auditLifecycle(ctx, sb, "resume", "allowed", "", map[string]any{"path": "resume", "memory": true, "auto": auto})
 	return sb, true, nil
 }
 

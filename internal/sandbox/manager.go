@@ -325,7 +325,12 @@ func (m *Manager) SetTimeout(ctx context.Context, teamID, id string, d time.Dura
 	if err := m.checkTimeout(d); err != nil {
 		return err
 	}
-	return m.update(ctx, teamID, id, func(sb *Sandbox) { sb.EndAt = time.Now().UTC().Add(d) })
+	var out *Sandbox
+	if err := m.update(ctx, teamID, id, func(sb *Sandbox) { sb.EndAt = time.Now().UTC().Add(d); out = clone(sb) }); err != nil {
+		return err
+	}
+	m.auditLifecycle(ctx, out, "update", audit.Allowed, "", map[string]any{"end_at": out.EndAt.Format(time.RFC3339)})
+	return nil
 }
 
 // Extend makes the sandbox live at least d from now; it never shortens.

@@ -272,7 +272,12 @@ func (m *Manager) UpdateNetwork(ctx context.Context, teamID, id string, allowInt
 	if err := m.pushEnvdEnv(ctx, cur); err != nil {
 		return err
 	}
-	return m.update(ctx, teamID, id, func(sb *Sandbox) { sb.AllowInternet, sb.Network = allowInternet, next })
+	if err := m.update(ctx, teamID, id, func(sb *Sandbox) { sb.AllowInternet, sb.Network = allowInternet, next }); err != nil {
+		return err
+	}
+	m.auditLifecycle(ctx, cur, "update", "allowed", "", map[string]any{"network_egress": map[string]any{
+		"allow_internet": allowInternet, "allowed_destinations": next.AllowOut, "denied_destinations": next.DenyOut}})
+	return nil
 }
 
 // restorePolicy puts a re-adopted sandbox's policy back after a restart.

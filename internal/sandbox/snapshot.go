@@ -293,6 +293,9 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden,
 		if _, err := m.commit(ctx, id, func(sb *Sandbox) { sb.State = prev.State }); err != nil {
 			m.log.Error("persist state after snapshot", "sandbox", id, "err", err)
 		}
+		if err == nil && !hidden {
+			m.auditLifecycle(ctx, prev, "snapshot", "allowed", "", map[string]any{"memory": memory, "name": name})
+		}
 	}()
 	m.fault("snapshot:persisted")
 	layers, err := m.baseLayers(ctx, src)

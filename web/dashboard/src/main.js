@@ -302,6 +302,7 @@ function auditPage(main, id) {
   const kind = h("select", { id: "audit-kind", "aria-label": "kind" }, KINDS.map((k) => h("option", { value: k }, k || "all kinds")));
   const text = h("input", { id: "audit-text", placeholder: "contains…", "aria-label": "text filter" });
   const rows = h("tbody", { id: "audit-rows" });
+  const lifeRows = h("tbody", { id: "events-rows" });
   let entries = [];
   const render = () => {
     const q = text.value.toLowerCase();
@@ -315,13 +316,20 @@ function auditPage(main, id) {
       const k = kind.value ? `&kind=${encodeURIComponent(kind.value)}` : "";
       entries = (await api(`/v2/sandboxes/${encodeURIComponent(sel.value)}/logs?limit=1000${k}`)).logs;
       render();
+      // Lifecycle events (E2B's events API), oldest first.
+      const evs = (await api(`/events/sandboxes/${encodeURIComponent(sel.value)}?limit=100`)).reverse();
+      lifeRows.replaceChildren(...evs.map((e) => h("tr", {}, h("td", { className: "mono" }, e.timestamp), h("td", {}, e.type.replace(/^sandbox\.(lifecycle\.)?/, "")),
+        h("td", { className: "meta mono" }, e.eventData ? JSON.stringify(e.eventData) : ""))));
+      if (!evs.length) lifeRows.replaceChildren(h("tr", {}, h("td", { colspan: 3, className: "muted" }, "No lifecycle events.")));
     } catch (err) { showError(err.message); }
   };
   sel.addEventListener("change", load);
   kind.addEventListener("change", load);
   text.addEventListener("input", render);
   main.append(h("h2", {}, "Audit log"), h("div", { className: "bar" }, h("label", {}, "Sandbox ", sel), h("label", {}, "Kind ", kind), text, h("button", { type: "button", onclick: load }, "Refresh")),
-    h("table", {}, h("thead", {}, h("tr", {}, ["Time", "Level", "Kind", "Event"].map((t) => h("th", {}, t)))), rows));
+    h("table", {}, h("thead", {}, h("tr", {}, ["Time", "Level", "Kind", "Event"].map((t) => h("th", {}, t)))), rows),
+    h("h3", {}, "Lifecycle events"),
+    h("table", {}, h("thead", {}, h("tr", {}, ["Time", "Event", "Data"].map((t) => h("th", {}, t)))), lifeRows));
   api("/v2/sandboxes?limit=100").then((list) => {
     const ids = list.map((s) => s.sandboxID);
     if (id && !ids.includes(id)) ids.unshift(id);
