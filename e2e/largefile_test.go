@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,7 +16,7 @@ import (
 // largeFileRSSBoundKB is how much the server's and envd's peak RSS may be
 // during a large transfer (above the server's RSS before it): a body held
 // whole would take the file's size.
-const largeFileRSSBoundKB = 160 << 10
+const largeFileRSSBoundKB = benchmark.LargeFileBoundKB
 
 // TestLargeFile streams a file (E2E_LARGEFILE_MB MiB, default 1024) into a
 // sandbox and back through the official e2b JS SDK and checks the bytes
@@ -35,11 +36,14 @@ func TestLargeFile(t *testing.T) {
 	harness.NPMInstall(t, jsDir)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	r, err := benchmark.LargeFile(ctx, benchmark.LargeFileConfig{APIURL: s.URL, APIKey: s.APIKey, SizeMB: mb, JSDir: jsDir,
-		ServerPID: s.PID(), FloorDir: s.DataDir})
+	cfg := benchmark.LargeFileConfig{APIURL: s.URL, APIKey: s.APIKey, SizeMB: mb, JSDir: jsDir, ServerPID: s.PID(), FloorDir: s.DataDir}
+	r, err := benchmark.LargeFile(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	var table strings.Builder
+	_ = benchmark.WriteTargets(&table, benchmark.LargeFileResultRows(cfg, r))
+	t.Logf("the bench's rows:\n%s", table.String())
 	t.Logf("%d MiB: upload %.0f MB/s, download %.0f MB/s (disk floor %.0f / %.0f MB/s); server RSS %d MiB, peak %d MiB; envd peak %d MiB",
 		mb, r.Rate(r.Up), r.Rate(r.Down), r.Rate(r.FloorUp), r.Rate(r.FloorDown), r.ServerBeforeKB>>10, r.ServerPeakKB>>10, r.EnvdPeakKB>>10)
 	if r.ServerPeakKB == 0 || r.EnvdPeakKB == 0 {
