@@ -217,3 +217,17 @@ func TestNoForwardingNoSftp(t *testing.T) {
 		t.Error("sftp subsystem was accepted")
 	}
 }
+
+func TestSignalName(t *testing.T) {
+	for status, want := range map[string]string{
+		"signal: killed":                           "KILL",
+		"signal: terminated":                       "TERM",
+		"signal: segmentation fault (core dumped)": "SEGV",
+		"signal: hangup":                           "HUP",
+		"signal: something new":                    "KILL",
+	} {
+		if got := signalName(status); got != want {
+			t.Errorf("signalName(%q) = %q, want %q", status, got, want)
+		}
+	}
+}
