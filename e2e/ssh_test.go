@@ -3,10 +3,13 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -84,6 +87,34 @@ func TestSSH(t *testing.T) {
 			}
 		})
 	}
+	// sftp and scp (which speaks sftp) run the sandbox's sftp-server: the
+	// host's is copied in over ssh's stdin, as the base template has none.
+	const sftpServer = "/usr/lib/openssh/sftp-server"
+	bin, err := os.ReadFile(sftpServer)
+	if err != nil {
+		t.Fatalf("the host's sftp-server is needed (scripts/install-deps.sh installs openssh-sftp-server): %v", err)
+	}
+	if out, errOut, code := run("ssh", string(bin), sshArgs(s.Bin, "root", id, "mkdir -p /usr/lib/openssh && cat > "+sftpServer+" && chmod 755 "+sftpServer)...); code != 0 {
+		t.Fatalf("copy sftp-server in: exit %d: %s %s", code, out, errOut)
+	}
+	dir := t.TempDir()
+	payload := make([]byte, 3<<20)
+	_, _ = rand.Read(payload)
+	if err := os.WriteFile(filepath.Join(dir, "up.bin"), payload, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	proxy := []string{"-F", "/dev/null", "-o", "ProxyCommand=" + s.Bin + " ssh --stdio %h", "-o", "StrictHostKeyChecking=no",
+		"-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes"}
+	if out, errOut, code := run("scp", "", append(proxy, filepath.Join(dir, "up.bin"), "user@"+id+":/home/user/up.bin")...); code != 0 {
+		t.Fatalf("scp up: exit %d: %s %s", code, out, errOut)
+	}
+	if out, errOut, code := run("sftp", "get /home/user/up.bin "+filepath.Join(dir, "down.bin")+"\nls -l /home/user\n", append(proxy, "-b", "-", "user@"+id)...); code != 0 || !strings.Contains(out, "up.bin") {
+		t.Fatalf("sftp get: exit %d: %s %s", code, out, errOut)
+	}
+	if got, err := os.ReadFile(filepath.Join(dir, "down.bin")); err != nil || !bytes.Equal(got, payload) {
+		t.Fatalf("the file came back different (%d bytes, %v)", len(got), err)
+	}
+
 	// Every command is in the sandbox's audit log, as a terminal's is.
 	st, b, err = s.Do(ctx, s.APIKey, http.MethodGet, "/v2/sandboxes/"+id+"/logs", nil)
 	if err != nil || st != http.StatusOK {

@@ -44,8 +44,9 @@ the server authenticates the sandbox), hence the known-hosts options:
   ssh -o ProxyCommand='agentbox ssh --stdio %h' \
       -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null user@i1a2b3c
 
-or once in ~/.ssh/config, then "ssh user@i1a2b3c.sandbox" (and "scp -O" or
-rsync when the template has scp or rsync):
+or once in ~/.ssh/config, then "ssh user@i1a2b3c.sandbox", and sftp, scp
+and rsync when the template has their sandbox side (openssh-sftp-server for
+sftp and scp, rsync for rsync):
 
   Host *.sandbox
       ProxyCommand agentbox ssh --stdio %h
@@ -55,9 +56,8 @@ rsync when the template has scp or rsync):
 
 The API key comes from --api-key, AGENTBOX_API_KEY or E2B_API_KEY, as for
 every command. A paused sandbox is resumed, as connect does. There is no
-sftp subsystem (use agentbox cp) and no port forwarding (use agentbox
-port-forward). --stdio serves whoever holds its stdin: never put it behind
-a listening socket.`,
+port forwarding (use agentbox port-forward). --stdio serves whoever holds
+its stdin: never put it behind a listening socket.`,
 		Example: `  agentbox ssh i1a2b3c
   agentbox ssh i1a2b3c --user root -- cat /etc/os-release
   ssh -o ProxyCommand='agentbox ssh --stdio %h' -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null user@i1a2b3c 'uname -a'`,

@@ -95,6 +95,12 @@ func Serve(ctx context.Context, conn net.Conn, r Runner, log *slog.Logger) error
 	return nil
 }
 
+// SFTPCommand runs the sandbox's sftp-server for the sftp subsystem, from
+// where Debian, Fedora and Alpine put it.
+const SFTPCommand = `for p in /usr/lib/openssh/sftp-server /usr/libexec/openssh/sftp-server /usr/lib/ssh/sftp-server /usr/libexec/sftp-server; do ` +
+	`[ -x "$p" ] && exec "$p"; done; ` +
+	`echo "agentbox ssh: no sftp-server in this sandbox; add the openssh-sftp-server package to its template" >&2; exit 127`
+
 // session is one SSH session channel: requests set it up, then "shell" or
 // "exec" starts its one process.
 type session struct {
@@ -203,9 +209,20 @@ func (s *session) handle(ctx context.Context, req *ssh.Request, started *bool, d
 		}
 		return false
 	case "subsystem":
-		// No sftp server: x/crypto has none, and `scp -O` or
-		// `agentbox cp` moves files.
-		return false
+		// sftp (and OpenSSH's scp, which speaks it) is the sandbox's own
+		// sftp-server, run like any command, as sshd does.
+		var sub struct{ Name string }
+		if *started || ssh.Unmarshal(req.Payload, &sub) != nil || sub.Name != "sftp" {
+			return false
+		}
+		s.spec.Cmd, s.spec.PTY = SFTPCommand, false
+		*started = true
+		if err := s.start(ctx, done); err != nil {
+			fmt.Fprintf(s.ch.Stderr(), "agentbox: %v\r\n", err)
+			s.exit(255, "")
+			close(done)
+		}
+		return true
 	}
 	return false
 }

@@ -204,7 +204,7 @@ func TestEnvAndResize(t *testing.T) {
 	}
 }
 
-func TestNoForwardingNoSftp(t *testing.T) {
+func TestNoForwardingNoOtherSubsystem(t *testing.T) {
 	c := dial(t, &echoRunner{}, "user")
 	if _, err := c.Dial("tcp", "127.0.0.1:22"); err == nil {
 		t.Error("direct-tcpip was accepted")
@@ -213,8 +213,28 @@ func TestNoForwardingNoSftp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.RequestSubsystem("sftp"); err == nil {
-		t.Error("sftp subsystem was accepted")
+	if err := s.RequestSubsystem("netconf"); err == nil {
+		t.Error("an unknown subsystem was accepted")
+	}
+}
+
+func TestSFTPRunsTheSandboxsServer(t *testing.T) {
+	r := &echoRunner{}
+	c := dial(t, r, "user")
+	s, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, _ := s.StdinPipe()
+	if err := s.RequestSubsystem("sftp"); err != nil {
+		t.Fatal(err)
+	}
+	in.Close()
+	_ = s.Wait()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.specs) != 1 || r.specs[0].Cmd != SFTPCommand || r.specs[0].PTY {
+		t.Fatalf("specs %+v", r.specs)
 	}
 }
 
