@@ -42,7 +42,7 @@ func main() {
 	tiers := flag.String("tiers", "container,gvisor", "isolation: comma-separated isolation tiers to measure (container, gvisor, microvm)")
 	idle := flag.Int("idle", 10, "isolation: idle sandboxes per tier (the memory figure; the neighbour latency needs 4)")
 	echoes := flag.Int("echoes", 30, "isolation: neighbour echo samples per phase")
-	scenario := flag.String("scenario", "server", "all: every target of issue 14 in one table (target, figure, value, floor measured in the same run, ratio, target, met or missed), then how long each section took; without --api-url it starts its own server (--agentbox, --envd, --own-*) with a warm pool and the gVisor tier, and stops and removes it after; server: the server against the raw floor; isolation: start latency, memory per idle sandbox and neighbour latency per isolation tier; interpreter: runCode latency, first context after create and idle kernel memory (--template defaults to code-interpreter-v1, --creates to 5); commands: command round trip per tier (--tiers, --commands samples) against its floor, sampled alternately; lifecycle: pause/resume per --lifecycle-sizes against raw criu dump/restore, first command after resume with lazy restore off and on against raw criu restore (full and --lazy-pages) and the time until all memory is loaded, fork x10 against one restore; density: --density idle sandboxes of one tier at once, each answering a command, memory per sandbox, then all killed and the host checked for leftovers; gvisor: gVisor create → first command against runsc run /bin/true on the template's layers (--creates samples each), with the create step breakdown (--metrics-url)")
+	scenario := flag.String("scenario", "server", "all: every target of issue 14 in one table (target, figure, value, floor measured in the same run, ratio, target, met or missed), then how long each section took; without --api-url it starts its own server (--agentbox, --envd, --own-*) with a warm pool and the gVisor tier, and stops and removes it after; server: the server against the raw floor; isolation: start latency, memory per idle sandbox and neighbour latency per isolation tier; interpreter: runCode latency, first context after create and idle kernel memory (--template defaults to code-interpreter-v1, --creates to 5); commands: command round trip per tier (--tiers, --commands samples) against its floor, sampled alternately; lifecycle: pause/resume per --lifecycle-sizes against raw criu dump/restore, first command after resume with lazy restore off and on against raw criu restore (full and --lazy-pages) and the time until all memory is loaded, fork x10 against one restore; density: --density idle sandboxes of one tier at once, each answering a command, memory per sandbox, then all killed and the host checked for leftovers; largefile: --largefile-mb up and down through the official e2b JS SDK (streamed) against writing and reading the same bytes on the host's disk, with the server's peak RSS growth (--server-pid, default the API port's listener) and envd's peak RSS held to a bound; gvisor: gVisor create → first command against runsc run /bin/true on the template's layers (--creates samples each), with the create step breakdown (--metrics-url)")
 	density := flag.Int("density", 1000, "density: idle sandboxes of the first --tiers tier to hold at once")
 	parallel := flag.Int("parallel", 8, "density: creates, commands and kills in flight")
 	instance := flag.String("instance", "agentbox", "density: the server's --instance (its host state is checked after the kills)")
@@ -56,9 +56,11 @@ func main() {
 	ownSubnet := flag.String("own-subnet", "10.240.0.0/20", "all, without --api-url: the --subnet of the server it starts (free on the host; room for the density rows)")
 	ownDir := flag.String("own-dir", "", "all, without --api-url: where the server it starts keeps its data dir and log, removed afterwards (default: a new temporary directory)")
 	allDensity := flag.String("all-density", "1000,300", "all: container-tier and gVisor idle sandboxes the density rows hold at once (issue 14: 1000,300); 0 skips a tier")
+	largeMB := flag.Int("largefile-mb", 5120, "largefile, all: MiB streamed up and down through the e2b JS SDK")
+	jsDir := flag.String("js-dir", "e2e/js", "largefile, all: the e2b JS SDK's package dir (its node_modules)")
 	flag.Parse()
 	if *scenario == "all" {
-		os.Exit(runAll(cfg, allFlags{dataDir: *dataDir, instance: *instance, bridge: *bridge, sizes: *sizes, density: *allDensity, parallel: *parallel, minFree: *minFree,
+		os.Exit(runAll(cfg, allFlags{dataDir: *dataDir, instance: *instance, bridge: *bridge, sizes: *sizes, density: *allDensity, parallel: *parallel, minFree: *minFree, largeMB: *largeMB, jsDir: *jsDir,
 			own: benchmark.ServerConfig{Bin: *bin, Envd: *envd, TemplateDir: cfg.TemplateDir, Instance: *ownInstance, Bridge: *ownBridge, Subnet: *ownSubnet, Dir: *ownDir}}))
 	}
 	if cfg.APIURL == "" || cfg.APIKey == "" {
@@ -68,6 +70,15 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if *scenario == "largefile" {
+		rows := benchmark.LargeFileRows(ctx, benchmark.LargeFileConfig{APIURL: cfg.APIURL, APIKey: cfg.APIKey, Template: cfg.Template,
+			SizeMB: *largeMB, JSDir: *jsDir, ServerPID: cfg.ServerPID, FloorDir: *dataDir})
+		if err := benchmark.WriteTargets(os.Stdout, rows); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *scenario == "interpreter" {
 		icfg := benchmark.InterpreterConfig{APIURL: cfg.APIURL, APIKey: cfg.APIKey, DataDir: *dataDir, Runs: *runs}
 		// Flags left at their defaults mean the scenario's own defaults.

@@ -32,6 +32,9 @@ if ((node_major < 20)); then
 	pkgs+=(nodejs npm)
 fi
 command -v npm >/dev/null || pkgs+=(npm)
+# The real OpenSSH client for `agentbox ssh`'s ProxyCommand test, and an
+# sftp-server the test copies into a sandbox for sftp and scp.
+pkgs+=(openssh-client openssh-sftp-server)
 # The microvm isolation tier: QEMU, and lz4 to unpack the guest kernel.
 pkgs+=(qemu-system-x86 lz4 e2fsprogs) # e2fsprogs: mkfs.ext4 and debugfs for the microvm disks
 

@@ -31,6 +31,10 @@ type AllConfig struct {
 	SizesMB  []int // pause/resume sizes; default 10, 100, 1024
 	Cycles   int   // pause/resume cycles per size; default 3
 	Forks    int   // copies of the fork row; default 10
+	// LargeFileMB goes up and down through the e2b JS SDK in JSDir
+	// (e2e/js); default 5120.
+	LargeFileMB int
+	JSDir       string
 	// DensityContainer and DensityGVisor idle sandboxes are held at once;
 	// defaults 1000 and 300 (issue 14), negative skips a tier.
 	DensityContainer, DensityGVisor int
@@ -123,6 +127,7 @@ func sections() []section {
 		{"pause/resume (6)", lifecycleRows},
 		{"fork (7)", forkRows},
 		{"density (8)", densityRows},
+		{"large files (9)", largeFileRows},
 	}
 }
 

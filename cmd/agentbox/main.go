@@ -61,6 +61,7 @@ $AGENTBOX_API_KEY, $E2B_API_KEY, or the file apikey in $AGENTBOX_DATA_DIR
 		newInfoCmd(),
 		newExecCmd(),
 		newShellCmd(),
+		newSSHCmd(),
 		newCpCmd(),
 		newKillCmd(),
 		newPortForwardCmd(),

@@ -209,6 +209,16 @@ func start(cfg config) (*Server, error) {
 	return s, nil
 }
 
+// PID is the running server's process id (0 when it is not running).
+func (s *Server) PID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil || s.cmd.Process == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
 // Env is the environment of the E2B SDKs and the agentbox CLI for key:
 // os.Environ() plus E2B_API_URL, E2B_SANDBOX_URL, E2B_VOLUME_API_URL (the
 // volume content API) and E2B_API_KEY.

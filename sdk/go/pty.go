@@ -20,6 +20,9 @@ type PTYOptions struct {
 	Envs       map[string]string // added to TERM=xterm-256color, LANG/LC_ALL=C.UTF-8
 	Cwd        string            // default the template's workdir
 	User       string            // default the template's user
+	// Cmd, when set, runs with `bash -l -c` on the terminal instead of an
+	// interactive login bash (as `ssh -t host cmd` does).
+	Cmd string
 	// Timeout bounds the terminal's life; zero means no limit beyond ctx.
 	Timeout time.Duration
 }
@@ -29,7 +32,7 @@ type PTYHandle struct {
 	*CommandHandle
 }
 
-// Create starts `bash -i -l` on a new terminal. ctx governs the output
+// Create starts `bash -i -l` (or opts.Cmd) on a new terminal. ctx governs the output
 // stream for the terminal's whole life.
 func (p *PTY) Create(ctx context.Context, opts PTYOptions) (*PTYHandle, error) {
 	if opts.Cols == 0 {
@@ -43,8 +46,12 @@ func (p *PTY) Create(ctx context.Context, opts PTYOptions) (*PTYHandle, error) {
 		envs[k] = v
 	}
 	stdin := true
+	args := []string{"-i", "-l"}
+	if opts.Cmd != "" {
+		args = []string{"-l", "-c", opts.Cmd}
+	}
 	req := &process.StartRequest{
-		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-i", "-l"}, Envs: envs},
+		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: args, Envs: envs},
 		Pty:     &process.PTY{Size: &process.PTY_Size{Cols: uint32(opts.Cols), Rows: uint32(opts.Rows)}},
 		Stdin:   &stdin,
 	}
