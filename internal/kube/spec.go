@@ -41,8 +41,10 @@ func runtimeClassTier(rc *string) (string, error) {
 		return sandbox.IsolationGVisor, nil
 	case "runc", "container":
 		return sandbox.IsolationContainer, nil
+	case "microvm":
+		return sandbox.IsolationMicroVM, nil
 	}
-	return "", fmt.Errorf("spec.podTemplate.spec.runtimeClassName %q: agentbox runs gvisor (runsc) or runc (container): %w", *rc, errdefs.ErrInvalidArgument)
+	return "", fmt.Errorf("spec.podTemplate.spec.runtimeClassName %q: agentbox runs gvisor (runsc), runc (container) or microvm: %w", *rc, errdefs.ErrInvalidArgument)
 }
 
 // createRequest turns a Sandbox's blueprint into the manager's create

@@ -92,8 +92,10 @@ func (s *Server) claimOf(ctx context.Context, sb *agentsv1.Sandbox) *extv1.Sandb
 
 // sandboxOf is the record the API reports of sb.
 func (s *Server) sandboxOf(ctx context.Context, sb *agentsv1.Sandbox) *sandbox.Sandbox {
+	// Node agents start a Sandbox object's sandbox secured and without
+	// internet access (internal/kube's createRequest): say so.
 	v := &sandbox.Sandbox{ID: sb.Status.SandboxID, State: sandbox.StateRunning, StartedAt: sb.CreationTimestamp.UTC(), Metadata: map[string]string{},
-		Secure: true, AllowInternet: true}
+		Secure: true}
 	ann := sb.Annotations
 	var end *metav1.Time = sb.Spec.ShutdownTime
 	if c := s.claimOf(ctx, sb); c != nil {
