@@ -186,10 +186,11 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) bool {
 }
 
 // deleteSnapshotOnly is DELETE /templates/{id} where templates are not
-// served (NewE2B): the caller's snapshot, else 404.
+// served (NewE2B): the caller's snapshot, else the 404 of a local server
+// that has no template by that id either.
 func (s *Server) deleteSnapshotOnly(w http.ResponseWriter, r *http.Request) {
 	if !s.deleteSnapshot(w, r) {
-		httperr.Write(w, fmt.Errorf("snapshot %q not found (%s): %w", apireq.Truncate(r.PathValue("id")), s.notServed, errdefs.ErrNotFound))
+		httperr.Write(w, fmt.Errorf("template %q: %w", r.PathValue("id"), errdefs.ErrNotFound))
 	}
 }
 

@@ -30,6 +30,12 @@ const (
 	MetaName      = "k8s.name"
 )
 
+// AnnotationAllowInternet ("true" or "false") on a Sandbox says whether
+// its sandbox may reach the internet. The cluster's E2B API sets it from
+// the create's allow_internet_access; without it a Sandbox's sandbox has no
+// internet access.
+const AnnotationAllowInternet = "agentbox.dev/allow-internet"
+
 // runtimeClassTier maps a pod's runtimeClassName to an isolation tier.
 // Empty means the template's tier.
 func runtimeClassTier(rc *string) (string, error) {
@@ -107,7 +113,9 @@ func createRequest(sb *agentsv1.Sandbox, teamID string, timeout time.Duration) (
 		EnvVars:   env,
 		Isolation: tier,
 		Limits:    lim,
-		Workdir:   c.WorkingDir,
+		// Deny by default: only an explicit "true" opens the internet.
+		AllowInternet: sb.Annotations[AnnotationAllowInternet] == "true",
+		Workdir:       c.WorkingDir,
 		Metadata: map[string]string{
 			MetaUID:       string(sb.UID),
 			MetaNamespace: sb.Namespace,

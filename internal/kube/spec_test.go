@@ -58,6 +58,21 @@ func TestCreateRequest(t *testing.T) {
 		got.Metadata[MetaUID] != "uid-1" || got.Timeout != time.Hour {
 		t.Errorf("createRequest = %+v", got)
 	}
+	if got.AllowInternet {
+		t.Errorf("a Sandbox without %s got internet access", AnnotationAllowInternet)
+	}
+	for ann, want := range map[string]bool{"true": true, "false": false, "yes": false} {
+		got, err := createRequest(sandboxOf(full, func(s *agentsv1.Sandbox) {
+			s.Annotations = map[string]string{AnnotationAllowInternet: ann}
+		}), "team-1", time.Hour)
+		if err != nil || got.AllowInternet != want {
+			t.Errorf("%s=%q: AllowInternet %v (%v), want %v", AnnotationAllowInternet, ann, got.AllowInternet, err, want)
+		}
+	}
+	mv := "microvm"
+	if got, err := createRequest(sandboxOf(full, func(s *agentsv1.Sandbox) { s.Spec.PodTemplate.Spec.RuntimeClassName = &mv }), "team-1", time.Hour); err != nil || got.Isolation != sandbox.IsolationMicroVM {
+		t.Errorf("runtimeClassName microvm: %q, %v", got.Isolation, err)
+	}
 
 	for _, tc := range []struct {
 		name  string

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -92,8 +93,8 @@ func (s *Server) claimOf(ctx context.Context, sb *agentsv1.Sandbox) *extv1.Sandb
 
 // sandboxOf is the record the API reports of sb.
 func (s *Server) sandboxOf(ctx context.Context, sb *agentsv1.Sandbox) *sandbox.Sandbox {
-	// Node agents start a Sandbox object's sandbox secured and without
-	// internet access (internal/kube's createRequest): say so.
+	// Node agents start a Sandbox object's sandbox secured; the rest is
+	// what they report in its status, else what the objects ask for.
 	v := &sandbox.Sandbox{ID: sb.Status.SandboxID, State: sandbox.StateRunning, StartedAt: sb.CreationTimestamp.UTC(), Metadata: map[string]string{},
 		Secure: true}
 	ann := sb.Annotations
@@ -129,6 +130,12 @@ func (s *Server) sandboxOf(ctx context.Context, sb *agentsv1.Sandbox) *sandbox.S
 		v.EndAt = end.UTC()
 	} else {
 		v.EndAt = time.Now().Add(s.cfg.MaxTimeout).UTC()
+	}
+	if r := sb.Status.Sandbox; r != nil {
+		// What the node agent running it reports.
+		v.TemplateID, v.Alias, v.Isolation = r.TemplateID, r.Alias, r.Isolation
+		v.CPUCount, v.MemoryMB, v.DiskMB, v.PIDs, v.TmpMB = r.CPUCount, r.MemoryMB, r.DiskSizeMB, r.PIDs, r.TmpSizeMB
+		v.AllowInternet = r.AllowInternetAccess
 	}
 	if meta.IsStatusConditionTrue(sb.Status.Conditions, agentsv1.ConditionSuspended) {
 		// As the local manager keeps it: the lifetime left is on hold.
@@ -166,7 +173,8 @@ func (s *Server) Create(ctx context.Context, req sandbox.CreateRequest) (*sandbo
 	ns := who.home[0]
 	id := sandbox.NewID()
 	end := metav1.NewTime(time.Now().Add(req.Timeout).Truncate(time.Second))
-	ann := map[string]string{kube.AnnotationSandboxID: id, AnnotationTemplate: tpl}
+	ann := map[string]string{kube.AnnotationSandboxID: id, AnnotationTemplate: tpl,
+		kube.AnnotationAllowInternet: strconv.FormatBool(req.AllowInternet)}
 	if len(req.Metadata) > 0 {
 		raw, err := json.Marshal(req.Metadata)
 		if err != nil {
@@ -273,7 +281,7 @@ func notCarried(req sandbox.CreateRequest) error {
 		set  bool
 	}{
 		{"autoPause", req.Lifecycle.AutoPause}, {"autoResume", req.Lifecycle.AutoResume}, {"idleTimeout", req.Lifecycle.IdleTimeout > 0},
-		{"volumeMounts", len(req.VolumeMounts) > 0}, {"network", req.Network != nil}, {"allow_internet_access", !req.AllowInternet},
+		{"volumeMounts", len(req.VolumeMounts) > 0}, {"network", req.Network != nil},
 		{"pids", req.Limits.PIDs != 0}, {"tmpSizeMB", req.Limits.TmpMB != 0}, {"maxCommandSeconds", req.MaxCommand != 0},
 	} {
 		if f.set {
