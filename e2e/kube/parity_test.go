@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -55,6 +53,17 @@ func parityTable() []parityStep {
 		{name: "create: negative timeout", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"base","timeout":-1}`},
 		{name: "create: timeout over the maximum", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"base","timeout":999999}`},
 		{name: "create: private traffic without secure (v1)", method: "POST", path: "/sandboxes", body: `{"templateID":"base","network":{"allowPublicTraffic":false}}`},
+		{name: "create: denyOut not an address", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"base","network":{"denyOut":["not-an-address"]}}`},
+		{name: "create: allowOut domain without deny-all", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"base","network":{"allowOut":["example.com"]}}`},
+		{name: "create: httpsPorts names envd", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"base","network":{"httpsPorts":[49983]}}`},
+		{name: "create: egress proxy without a port", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"base","network":{"egressProxy":{"address":"no-port"}}}`},
+		{name: "create with a network policy", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"base","timeout":300,"network":{"denyOut":["0.0.0.0/0"],"allowOut":["1.1.1.1"],"allowPublicTraffic":false,"maskRequestHost":"app.example:8080"}}`, save: "N"},
+		{name: "info with a network policy", method: "GET", path: "/sandboxes/{N}"},
+		{name: "connect with a network policy", method: "POST", path: "/v2/sandboxes/{N}/connect", body: `{"timeout":300}`},
+		{name: "kill with a network policy", method: "DELETE", path: "/sandboxes/{N}"},
+		{name: "create without internet", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"base","timeout":300,"allow_internet_access":false}`, save: "I"},
+		{name: "info without internet", method: "GET", path: "/sandboxes/{I}"},
+		{name: "kill without internet", method: "DELETE", path: "/sandboxes/{I}"},
 		{name: "create: autoPauseMemory alone", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"base","autoPauseMemory":false}`},
 		{name: "create gvisor", method: "POST", path: "/v2/sandboxes", body: `{"templateID":"base","isolation":"gvisor","timeout":300}`, save: "G"},
 		{name: "info gvisor", method: "GET", path: "/sandboxes/{G}"},
@@ -224,14 +233,7 @@ func parityDo(ctx context.Context, t *testing.T, base, key, method, path, body s
 func TestAPIParity(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	c, kcPath := cluster(ctx, t)
-	createTeamNamespace(ctx, t, c, "agentbox-system", nil)
-	createTeamNamespace(ctx, t, c, "team-a", map[string]any{"agentbox.dev/team": "team-a"})
-	createTeamNamespace(ctx, t, c, "team-b", map[string]any{"agentbox.dev/team": "team-b"})
-	secret := filepath.Join(t.TempDir(), "token-secret")
-	if err := os.WriteFile(secret, []byte(strings.Repeat("0123456789abcdef", 4)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	c, kcPath, secret := teamCluster(ctx, t)
 	agent := harness.Start(t, harness.Args("--kube-controller", "--kubeconfig", kcPath,
 		"--kube-node", "node-a", "--kube-lease-namespace", "agentbox-system", "--token-secret-file", secret))
 	t.Cleanup(func() { drainTeamNamespaces(t, c, "team-a", "team-b") })

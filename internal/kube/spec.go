@@ -36,6 +36,11 @@ const (
 // internet access.
 const AnnotationAllowInternet = "agentbox.dev/allow-internet"
 
+// AnnotationNetwork on a Sandbox holds its sandbox's network policy (the
+// E2B create's network, JSON); the node agent checks it like a create on
+// its own API.
+const AnnotationNetwork = "agentbox.dev/network"
+
 // runtimeClassTier maps a pod's runtimeClassName to an isolation tier.
 // Empty means the template's tier.
 func runtimeClassTier(rc *string) (string, error) {
@@ -102,6 +107,13 @@ func createRequest(sb *agentsv1.Sandbox, teamID string, timeout time.Duration) (
 	if err != nil {
 		return sandbox.CreateRequest{}, err
 	}
+	var network *sandbox.NetworkSpec
+	if raw := sb.Annotations[AnnotationNetwork]; raw != "" {
+		network = &sandbox.NetworkSpec{}
+		if err := json.Unmarshal([]byte(raw), network); err != nil {
+			return bad("metadata.annotations["+AnnotationNetwork+"]", fmt.Sprintf("not a network policy (%v)", err))
+		}
+	}
 	return sandbox.CreateRequest{
 		ID: id,
 		// Secure: envd wants the access token, which the server's API and
@@ -115,6 +127,7 @@ func createRequest(sb *agentsv1.Sandbox, teamID string, timeout time.Duration) (
 		Limits:    lim,
 		// Deny by default: only an explicit "true" opens the internet.
 		AllowInternet: sb.Annotations[AnnotationAllowInternet] == "true",
+		Network:       network,
 		Workdir:       c.WorkingDir,
 		Metadata: map[string]string{
 			MetaUID:       string(sb.UID),

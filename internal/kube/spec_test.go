@@ -69,6 +69,17 @@ func TestCreateRequest(t *testing.T) {
 			t.Errorf("%s=%q: AllowInternet %v (%v), want %v", AnnotationAllowInternet, ann, got.AllowInternet, err, want)
 		}
 	}
+	withNet, err := createRequest(sandboxOf(full, func(s *agentsv1.Sandbox) {
+		s.Annotations = map[string]string{AnnotationNetwork: `{"denyOut":["0.0.0.0/0"],"allowOut":["1.1.1.1"]}`}
+	}), "team-1", time.Hour)
+	if err != nil || withNet.Network == nil || len(withNet.Network.AllowOut) != 1 || withNet.Network.AllowOut[0] != "1.1.1.1" {
+		t.Errorf("%s: %+v, %v", AnnotationNetwork, withNet.Network, err)
+	}
+	if _, err := createRequest(sandboxOf(full, func(s *agentsv1.Sandbox) {
+		s.Annotations = map[string]string{AnnotationNetwork: `{"denyOut":`}
+	}), "team-1", time.Hour); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), AnnotationNetwork) {
+		t.Errorf("a broken %s: %v, want an invalid-argument error naming it", AnnotationNetwork, err)
+	}
 	mv := "microvm"
 	if got, err := createRequest(sandboxOf(full, func(s *agentsv1.Sandbox) { s.Spec.PodTemplate.Spec.RuntimeClassName = &mv }), "team-1", time.Hour); err != nil || got.Isolation != sandbox.IsolationMicroVM {
 		t.Errorf("runtimeClassName microvm: %q, %v", got.Isolation, err)

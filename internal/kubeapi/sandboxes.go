@@ -110,6 +110,12 @@ func (s *Server) sandboxOf(ctx context.Context, sb *agentsv1.Sandbox) *sandbox.S
 		_ = json.Unmarshal([]byte(raw), &v.Metadata)
 	}
 	v.Isolation = ann[AnnotationIsolation]
+	if raw := ann[kube.AnnotationNetwork]; raw != "" {
+		var n sandbox.NetworkSpec
+		if json.Unmarshal([]byte(raw), &n) == nil {
+			v.Network = &n
+		}
+	}
 	if cs := sb.Spec.PodTemplate.Spec.Containers; len(cs) > 0 {
 		if v.TemplateID == "" {
 			v.TemplateID = cs[0].Image
@@ -181,6 +187,13 @@ func (s *Server) Create(ctx context.Context, req sandbox.CreateRequest) (*sandbo
 			return nil, invalid("metadata: %v", err)
 		}
 		ann[AnnotationMetadata] = string(raw)
+	}
+	if req.Network != nil {
+		raw, err := json.Marshal(req.Network)
+		if err != nil {
+			return nil, invalid("network: %v", err)
+		}
+		ann[kube.AnnotationNetwork] = string(raw)
 	}
 	iso := req.Isolation
 	if iso == "" {
@@ -281,7 +294,7 @@ func notCarried(req sandbox.CreateRequest) error {
 		set  bool
 	}{
 		{"autoPause", req.Lifecycle.AutoPause}, {"autoResume", req.Lifecycle.AutoResume}, {"idleTimeout", req.Lifecycle.IdleTimeout > 0},
-		{"volumeMounts", len(req.VolumeMounts) > 0}, {"network", req.Network != nil},
+		{"volumeMounts", len(req.VolumeMounts) > 0},
 		{"pids", req.Limits.PIDs != 0}, {"tmpSizeMB", req.Limits.TmpMB != 0}, {"maxCommandSeconds", req.MaxCommand != 0},
 	} {
 		if f.set {
@@ -490,11 +503,7 @@ func (s *Server) List(ctx context.Context, team string) ([]*sandbox.Sandbox, err
 
 // Get is the team's sandbox id.
 func (s *Server) Get(ctx context.Context, team, id string) (*sandbox.Sandbox, error) {
-	who, err := s.teamNamespaces(ctx, team)
-	if err != nil {
-		return nil, err
-	}
-	sb, err := s.lookup(ctx, who, id)
+	sb, err := s.find(ctx, team, id)
 	if err != nil {
 		return nil, err
 	}
@@ -525,14 +534,17 @@ func (s *Server) Kill(ctx context.Context, team, id string) error {
 	if err := s.c.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
 		return fmt.Errorf("delete %s: %w", obj.GetName(), kubeErr(err))
 	}
-	// Answer once this replica's cache sees it go, so a list right after
-	// does not show it.
-	_ = s.poll(ctx, "delete", func() (bool, error) {
-		var got agentsv1.Sandbox
-		err := s.c.Get(ctx, client.ObjectKeyFromObject(sb), &got)
-		return apierrors.IsNotFound(err) || (err == nil && !got.DeletionTimestamp.IsZero()), nil
-	})
+	s.awaitGone(ctx, sb, &agentsv1.Sandbox{})
 	return nil
+}
+
+// awaitGone returns once this replica's cache sees obj gone or going (a
+// finalizer may hold it a while), so a list right after does not show it.
+func (s *Server) awaitGone(ctx context.Context, obj, into client.Object) {
+	_ = s.poll(ctx, "delete", func() (bool, error) {
+		err := s.c.Get(ctx, client.ObjectKeyFromObject(obj), into)
+		return apierrors.IsNotFound(err) || (err == nil && !into.GetDeletionTimestamp().IsZero()), nil
+	})
 }
 
 // setEnd moves the sandbox's end (on its claim when a claim holds it).
@@ -697,10 +709,24 @@ func (s *Server) Resume(ctx context.Context, team, id string, d time.Duration, m
 	return s.sandboxOf(ctx, got), true, nil
 }
 
-// CheckNetwork refuses any network policy: the cluster's objects do not
-// carry one to the node agents (notCarried).
+// CheckNetwork validates a network policy as a local server does. The
+// policy travels to the node agent on the Sandbox object
+// (kube.AnnotationNetwork), which its team can read: credentials (header
+// rules, an egress proxy's password) are refused rather than written there.
 func (s *Server) CheckNetwork(ctx context.Context, team string, allowInternet bool, n *sandbox.NetworkSpec) error {
-	return notCarried(sandbox.CreateRequest{AllowInternet: allowInternet, Network: n})
+	if n != nil {
+		for d, rules := range n.Rules {
+			for i, r := range rules {
+				if r.Transform != nil && len(r.Transform.Headers) > 0 {
+					return invalid("network.rules[%q][%d].transform.headers: credential injection is not served by `agentbox serve --kubernetes` (the rule would sit in the Sandbox object); create the sandbox on a node agent's own API", d, i)
+				}
+			}
+		}
+		if p := n.EgressProxy; p != nil && p.Password != "" {
+			return invalid("network.egressProxy.password: not served by `agentbox serve --kubernetes` (it would sit in the Sandbox object); create the sandbox on a node agent's own API")
+		}
+	}
+	return sandbox.CheckNetworkSpec(ctx, allowInternet, n)
 }
 
 // Tokens derives the sandbox's tokens from the agents' shared secret.

@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -97,11 +96,7 @@ func (s *Server) snapshotOf(ctx context.Context, who caller, ref string) (*abv1.
 // CreateSnapshot makes a SandboxSnapshot of the team's Sandbox and waits
 // until its node agent took it.
 func (s *Server) CreateSnapshot(ctx context.Context, team, id, name string, memory bool) (*sandbox.Snapshot, error) {
-	who, err := s.teamNamespaces(ctx, team)
-	if err != nil {
-		return nil, err
-	}
-	sb, err := s.lookup(ctx, who, id)
+	sb, err := s.find(ctx, team, id)
 	if err != nil {
 		return nil, err
 	}
@@ -175,13 +170,7 @@ func (s *Server) DeleteSnapshot(ctx context.Context, team, ref string) (bool, er
 	if err := s.c.Delete(ctx, snap); client.IgnoreNotFound(err) != nil {
 		return true, fmt.Errorf("delete SandboxSnapshot %s/%s: %w", snap.Namespace, snap.Name, kubeErr(err))
 	}
-	// Its finalizer may hold it a while: answer once this replica's cache
-	// sees it going, so a list right after does not show it.
-	_ = s.poll(ctx, "delete", func() (bool, error) {
-		var got abv1.SandboxSnapshot
-		err := s.c.Get(ctx, client.ObjectKeyFromObject(snap), &got)
-		return apierrors.IsNotFound(err) || (err == nil && !got.DeletionTimestamp.IsZero()), nil
-	})
+	s.awaitGone(ctx, snap, &abv1.SandboxSnapshot{})
 	return true, nil
 }
 
