@@ -221,6 +221,11 @@ func (s *Server) Create(ctx context.Context, req sandbox.CreateRequest) (*sandbo
 	if err != nil {
 		return nil, err
 	}
+	// A pool's members run with the template's tier, limits and network:
+	// a create that asks for others starts cold instead, so it gets them.
+	if l := req.Limits; iso != "" || l.CPUCount > 0 || l.MemoryMB > 0 || l.DiskMB > 0 || req.Network != nil {
+		pool = ""
+	}
 	if pool != "" {
 		claim := &extv1.SandboxClaim{ObjectMeta: om}
 		claim.Spec.WarmPoolRef.Name = pool
