@@ -243,6 +243,10 @@ func TestAPIParity(t *testing.T) {
 	cluster := runParity(ctx, t, parityTarget{url: rep.URL, key: mintKubeKey(t, agent.Bin, kcPath, "team-a"), otherKey: mintKubeKey(t, agent.Bin, kcPath, "team-b")})
 	for i, st := range parityTable() {
 		l, k := local[i], cluster[i]
+		t.Logf("%s: %d %s", st.name, l.Status, l.Body)
+		if st.save != "" && l.Status != http.StatusCreated {
+			t.Errorf("%s: %d %s, want 201: the steps after it test nothing", st.name, l.Status, l.Body)
+		}
 		if l != k {
 			t.Errorf("%s (%s %s):\n  local:      %d %s\n  kubernetes: %d %s", st.name, st.method, st.path, l.Status, l.Body, k.Status, k.Body)
 		}
