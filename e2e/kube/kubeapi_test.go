@@ -196,14 +196,7 @@ func nodeOfSandboxID(ctx context.Context, c client.Client, id string) (string, e
 func TestKubeAPIConformance(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	c, kcPath := cluster(ctx, t)
-	createTeamNamespace(ctx, t, c, "agentbox-system", nil)
-	createTeamNamespace(ctx, t, c, "team-a", map[string]any{"agentbox.dev/team": "team-a"})
-	createTeamNamespace(ctx, t, c, "team-b", map[string]any{"agentbox.dev/team": "team-b"})
-	secret := filepath.Join(t.TempDir(), "token-secret")
-	if err := os.WriteFile(secret, []byte(strings.Repeat("0123456789abcdef", 4)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	c, kcPath, secret := teamCluster(ctx, t)
 	// No --kube-team: the agents bind the team-labelled namespaces.
 	agent := func(node string) *harness.Server {
 		return harness.Start(t, harness.Name(t.Name()+"-"+node), harness.Args("--kube-controller", "--kubeconfig", kcPath,
@@ -331,6 +324,21 @@ func TestKubeAPIConformance(t *testing.T) {
 			t.Errorf("connect to node-a's sandbox after node-b died: %v", err)
 		}
 	})
+}
+
+// teamCluster is a cluster with the keys namespace agentbox-system, team
+// namespaces team-a and team-b, and a token secret file for the agents and
+// the API replica.
+func teamCluster(ctx context.Context, t *testing.T) (c client.Client, kubeconfig, secret string) {
+	c, kubeconfig = cluster(ctx, t)
+	createTeamNamespace(ctx, t, c, "agentbox-system", nil)
+	createTeamNamespace(ctx, t, c, "team-a", map[string]any{"agentbox.dev/team": "team-a"})
+	createTeamNamespace(ctx, t, c, "team-b", map[string]any{"agentbox.dev/team": "team-b"})
+	secret = filepath.Join(t.TempDir(), "token-secret")
+	if err := os.WriteFile(secret, []byte(strings.Repeat("0123456789abcdef", 4)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return c, kubeconfig, secret
 }
 
 // drainTeamNamespaces deletes every pool, claim and Sandbox of the namespaces and

@@ -1,6 +1,14 @@
 // Package api serves agentbox's control plane: the E2B REST API (same paths,
 // JSON names and status codes as E2B's, so the official SDKs work unchanged),
 // with API-key authentication and per-team isolation.
+//
+// It is the one E2B API layer of both server modes: the sandbox routes
+// (create, list, info, kill, timeout, connect, pause, resume, snapshots)
+// read and check requests, map errors and shape answers here, and call a
+// Backend: LocalBackend (this host's manager) for `agentbox serve`, the
+// Kubernetes tier (internal/kubeapi) for `agentbox serve --kubernetes`. The
+// routes only a local server has (templates, builds, volumes, logs, the
+// dashboard, MCP) are served by New's server alone.
 package api
 
 import (
@@ -38,7 +46,11 @@ type Templates interface {
 type Server struct {
 	log         *slog.Logger
 	store       *store.Store
-	mgr         *sandbox.Manager
+	mgr         *sandbox.Manager // nil on a cluster's API tier (NewE2B)
+	be          Backend          // runs the sandboxes of the E2B routes
+	keys        Keys             // API key owners
+	local       bool             // New: the local-only routes are served too
+	notServed   string           // NewE2B: what an unknown route's answer adds
 	templates   Templates
 	builds      *template.Builds // template build jobs (SetBuilds)
 	uploads     uploadGrants     // upload links of the build API
@@ -58,7 +70,21 @@ type Server struct {
 
 // New returns a control-plane server.
 func New(log *slog.Logger, st *store.Store, mgr *sandbox.Manager, tpl Templates) *Server {
-	return &Server{log: log, store: st, mgr: mgr, templates: tpl, MaxBody: 1 << 20, guesses: authlimit.New(authlimit.Options{})}
+	s := &Server{log: log, store: st, mgr: mgr, templates: tpl, local: true, MaxBody: 1 << 20, guesses: authlimit.New(authlimit.Options{})}
+	if st != nil {
+		s.keys = st
+	}
+	if mgr != nil {
+		s.be = LocalBackend{M: mgr}
+	}
+	return s
+}
+
+// NewE2B returns a server of the E2B sandbox routes alone, on be, with
+// keys looked up in keys (a cluster's API tier). notServed ends the
+// answer to a route it does not serve: what to use instead.
+func NewE2B(log *slog.Logger, be Backend, keys Keys, notServed string) *Server {
+	return &Server{log: log, be: be, keys: keys, notServed: notServed, MaxBody: 1 << 20, guesses: authlimit.New(authlimit.Options{})}
 }
 
 // SetMetrics serves h at GET /metrics. Call before serving.
@@ -96,6 +122,15 @@ func (s *Server) Handler() http.Handler {
 	// Readiness for load balancers and Kubernetes probes: 503 until the
 	// store, the network and the default isolation tier all answer.
 	mux.HandleFunc("GET /ready", s.ready)
+	auth := func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, s.authenticate(h)) }
+	s.sandboxRoutes(auth)
+	if !s.local {
+		auth("DELETE /templates/{id}", s.deleteSnapshotOnly)
+		mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+			httperr.Write(w, fmt.Errorf("no route %s %s (%s): %w", r.Method, r.URL.Path, s.notServed, errdefs.ErrNotFound))
+		})
+		return mux
+	}
 	// Prometheus metrics, behind the operator's token (not an API key:
 	// they describe every team).
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
@@ -105,19 +140,6 @@ func (s *Server) Handler() http.Handler {
 		}
 		s.promMetrics.ServeHTTP(w, r)
 	})
-	auth := func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, s.authenticate(h)) }
-	auth("POST /sandboxes", s.create(false))
-	auth("POST /v2/sandboxes", s.create(true))
-	auth("GET /sandboxes", s.listV1)
-	auth("GET /v2/sandboxes", s.listV2)
-	auth("GET /sandboxes/{id}", s.info)
-	auth("DELETE /sandboxes/{id}", s.kill)
-	auth("POST /sandboxes/{id}/timeout", s.timeout)
-	auth("POST /sandboxes/{id}/refreshes", s.refresh)
-	auth("POST /sandboxes/{id}/connect", s.connect(false))
-	auth("POST /v2/sandboxes/{id}/connect", s.connect(true))
-	auth("POST /sandboxes/{id}/resume", s.resume)
-	auth("POST /sandboxes/{id}/pause", s.pause)
 	auth("GET /sandboxes/{id}/metrics", s.metrics)
 	s.networkRoutes(auth)
 	s.logsRoutes(auth)
@@ -139,16 +161,35 @@ func (s *Server) Handler() http.Handler {
 	return mux
 }
 
+// sandboxRoutes is the route table of the E2B sandbox API both server
+// modes serve, on s.be.
+func (s *Server) sandboxRoutes(auth func(string, http.HandlerFunc)) {
+	auth("POST /sandboxes", s.create(false))
+	auth("POST /v2/sandboxes", s.create(true))
+	auth("GET /sandboxes", s.listV1)
+	auth("GET /v2/sandboxes", s.listV2)
+	auth("GET /sandboxes/{id}", s.info)
+	auth("DELETE /sandboxes/{id}", s.kill)
+	auth("POST /sandboxes/{id}/timeout", s.timeout)
+	auth("POST /sandboxes/{id}/refreshes", s.refresh)
+	auth("POST /sandboxes/{id}/connect", s.connect(false))
+	auth("POST /v2/sandboxes/{id}/connect", s.connect(true))
+	auth("POST /sandboxes/{id}/resume", s.resume)
+	auth("POST /sandboxes/{id}/pause", s.pause)
+	auth("POST /sandboxes/{id}/snapshots", s.createSnapshot)
+	auth("GET /snapshots", s.listSnapshots)
+}
+
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key := apireq.Key(r)
 		if key == "" {
-			httperr.Write(w, fmt.Errorf("missing API key: send it in the X-API-Key header (see <data-dir>/apikey or `agentbox apikey create`): %w", errdefs.ErrUnauthenticated))
+			httperr.Write(w, fmt.Errorf("missing API key: send it in the X-API-Key header (see <data-dir>/apikey or `agentbox apikey create`, with --kubernetes on a cluster): %w", errdefs.ErrUnauthenticated))
 			return
 		}
 		var k store.APIKey
 		if !s.checkSecret(w, r, "API key", key, func() (err error) {
-			k, err = s.store.Authenticate(r.Context(), key)
+			k, err = s.keys.Authenticate(r.Context(), key)
 			return err
 		}) {
 			return
@@ -174,14 +215,14 @@ func (s *Server) checkSecret(w http.ResponseWriter, r *http.Request, what, secre
 
 // ---- responses (api/gen/rest, E2B wire names) ----
 
-func (s *Server) sandboxResponse(sb *sandbox.Sandbox) rest.Sandbox {
+func (s *Server) sandboxResponse(ctx context.Context, sb *sandbox.Sandbox) rest.Sandbox {
 	out := rest.Sandbox{SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: sandbox.ClientID, EnvdVersion: sandbox.EnvdVersion}
+	envd, traffic := s.be.Tokens(ctx, sb.ID)
 	if sb.Secure {
-		out.EnvdAccessToken = s.mgr.Token(sb.ID)
+		out.EnvdAccessToken = envd
 	}
 	if !sb.Network.PublicTraffic() {
-		tok := s.mgr.TrafficToken(sb.ID)
-		out.TrafficAccessToken = &tok
+		out.TrafficAccessToken = &traffic
 	}
 	return out
 }
@@ -295,12 +336,12 @@ func (s *Server) create(v2 bool) http.HandlerFunc {
 			return
 		}
 		s.createOnce(w, r, body, func() (any, error) {
-			sb, err := s.mgr.Create(detach(r.Context(), r), req)
+			sb, err := s.be.Create(detach(r.Context(), r), req)
 			if err != nil {
 				s.log.Warn("create sandbox", "template", req.Template, "err", err)
 				return nil, err
 			}
-			return s.sandboxResponse(sb), nil
+			return s.sandboxResponse(r.Context(), sb), nil
 		})
 	}
 }
@@ -354,14 +395,14 @@ func (s *Server) createRequest(ctx context.Context, b rest.NewSandbox, v2 bool) 
 }
 
 func (s *Server) info(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.mgr.Get(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r))
+	sb, err := s.be.Get(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r))
 	if err != nil {
 		httperr.Write(w, err)
 		return
 	}
 	token := ""
 	if sb.Secure {
-		token = s.mgr.Token(sb.ID)
+		token, _ = s.be.Tokens(r.Context(), sb.ID)
 	}
 	httperr.WriteJSON(w, http.StatusOK, detail(sb, token))
 }
@@ -376,7 +417,7 @@ func sandboxID(r *http.Request) string {
 }
 
 func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
-	if err := s.mgr.Kill(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r)); err != nil {
+	if err := s.be.Kill(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r)); err != nil {
 		httperr.Write(w, err)
 		return
 	}
@@ -395,7 +436,7 @@ func (s *Server) timeout(w http.ResponseWriter, r *http.Request) {
 	}
 	d, err := timeoutOf(body.Timeout, 0)
 	if err == nil {
-		err = s.mgr.SetTimeout(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), d)
+		err = s.be.SetTimeout(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), d)
 	}
 	if err != nil {
 		httperr.Write(w, err)
@@ -412,7 +453,7 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 	}
 	d, err := timeoutOf(body.Duration, 15*time.Second)
 	if err == nil {
-		_, err = s.mgr.Extend(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), max(d, 15*time.Second))
+		_, err = s.be.Extend(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), max(d, 15*time.Second))
 	}
 	if err != nil {
 		httperr.Write(w, err)
@@ -442,7 +483,7 @@ func (s *Server) connect(v2 bool) http.HandlerFunc {
 		team := keyOf(r.Context()).TeamID
 		sb, resumed, err := s.resumeWith(r, body.Memory, d)
 		if err == nil && !resumed {
-			sb, err = s.mgr.Extend(r.Context(), team, sandboxID(r), d)
+			sb, err = s.be.Extend(r.Context(), team, sandboxID(r), d)
 		}
 		if err != nil {
 			httperr.Write(w, err)
@@ -452,7 +493,7 @@ func (s *Server) connect(v2 bool) http.HandlerFunc {
 		if resumed {
 			status = http.StatusCreated
 		}
-		httperr.WriteJSON(w, status, s.sandboxResponse(sb))
+		httperr.WriteJSON(w, status, s.sandboxResponse(r.Context(), sb))
 	}
 }
 
@@ -586,8 +627,13 @@ func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
 		httperr.Write(w, err)
 		return
 	}
+	all, err := s.be.List(r.Context(), keyOf(r.Context()).TeamID)
+	if err != nil {
+		httperr.Write(w, err)
+		return
+	}
 	out := []rest.ListedSandbox{}
-	for _, sb := range s.mgr.List(r.Context(), keyOf(r.Context()).TeamID) {
+	for _, sb := range all {
 		if lq.match(sb) {
 			out = append(out, listed(sb))
 		}
@@ -601,7 +647,11 @@ func (s *Server) listV2(w http.ResponseWriter, r *http.Request) {
 		httperr.Write(w, err)
 		return
 	}
-	all := s.mgr.List(r.Context(), keyOf(r.Context()).TeamID) // newest first
+	all, err := s.be.List(r.Context(), keyOf(r.Context()).TeamID) // newest first
+	if err != nil {
+		httperr.Write(w, err)
+		return
+	}
 	if lq.asc {
 		slices.Reverse(all)
 	}
@@ -640,16 +690,16 @@ func (s *Server) listV2(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
-	if s.mgr == nil {
+	if s.be == nil {
 		httperr.WriteJSON(w, http.StatusServiceUnavailable, map[string]any{"ready": false, "reason": "no sandbox manager"})
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 	defer cancel()
-	rd := s.mgr.Readiness(ctx)
+	body, ready := s.be.Readiness(ctx)
 	code := http.StatusOK
-	if !rd.Ready {
+	if !ready {
 		code = http.StatusServiceUnavailable
 	}
-	httperr.WriteJSON(w, code, rd)
+	httperr.WriteJSON(w, code, body)
 }

@@ -31,7 +31,7 @@ func decodeString(t *testing.T, body string, limit int64) (rest.NewSandbox, erro
 }
 
 func TestCreateValidation(t *testing.T) {
-	s := &Server{MaxBody: 1 << 20}
+	s := &Server{MaxBody: 1 << 20, be: LocalBackend{}} // network checks need no manager
 	long := strings.Repeat("x", 300)
 	tests := []struct {
 		name, body string

@@ -10,9 +10,5 @@ import (
 // resumeWith resumes the request's sandbox with its memory, or from its
 // files only when memory is false (E2B's connect/resume "memory": false).
 func (s *Server) resumeWith(r *http.Request, memory *bool, d time.Duration) (*sandbox.Sandbox, bool, error) {
-	team := keyOf(r.Context()).TeamID
-	if memory != nil && !*memory {
-		return s.mgr.ResumeFromFiles(r.Context(), team, sandboxID(r), d)
-	}
-	return s.mgr.Resume(r.Context(), team, sandboxID(r), d, false)
+	return s.be.Resume(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), d, memory == nil || *memory)
 }

@@ -12,11 +12,9 @@ import (
 	"github.com/agentbox/agentbox/internal/sandbox"
 )
 
-// lifecycleRoutes serves pause/resume, snapshots, forks and warm pools.
-// (POST /sandboxes/{id}/pause and /resume are registered in Handler.)
+// lifecycleRoutes serves forks and warm pools on a local server (pause,
+// resume and snapshots are sandboxRoutes).
 func (s *Server) lifecycleRoutes(auth func(string, http.HandlerFunc)) {
-	auth("POST /sandboxes/{id}/snapshots", s.createSnapshot)
-	auth("GET /snapshots", s.listSnapshots)
 	auth("POST /sandboxes/{id}/fork", s.fork)
 	auth("GET /pools", s.pools)
 }
@@ -69,11 +67,8 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 		httperr.Write(w, err)
 		return
 	}
-	pause := s.mgr.Pause
-	if body.Memory != nil && !*body.Memory {
-		pause = s.mgr.PauseFilesystem
-	}
-	if err := pause(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r)); err != nil {
+	memory := body.Memory == nil || *body.Memory
+	if err := s.be.Pause(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), memory); err != nil {
 		httperr.Write(w, err)
 		return
 	}
@@ -102,7 +97,7 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 		httperr.Write(w, fmt.Errorf("sandbox %q is already running: %w", sb.ID, errdefs.ErrConflict))
 		return
 	}
-	httperr.WriteJSON(w, http.StatusCreated, s.sandboxResponse(sb))
+	httperr.WriteJSON(w, http.StatusCreated, s.sandboxResponse(r.Context(), sb))
 }
 
 func snapshotOut(sn *sandbox.Snapshot) rest.SnapshotInfo {
@@ -122,21 +117,22 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 			httperr.Write(w, invalid("name: use 1-128 lowercase letters, digits, '-' and '_'"))
 			return
 		}
-		team := keyOf(r.Context()).TeamID
-		if s.mgr.IsSnapshot(team, name) {
-			// E2B assigns a new build to the existing name; ours are
-			// immutable, so the old one is replaced.
-			if err := s.mgr.DeleteSnapshot(r.Context(), team, name); err != nil {
-				httperr.Write(w, err)
-				return
-			}
+	}
+	team := keyOf(r.Context()).TeamID
+	// The sandbox must be the caller's before anything named is replaced.
+	if _, err := s.be.Get(r.Context(), team, sandboxID(r)); err != nil {
+		httperr.Write(w, err)
+		return
+	}
+	if name != "" {
+		// E2B assigns a new build to the existing name; ours are
+		// immutable, so the old one is replaced.
+		if _, err := s.be.DeleteSnapshot(r.Context(), team, name); err != nil {
+			httperr.Write(w, err)
+			return
 		}
 	}
-	snapshot := s.mgr.CreateSnapshot
-	if body.Memory != nil && !*body.Memory {
-		snapshot = s.mgr.CreateFilesystemSnapshot
-	}
-	sn, err := snapshot(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), name)
+	sn, err := s.be.CreateSnapshot(r.Context(), team, sandboxID(r), name, body.Memory == nil || *body.Memory)
 	if err != nil {
 		httperr.Write(w, err)
 		return
@@ -160,7 +156,11 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		httperr.Write(w, err)
 		return
 	}
-	all := s.mgr.ListSnapshots(r.Context(), keyOf(r.Context()).TeamID, q.Get("sandboxID"), q.Get("name"))
+	all, err := s.be.ListSnapshots(r.Context(), keyOf(r.Context()).TeamID, q.Get("sandboxID"), q.Get("name"))
+	if err != nil {
+		httperr.Write(w, err)
+		return
+	}
 	page, next := apireq.Page(all, func(sn *sandbox.Snapshot) string { return sn.ID }, q.Get("nextToken"), limit)
 	if next != "" {
 		w.Header().Set("X-Next-Token", next)
@@ -175,17 +175,23 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 // deleteSnapshot serves DELETE /templates/{id} (the SDK's deleteSnapshot)
 // when id names one of the team's snapshots; it reports whether it did.
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) bool {
-	ref := r.PathValue("id")
-	team := keyOf(r.Context()).TeamID
-	if !s.mgr.IsSnapshot(team, ref) {
-		return false
-	}
-	if err := s.mgr.DeleteSnapshot(r.Context(), team, ref); err != nil {
+	found, err := s.be.DeleteSnapshot(r.Context(), keyOf(r.Context()).TeamID, r.PathValue("id"))
+	switch {
+	case err != nil:
 		httperr.Write(w, err)
-		return true
+	case found:
+		w.WriteHeader(http.StatusNoContent)
 	}
-	w.WriteHeader(http.StatusNoContent)
-	return true
+	return found || err != nil
+}
+
+// deleteSnapshotOnly is DELETE /templates/{id} where templates are not
+// served (NewE2B): the caller's snapshot, else the 404 of a local server
+// that has no template by that id either.
+func (s *Server) deleteSnapshotOnly(w http.ResponseWriter, r *http.Request) {
+	if !s.deleteSnapshot(w, r) {
+		httperr.Write(w, fmt.Errorf("template %q: %w", r.PathValue("id"), errdefs.ErrNotFound))
+	}
 }
 
 func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
@@ -219,7 +225,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 			out[i].Error = &rest.Error{Code: st, Message: httperr.Message(fr.Err)}
 			continue
 		}
-		sr := s.sandboxResponse(fr.Sandbox)
+		sr := s.sandboxResponse(r.Context(), fr.Sandbox)
 		out[i].Sandbox = &sr
 	}
 	httperr.WriteJSON(w, http.StatusCreated, out)

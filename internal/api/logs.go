@@ -25,6 +25,11 @@ func applyIsolation(req *sandbox.CreateRequest, b rest.NewSandbox) error {
 		if req.Isolation == "" {
 			return invalid("isolation: empty; use one of %s or omit it", strings.Join(sandbox.Isolations(), ", "))
 		}
+		// Checked here, not only by the backend, so both server modes
+		// refuse an unknown tier alike.
+		if !slices.Contains(sandbox.Isolations(), req.Isolation) {
+			return invalid("isolation: %q is not a tier; use one of %s", apireq.Truncate(req.Isolation), strings.Join(sandbox.Isolations(), ", "))
+		}
 	}
 	for _, f := range []struct {
 		v   *int

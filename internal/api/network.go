@@ -41,7 +41,7 @@ func (s *Server) applyNetwork(ctx context.Context, req *sandbox.CreateRequest, b
 	if !n.PublicTraffic() && !req.Secure {
 		return invalid("network.allowPublicTraffic: You cannot create a sandbox without public access unless you enable secure envd access via 'secure' flag.")
 	}
-	if err := s.mgr.CheckNetwork(ctx, req.TeamID, req.AllowInternet, n); err != nil {
+	if err := s.be.CheckNetwork(ctx, req.TeamID, req.AllowInternet, n); err != nil {
 		return err
 	}
 	req.Network = n

@@ -276,6 +276,7 @@ func (r *sandboxReconciler) converge(ctx context.Context, team string, obj *agen
 		}
 	}
 	st.PodIPs = nil
+	st.Sandbox = reportOf(sb)
 	switch {
 	case sb.State == sandbox.StatePaused:
 		setCond(&st.Conditions, gen, agentsv1.ConditionSuspended, true, agentsv1.ReasonPaused, "paused with its memory kept")
@@ -383,7 +384,15 @@ func (r *sandboxReconciler) finished(obj *agentsv1.Sandbox, reason, msg string) 
 func equalStatus(a, b *agentsv1.SandboxStatus) bool {
 	return a.SandboxID == b.SandboxID && a.NodeName == b.NodeName && a.Team == b.Team &&
 		a.ObservedGeneration == b.ObservedGeneration && slices.Equal(a.PodIPs, b.PodIPs) &&
-		conditionsEqual(a.Conditions, b.Conditions)
+		conditionsEqual(a.Conditions, b.Conditions) &&
+		(a.Sandbox == nil) == (b.Sandbox == nil) && (a.Sandbox == nil || *a.Sandbox == *b.Sandbox)
+}
+
+// reportOf is what the status says of sb, for the cluster's E2B API.
+func reportOf(sb *sandbox.Sandbox) *agentsv1.SandboxReport {
+	return &agentsv1.SandboxReport{TemplateID: sb.TemplateID, Alias: sb.Alias, Isolation: sb.Isolation,
+		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB, DiskSizeMB: sb.DiskMB, PIDs: sb.PIDs, TmpSizeMB: sb.TmpMB,
+		AllowInternetAccess: sb.AllowInternet}
 }
 
 func conditionsEqual(a, b []metav1.Condition) bool {

@@ -30,6 +30,17 @@ const (
 	MetaName      = "k8s.name"
 )
 
+// AnnotationAllowInternet ("true" or "false") on a Sandbox says whether
+// its sandbox may reach the internet. The cluster's E2B API sets it from
+// the create's allow_internet_access; without it a Sandbox's sandbox has no
+// internet access.
+const AnnotationAllowInternet = "agentbox.dev/allow-internet"
+
+// AnnotationNetwork on a Sandbox holds its sandbox's network policy (the
+// E2B create's network, JSON); the node agent checks it like a create on
+// its own API.
+const AnnotationNetwork = "agentbox.dev/network"
+
 // runtimeClassTier maps a pod's runtimeClassName to an isolation tier.
 // Empty means the template's tier.
 func runtimeClassTier(rc *string) (string, error) {
@@ -41,8 +52,10 @@ func runtimeClassTier(rc *string) (string, error) {
 		return sandbox.IsolationGVisor, nil
 	case "runc", "container":
 		return sandbox.IsolationContainer, nil
+	case "microvm":
+		return sandbox.IsolationMicroVM, nil
 	}
-	return "", fmt.Errorf("spec.podTemplate.spec.runtimeClassName %q: agentbox runs gvisor (runsc) or runc (container): %w", *rc, errdefs.ErrInvalidArgument)
+	return "", fmt.Errorf("spec.podTemplate.spec.runtimeClassName %q: agentbox runs gvisor (runsc), runc (container) or microvm: %w", *rc, errdefs.ErrInvalidArgument)
 }
 
 // createRequest turns a Sandbox's blueprint into the manager's create
@@ -94,6 +107,13 @@ func createRequest(sb *agentsv1.Sandbox, teamID string, timeout time.Duration) (
 	if err != nil {
 		return sandbox.CreateRequest{}, err
 	}
+	var network *sandbox.NetworkSpec
+	if raw := sb.Annotations[AnnotationNetwork]; raw != "" {
+		network = &sandbox.NetworkSpec{}
+		if err := json.Unmarshal([]byte(raw), network); err != nil {
+			return bad("metadata.annotations["+AnnotationNetwork+"]", fmt.Sprintf("not a network policy (%v)", err))
+		}
+	}
 	return sandbox.CreateRequest{
 		ID: id,
 		// Secure: envd wants the access token, which the server's API and
@@ -105,7 +125,10 @@ func createRequest(sb *agentsv1.Sandbox, teamID string, timeout time.Duration) (
 		EnvVars:   env,
 		Isolation: tier,
 		Limits:    lim,
-		Workdir:   c.WorkingDir,
+		// Deny by default: only an explicit "true" opens the internet.
+		AllowInternet: sb.Annotations[AnnotationAllowInternet] == "true",
+		Network:       network,
+		Workdir:       c.WorkingDir,
 		Metadata: map[string]string{
 			MetaUID:       string(sb.UID),
 			MetaNamespace: sb.Namespace,

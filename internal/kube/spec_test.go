@@ -58,6 +58,32 @@ func TestCreateRequest(t *testing.T) {
 		got.Metadata[MetaUID] != "uid-1" || got.Timeout != time.Hour {
 		t.Errorf("createRequest = %+v", got)
 	}
+	if got.AllowInternet {
+		t.Errorf("a Sandbox without %s got internet access", AnnotationAllowInternet)
+	}
+	for ann, want := range map[string]bool{"true": true, "false": false, "yes": false} {
+		got, err := createRequest(sandboxOf(full, func(s *agentsv1.Sandbox) {
+			s.Annotations = map[string]string{AnnotationAllowInternet: ann}
+		}), "team-1", time.Hour)
+		if err != nil || got.AllowInternet != want {
+			t.Errorf("%s=%q: AllowInternet %v (%v), want %v", AnnotationAllowInternet, ann, got.AllowInternet, err, want)
+		}
+	}
+	withNet, err := createRequest(sandboxOf(full, func(s *agentsv1.Sandbox) {
+		s.Annotations = map[string]string{AnnotationNetwork: `{"denyOut":["0.0.0.0/0"],"allowOut":["1.1.1.1"]}`}
+	}), "team-1", time.Hour)
+	if err != nil || withNet.Network == nil || len(withNet.Network.AllowOut) != 1 || withNet.Network.AllowOut[0] != "1.1.1.1" {
+		t.Errorf("%s: %+v, %v", AnnotationNetwork, withNet.Network, err)
+	}
+	if _, err := createRequest(sandboxOf(full, func(s *agentsv1.Sandbox) {
+		s.Annotations = map[string]string{AnnotationNetwork: `{"denyOut":`}
+	}), "team-1", time.Hour); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), AnnotationNetwork) {
+		t.Errorf("a broken %s: %v, want an invalid-argument error naming it", AnnotationNetwork, err)
+	}
+	mv := "microvm"
+	if got, err := createRequest(sandboxOf(full, func(s *agentsv1.Sandbox) { s.Spec.PodTemplate.Spec.RuntimeClassName = &mv }), "team-1", time.Hour); err != nil || got.Isolation != sandbox.IsolationMicroVM {
+		t.Errorf("runtimeClassName microvm: %q, %v", got.Isolation, err)
+	}
 
 	for _, tc := range []struct {
 		name  string

@@ -37,7 +37,7 @@ func routedID(r *http.Request) (id string, errMsg string) {
 // dataPlane sends sandbox traffic to the node agent running the sandbox,
 // whose own gateway checks the access and traffic tokens and reaches the
 // sandbox; everything else goes to api.
-func (s *Server) dataPlane(api http.Handler) http.Handler {
+func (s *Server) dataPlane(next http.Handler) http.Handler {
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			addr := pr.In.Context().Value(agentKey{}).(string)
@@ -75,7 +75,7 @@ func (s *Server) dataPlane(api http.Handler) http.Handler {
 		}
 		if id == "" {
 			gateway.APIHeaders(w.Header())
-			api.ServeHTTP(w, r)
+			next.ServeHTTP(w, r)
 			return
 		}
 		addr, err := s.agentOf(r.Context(), id)

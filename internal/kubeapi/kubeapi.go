@@ -1,10 +1,10 @@
 // Package kubeapi is agentbox's stateless API tier on Kubernetes (serve
-// --kubernetes): it serves the E2B REST API and data plane of a whole
-// cluster from the agent-sandbox objects alone. A create becomes a Sandbox
-// or SandboxClaim that a node agent (serve --kube-controller) runs; sandbox
-// traffic is proxied to the agent of the sandbox's node. It keeps no state
-// of its own: API keys are Secrets, teams are labelled namespaces, and
-// several replicas may serve at once.
+// --kubernetes): the backend of the E2B API layer (internal/api) that runs
+// a whole cluster's sandboxes from the agent-sandbox objects alone, and the
+// data plane that forwards sandbox traffic to node agents. A create becomes
+// a Sandbox or SandboxClaim that a node agent (serve --kube-controller)
+// runs. It keeps no state of its own: API keys are Secrets, teams are
+// labelled namespaces, and several replicas may serve at once.
 package kubeapi
 
 import (
@@ -26,14 +26,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	crlog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/agentbox/agentbox/internal/apireq"
+	"github.com/agentbox/agentbox/internal/api"
 	"github.com/agentbox/agentbox/internal/authlimit"
 	"github.com/agentbox/agentbox/internal/errdefs"
-	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/kube"
 	abv1 "github.com/agentbox/agentbox/internal/kube/apis/agentbox/v1alpha1"
 	agentsv1 "github.com/agentbox/agentbox/internal/kube/apis/agents/v1beta1"
 	extv1 "github.com/agentbox/agentbox/internal/kube/apis/extensions/v1beta1"
+	"github.com/agentbox/agentbox/internal/store"
 )
 
 // API key Secrets: type SecretType in the keys namespace, label
@@ -178,9 +178,7 @@ func (s *Server) Start(ctx context.Context) error {
 	return nil
 }
 
-type ctxKey struct{}
-
-// caller is who an API key belongs to.
+// caller is a team and where its objects are.
 type caller struct {
 	team string
 	// namespaces are the team's namespaces, sorted (teamNamespaces).
@@ -192,33 +190,18 @@ type caller struct {
 	held map[string]string
 }
 
-func callerOf(ctx context.Context) caller { return ctx.Value(ctxKey{}).(caller) }
+var (
+	_ api.Backend = (*Server)(nil)
+	_ api.Keys    = (*Server)(nil)
+)
 
-// authenticate admits a request with a valid API key, with the local API's
-// answers and guess limiter.
-func (s *Server) authenticate(next http.HandlerFunc) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := apireq.Key(r)
-		if key == "" {
-			httperr.Write(w, fmt.Errorf("missing API key: send it in the X-API-Key header (make one with `agentbox apikey create --kubernetes`): %w", errdefs.ErrUnauthenticated))
-			return
-		}
-		// The limiter decides the answer (authlimit.Guard): a valid key
-		// is always served, only wrong ones are counted and refused.
-		var team string
-		if !s.guesses.Guard(w, r, "API key", func() (err error) {
-			team, err = s.teamOfKey(r.Context(), key)
-			return err
-		}, httperr.Write) {
-			return
-		}
-		who, err := s.teamNamespaces(r.Context(), team)
-		if err != nil {
-			httperr.Write(w, err)
-			return
-		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, who)))
-	})
+// Authenticate finds the team of an API key Secret holding key's hash.
+func (s *Server) Authenticate(ctx context.Context, key string) (store.APIKey, error) {
+	team, err := s.teamOfKey(ctx, key)
+	if err != nil {
+		return store.APIKey{}, err
+	}
+	return store.APIKey{TeamID: team, TeamName: team}, nil
 }
 
 // HashKey is what an API key Secret stores of the key.
@@ -298,44 +281,22 @@ func (s *Server) teamNamespaces(ctx context.Context, team string) (caller, error
 	return who, nil
 }
 
-// Handler serves the API and the data plane.
+// notServed is what the API adds to a route this tier does not serve.
+const notServed = "`agentbox serve --kubernetes` serves sandbox lifecycle, snapshots and the data plane: build templates, and use volumes, logs and metrics, on a node agent's own API (agentbox serve) or with kubectl"
+
+// Handler serves the E2B API (internal/api's routes on this backend) and
+// the data plane.
 func (s *Server) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_, _ = w.Write([]byte("Health check successful"))
-	})
-	mux.HandleFunc("GET /ready", s.ready)
-	auth := func(pattern string, h http.HandlerFunc) { mux.Handle(pattern, s.authenticate(h)) }
-	auth("POST /sandboxes", s.create(false))
-	auth("POST /v2/sandboxes", s.create(true))
-	auth("GET /sandboxes", s.list(false))
-	auth("GET /v2/sandboxes", s.list(true))
-	auth("GET /sandboxes/{id}", s.info)
-	auth("DELETE /sandboxes/{id}", s.kill)
-	auth("POST /sandboxes/{id}/timeout", s.timeout)
-	auth("POST /sandboxes/{id}/refreshes", s.refresh)
-	auth("POST /sandboxes/{id}/pause", s.pause)
-	auth("POST /sandboxes/{id}/resume", s.resume)
-	auth("POST /sandboxes/{id}/connect", s.connect(false))
-	auth("POST /v2/sandboxes/{id}/connect", s.connect(true))
-	auth("POST /sandboxes/{id}/snapshots", s.createSnapshot)
-	auth("GET /snapshots", s.listSnapshots)
-	auth("DELETE /templates/{id}", s.deleteTemplate)
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		httperr.Write(w, fmt.Errorf("%s %s is not served by `agentbox serve --kubernetes` (it serves sandbox lifecycle and the data plane): build templates, and use volumes, logs and metrics, on a node agent's own API (agentbox serve) or with kubectl: %w",
-			r.Method, r.URL.Path, errdefs.ErrNotFound))
-	})
-	return s.dataPlane(mux)
+	a := api.NewE2B(s.log, s, s, notServed)
+	a.SetAuthLimiter(s.guesses)
+	return s.dataPlane(a.Handler())
 }
 
-func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-	defer cancel()
+// Readiness answers once the Kubernetes API server does.
+func (s *Server) Readiness(ctx context.Context) (any, bool) {
 	var list corev1.NamespaceList
 	if err := s.live.List(ctx, &list, client.Limit(1)); err != nil {
-		httperr.WriteJSON(w, http.StatusServiceUnavailable, map[string]any{"code": http.StatusServiceUnavailable, "message": "the Kubernetes API server does not answer: " + err.Error()})
-		return
+		return map[string]any{"code": http.StatusServiceUnavailable, "message": "the Kubernetes API server does not answer: " + err.Error()}, false
 	}
-	httperr.WriteJSON(w, http.StatusOK, map[string]any{"ready": true})
+	return map[string]any{"ready": true}, true
 }

@@ -5,9 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-	"net/http"
-	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -18,47 +17,39 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/agentbox/agentbox/api/gen/rest"
-	"github.com/agentbox/agentbox/internal/apireq"
 	"github.com/agentbox/agentbox/internal/errdefs"
-	"github.com/agentbox/agentbox/internal/httperr"
 	"github.com/agentbox/agentbox/internal/kube"
 	agentsv1 "github.com/agentbox/agentbox/internal/kube/apis/agents/v1beta1"
 	extv1 "github.com/agentbox/agentbox/internal/kube/apis/extensions/v1beta1"
 	"github.com/agentbox/agentbox/internal/sandbox"
 )
 
-// AnnotationTemplate is the templateID a create asked for.
-const AnnotationTemplate = "agentbox.dev/template"
+// AnnotationTemplate is the templateID a create asked for; AnnotationIsolation
+// the tier (isolation, or the agentbox.isolation metadata key).
+const (
+	AnnotationTemplate  = "agentbox.dev/template"
+	AnnotationIsolation = "agentbox.dev/isolation"
+)
 
 func invalid(format string, args ...any) error {
 	return fmt.Errorf(format+": %w", append(args, errdefs.ErrInvalidArgument)...)
 }
 
-func notFound(id string) error {
-	return fmt.Errorf("sandbox %q not found: %w", id, errdefs.ErrNotFound)
-}
+func notFound(id string) error { return sandbox.NotFound(id) }
 
-// seconds checks a timeout field against the maximum.
-func (s *Server) seconds(field string, v *int64, def int64) (time.Duration, error) {
-	n := def
-	if v != nil {
-		n = *v
-	}
-	if n < 0 {
-		return 0, invalid("%s: must be 0 or more seconds", field)
-	}
-	d := time.Duration(n) * time.Second
+// maxTimeout refuses a lifetime over the configured maximum, in the local
+// manager's words.
+func (s *Server) maxTimeout(d time.Duration) error {
 	if d > s.cfg.MaxTimeout {
-		return 0, invalid("%s: %s is over the maximum of %s; pass at most %d seconds", field, d, s.cfg.MaxTimeout, int64(s.cfg.MaxTimeout.Seconds()))
+		return invalid("timeout: %s is over the maximum of %s; pass at most %d seconds", d, s.cfg.MaxTimeout, int(s.cfg.MaxTimeout.Seconds()))
 	}
-	return d, nil
+	return nil
 }
 
 // lookup finds the caller's sandbox id. Another team's sandbox, and an id
 // carried by more than one Sandbox (a tenant copying another's id), answer
 // exactly like an unknown id.
-func (s *Server) lookup(ctx context.Context, id string) (*agentsv1.Sandbox, error) {
+func (s *Server) lookup(ctx context.Context, who caller, id string) (*agentsv1.Sandbox, error) {
 	if !sandbox.ValidID(id) {
 		return nil, notFound(id)
 	}
@@ -66,7 +57,7 @@ func (s *Server) lookup(ctx context.Context, id string) (*agentsv1.Sandbox, erro
 	if err != nil {
 		return nil, err
 	}
-	if !ok || !slices.Contains(callerOf(ctx).namespaces, sb.Namespace) || !ownedBy(sb, callerOf(ctx).team) || !sb.DeletionTimestamp.IsZero() {
+	if !ok || !slices.Contains(who.namespaces, sb.Namespace) || !ownedBy(sb, who.team) || !sb.DeletionTimestamp.IsZero() {
 		return nil, notFound(id)
 	}
 	return sb, nil
@@ -100,19 +91,12 @@ func (s *Server) claimOf(ctx context.Context, sb *agentsv1.Sandbox) *extv1.Sandb
 	return &c
 }
 
-// view is a sandbox as the API reports it.
-type view struct {
-	id, template, state string
-	started, end        time.Time
-	metadata            map[string]string
-	cpu, mem, disk      int
-}
-
-func (s *Server) viewOf(ctx context.Context, sb *agentsv1.Sandbox) view {
-	v := view{id: sb.Status.SandboxID, state: "running", started: sb.CreationTimestamp.UTC(), metadata: map[string]string{}}
-	if meta.IsStatusConditionTrue(sb.Status.Conditions, agentsv1.ConditionSuspended) {
-		v.state = "paused"
-	}
+// sandboxOf is the record the API reports of sb.
+func (s *Server) sandboxOf(ctx context.Context, sb *agentsv1.Sandbox) *sandbox.Sandbox {
+	// Node agents start a Sandbox object's sandbox secured; the rest is
+	// what they report in its status, else what the objects ask for.
+	v := &sandbox.Sandbox{ID: sb.Status.SandboxID, State: sandbox.StateRunning, StartedAt: sb.CreationTimestamp.UTC(), Metadata: map[string]string{},
+		Secure: true}
 	ann := sb.Annotations
 	var end *metav1.Time = sb.Spec.ShutdownTime
 	if c := s.claimOf(ctx, sb); c != nil {
@@ -121,133 +105,136 @@ func (s *Server) viewOf(ctx context.Context, sb *agentsv1.Sandbox) view {
 			end = c.Spec.Lifecycle.ShutdownTime
 		}
 	}
-	v.template = ann[AnnotationTemplate]
+	v.TemplateID = ann[AnnotationTemplate]
 	if raw := ann[AnnotationMetadata]; raw != "" {
-		_ = json.Unmarshal([]byte(raw), &v.metadata)
+		_ = json.Unmarshal([]byte(raw), &v.Metadata)
+	}
+	v.Isolation = ann[AnnotationIsolation]
+	if raw := ann[kube.AnnotationNetwork]; raw != "" {
+		var n sandbox.NetworkSpec
+		if json.Unmarshal([]byte(raw), &n) == nil {
+			v.Network = &n
+		}
 	}
 	if cs := sb.Spec.PodTemplate.Spec.Containers; len(cs) > 0 {
-		if v.template == "" {
-			v.template = cs[0].Image
+		if v.TemplateID == "" {
+			v.TemplateID = cs[0].Image
 		}
 		lim := cs[0].Resources.Limits
 		if q, ok := lim[corev1.ResourceCPU]; ok {
-			v.cpu = int((q.MilliValue() + 999) / 1000)
+			v.CPUCount = int((q.MilliValue() + 999) / 1000)
 		}
 		mib := func(q resource.Quantity) int { return int((q.Value() + (1<<20 - 1)) >> 20) }
 		if q, ok := lim[corev1.ResourceMemory]; ok {
-			v.mem = mib(q)
+			v.MemoryMB = mib(q)
 		}
 		if q, ok := lim[corev1.ResourceEphemeralStorage]; ok {
-			v.disk = mib(q)
+			v.DiskMB = mib(q)
 		}
 	}
 	if end != nil {
-		v.end = end.UTC()
+		v.EndAt = end.UTC()
 	} else {
-		v.end = time.Now().Add(s.cfg.MaxTimeout).UTC()
+		v.EndAt = time.Now().Add(s.cfg.MaxTimeout).UTC()
+	}
+	if r := sb.Status.Sandbox; r != nil {
+		// What the node agent running it reports.
+		v.TemplateID, v.Alias, v.Isolation = r.TemplateID, r.Alias, r.Isolation
+		v.CPUCount, v.MemoryMB, v.DiskMB, v.PIDs, v.TmpMB = r.CPUCount, r.MemoryMB, r.DiskSizeMB, r.PIDs, r.TmpSizeMB
+		v.AllowInternet = r.AllowInternetAccess
+	}
+	if meta.IsStatusConditionTrue(sb.Status.Conditions, agentsv1.ConditionSuspended) {
+		// As the local manager keeps it: the lifetime left is on hold.
+		v.State, v.TimeLeft = sandbox.StatePaused, max(time.Until(v.EndAt), 0)
 	}
 	return v
 }
 
-func (s *Server) sandboxResponse(v view) rest.Sandbox {
-	return rest.Sandbox{SandboxID: v.id, TemplateID: v.template, ClientID: sandbox.ClientID, EnvdVersion: sandbox.EnvdVersion,
-		EnvdAccessToken: sandbox.AccessToken(s.cfg.TokenSecret, v.id)}
-}
-
-func listed(v view) rest.ListedSandbox {
-	return rest.ListedSandbox{SandboxID: v.id, TemplateID: v.template, ClientID: sandbox.ClientID, StartedAt: v.started, EndAt: v.end,
-		State: v.state, CPUCount: v.cpu, MemoryMB: v.mem, DiskSizeMB: v.disk, EnvdVersion: sandbox.EnvdVersion, Metadata: v.metadata}
-}
-
 // ---- create ----
 
-func (s *Server) create(v2 bool) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		var body rest.NewSandbox
-		if err := apireq.DecodeJSON(w, r, 1<<20, true, &body); err != nil {
-			httperr.Write(w, err)
-			return
-		}
-		def := int64(15)
-		if v2 {
-			def = 300
-		}
-		d, err := s.seconds("timeout", body.Timeout, def)
-		if err != nil {
-			httperr.Write(w, err)
-			return
-		}
-		v, err := s.createSandbox(r.Context(), body, d)
-		if err != nil {
-			httperr.Write(w, err)
-			return
-		}
-		httperr.WriteJSON(w, http.StatusCreated, s.sandboxResponse(v))
+// Create makes a Sandbox (or a SandboxClaim of a warm pool serving the
+// template, or a Sandbox restored from one of the team's snapshots) in the
+// team's first namespace and waits until its node agent runs it.
+func (s *Server) Create(ctx context.Context, req sandbox.CreateRequest) (*sandbox.Sandbox, error) {
+	who, err := s.teamNamespaces(ctx, req.TeamID)
+	if err != nil {
+		return nil, err
 	}
-}
-
-func (s *Server) createSandbox(ctx context.Context, body rest.NewSandbox, d time.Duration) (view, error) {
-	who := callerOf(ctx)
-	tpl := body.TemplateID
-	if tpl == "" {
-		tpl = "base"
+	if err := s.maxTimeout(req.Timeout); err != nil {
+		return nil, err
 	}
-	if len(tpl) > 253 || strings.ContainsAny(tpl, " \t\r\n") {
-		return view{}, invalid("templateID %q: name a SandboxTemplate of your namespace or an agentbox template", tpl)
-	}
-	switch {
-	case body.AutoPause != nil && *body.AutoPause, body.AutoResume != nil && body.AutoResume.Enabled, len(body.VolumeMounts) > 0,
-		body.Network != nil, body.AllowInternetAccess != nil && !*body.AllowInternetAccess, body.IdleTimeout != nil && *body.IdleTimeout > 0:
-		return view{}, invalid("autoPause, autoResume, volumeMounts, network, allow_internet_access and idleTimeout are not served by `agentbox serve --kubernetes`; create the sandbox on a node agent's own API, or leave them out")
+	tpl := req.Template
+	if err := notCarried(req); err != nil {
+		return nil, err
 	}
 	if len(who.home) == 0 && len(who.held) > 0 {
 		held := slices.Sorted(maps.Keys(who.held))
-		return view{}, fmt.Errorf("namespace %s is labelled %s=%s but still holds Sandboxes or SandboxSnapshots of team %s: it passes to team %s once they are deleted (or label another namespace for team %s): %w",
+		return nil, fmt.Errorf("namespace %s is labelled %s=%s but still holds Sandboxes or SandboxSnapshots of team %s: it passes to team %s once they are deleted (or label another namespace for team %s): %w",
 			held[0], kube.LabelTeam, who.team, who.held[held[0]], who.team, who.team, errdefs.ErrConflict)
 	}
 	if len(who.home) == 0 {
-		return view{}, fmt.Errorf("team %s has no namespace: label one with %s=%s (kubectl label namespace NS %s=%s): %w",
+		return nil, fmt.Errorf("team %s has no namespace: label one with %s=%s (kubectl label namespace NS %s=%s): %w",
 			who.team, kube.LabelTeam, who.team, kube.LabelTeam, who.team, errdefs.ErrConflict)
 	}
 	ns := who.home[0]
 	id := sandbox.NewID()
-	end := metav1.NewTime(time.Now().Add(d).Truncate(time.Second))
-	ann := map[string]string{kube.AnnotationSandboxID: id, AnnotationTemplate: tpl}
-	if len(body.Metadata) > 0 {
-		raw, err := json.Marshal(body.Metadata)
+	end := metav1.NewTime(time.Now().Add(req.Timeout).Truncate(time.Second))
+	ann := map[string]string{kube.AnnotationSandboxID: id, AnnotationTemplate: tpl,
+		kube.AnnotationAllowInternet: strconv.FormatBool(req.AllowInternet)}
+	if len(req.Metadata) > 0 {
+		raw, err := json.Marshal(req.Metadata)
 		if err != nil {
-			return view{}, invalid("metadata: %v", err)
+			return nil, invalid("metadata: %v", err)
 		}
 		ann[AnnotationMetadata] = string(raw)
 	}
+	if req.Network != nil {
+		raw, err := json.Marshal(req.Network)
+		if err != nil {
+			return nil, invalid("network: %v", err)
+		}
+		ann[kube.AnnotationNetwork] = string(raw)
+	}
+	iso := req.Isolation
+	if iso == "" {
+		iso = req.Metadata[sandbox.MetadataIsolation]
+	}
+	if iso != "" {
+		ann[AnnotationIsolation] = iso
+	}
 	om := metav1.ObjectMeta{Name: id, Namespace: ns, Annotations: ann, Labels: map[string]string{LabelOrigin: "e2b-api"}}
-	snap, err := s.snapshotOf(ctx, tpl)
+	snap, err := s.snapshotOf(ctx, who, tpl)
 	if err != nil {
-		return view{}, err
+		return nil, err
 	}
 	if snap != nil {
-		if body.CPUCount != nil || body.MemoryMB != nil || body.DiskSizeMB != nil || body.Isolation != nil {
-			return view{}, invalid("cpuCount, memoryMB, diskSizeMB, isolation: snapshot %s holds a memory image, which keeps the limits and tier it was taken with; leave them out", tpl)
+		if req.Limits.CPUCount != 0 || req.Limits.MemoryMB != 0 || req.Limits.DiskMB != 0 || iso != "" {
+			return nil, invalid("cpuCount, memoryMB, diskSizeMB, isolation: snapshot %s holds a memory image, which keeps the limits and tier it was taken with; leave them out", tpl)
 		}
-		obj := fromSnapshot(snap, om, body, end)
+		obj := fromSnapshot(snap, om, req.EnvVars, end)
 		if err := s.c.Create(ctx, obj); err != nil {
-			return view{}, fmt.Errorf("create Sandbox %s/%s: %w", obj.Namespace, id, kubeErr(err))
+			return nil, fmt.Errorf("create Sandbox %s/%s: %w", obj.Namespace, id, kubeErr(err))
 		}
 		return s.awaitSandbox(ctx, obj, id)
 	}
 	pool, err := s.poolFor(ctx, ns, tpl)
 	if err != nil {
-		return view{}, err
+		return nil, err
+	}
+	// A pool's members run with the template's tier, limits and network:
+	// a create that asks for others starts cold instead, so it gets them.
+	if l := req.Limits; iso != "" || l.CPUCount > 0 || l.MemoryMB > 0 || l.DiskMB > 0 || req.Network != nil {
+		pool = ""
 	}
 	if pool != "" {
 		claim := &extv1.SandboxClaim{ObjectMeta: om}
 		claim.Spec.WarmPoolRef.Name = pool
 		claim.Spec.Lifecycle = &extv1.ClaimLifecycle{ShutdownTime: &end, ShutdownPolicy: extv1.ClaimShutdownDelete}
-		for _, k := range sortedKeys(body.EnvVars) {
-			claim.Spec.Env = append(claim.Spec.Env, extv1.EnvVar{Name: k, Value: body.EnvVars[k]})
+		for _, k := range sortedKeys(req.EnvVars) {
+			claim.Spec.Env = append(claim.Spec.Env, extv1.EnvVar{Name: k, Value: req.EnvVars[k]})
 		}
 		if err := s.c.Create(ctx, claim); err != nil {
-			return view{}, fmt.Errorf("create SandboxClaim %s/%s: %w", ns, id, kubeErr(err))
+			return nil, fmt.Errorf("create SandboxClaim %s/%s: %w", ns, id, kubeErr(err))
 		}
 		return s.awaitClaim(ctx, claim)
 	}
@@ -260,45 +247,70 @@ func (s *Server) createSandbox(ctx context.Context, body rest.NewSandbox, d time
 	case apierrors.IsNotFound(err):
 		obj.Spec.PodTemplate.Spec.Containers = []corev1.Container{{Name: "sandbox", Image: tpl}}
 	default:
-		return view{}, fmt.Errorf("read SandboxTemplate %s/%s: %w", ns, tpl, err)
+		return nil, fmt.Errorf("read SandboxTemplate %s/%s: %w", ns, tpl, err)
 	}
 	if len(obj.Spec.PodTemplate.Spec.Containers) == 0 {
-		return view{}, invalid("templateID %q: SandboxTemplate %s/%s has no container", tpl, ns, tpl)
+		return nil, invalid("templateID %q: SandboxTemplate %s/%s has no container", tpl, ns, tpl)
 	}
 	c := &obj.Spec.PodTemplate.Spec.Containers[0]
-	for _, k := range sortedKeys(body.EnvVars) {
+	for _, k := range sortedKeys(req.EnvVars) {
 		i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == k })
 		if i >= 0 {
-			c.Env[i] = corev1.EnvVar{Name: k, Value: body.EnvVars[k]}
+			c.Env[i] = corev1.EnvVar{Name: k, Value: req.EnvVars[k]}
 		} else {
-			c.Env = append(c.Env, corev1.EnvVar{Name: k, Value: body.EnvVars[k]})
+			c.Env = append(c.Env, corev1.EnvVar{Name: k, Value: req.EnvVars[k]})
 		}
 	}
-	if body.CPUCount != nil || body.MemoryMB != nil || body.DiskSizeMB != nil {
+	if l := req.Limits; l.CPUCount > 0 || l.MemoryMB > 0 || l.DiskMB > 0 {
 		if c.Resources.Limits == nil {
 			c.Resources.Limits = corev1.ResourceList{}
 		}
-		if n := body.CPUCount; n != nil && *n > 0 {
-			c.Resources.Limits[corev1.ResourceCPU] = *resource.NewQuantity(int64(*n), resource.DecimalSI)
+		if l.CPUCount > 0 {
+			c.Resources.Limits[corev1.ResourceCPU] = *resource.NewQuantity(int64(l.CPUCount), resource.DecimalSI)
 		}
-		if n := body.MemoryMB; n != nil && *n > 0 {
-			c.Resources.Limits[corev1.ResourceMemory] = *resource.NewQuantity(int64(*n)<<20, resource.BinarySI)
+		if l.MemoryMB > 0 {
+			c.Resources.Limits[corev1.ResourceMemory] = *resource.NewQuantity(int64(l.MemoryMB)<<20, resource.BinarySI)
 		}
-		if n := body.DiskSizeMB; n != nil && *n > 0 {
-			c.Resources.Limits[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(int64(*n)<<20, resource.BinarySI)
+		if l.DiskMB > 0 {
+			c.Resources.Limits[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(int64(l.DiskMB)<<20, resource.BinarySI)
 		}
 	}
-	if body.Isolation != nil && *body.Isolation != "" {
-		rc := *body.Isolation
+	if iso != "" {
+		// The runtime class is the tier's driver name (runc, runsc,
+		// microvm), which the node agents map back to the tier.
+		rc := sandbox.RuntimeTier(iso)
 		obj.Spec.PodTemplate.Spec.RuntimeClassName = &rc
 	}
 	obj.Spec.ShutdownTime = &end
 	del := agentsv1.ShutdownPolicyDelete
 	obj.Spec.ShutdownPolicy = &del
 	if err := s.c.Create(ctx, obj); err != nil {
-		return view{}, fmt.Errorf("create Sandbox %s/%s: %w", ns, id, kubeErr(err))
+		return nil, fmt.Errorf("create Sandbox %s/%s: %w", ns, id, kubeErr(err))
 	}
 	return s.awaitSandbox(ctx, obj, id)
+}
+
+// notCarried refuses what a create asks that the cluster's objects cannot
+// carry to a node agent, rather than dropping it.
+func notCarried(req sandbox.CreateRequest) error {
+	var fields []string
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{
+		{"autoPause", req.Lifecycle.AutoPause}, {"autoResume", req.Lifecycle.AutoResume}, {"idleTimeout", req.Lifecycle.IdleTimeout > 0},
+		{"volumeMounts", len(req.VolumeMounts) > 0},
+		{"pids", req.Limits.PIDs != 0}, {"tmpSizeMB", req.Limits.TmpMB != 0}, {"maxCommandSeconds", req.MaxCommand != 0},
+	} {
+		if f.set {
+			fields = append(fields, f.name)
+		}
+	}
+	if len(fields) == 0 {
+		return nil
+	}
+	return invalid("%s: not served by `agentbox serve --kubernetes`; create the sandbox on a node agent's own API, or leave %s out",
+		strings.Join(fields, ", "), map[bool]string{true: "it", false: "them"}[len(fields) == 1])
 }
 
 func sortedKeys(m map[string]string) []string {
@@ -397,7 +409,7 @@ func (s *Server) poll(ctx context.Context, what string, f func() (bool, error)) 
 
 // awaitSandbox waits until the Sandbox runs under id; on failure it deletes
 // it.
-func (s *Server) awaitSandbox(ctx context.Context, obj *agentsv1.Sandbox, id string) (view, error) {
+func (s *Server) awaitSandbox(ctx context.Context, obj *agentsv1.Sandbox, id string) (*sandbox.Sandbox, error) {
 	var got *agentsv1.Sandbox
 	err := s.poll(ctx, "start sandbox "+id, func() (bool, error) {
 		var sb agentsv1.Sandbox
@@ -412,14 +424,14 @@ func (s *Server) awaitSandbox(ctx context.Context, obj *agentsv1.Sandbox, id str
 	})
 	if err != nil {
 		s.cleanup(obj)
-		return view{}, err
+		return nil, err
 	}
-	return s.viewOf(ctx, got), nil
+	return s.sandboxOf(ctx, got), nil
 }
 
 // awaitClaim waits until the claim holds a ready sandbox; on failure it
 // deletes the claim.
-func (s *Server) awaitClaim(ctx context.Context, claim *extv1.SandboxClaim) (view, error) {
+func (s *Server) awaitClaim(ctx context.Context, claim *extv1.SandboxClaim) (*sandbox.Sandbox, error) {
 	var id string
 	err := s.poll(ctx, "claim a sandbox for "+claim.Name, func() (bool, error) {
 		var c extv1.SandboxClaim
@@ -443,9 +455,9 @@ func (s *Server) awaitClaim(ctx context.Context, claim *extv1.SandboxClaim) (vie
 	}
 	if err != nil {
 		s.cleanup(claim)
-		return view{}, err
+		return nil, err
 	}
-	return s.viewOf(ctx, sb), nil
+	return s.sandboxOf(ctx, sb), nil
 }
 
 // cleanup deletes what a failed create made.
@@ -459,114 +471,85 @@ func (s *Server) cleanup(obj client.Object) {
 
 // ---- read ----
 
-type listQuery struct {
-	metadata map[string]string
-	states   []string
-}
-
-func parseList(q url.Values) (listQuery, error) {
-	f, err := apireq.ParseListFilters(q)
-	return listQuery{metadata: f.Metadata, states: f.States}, err
-}
-
-func (lq listQuery) match(v view) bool {
-	for k, want := range lq.metadata {
-		if got, ok := v.metadata[k]; !ok || got != want {
-			return false
-		}
-	}
-	return len(lq.states) == 0 || slices.Contains(lq.states, v.state)
-}
-
-func (s *Server) list(v2 bool) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		lq, err := parseList(r.URL.Query())
-		if err != nil {
-			httperr.Write(w, err)
-			return
-		}
-		var pq pageQuery
-		if v2 {
-			if pq, err = s.parsePage(r.URL.Query(), callerOf(r.Context()).team); err != nil { // listpage.go
-				httperr.Write(w, err)
-				return
-			}
-		} else {
-			lq.states = nil
-		}
-		var views []view
-		for _, ns := range callerOf(r.Context()).namespaces {
-			var list agentsv1.SandboxList
-			if err := s.c.List(r.Context(), &list, client.InNamespace(ns), client.HasLabels{kube.LabelSandboxID}); err != nil {
-				httperr.Write(w, fmt.Errorf("list Sandboxes: %w", err))
-				return
-			}
-			for i := range list.Items {
-				sb := &list.Items[i]
-				id := sb.Labels[kube.LabelSandboxID]
-				if !sb.DeletionTimestamp.IsZero() || sb.Status.SandboxID != id || !ownedBy(sb, callerOf(r.Context()).team) || failed(sb.Status.Conditions) != nil {
-					continue
-				}
-				if _, ok, _ := s.byID(r.Context(), id); !ok {
-					continue
-				}
-				if v := s.viewOf(r.Context(), sb); lq.match(v) {
-					views = append(views, v)
-				}
-			}
-		}
-		sortViews(views, pq.asc)
-		if v2 {
-			views = s.page(w, callerOf(r.Context()).team, views, pq, lq.states)
-		}
-		out := []rest.ListedSandbox{}
-		for _, v := range views {
-			out = append(out, listed(v))
-		}
-		httperr.WriteJSON(w, http.StatusOK, out)
-	}
-}
-
-func (s *Server) info(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.lookup(r.Context(), r.PathValue("id"))
+// List is the team's sandboxes (those an agent runs, carrying the id of
+// one Sandbox alone), newest first.
+func (s *Server) List(ctx context.Context, team string) ([]*sandbox.Sandbox, error) {
+	who, err := s.teamNamespaces(ctx, team)
 	if err != nil {
-		httperr.Write(w, err)
-		return
+		return nil, err
 	}
-	v := s.viewOf(r.Context(), sb)
-	httperr.WriteJSON(w, http.StatusOK, rest.SandboxDetail{
-		SandboxID: v.id, TemplateID: v.template, ClientID: sandbox.ClientID, StartedAt: v.started, EndAt: v.end, State: v.state,
-		CPUCount: v.cpu, MemoryMB: v.mem, DiskSizeMB: v.disk, EnvdVersion: sandbox.EnvdVersion, Metadata: v.metadata,
-		EnvdAccessToken: sandbox.AccessToken(s.cfg.TokenSecret, v.id), AllowInternetAccess: true,
-		Lifecycle: rest.SandboxLifecycle{OnTimeout: "kill"},
+	var out []*sandbox.Sandbox
+	for _, ns := range who.namespaces {
+		var list agentsv1.SandboxList
+		if err := s.c.List(ctx, &list, client.InNamespace(ns), client.HasLabels{kube.LabelSandboxID}); err != nil {
+			return nil, fmt.Errorf("list Sandboxes: %w", err)
+		}
+		for i := range list.Items {
+			sb := &list.Items[i]
+			id := sb.Labels[kube.LabelSandboxID]
+			if !sb.DeletionTimestamp.IsZero() || sb.Status.SandboxID != id || !ownedBy(sb, who.team) || failed(sb.Status.Conditions) != nil {
+				continue
+			}
+			if _, ok, _ := s.byID(ctx, id); !ok {
+				continue
+			}
+			out = append(out, s.sandboxOf(ctx, sb))
+		}
+	}
+	// Newest first, ties by id, as the local manager lists.
+	slices.SortFunc(out, func(a, b *sandbox.Sandbox) int {
+		if c := b.StartedAt.Compare(a.StartedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
 	})
+	return out, nil
+}
+
+// Get is the team's sandbox id.
+func (s *Server) Get(ctx context.Context, team, id string) (*sandbox.Sandbox, error) {
+	sb, err := s.find(ctx, team, id)
+	if err != nil {
+		return nil, err
+	}
+	return s.sandboxOf(ctx, sb), nil
+}
+
+// find is the team's Sandbox object of id.
+func (s *Server) find(ctx context.Context, team, id string) (*agentsv1.Sandbox, error) {
+	who, err := s.teamNamespaces(ctx, team)
+	if err != nil {
+		return nil, err
+	}
+	return s.lookup(ctx, who, id)
 }
 
 // ---- change ----
 
-func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
-	ctx := r.Context()
-	sb, err := s.lookup(ctx, r.PathValue("id"))
+// Kill deletes the Sandbox (or the claim holding it).
+func (s *Server) Kill(ctx context.Context, team, id string) error {
+	sb, err := s.find(ctx, team, id)
 	if err != nil {
-		httperr.Write(w, err)
-		return
+		return err
 	}
 	var obj client.Object = sb
 	if c := s.claimOf(ctx, sb); c != nil {
 		obj = c // the claim releases its sandbox
 	}
 	if err := s.c.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
-		httperr.Write(w, fmt.Errorf("delete %s: %w", obj.GetName(), kubeErr(err)))
-		return
+		return fmt.Errorf("delete %s: %w", obj.GetName(), kubeErr(err))
 	}
-	// Answer once this replica's cache sees it go, so a list right after
-	// does not show it.
+	s.awaitGone(ctx, sb, &agentsv1.Sandbox{})
+	return nil
+}
+
+// awaitGone returns once this replica's cache sees obj gone or going (a
+// finalizer may hold it a while), so a list right after does not show it.
+func (s *Server) awaitGone(ctx context.Context, obj, into client.Object) {
 	_ = s.poll(ctx, "delete", func() (bool, error) {
-		var got agentsv1.Sandbox
-		err := s.c.Get(ctx, client.ObjectKeyFromObject(sb), &got)
-		return apierrors.IsNotFound(err) || (err == nil && !got.DeletionTimestamp.IsZero()), nil
+		err := s.c.Get(ctx, client.ObjectKeyFromObject(obj), into)
+		return apierrors.IsNotFound(err) || (err == nil && !into.GetDeletionTimestamp().IsZero()), nil
 	})
-	w.WriteHeader(http.StatusNoContent)
 }
 
 // setEnd moves the sandbox's end (on its claim when a claim holds it).
@@ -612,55 +595,34 @@ func (s *Server) seen(ctx context.Context, obj client.Object, into client.Object
 	})
 }
 
-func (s *Server) timeout(w http.ResponseWriter, r *http.Request) {
-	var body rest.TimeoutRequest
-	if err := apireq.DecodeJSON(w, r, 1<<20, true, &body); err != nil {
-		httperr.Write(w, err)
-		return
+// SetTimeout sets the sandbox's end to d from now.
+func (s *Server) SetTimeout(ctx context.Context, team, id string, d time.Duration) error {
+	if err := s.maxTimeout(d); err != nil {
+		return err
 	}
-	if body.Timeout == nil {
-		httperr.Write(w, invalid("timeout: required, in seconds"))
-		return
-	}
-	d, err := s.seconds("timeout", body.Timeout, 0)
+	sb, err := s.find(ctx, team, id)
 	if err != nil {
-		httperr.Write(w, err)
-		return
+		return err
 	}
-	sb, err := s.lookup(r.Context(), r.PathValue("id"))
-	if err != nil {
-		httperr.Write(w, err)
-		return
-	}
-	if err := s.setEnd(r.Context(), sb, time.Now().Add(d), false); err != nil {
-		httperr.Write(w, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
+	return s.setEnd(ctx, sb, time.Now().Add(d), false)
 }
 
-func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
-	var body rest.RefreshRequest
-	if err := apireq.DecodeJSON(w, r, 1<<20, true, &body); err != nil {
-		httperr.Write(w, err)
-		return
+// Extend moves the sandbox's end to at least d from now.
+func (s *Server) Extend(ctx context.Context, team, id string, d time.Duration) (*sandbox.Sandbox, error) {
+	if err := s.maxTimeout(d); err != nil {
+		return nil, err
 	}
-	d, err := s.seconds("duration", body.Duration, 15)
+	sb, err := s.find(ctx, team, id)
 	if err != nil {
-		httperr.Write(w, err)
-		return
+		return nil, err
 	}
-	d = max(d, 15*time.Second)
-	sb, err := s.lookup(r.Context(), r.PathValue("id"))
-	if err != nil {
-		httperr.Write(w, err)
-		return
+	if paused(sb) {
+		return nil, fmt.Errorf("sandbox %q is %s: %w", id, sandbox.StatePaused, errdefs.ErrConflict)
 	}
-	if err := s.setEnd(r.Context(), sb, time.Now().Add(d), true); err != nil {
-		httperr.Write(w, err)
-		return
+	if err := s.setEnd(ctx, sb, time.Now().Add(d), true); err != nil {
+		return nil, err
 	}
-	w.WriteHeader(http.StatusNoContent)
+	return s.Get(ctx, team, id)
 }
 
 // setMode writes operatingMode and waits for the sandbox to get there.
@@ -703,97 +665,76 @@ func paused(sb *agentsv1.Sandbox) bool {
 		meta.IsStatusConditionTrue(sb.Status.Conditions, agentsv1.ConditionSuspended)
 }
 
-func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.lookup(r.Context(), r.PathValue("id"))
+// Pause suspends the sandbox with its memory kept.
+func (s *Server) Pause(ctx context.Context, team, id string, memory bool) error {
+	sb, err := s.find(ctx, team, id)
 	if err != nil {
-		httperr.Write(w, err)
-		return
+		return err
+	}
+	if !memory {
+		return errFilesOnly
 	}
 	if paused(sb) {
-		httperr.Write(w, fmt.Errorf("sandbox %q is already paused: %w", sb.Status.SandboxID, errdefs.ErrConflict))
-		return
+		return fmt.Errorf("sandbox %q is already paused: %w", id, errdefs.ErrConflict)
 	}
-	if _, err := s.setMode(r.Context(), sb, agentsv1.OperatingModeSuspended); err != nil {
-		httperr.Write(w, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
+	_, err = s.setMode(ctx, sb, agentsv1.OperatingModeSuspended)
+	return err
 }
 
-// wake resumes a paused sandbox for d, or extends a running one to at
-// least d; resumed says which.
-func (s *Server) wake(ctx context.Context, id string, d time.Duration, mustBePaused bool) (v view, resumed bool, err error) {
-	sb, err := s.lookup(ctx, id)
+// errFilesOnly refuses E2B's memory: false, which the node agents' objects
+// cannot ask for.
+var errFilesOnly = invalid("memory: false (a filesystem-only pause, resume or snapshot) is not served by `agentbox serve --kubernetes`; leave memory out")
+
+// Resume runs a suspended sandbox again for d; a running one is left as
+// it is (resumed false).
+func (s *Server) Resume(ctx context.Context, team, id string, d time.Duration, memory bool) (*sandbox.Sandbox, bool, error) {
+	if err := s.maxTimeout(d); err != nil {
+		return nil, false, err
+	}
+	sb, err := s.find(ctx, team, id)
 	if err != nil {
-		return view{}, false, err
+		return nil, false, err
 	}
 	if !paused(sb) {
-		if mustBePaused {
-			return view{}, false, fmt.Errorf("sandbox %q is already running: %w", id, errdefs.ErrConflict)
-		}
-		if err := s.setEnd(ctx, sb, time.Now().Add(d), true); err != nil {
-			return view{}, false, err
-		}
-		return s.viewOf(ctx, sb), false, nil
+		return s.sandboxOf(ctx, sb), false, nil
+	}
+	if !memory {
+		return nil, false, errFilesOnly
 	}
 	if err := s.setEnd(ctx, sb, time.Now().Add(d), false); err != nil {
-		return view{}, false, err
+		return nil, false, err
 	}
-	sb, err = s.lookup(ctx, id)
-	if err != nil {
-		return view{}, false, err
+	if sb, err = s.find(ctx, team, id); err != nil {
+		return nil, false, err
 	}
 	got, err := s.setMode(ctx, sb, agentsv1.OperatingModeRunning)
 	if err != nil {
-		return view{}, false, err
+		return nil, false, err
 	}
-	return s.viewOf(ctx, got), true, nil
+	return s.sandboxOf(ctx, got), true, nil
 }
 
-func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
-	var body rest.ResumedSandbox
-	if err := apireq.DecodeJSON(w, r, 1<<20, true, &body); err != nil {
-		httperr.Write(w, err)
-		return
+// CheckNetwork validates a network policy as a local server does. The
+// policy travels to the node agent on the Sandbox object
+// (kube.AnnotationNetwork), which its team can read: credentials (header
+// rules, an egress proxy's password) are refused rather than written there.
+func (s *Server) CheckNetwork(ctx context.Context, team string, allowInternet bool, n *sandbox.NetworkSpec) error {
+	if n != nil {
+		for d, rules := range n.Rules {
+			for i, r := range rules {
+				if r.Transform != nil && len(r.Transform.Headers) > 0 {
+					return invalid("network.rules[%q][%d].transform.headers: credential injection is not served by `agentbox serve --kubernetes` (the rule would sit in the Sandbox object); create the sandbox on a node agent's own API", d, i)
+				}
+			}
+		}
+		if p := n.EgressProxy; p != nil && p.Password != "" {
+			return invalid("network.egressProxy.password: not served by `agentbox serve --kubernetes` (it would sit in the Sandbox object); create the sandbox on a node agent's own API")
+		}
 	}
-	d, err := s.seconds("timeout", body.Timeout, 15)
-	if err != nil {
-		httperr.Write(w, err)
-		return
-	}
-	v, _, err := s.wake(r.Context(), r.PathValue("id"), d, true)
-	if err != nil {
-		httperr.Write(w, err)
-		return
-	}
-	httperr.WriteJSON(w, http.StatusCreated, s.sandboxResponse(v))
+	return sandbox.CheckNetworkSpec(ctx, allowInternet, n)
 }
 
-func (s *Server) connect(v2 bool) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		var body rest.ConnectSandbox
-		if err := apireq.DecodeJSON(w, r, 1<<20, true, &body); err != nil {
-			httperr.Write(w, err)
-			return
-		}
-		if !v2 && body.Timeout == nil {
-			httperr.Write(w, invalid("timeout: required, in seconds"))
-			return
-		}
-		d, err := s.seconds("timeout", body.Timeout, 300)
-		if err != nil {
-			httperr.Write(w, err)
-			return
-		}
-		v, resumed, err := s.wake(r.Context(), r.PathValue("id"), d, false)
-		if err != nil {
-			httperr.Write(w, err)
-			return
-		}
-		code := http.StatusOK
-		if resumed {
-			code = http.StatusCreated
-		}
-		httperr.WriteJSON(w, code, s.sandboxResponse(v))
-	}
+// Tokens derives the sandbox's tokens from the agents' shared secret.
+func (s *Server) Tokens(_ context.Context, id string) (envd, traffic string) {
+	return sandbox.AccessToken(s.cfg.TokenSecret, id), sandbox.TrafficToken(s.cfg.TokenSecret, id)
 }

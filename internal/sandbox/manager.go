@@ -187,9 +187,7 @@ func visibleTo(sb *Sandbox, teamID string) bool {
 	return teamID == "" || (sb.TeamID == teamID && sb.BuildID == "")
 }
 
-func notFound(id string) error {
-	return fmt.Errorf("Sandbox %q doesn't exist or you don't have access to it: %w", id, errdefs.ErrNotFound)
-}
+func notFound(id string) error { return NotFound(id) }
 
 // get returns the live sandbox of the team (nil team = any, for the gateway).
 func (m *Manager) get(teamID, id string) (*Sandbox, error) {

@@ -183,6 +183,36 @@ type SandboxStatus struct {
 	// observedGeneration is the generation the controller last acted on.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// sandbox is what the node agent running the sandbox reports of it,
+	// as agentbox's E2B API shows it (an agentbox extension).
+	// +optional
+	Sandbox *SandboxReport `json:"sandbox,omitempty"`
+}
+
+// SandboxReport is a running (or paused) sandbox as its node agent sees it.
+type SandboxReport struct {
+	// templateID is the id of the agentbox template it started from.
+	TemplateID string `json:"templateID,omitempty"`
+	// alias is the template alias it was created with.
+	// +optional
+	Alias string `json:"alias,omitempty"`
+	// isolation is the tier it runs in: container, gvisor or microvm.
+	// +optional
+	Isolation string `json:"isolation,omitempty"`
+	// cpuCount, memoryMB, diskSizeMB, pids and tmpSizeMB are its limits.
+	// +optional
+	CPUCount int `json:"cpuCount,omitempty"`
+	// +optional
+	MemoryMB int `json:"memoryMB,omitempty"`
+	// +optional
+	DiskSizeMB int `json:"diskSizeMB,omitempty"`
+	// +optional
+	PIDs int `json:"pids,omitempty"`
+	// +optional
+	TmpSizeMB int `json:"tmpSizeMB,omitempty"`
+	// allowInternetAccess says whether it may reach the internet.
+	// +optional
+	AllowInternetAccess bool `json:"allowInternetAccess,omitempty"`
 }
 
 // Sandbox is one agent sandbox.
