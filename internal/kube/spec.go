@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/runtime"
 	agentsv1 "github.com/agentbox/agentbox/internal/kube/apis/agents/v1beta1"
 	"github.com/agentbox/agentbox/internal/sandbox"
 )
@@ -30,19 +31,18 @@ const (
 	MetaName      = "k8s.name"
 )
 
-// runtimeClassTier maps a pod's runtimeClassName to an isolation tier.
-// Empty means the template's tier.
+// runtimeClassTier maps a pod's runtimeClassName to an isolation tier
+// (runtime's tier table: a tier's client name or its driver's). Empty
+// means the template's tier.
 func runtimeClassTier(rc *string) (string, error) {
 	if rc == nil || *rc == "" {
 		return "", nil
 	}
-	switch *rc {
-	case "gvisor", "runsc":
-		return sandbox.IsolationGVisor, nil
-	case "runc", "container":
-		return sandbox.IsolationContainer, nil
+	iso, err := runtime.IsolationOfClass(*rc)
+	if err != nil {
+		return "", fmt.Errorf("spec.podTemplate.spec.%w", err)
 	}
-	return "", fmt.Errorf("spec.podTemplate.spec.runtimeClassName %q: agentbox runs gvisor (runsc) or runc (container): %w", *rc, errdefs.ErrInvalidArgument)
+	return iso, nil
 }
 
 // createRequest turns a Sandbox's blueprint into the manager's create
