@@ -265,7 +265,7 @@ func jumpsTo(rule *nftables.Rule, chain string) bool {
 
 // initPid returns the host pid of sandbox id's init.
 func (d *Driver) initPid(ctx context.Context, id string) (int, error) {
-	c, err := d.client("").State(ctx, d.cid(id))
+	c, err := d.client("").State(ctx, d.CID(id))
 	if err != nil {
 		return 0, fmt.Errorf("runc state %s: %w", id, err)
 	}
