@@ -9,7 +9,6 @@ import (
 
 	"github.com/agentbox/agentbox/internal/confine"
 	"github.com/agentbox/agentbox/internal/localrun"
-	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/runtime/bundle"
 	"github.com/agentbox/agentbox/internal/runtime/runc"
 	"github.com/agentbox/agentbox/internal/template"
@@ -37,8 +36,6 @@ func newHookCmd() *cobra.Command {
 // runHook dispatches one hook by name.
 func runHook(name string, args []string) error {
 	switch name {
-	case network.PlugHookName:
-		return network.RunPlugHook(args, os.Stdin)
 	case runc.UserNSLimitsHook:
 		return runc.RunUserNSLimitsHook(args, nsjoin.Joined())
 	case runc.PlugWaitHook:
@@ -65,5 +62,5 @@ func runHook(name string, args []string) error {
 	case "":
 		return errors.New("__hook: name a hook")
 	}
-	return fmt.Errorf("__hook: unknown hook %q (want %s, %s, %s, %s, %s, %s, %s or %s)", name, network.PlugHookName, runc.PlugWaitHook, runc.UserNSLimitsHook, runc.BootIDHook, bundle.HoldHook, localrun.InitHook, confine.Hook, template.UnpackHook)
+	return fmt.Errorf("__hook: unknown hook %q (want %s, %s, %s, %s, %s, %s or %s)", name, runc.PlugWaitHook, runc.UserNSLimitsHook, runc.BootIDHook, bundle.HoldHook, localrun.InitHook, confine.Hook, template.UnpackHook)
 }

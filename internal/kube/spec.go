@@ -18,8 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
-	"github.com/agentbox/agentbox/internal/runtime"
 	agentsv1 "github.com/agentbox/agentbox/internal/kube/apis/agents/v1beta1"
+	"github.com/agentbox/agentbox/internal/runtime"
 	"github.com/agentbox/agentbox/internal/sandbox"
 )
 

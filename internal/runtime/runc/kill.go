@@ -2,7 +2,6 @@ package runc
 
 import (
 	"context"
-
 )
 
 // Stop kills the sandbox's processes and removes its container record (a
