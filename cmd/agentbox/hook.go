@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"os"
 
 	"github.com/spf13/cobra"
 
@@ -39,14 +38,12 @@ func runHook(name string, args []string) error {
 	case runc.UserNSLimitsHook:
 		return runc.RunUserNSLimitsHook(args, nsjoin.Joined())
 	case runc.PlugWaitHook:
-		return runc.RunPlugWaitHook(args, os.Stdin)
+		return runc.RunPlugWaitHook(args)
 	case runc.BootIDHook:
 		return runc.RunBootIDHook(args, nsjoin.Joined(), nsjoin.Limited())
 	case bundle.HoldHook:
-		if len(args) > 0 {
-			return fmt.Errorf("%s hook takes no arguments", bundle.HoldHook)
-		}
-		return bundle.RunHoldHook(os.Stdin)
+		// nsjoin's constructor runs it when called without arguments.
+		return fmt.Errorf("%s hook takes no arguments, got %q", bundle.HoldHook, args)
 	case confine.Hook:
 		if len(args) != 1 {
 			return fmt.Errorf("%s hook takes one argument", confine.Hook)

@@ -32,11 +32,9 @@ func TestMain(m *testing.M) {
 		case UserNSLimitsHook:
 			err = RunUserNSLimitsHook(os.Args[3:], nsjoin.Joined())
 		case PlugWaitHook:
-			err = RunPlugWaitHook(os.Args[3:], os.Stdin)
+			err = RunPlugWaitHook(os.Args[3:])
 		case BootIDHook:
 			err = RunBootIDHook(os.Args[3:], nsjoin.Joined(), nsjoin.Limited())
-		case bundle.HoldHook:
-			err = bundle.RunHoldHook(os.Stdin)
 		default:
 			err = fmt.Errorf("unknown hook %q", os.Args[2])
 		}

@@ -147,7 +147,7 @@ func setPlugHook(dir string, argv []string) error {
 		s.Hooks.Prestart = append(hooks, specs.Hook{ //nolint:staticcheck
 			Path:    argv[0],
 			Args:    argv,
-			Env:     []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", hookGC, plugHookName},
+			Env:     []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", plugHookName},
 			Timeout: &timeout,
 		})
 	})
