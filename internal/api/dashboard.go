@@ -106,23 +106,25 @@ func protocolKey(r *http.Request) string {
 }
 
 // dashEnvd is a client of the envd of the calling team's sandbox, through
-// the gateway (which wakes the sandbox if it may, as for any client).
-func (s *Server) dashEnvd(r *http.Request) (*sandbox.Sandbox, *envdclient.Client, error) {
+// the gateway (which wakes the sandbox if it may, as for any client), and
+// the gateway's last refusal of its calls.
+func (s *Server) dashEnvd(r *http.Request) (*sandbox.Sandbox, *envdclient.Client, *refusal, error) {
 	key := keyOf(r.Context())
 	sb, err := s.mgr.Get(r.Context(), key.TeamID, sandboxID(r))
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	c, err := s.envdThroughGateway(r, sb)
+	c, refused, err := s.envdThroughGateway(r, sb)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return sb, c, nil
+	return sb, c, refused, nil
 }
 
 // dashFileHandler serves a file call of the dashboard on path p of the
-// calling team's sandbox sb through envd client c.
-type dashFileHandler func(w http.ResponseWriter, r *http.Request, p string, sb *sandbox.Sandbox, c *envdclient.Client)
+// calling team's sandbox sb through envd client c; it answers failures
+// with fail.
+type dashFileHandler func(w http.ResponseWriter, r *http.Request, p string, sb *sandbox.Sandbox, c *envdclient.Client, fail func(error))
 
 // dashFile checks the path of a file call and finds its sandbox for h.
 func (s *Server) dashFile(h dashFileHandler) http.HandlerFunc {
@@ -132,12 +134,20 @@ func (s *Server) dashFile(h dashFileHandler) http.HandlerFunc {
 			httperr.Write(w, err)
 			return
 		}
-		sb, c, err := s.dashEnvd(r)
+		sb, c, refused, err := s.dashEnvd(r)
 		if err != nil {
 			httperr.Write(w, err)
 			return
 		}
-		h(w, r, p, sb, c)
+		h(w, r, p, sb, c, func(err error) {
+			// The gateway's refusal (a bound, a sandbox not running) is
+			// the answer, as it is to an SDK; else the call's own error.
+			if status, msg := refused.get(); status != 0 {
+				httperr.WriteJSON(w, status, rest.Error{Code: status, Message: msg})
+				return
+			}
+			httperr.Write(w, err)
+		})
 	}
 }
 
@@ -149,21 +159,21 @@ func dashPath(r *http.Request) (string, error) {
 	return p, nil
 }
 
-func (s *Server) dashList(w http.ResponseWriter, r *http.Request, p string, sb *sandbox.Sandbox, c *envdclient.Client) {
+func (s *Server) dashList(w http.ResponseWriter, r *http.Request, p string, sb *sandbox.Sandbox, c *envdclient.Client, fail func(error)) {
 	entries, err := c.ListDir(r.Context(), p, "")
 	if err != nil {
 		s.log.Info("dashboard list", "sandbox", sb.ID, "err", err)
-		httperr.Write(w, fmt.Errorf("cannot list %q in the sandbox (no such directory, or not readable): %w", p, errdefs.ErrNotFound))
+		fail(fmt.Errorf("cannot list %q in the sandbox (no such directory, or not readable): %w", p, errdefs.ErrNotFound))
 		return
 	}
 	httperr.WriteJSON(w, http.StatusOK, entries)
 }
 
-func (s *Server) dashDownload(w http.ResponseWriter, r *http.Request, p string, sb *sandbox.Sandbox, c *envdclient.Client) {
+func (s *Server) dashDownload(w http.ResponseWriter, r *http.Request, p string, sb *sandbox.Sandbox, c *envdclient.Client, fail func(error)) {
 	rc, size, err := c.OpenFile(r.Context(), p, "")
 	if err != nil {
 		s.log.Info("dashboard download", "sandbox", sb.ID, "err", err)
-		httperr.Write(w, fmt.Errorf("cannot read %q in the sandbox (no such file, a directory, or not readable): %w", p, errdefs.ErrNotFound))
+		fail(fmt.Errorf("cannot read %q in the sandbox (no such file, a directory, or not readable): %w", p, errdefs.ErrNotFound))
 		return
 	}
 	defer rc.Close()
@@ -180,15 +190,15 @@ func (s *Server) dashDownload(w http.ResponseWriter, r *http.Request, p string, 
 }
 
 // dashUpload writes the body to p; the gateway audits the write.
-func (s *Server) dashUpload(w http.ResponseWriter, r *http.Request, p string, sb *sandbox.Sandbox, c *envdclient.Client) {
+func (s *Server) dashUpload(w http.ResponseWriter, r *http.Request, p string, sb *sandbox.Sandbox, c *envdclient.Client, fail func(error)) {
 	body := http.MaxBytesReader(w, r.Body, maxUploadBytes)
 	if err := c.WriteFileFrom(r.Context(), p, "", body); err != nil {
 		s.log.Info("dashboard upload", "sandbox", sb.ID, "err", err)
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			httperr.Write(w, fmt.Errorf("body: the file is over the limit of %d bytes: %w", maxUploadBytes, errdefs.ErrTooLarge))
+			fail(fmt.Errorf("body: the file is over the limit of %d bytes: %w", maxUploadBytes, errdefs.ErrTooLarge))
 			return
 		}
-		httperr.Write(w, fmt.Errorf("cannot write %q in the sandbox (a directory, or not writable): %w", p, errdefs.ErrInvalidArgument))
+		fail(fmt.Errorf("cannot write %q in the sandbox (a directory, or not writable): %w", p, errdefs.ErrInvalidArgument))
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -212,7 +222,7 @@ type resize struct {
 }
 
 func (s *Server) dashTerminal(w http.ResponseWriter, r *http.Request) {
-	sb, envd, err := s.dashEnvd(r)
+	sb, envd, refused, err := s.dashEnvd(r)
 	if err != nil {
 		httperr.Write(w, err)
 		return
@@ -239,7 +249,13 @@ func (s *Server) dashTerminal(w http.ResponseWriter, r *http.Request) {
 	pty, err := envd.StartPTY(ctx, "", clampSize(size.Cols, 80), clampSize(size.Rows, 24))
 	if err != nil {
 		s.log.Info("dashboard terminal", "sandbox", sb.ID, "err", err)
-		c.Close(websocket.StatusTryAgainLater, closeReason("could not start a shell in the sandbox: "+err.Error()))
+		why := err.Error()
+		if _, msg := refused.get(); msg != "" {
+			why = msg
+		}
+		// The whole reason on the screen (a close reason holds 123 bytes).
+		_ = c.Write(ctx, websocket.MessageBinary, []byte("no shell: "+why+"\r\n"))
+		c.Close(websocket.StatusTryAgainLater, closeReason("no shell: "+why))
 		return
 	}
 	defer func() {

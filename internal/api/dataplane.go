@@ -1,11 +1,14 @@
 package api
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/agentbox/agentbox/internal/envdclient"
@@ -25,17 +28,47 @@ import (
 func (s *Server) SetDataPlane(h http.Handler) { s.dataPlane = h }
 
 // envdThroughGateway is a client of sandbox sb's envd whose calls go
-// through the data plane on behalf of the browser request from.
-func (s *Server) envdThroughGateway(from *http.Request, sb *sandbox.Sandbox) (*envdclient.Client, error) {
+// through the data plane on behalf of the browser request from; refused
+// keeps the data plane's last refusal, which an envd client reports only
+// by its status.
+func (s *Server) envdThroughGateway(from *http.Request, sb *sandbox.Sandbox) (*envdclient.Client, *refusal, error) {
 	if s.dataPlane == nil {
-		return nil, errors.Join(errors.New("the dashboard's sandbox calls need the server's gateway, which this server lacks"), errdefs.ErrUnavailable)
+		return nil, nil, errors.Join(errors.New("the dashboard's sandbox calls need the server's gateway, which this server lacks"), errdefs.ErrUnavailable)
 	}
 	token := ""
 	if sb.Secure {
 		token = s.mgr.Token(sb.ID)
 	}
-	hc := &http.Client{Transport: inProcess{h: s.dataPlane, from: from, id: sb.ID, port: sandbox.EnvdPort}}
-	return envdclient.New(hc, sb.IP, token), nil
+	refused := &refusal{}
+	hc := &http.Client{Transport: inProcess{h: s.dataPlane, from: from, id: sb.ID, port: sandbox.EnvdPort, refused: refused}}
+	return envdclient.New(hc, sb.IP, token), refused, nil
+}
+
+// refusal is an error answer of the data plane: a JSON {code, message}
+// (the gateway's bounds, a missing sandbox) or envd's own.
+type refusal struct {
+	mu      sync.Mutex
+	status  int
+	message string
+}
+
+func (r *refusal) set(status int, body []byte) {
+	var e struct {
+		Message string `json:"message"`
+	}
+	if json.Unmarshal(body, &e) != nil || e.Message == "" {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.status, r.message = status, e.Message
+}
+
+// get returns the last refusal (status 0: none).
+func (r *refusal) get() (int, string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.status, r.message
 }
 
 // inProcess is a RoundTripper that serves each request with h in this
@@ -43,10 +76,11 @@ func (s *Server) envdThroughGateway(from *http.Request, sb *sandbox.Sandbox) (*e
 // of from (its address and the forwarding headers a trusted proxy sets).
 // The response streams: its body is what h writes, as h writes it.
 type inProcess struct {
-	h    http.Handler
-	from *http.Request
-	id   string
-	port int
+	h       http.Handler
+	from    *http.Request
+	id      string
+	port    int
+	refused *refusal // nil: not kept
 }
 
 func (t inProcess) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -94,10 +128,18 @@ func (t inProcess) RoundTrip(req *http.Request) (*http.Response, error) {
 	if v, err := strconv.ParseInt(rw.sent.Get("Content-Length"), 10, 64); err == nil {
 		n = v
 	}
+	var body io.ReadCloser = pr
+	if rw.status >= 400 && t.refused != nil && strings.HasPrefix(rw.sent.Get("Content-Type"), "application/json") {
+		// An error answer is small: read it whole, keep what it says.
+		b, _ := io.ReadAll(io.LimitReader(pr, 64<<10))
+		_ = pr.Close()
+		t.refused.set(rw.status, b)
+		body, n = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+	}
 	return &http.Response{
 		Status: strconv.Itoa(rw.status) + " " + http.StatusText(rw.status), StatusCode: rw.status,
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: rw.sent, Body: pr, ContentLength: n, Request: req,
+		Header: rw.sent, Body: body, ContentLength: n, Request: req,
 	}, nil
 }
 
