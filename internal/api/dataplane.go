@@ -93,6 +93,11 @@ func (t inProcess) RoundTrip(req *http.Request) (*http.Response, error) {
 	if in.Body == nil {
 		in.Body = http.NoBody
 	}
+	if in.Body != http.NoBody && in.ContentLength == 0 {
+		// A client request's 0 with a body means unknown; a server
+		// request's means none, which a proxy would forward as empty.
+		in.ContentLength = -1
+	}
 	for _, h := range []string{"X-Forwarded-For", "X-Real-Ip", "Forwarded"} {
 		if v := t.from.Header.Values(h); len(v) > 0 {
 			in.Header[h] = v

@@ -24,6 +24,9 @@ func TestInProcessDataPlane(t *testing.T) {
 		if r.RemoteAddr != from.RemoteAddr || r.URL.Path != "/process.Process/Start" || r.URL.RawQuery != "a=b" {
 			t.Errorf("request %s %s?%s", r.RemoteAddr, r.URL.Path, r.URL.RawQuery)
 		}
+		if b, err := io.ReadAll(r.Body); err != nil || string(b) != "{}" || r.ContentLength != -1 {
+			t.Errorf("body %q (length %d), %v; want the streamed {} of unknown length", b, r.ContentLength, err)
+		}
 		w.Header().Set("X-Answer", "yes")
 		w.WriteHeader(http.StatusAccepted)
 		_, _ = io.WriteString(w, "first;")
@@ -32,7 +35,7 @@ func TestInProcessDataPlane(t *testing.T) {
 		panic(http.ErrAbortHandler) // as a proxy cut short does
 	})
 	c := &http.Client{Transport: inProcess{h: h, from: from, id: "sbx1", port: 49983}}
-	req, _ := http.NewRequest(http.MethodPost, "http://10.0.0.2:49983/process.Process/Start?a=b", strings.NewReader("{}"))
+	req, _ := http.NewRequest(http.MethodPost, "http://10.0.0.2:49983/process.Process/Start?a=b", io.NopCloser(strings.NewReader("{}")))
 	req.Header.Set("X-Access-Token", "tok")
 	resp, err := c.Do(req)
 	if err != nil {
