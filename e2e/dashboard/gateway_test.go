@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -68,6 +69,27 @@ func TestTerminalThroughGateway(t *testing.T) {
 	dash, sdk := auditShape(starts[0]), auditShape(starts[1])
 	if !maps.Equal(dash, sdk) {
 		t.Errorf("the dashboard terminal's audit event %v differs from an SDK PTY's %v", dash, sdk)
+	}
+
+	// A file written from the dashboard's file browser is audited by the
+	// gateway, as an SDK's write is.
+	st, b, err := srv.DoHeader(ctx, srv.APIKey, http.MethodPost, "/dashboard/api/sandboxes/"+sbx.ID+"/files?path=/tmp/dash-gw.txt", "hello", nil)
+	if err != nil || st != http.StatusNoContent {
+		t.Fatalf("upload from the dashboard: %d %s %v", st, b, err)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		logs, err := c.Logs(ctx, sbx.ID, agentbox.LogsOptions{Kinds: []string{"file"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.ContainsFunc(logs, func(e agentbox.LogEntry) bool {
+			return e.Fields["action"] == "write" && e.Fields["path"] == "/tmp/dash-gw.txt"
+		}) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no file write of /tmp/dash-gw.txt in the audit log: %+v", logs)
+		}
 	}
 
 	// Two streams held open fill the sandbox's bound: the dashboard's

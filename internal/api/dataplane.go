@@ -174,7 +174,15 @@ func (p *pipeResponse) WriteHeader(code int) {
 
 func (p *pipeResponse) Write(b []byte) (int, error) {
 	p.WriteHeader(http.StatusOK)
-	return p.body.Write(b)
+	n, err := p.body.Write(b)
+	if errors.Is(err, io.ErrClosedPipe) {
+		// The caller closed the body without reading it all, as a client
+		// hangs up on a server that has written into its socket: the
+		// handler finishes (and records what it records); the rest goes
+		// nowhere. A caller that is gone for good cancels the context.
+		return len(b), nil
+	}
+	return n, err
 }
 
 // Flush is a no-op: every Write reaches the reader as it happens.

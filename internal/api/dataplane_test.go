@@ -55,3 +55,25 @@ func TestInProcessDataPlane(t *testing.T) {
 		t.Fatalf("rest %q, %v; want \"second\" and an error for the aborted answer", rest, err)
 	}
 }
+
+// A caller that closes the body unread (an upload's answer) does not cut
+// the handler short: it finishes, as behind a real connection.
+func TestInProcessUnreadAnswer(t *testing.T) {
+	from := httptest.NewRequest(http.MethodPost, "/dashboard/api/sandboxes/sbx1/files", nil)
+	finished := make(chan bool, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, err := w.Write([]byte(`[{"path":"/tmp/a"}]`))
+		_, err2 := w.Write(make([]byte, 1<<20))
+		finished <- err == nil && err2 == nil
+	})
+	c := &http.Client{Transport: inProcess{h: h, from: from, id: "sbx1", port: 49983}}
+	resp, err := c.Post("http://10.0.0.2:49983/files", "application/octet-stream", strings.NewReader("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if !<-finished {
+		t.Fatal("the handler's writes failed after the caller closed the answer")
+	}
+}
+
