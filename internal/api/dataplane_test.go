@@ -76,4 +76,3 @@ func TestInProcessUnreadAnswer(t *testing.T) {
 		t.Fatal("the handler's writes failed after the caller closed the answer")
 	}
 }
-
