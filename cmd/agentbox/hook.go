@@ -3,13 +3,11 @@ package main
 import (
 	"errors"
 	"fmt"
-	"os"
 
 	"github.com/spf13/cobra"
 
 	"github.com/agentbox/agentbox/internal/confine"
 	"github.com/agentbox/agentbox/internal/localrun"
-	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/runtime/bundle"
 	"github.com/agentbox/agentbox/internal/runtime/runc"
 	"github.com/agentbox/agentbox/internal/template"
@@ -37,19 +35,15 @@ func newHookCmd() *cobra.Command {
 // runHook dispatches one hook by name.
 func runHook(name string, args []string) error {
 	switch name {
-	case network.PlugHookName:
-		return network.RunPlugHook(args, os.Stdin)
 	case runc.UserNSLimitsHook:
 		return runc.RunUserNSLimitsHook(args, nsjoin.Joined())
 	case runc.PlugWaitHook:
-		return runc.RunPlugWaitHook(args, os.Stdin)
+		return runc.RunPlugWaitHook(args)
 	case runc.BootIDHook:
 		return runc.RunBootIDHook(args, nsjoin.Joined(), nsjoin.Limited())
 	case bundle.HoldHook:
-		if len(args) > 0 {
-			return fmt.Errorf("%s hook takes no arguments", bundle.HoldHook)
-		}
-		return bundle.RunHoldHook(os.Stdin)
+		// nsjoin's constructor runs it when called without arguments.
+		return fmt.Errorf("%s hook takes no arguments, got %q", bundle.HoldHook, args)
 	case confine.Hook:
 		if len(args) != 1 {
 			return fmt.Errorf("%s hook takes one argument", confine.Hook)
@@ -65,5 +59,5 @@ func runHook(name string, args []string) error {
 	case "":
 		return errors.New("__hook: name a hook")
 	}
-	return fmt.Errorf("__hook: unknown hook %q (want %s, %s, %s, %s, %s, %s, %s or %s)", name, network.PlugHookName, runc.PlugWaitHook, runc.UserNSLimitsHook, runc.BootIDHook, bundle.HoldHook, localrun.InitHook, confine.Hook, template.UnpackHook)
+	return fmt.Errorf("__hook: unknown hook %q (want %s, %s, %s, %s, %s, %s or %s)", name, runc.PlugWaitHook, runc.UserNSLimitsHook, runc.BootIDHook, bundle.HoldHook, localrun.InitHook, confine.Hook, template.UnpackHook)
 }

@@ -548,6 +548,9 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	// through the API and gateway like any SDK.
 	apiSrv.SetMCP(mcpserver.Handler(mcpserver.HTTPConfig{SelfURL: mcpserver.LoopbackURL(ln.Addr()), Domain: c.Net.Domain, PortOrigin: gw.PortOrigin, Log: log}))
 	apiSrv.SetPortOrigin(gw.PortOrigin)
+	// The dashboard's terminal and files go through the gateway like any
+	// client's sandbox traffic.
+	apiSrv.SetDataPlane(gw.Handler(http.NotFoundHandler()))
 	handler := gw.Handler(apiSrv.Handler())
 	servers := []*http.Server{{Handler: handler, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 640 * time.Second}}
 	listeners := []net.Listener{ln}

@@ -143,8 +143,8 @@ type kubeHost struct {
 // (container, gvisor, microvm), not the drivers' (runc, runsc, microvm).
 func (h kubeHost) Tiers() map[string]error {
 	out := map[string]error{}
-	for _, iso := range sandbox.Isolations() {
-		out[iso] = h.tiers.TierAvailable(sandbox.RuntimeTier(iso))
+	for _, ti := range runtime.TierInfos() {
+		out[ti.Isolation] = h.tiers.TierAvailable(ti.Runtime)
 	}
 	return out
 }

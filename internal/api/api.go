@@ -64,6 +64,8 @@ type Server struct {
 	events      EventRoutes     // lifecycle events and webhooks (events.go); nil answers 503
 	// portOrigin says where a client reaches sandbox ports (SetPortOrigin).
 	portOrigin func(r *http.Request) (scheme, domain string)
+	// dataPlane serves the dashboard's sandbox calls (SetDataPlane).
+	dataPlane http.Handler
 	// MaxBody caps JSON request bodies.
 	MaxBody int64
 }

@@ -27,6 +27,8 @@ import (
 // and its files (list, download, upload). Every call is authenticated by
 // the API key and scoped to the key's team exactly like the REST API: a
 // sandbox of another team is 404, the same as one that does not exist.
+// Past that, every envd call goes through the gateway (dataplane.go), whose
+// admission and audit it meets like an SDK's.
 const (
 	// terminalProtocol is the WebSocket subprotocol of the terminal. A
 	// browser cannot set headers on a WebSocket, so the key travels as a
@@ -103,23 +105,26 @@ func protocolKey(r *http.Request) string {
 	return ""
 }
 
-// dashSandbox is the calling team's running sandbox (woken if it sleeps);
-// done ends its activity.
-func (s *Server) dashSandbox(r *http.Request) (*sandbox.Sandbox, context.Context, func(), error) {
+// dashEnvd is a client of the envd of the calling team's sandbox, through
+// the gateway (which wakes the sandbox if it may, as for any client), and
+// the gateway's last refusal of its calls.
+func (s *Server) dashEnvd(r *http.Request) (*sandbox.Sandbox, *envdclient.Client, *refusal, error) {
 	key := keyOf(r.Context())
-	if _, err := s.mgr.Get(r.Context(), key.TeamID, sandboxID(r)); err != nil {
+	sb, err := s.mgr.Get(r.Context(), key.TeamID, sandboxID(r))
+	if err != nil {
 		return nil, nil, nil, err
 	}
-	sb, live, done, ok := s.mgr.Wake(r.Context(), sandboxID(r))
-	if !ok {
-		return nil, nil, nil, fmt.Errorf("sandbox %s is not running (resume it first): %w", sandboxID(r), errdefs.ErrConflict)
+	c, refused, err := s.envdThroughGateway(r, sb)
+	if err != nil {
+		return nil, nil, nil, err
 	}
-	return sb, live, done, nil
+	return sb, c, refused, nil
 }
 
 // dashFileHandler serves a file call of the dashboard on path p of the
-// calling team's running sandbox sb; live is its activity's context.
-type dashFileHandler func(w http.ResponseWriter, r *http.Request, p string, sb *sandbox.Sandbox, live context.Context)
+// calling team's sandbox sb through envd client c; it answers failures
+// with fail.
+type dashFileHandler func(w http.ResponseWriter, r *http.Request, p string, sb *sandbox.Sandbox, c *envdclient.Client, fail func(error))
 
 // dashFile checks the path of a file call and finds its sandbox for h.
 func (s *Server) dashFile(h dashFileHandler) http.HandlerFunc {
@@ -129,13 +134,20 @@ func (s *Server) dashFile(h dashFileHandler) http.HandlerFunc {
 			httperr.Write(w, err)
 			return
 		}
-		sb, live, done, err := s.dashSandbox(r)
+		sb, c, refused, err := s.dashEnvd(r)
 		if err != nil {
 			httperr.Write(w, err)
 			return
 		}
-		defer done()
-		h(w, r, p, sb, live)
+		h(w, r, p, sb, c, func(err error) {
+			// The gateway's refusal (a bound, a sandbox not running) is
+			// the answer, as it is to an SDK; else the call's own error.
+			if status, msg := refused.get(); status != 0 {
+				httperr.WriteJSON(w, status, rest.Error{Code: status, Message: msg})
+				return
+			}
+			httperr.Write(w, err)
+		})
 	}
 }
 
@@ -147,21 +159,21 @@ func dashPath(r *http.Request) (string, error) {
 	return p, nil
 }
 
-func (s *Server) dashList(w http.ResponseWriter, r *http.Request, p string, sb *sandbox.Sandbox, live context.Context) {
-	entries, err := s.mgr.Envd(sb).ListDir(live, p, "")
+func (s *Server) dashList(w http.ResponseWriter, r *http.Request, p string, sb *sandbox.Sandbox, c *envdclient.Client, fail func(error)) {
+	entries, err := c.ListDir(r.Context(), p, "")
 	if err != nil {
 		s.log.Info("dashboard list", "sandbox", sb.ID, "err", err)
-		httperr.Write(w, fmt.Errorf("cannot list %q in the sandbox (no such directory, or not readable): %w", p, errdefs.ErrNotFound))
+		fail(fmt.Errorf("cannot list %q in the sandbox (no such directory, or not readable): %w", p, errdefs.ErrNotFound))
 		return
 	}
 	httperr.WriteJSON(w, http.StatusOK, entries)
 }
 
-func (s *Server) dashDownload(w http.ResponseWriter, r *http.Request, p string, sb *sandbox.Sandbox, live context.Context) {
-	rc, size, err := s.mgr.Envd(sb).OpenFile(live, p, "")
+func (s *Server) dashDownload(w http.ResponseWriter, r *http.Request, p string, sb *sandbox.Sandbox, c *envdclient.Client, fail func(error)) {
+	rc, size, err := c.OpenFile(r.Context(), p, "")
 	if err != nil {
 		s.log.Info("dashboard download", "sandbox", sb.ID, "err", err)
-		httperr.Write(w, fmt.Errorf("cannot read %q in the sandbox (no such file, a directory, or not readable): %w", p, errdefs.ErrNotFound))
+		fail(fmt.Errorf("cannot read %q in the sandbox (no such file, a directory, or not readable): %w", p, errdefs.ErrNotFound))
 		return
 	}
 	defer rc.Close()
@@ -177,36 +189,19 @@ func (s *Server) dashDownload(w http.ResponseWriter, r *http.Request, p string, 
 	}
 }
 
-func (s *Server) dashUpload(w http.ResponseWriter, r *http.Request, p string, sb *sandbox.Sandbox, live context.Context) {
-	key := keyOf(r.Context())
-	body := &countingReader{r: http.MaxBytesReader(w, r.Body, maxUploadBytes)}
-	ev := audit.Event{SandboxID: sb.ID, TeamID: sb.TeamID, APIKeyID: key.ID, Kind: audit.KindFile, Action: "write", Decision: audit.Allowed, Fields: map[string]any{"path": p, "via": "dashboard"}}
-	err := s.mgr.Envd(sb).WriteFileFrom(live, p, "", body)
-	ev.Fields["bytes"] = body.n
-	if err != nil {
-		ev.Decision, ev.Reason = audit.Denied, "the write failed"
-		s.record(r.Context(), ev)
+// dashUpload writes the body to p; the gateway audits the write.
+func (s *Server) dashUpload(w http.ResponseWriter, r *http.Request, p string, sb *sandbox.Sandbox, c *envdclient.Client, fail func(error)) {
+	body := http.MaxBytesReader(w, r.Body, maxUploadBytes)
+	if err := c.WriteFileFrom(r.Context(), p, "", body); err != nil {
 		s.log.Info("dashboard upload", "sandbox", sb.ID, "err", err)
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			httperr.Write(w, fmt.Errorf("body: the file is over the limit of %d bytes: %w", maxUploadBytes, errdefs.ErrTooLarge))
+			fail(fmt.Errorf("body: the file is over the limit of %d bytes: %w", maxUploadBytes, errdefs.ErrTooLarge))
 			return
 		}
-		httperr.Write(w, fmt.Errorf("cannot write %q in the sandbox (a directory, or not writable): %w", p, errdefs.ErrInvalidArgument))
+		fail(fmt.Errorf("cannot write %q in the sandbox (a directory, or not writable): %w", p, errdefs.ErrInvalidArgument))
 		return
 	}
-	s.record(r.Context(), ev)
 	w.WriteHeader(http.StatusNoContent)
-}
-
-type countingReader struct {
-	r io.Reader
-	n int64
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += int64(n)
-	return n, err
 }
 
 // record writes ev to the audit log, if the server keeps one.
@@ -227,12 +222,11 @@ type resize struct {
 }
 
 func (s *Server) dashTerminal(w http.ResponseWriter, r *http.Request) {
-	sb, live, done, err := s.dashSandbox(r)
+	sb, envd, refused, err := s.dashEnvd(r)
 	if err != nil {
 		httperr.Write(w, err)
 		return
 	}
-	defer done()
 	// Origin was checked against Host already; the library checks again.
 	c, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{terminalProtocol}})
 	if err != nil {
@@ -244,21 +238,26 @@ func (s *Server) dashTerminal(w http.ResponseWriter, r *http.Request) {
 		c.Close(websocket.StatusPolicyViolation, "offer the "+terminalProtocol+" subprotocol")
 		return
 	}
-	ctx, cancel := context.WithCancel(live)
+	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	size := resize{Cols: 80, Rows: 24}
 	if v := r.URL.Query(); v.Get("cols") != "" {
 		fmt.Sscan(v.Get("cols"), &size.Cols)
 		fmt.Sscan(v.Get("rows"), &size.Rows)
 	}
-	pty, err := s.mgr.Envd(sb).StartPTY(ctx, "", clampSize(size.Cols, 80), clampSize(size.Rows, 24))
+	// The gateway admits and audits the shell as it does an SDK's PTY.
+	pty, err := envd.StartPTY(ctx, "", clampSize(size.Cols, 80), clampSize(size.Rows, 24))
 	if err != nil {
-		s.log.Warn("dashboard terminal", "sandbox", sb.ID, "err", err)
-		c.Close(websocket.StatusInternalError, "could not start a shell in the sandbox")
+		s.log.Info("dashboard terminal", "sandbox", sb.ID, "err", err)
+		why := err.Error()
+		if _, msg := refused.get(); msg != "" {
+			why = msg
+		}
+		// The whole reason on the screen (a close reason holds 123 bytes).
+		_ = c.Write(ctx, websocket.MessageBinary, []byte("no shell: "+why+"\r\n"))
+		c.Close(websocket.StatusTryAgainLater, closeReason("no shell: "+why))
 		return
 	}
-	key := keyOf(r.Context())
-	s.record(ctx, audit.Event{SandboxID: sb.ID, TeamID: sb.TeamID, APIKeyID: key.ID, Kind: audit.KindProcess, Action: "terminal", Decision: audit.Allowed, Fields: map[string]any{"cmd": "/bin/bash -i -l", "via": "dashboard"}})
 	defer func() {
 		kctx, kcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer kcancel()
@@ -302,4 +301,12 @@ func clampSize(v, def uint16) uint16 {
 		return def
 	}
 	return v
+}
+
+// closeReason fits a WebSocket close reason (at most 123 bytes).
+func closeReason(s string) string {
+	if len(s) <= 123 {
+		return s
+	}
+	return s[:120] + "..."
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/agentbox/agentbox/internal/errdefs"
 	agentsv1 "github.com/agentbox/agentbox/internal/kube/apis/agents/v1beta1"
+	"github.com/agentbox/agentbox/internal/runtime"
 	"github.com/agentbox/agentbox/internal/sandbox"
 )
 
@@ -41,21 +42,18 @@ const AnnotationAllowInternet = "agentbox.dev/allow-internet"
 // its own API.
 const AnnotationNetwork = "agentbox.dev/network"
 
-// runtimeClassTier maps a pod's runtimeClassName to an isolation tier.
-// Empty means the template's tier.
+// runtimeClassTier maps a pod's runtimeClassName to an isolation tier
+// (runtime's tier table: a tier's client name or its driver's). Empty
+// means the template's tier.
 func runtimeClassTier(rc *string) (string, error) {
 	if rc == nil || *rc == "" {
 		return "", nil
 	}
-	switch *rc {
-	case "gvisor", "runsc":
-		return sandbox.IsolationGVisor, nil
-	case "runc", "container":
-		return sandbox.IsolationContainer, nil
-	case "microvm":
-		return sandbox.IsolationMicroVM, nil
+	iso, err := runtime.IsolationOfClass(*rc)
+	if err != nil {
+		return "", fmt.Errorf("spec.podTemplate.spec.%w", err)
 	}
-	return "", fmt.Errorf("spec.podTemplate.spec.runtimeClassName %q: agentbox runs gvisor (runsc), runc (container) or microvm: %w", *rc, errdefs.ErrInvalidArgument)
+	return iso, nil
 }
 
 // createRequest turns a Sandbox's blueprint into the manager's create

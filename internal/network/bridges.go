@@ -21,7 +21,7 @@ import (
 // the same gateway address, so a sandbox's address, gateway, routes and
 // nameserver do not depend on its bridge: the allocator stays one next-fit
 // over the whole subnet, a paused sandbox may come back on another bridge,
-// and the netplug hook needs no new argument. Bridge 0 holds the subnet's
+// and a restore plugs its netns without knowing the bridge. Bridge 0 holds the subnet's
 // connected route (as before there were overflow bridges, so an upgraded
 // server's sandboxes keep working); an overflow bridge holds the gateway as
 // a /32 and a /32 route to each of its sandboxes. Traffic between bridges is

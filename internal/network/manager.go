@@ -21,6 +21,7 @@ import (
 
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/hostkey"
+	"github.com/agentbox/agentbox/internal/rollback"
 )
 
 // Config configures the Manager. Zero values take the defaults.
@@ -465,19 +466,20 @@ func (m *Manager) Attach(ctx context.Context, id string, p Policy) (ep Endpoint,
 	if err != nil {
 		return Endpoint{}, err
 	}
-	var undo []func()
+	var undo rollback.List
 	defer func() {
 		if err != nil {
-			for i := len(undo) - 1; i >= 0; i-- {
-				undo[i]()
-			}
+			_ = undo.Run(context.WithoutCancel(ctx))
+		} else {
+			undo.Release()
 		}
 	}()
-	undo = append(undo, func() {
+	undo.Add("address", func(context.Context) error {
 		i, _ := m.bridgeOfID(id)
 		_ = m.unrouteSandbox(i, ip)
 		m.release(id)
 		_ = m.pruneBridge(i)
+		return nil
 	})
 	m.forgetNeighbour(id, ip)
 
@@ -487,37 +489,40 @@ func (m *Manager) Attach(ctx context.Context, id string, p Policy) (ep Endpoint,
 	if err := m.writeAddr(id, ip); err != nil {
 		return Endpoint{}, err
 	}
-	undo = append(undo, func() { _ = os.Remove(m.addrPath(id)) })
+	undo.Add("address record", func(context.Context) error { return os.Remove(m.addrPath(id)) })
 	if m.cfg.Deferred {
 		// The netns file is a placeholder until Plug pins the namespace
 		// on it; it marks the sandbox attached across restarts.
 		if err := placeholder(path); err != nil {
 			return Endpoint{}, fmt.Errorf("netns %s: %w", id, err)
 		}
-		undo = append(undo, func() { _ = removeNetNS(path) })
+		undo.Add("netns placeholder", func(context.Context) error { return removeNetNS(path) })
 		// Plug makes the veth pair, with the sandbox's end inside.
-		undo = append(undo, func() { _ = deleteLink(m.hostVeth(id)); _ = deleteLink(m.peerVeth(id)) })
+		undo.Add("veth pair", func(context.Context) error {
+			return errors.Join(deleteLink(m.hostVeth(id)), deleteLink(m.peerVeth(id)))
+		})
 	} else {
 		if err := newNetNS(path); err != nil {
 			return Endpoint{}, fmt.Errorf("netns %s: %w", id, err)
 		}
-		undo = append(undo, func() { removeNetNS(path) })
+		undo.Add("netns", func(context.Context) error { return removeNetNS(path) })
 		if err := m.attachNetNS(ctx, id, path, ip); err != nil {
 			return Endpoint{}, err
 		}
-		undo = append(undo, func() { deleteLink(m.hostVeth(id)) })
+		undo.Add("veth", func(context.Context) error { return deleteLink(m.hostVeth(id)) })
 	}
 	if err := m.addSpoofRules(id, ip); err != nil {
 		return Endpoint{}, err
 	}
-	undo = append(undo, func() { _ = m.removeSpoofRules(id, ip) })
-	undo = append(undo, func() {
+	undo.Add("spoof rules", func(context.Context) error { return m.removeSpoofRules(id, ip) })
+	undo.Add("policy", func(context.Context) error {
 		_ = m.setNoInternet(ip, false)
 		_ = m.setMember(byNameSet, ip, false)
 		_ = m.setIPRules(id, ip, Policy{})
 		if e := m.egressOf(); e != nil {
 			e.Unbind(id)
 		}
+		return nil
 	})
 	if err := m.applyPolicy(id, ip, p); err != nil {
 		return Endpoint{}, err

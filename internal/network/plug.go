@@ -3,11 +3,8 @@ package network
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -28,13 +25,12 @@ import (
 // Config.Deferred, Attach records the address and rules only, and the
 // runtime hands the new netns over with Plug before the sandbox's init
 // runs, which makes the veth pair with the sandbox's end inside. runc has
-// CRIU restore a sandbox into an empty netns; the hook from PlugHook moves
-// a pair made in the host (the sandbox's end named peerVeth) in before the
-// sockets come back, and Plug then adopts the netns and corrects what
-// differs (a fork's address and MAC).
+// CRIU restore a sandbox into an empty netns; its plug-wait hook has the
+// server Plug that netns before the sockets come back, and Plug corrects
+// what differs (a fork's address and MAC).
 
 // peerVeth names the sandbox's end of its veth pair while it waits in the
-// host namespace for Plug (or the restore hook) to move it in as eth0.
+// host namespace for Plug to move it in as eth0.
 func (m *Manager) peerVeth(id string) string { return "ap" + m.hostVeth(id)[2:] }
 
 // sandboxMAC is eth0's address, derived from the id: stable across a pause
@@ -81,24 +77,6 @@ func (m *Manager) attachNetNS(ctx context.Context, id, path string, ip netip.Add
 		return err
 	}
 	return m.activate(ctx, h, id)
-}
-
-// vethPair makes (if missing) the veth pair of a deferred sandbox, both
-// ends in the host namespace, and returns the name of the sandbox's end.
-func (m *Manager) vethPair(id string) (string, error) {
-	peer := m.peerVeth(id)
-	if _, err := netlink.LinkByName(peer); err == nil {
-		return peer, nil
-	}
-	// A host end without its peer is the remains of a pair whose other end
-	// went away with a netns: start over.
-	if err := deleteLink(m.hostVeth(id)); err != nil {
-		return "", err
-	}
-	if err := m.addVeth(id, peer, -1); err != nil {
-		return "", err
-	}
-	return peer, nil
 }
 
 // forgetNeighbour drops the host's neighbour (ARP) entry for ip on the
@@ -153,124 +131,6 @@ func (m *Manager) addVeth(id, peer string, nsFD int) error {
 		return fmt.Errorf("veth %s: %w", hostName, err)
 	}
 	return nil
-}
-
-// PlugHook makes sure a deferred sandbox's veth pair exists and returns
-// the arguments of `agentbox __hook` (see RunPlugHook) that move it into the
-// sandbox's new netns. runc runs the hook (OCI state on stdin) while CRIU
-// restores the sandbox into an empty netns, after the namespaces exist and
-// before the sockets come back, which need their addresses and routes.
-func (m *Manager) PlugHook(ctx context.Context, id string) ([]string, error) {
-	if !validID.MatchString(id) {
-		return nil, fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
-	}
-	ep, ok := m.Lookup(id)
-	if !ok {
-		return nil, fmt.Errorf("sandbox %s network: %w", id, errdefs.ErrNotFound)
-	}
-	peer, err := m.vethPair(id)
-	if err != nil {
-		return nil, err
-	}
-	a := plugArgs{veth: peer, mac: sandboxMAC(id), addr: ep.IP, gateway: m.gateway}
-	return a.args(), nil
-}
-
-// PlugHookName is the name of the hook RunPlugHook implements.
-const PlugHookName = "netplug"
-
-// plugArgs are the arguments of the netplug hook.
-type plugArgs struct {
-	veth          string           // the sandbox's end of the veth pair, in the host namespace
-	mac           net.HardwareAddr // eth0's address
-	addr, gateway netip.Addr
-}
-
-func (a plugArgs) args() []string {
-	return []string{PlugHookName, "--veth", a.veth, "--mac", a.mac.String(), "--addr", a.addr.String(), "--gateway", a.gateway.String()}
-}
-
-// parsePlugArgs reads the hook's arguments (without its name); every one
-// is required.
-func parsePlugArgs(args []string) (plugArgs, error) {
-	var a plugArgs
-	fs := flag.NewFlagSet(PlugHookName, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	var mac, addr, gw string
-	fs.StringVar(&a.veth, "veth", "", "")
-	fs.StringVar(&mac, "mac", "", "")
-	fs.StringVar(&addr, "addr", "", "")
-	fs.StringVar(&gw, "gateway", "", "")
-	if err := fs.Parse(args); err != nil {
-		return a, fmt.Errorf("%s hook: %w", PlugHookName, err)
-	}
-	if fs.NArg() > 0 {
-		return a, fmt.Errorf("%s hook: unexpected argument %q", PlugHookName, fs.Arg(0))
-	}
-	if a.veth == "" || len(a.veth) > unix.IFNAMSIZ-1 {
-		return a, fmt.Errorf("%s hook: --veth: want an interface name of 1 to %d bytes, got %q", PlugHookName, unix.IFNAMSIZ-1, a.veth)
-	}
-	var err error
-	if a.mac, err = net.ParseMAC(mac); err != nil || len(a.mac) != 6 {
-		return a, fmt.Errorf("%s hook: --mac: want an Ethernet address, got %q", PlugHookName, mac)
-	}
-	for _, f := range []struct {
-		name, val string
-		dst       *netip.Addr
-	}{{"addr", addr, &a.addr}, {"gateway", gw, &a.gateway}} {
-		ip, err := netip.ParseAddr(f.val)
-		if err != nil || !ip.Is4() {
-			return a, fmt.Errorf("%s hook: --%s: want an IPv4 address, got %q", PlugHookName, f.name, f.val)
-		}
-		*f.dst = ip
-	}
-	return a, nil
-}
-
-// RunPlugHook is `agentbox __hook netplug`: with the OCI state of a sandbox
-// being restored on state, it moves the veth end into the netns of the
-// state's pid as eth0 and configures it (MAC, address, lo up, routes) with
-// netlink from inside that netns.
-func RunPlugHook(args []string, state io.Reader) error {
-	a, err := parsePlugArgs(args)
-	if err != nil {
-		return err
-	}
-	var st struct {
-		Pid int `json:"pid"`
-	}
-	if err := json.NewDecoder(io.LimitReader(state, 1<<20)).Decode(&st); err != nil {
-		return fmt.Errorf("%s hook: OCI state on stdin: %w", PlugHookName, err)
-	}
-	if st.Pid <= 0 {
-		return fmt.Errorf("%s hook: OCI state names no pid", PlugHookName)
-	}
-	ns, err := netns.GetFromPath("/proc/" + strconv.Itoa(st.Pid) + "/ns/net")
-	if err != nil {
-		return fmt.Errorf("%s hook: netns of pid %d: %w", PlugHookName, st.Pid, err)
-	}
-	defer ns.Close()
-	l, err := netlink.LinkByName(a.veth)
-	if err != nil {
-		return fmt.Errorf("%s hook: veth %s: %w", PlugHookName, a.veth, err)
-	}
-	if err := netlink.LinkSetNsFd(l, int(ns)); err != nil {
-		return fmt.Errorf("%s hook: move %s into the netns of pid %d: %w", PlugHookName, a.veth, st.Pid, err)
-	}
-	// The handle's socket is made on a locked thread inside the netns;
-	// everything below happens there.
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		return fmt.Errorf("%s hook: netlink in netns: %w", PlugHookName, err)
-	}
-	defer h.Close()
-	if l, err = h.LinkByName(a.veth); err == nil {
-		err = h.LinkSetName(l, "eth0")
-	}
-	if err != nil {
-		return fmt.Errorf("%s hook: %s as eth0: %w", PlugHookName, a.veth, err)
-	}
-	return configureLinks(h, a.mac, a.addr, a.gateway)
 }
 
 // Plug hands sandbox id's network namespace to the manager: the one of
@@ -365,8 +225,8 @@ func (m *Manager) seedNeighbours(h *netlink.Handle, id string, ip netip.Addr) er
 // of the sandbox's veth pair as eth0. A pair is made with that end already
 // inside: moving a device between namespaces waits for an RCU grace period
 // (10-25 ms on a busy host), creating it there does not. A pair already
-// waiting in the host (made by PlugHook, or by an earlier server's Attach)
-// is moved in instead.
+// waiting in the host (made by an earlier server's Attach) is moved in
+// instead.
 func (m *Manager) plugVeth(id string, ns netns.NsHandle, h *netlink.Handle) error {
 	peer := m.peerVeth(id)
 	l, err := netlink.LinkByName(peer)

@@ -147,7 +147,7 @@ func TestDeferredPlug(t *testing.T) {
 
 	// A checkpointed sandbox's netns goes away (Unplug) and a restore gets
 	// a new, empty one that the hook wires up before its sockets return.
-	t.Run("unplug and restore hook", func(t *testing.T) {
+	t.Run("unplug and plug a restored netns", func(t *testing.T) {
 		id := "plughook"
 		ep, err := m.Attach(ctx, id, Policy{AllowInternet: true})
 		if err != nil {
@@ -166,21 +166,10 @@ func TestDeferredPlug(t *testing.T) {
 		if _, err := os.Stat(ep.NetNSPath); err != nil {
 			t.Fatalf("netns file gone after Unplug (the sandbox must stay attached): %v", err)
 		}
-		args, err := m.PlugHook(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if args[0] != PlugHookName {
-			t.Fatalf("hook args %q do not name the hook", args)
-		}
-		if _, err := netlink.LinkByName(m.hostVeth(id)); err != nil {
-			t.Fatalf("PlugHook did not remake the veth pair: %v", err)
-		}
+		// A restore's netns: runc's plug-wait hook has the server Plug it.
 		pid := userNetNSProcess(t)
-		// What `agentbox __hook netplug` runs, with runc's state on stdin.
-		state := strings.NewReader(fmt.Sprintf(`{"ociVersion":"1.0.2","id":%q,"status":"creating","pid":%d,"bundle":"/x"}`, id, pid))
-		if err := RunPlugHook(args[1:], state); err != nil {
-			t.Fatalf("hook: %v", err)
+		if err := m.Plug(ctx, id, pid); err != nil {
+			t.Fatalf("Plug of the restored netns: %v", err)
 		}
 		path := fmt.Sprintf("/proc/%d/ns/net", pid)
 		deadline := time.Now().Add(5 * time.Second)
@@ -188,10 +177,10 @@ func TestDeferredPlug(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 		if err := reachable(t, path, ep.IP); err != nil {
-			t.Fatalf("host cannot reach the restored netns after the hook: %v", err)
+			t.Fatalf("host cannot reach the restored netns after Plug: %v", err)
 		}
 		if err := m.Plug(ctx, id, pid); err != nil {
-			t.Fatalf("Plug after the hook: %v", err)
+			t.Fatalf("Plug again: %v", err)
 		}
 	})
 
@@ -200,47 +189,9 @@ func TestDeferredPlug(t *testing.T) {
 			if err := m.Plug(ctx, id, 0); err == nil {
 				t.Errorf("Plug(%q) accepted", id)
 			}
-			if _, err := m.PlugHook(ctx, id); err == nil {
-				t.Errorf("PlugHook(%q) accepted", id)
-			}
 		}
 		if err := m.Plug(ctx, "notattached", 0); err == nil {
 			t.Error("Plug of an unattached sandbox accepted")
 		}
 	})
-}
-
-func TestParsePlugArgs(t *testing.T) {
-	good := plugArgs{veth: "ap0123456789ab", mac: sandboxMAC("x"), addr: netip.MustParseAddr("10.0.0.5"), gateway: netip.MustParseAddr("10.0.0.1")}
-	got, err := parsePlugArgs(good.args()[1:])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got.veth != good.veth || got.mac.String() != good.mac.String() || got.addr != good.addr || got.gateway != good.gateway {
-		t.Fatalf("round trip: %+v, want %+v", got, good)
-	}
-	for name, args := range map[string][]string{
-		"nothing":          nil,
-		"no veth":          {"--mac", "02:00:00:00:00:01", "--addr", "10.0.0.5", "--gateway", "10.0.0.1"},
-		"long veth":        {"--veth", "abcdefghijklmnop", "--mac", "02:00:00:00:00:01", "--addr", "10.0.0.5", "--gateway", "10.0.0.1"},
-		"bad mac":          {"--veth", "ap1", "--mac", "zz", "--addr", "10.0.0.5", "--gateway", "10.0.0.1"},
-		"long mac":         {"--veth", "ap1", "--mac", "02:00:00:00:00:00:00:01", "--addr", "10.0.0.5", "--gateway", "10.0.0.1"},
-		"ipv6 addr":        {"--veth", "ap1", "--mac", "02:00:00:00:00:01", "--addr", "fd00::5", "--gateway", "10.0.0.1"},
-		"no gateway":       {"--veth", "ap1", "--mac", "02:00:00:00:00:01", "--addr", "10.0.0.5"},
-		"unknown flag":     {"--veth", "ap1", "--mac", "02:00:00:00:00:01", "--addr", "10.0.0.5", "--gateway", "10.0.0.1", "--shell", "x"},
-		"stray positional": {"--veth", "ap1", "--mac", "02:00:00:00:00:01", "--addr", "10.0.0.5", "--gateway", "10.0.0.1", "rm"},
-	} {
-		if _, err := parsePlugArgs(args); err == nil {
-			t.Errorf("%s: %q accepted", name, args)
-		}
-	}
-}
-
-func TestRunPlugHookRefusesBadState(t *testing.T) {
-	args := plugArgs{veth: "apnone", mac: sandboxMAC("x"), addr: netip.MustParseAddr("10.0.0.5"), gateway: netip.MustParseAddr("10.0.0.1")}.args()[1:]
-	for _, state := range []string{"", "{", `{"pid":0}`, `{"pid":-4}`} {
-		if err := RunPlugHook(args, strings.NewReader(state)); err == nil {
-			t.Errorf("state %q accepted", state)
-		}
-	}
 }

@@ -199,10 +199,6 @@ type NetPlugger interface {
 	Plug(ctx context.Context, id string, pid int) error
 	// Unplug lets go of the netns of a sandbox whose processes are gone.
 	Unplug(ctx context.Context, id string) error
-	// PlugHook returns the arguments of `agentbox __hook` that, given the
-	// sandbox's OCI state on stdin, wire a just-restored netns up (run as
-	// an OCI hook).
-	PlugHook(ctx context.Context, id string) ([]string, error)
 }
 
 // NewBootID returns a random version 4 UUID, the shape of the kernel's

@@ -10,6 +10,7 @@ import (
 	"github.com/agentbox/agentbox/internal/envdclient"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/network"
+	"github.com/agentbox/agentbox/internal/runtime"
 )
 
 // envdOf is the client of sb's envd, carrying sb's access token.
@@ -43,16 +44,11 @@ func (m *Manager) initEnvd(ctx context.Context, sb *Sandbox, startCmd string, po
 	return c.Init(ctx, body, "")
 }
 
-// microVMReadyWait is how long a microVM's envd may take to answer: its
-// guest kernel boots first, under software emulation on hosts without KVM.
-const microVMReadyWait = 90 * time.Second
-
-// envdReadyWait is how long sb's envd may take to answer after its start.
+// envdReadyWait is how long sb's envd may take to answer after its start:
+// the server's wait, or more where the tier boots a kernel first.
 func (m *Manager) envdReadyWait(sb *Sandbox) time.Duration {
-	if sb.Isolation == IsolationMicroVM {
-		return max(m.cfg.EnvdReadyWait, microVMReadyWait)
-	}
-	return m.cfg.EnvdReadyWait
+	ti, _ := runtime.TierOf(sb.Isolation)
+	return max(m.cfg.EnvdReadyWait, ti.ReadyWait)
 }
 
 // reinitEnvd hands a restored or claimed envd its new identity: env vars,

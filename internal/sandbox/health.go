@@ -187,8 +187,8 @@ func (m *Manager) limitCounters(ctx context.Context, sb *Sandbox, c runtime.Limi
 			reason += fmt.Sprintf(" (files in /tmp count as memory: up to %d MiB)", sb.TmpMB)
 		}
 		reason += fmt.Sprintf("; use less memory (smaller inputs, streaming, fewer parallel workers) or create the sandbox with a larger memoryMB (team quota %d MiB)", m.quotaOf(ctx, sb.TeamID).MemoryMB)
-		if sb.Isolation == IsolationGVisor {
-			reason += "; under gvisor the whole sandbox may have been stopped"
+		if ti, _ := runtime.TierOf(sb.Isolation); ti.OOMHint != "" {
+			reason += "; " + ti.OOMHint
 		}
 		m.auditLimit(ctx, sb, "oom", reason, map[string]any{"killed": n, "memoryMB": sb.MemoryMB})
 	}

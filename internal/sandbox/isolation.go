@@ -11,11 +11,11 @@ import (
 	"github.com/agentbox/agentbox/internal/template"
 )
 
-// Isolation tiers as clients name them.
+// Isolation tiers as clients name them (runtime's tier table has each).
 const (
-	IsolationContainer = "container" // hardened runc: namespaces, seccomp, minimal caps
-	IsolationGVisor    = "gvisor"    // gVisor runsc: a user-space kernel between the sandbox and the host
-	IsolationMicroVM   = "microvm"   // QEMU microvm: a guest kernel of its own per sandbox
+	IsolationContainer = runtime.IsolationContainer
+	IsolationGVisor    = runtime.IsolationGVisor
+	IsolationMicroVM   = runtime.IsolationMicroVM
 )
 
 // MetadataIsolation is the metadata key clients that cannot send extension
@@ -38,19 +38,11 @@ func lazyResume(md map[string]string) runtime.Lazy {
 	return runtime.LazyAuto
 }
 
-// Isolations lists the tiers clients may ask for.
-func Isolations() []string { return []string{IsolationContainer, IsolationGVisor, IsolationMicroVM} }
+// Isolations lists the tiers clients may ask for, the default first.
+func Isolations() []string { return runtime.Isolations() }
 
 // RuntimeTier maps a client-facing tier to the runtime driver's name.
-func RuntimeTier(isolation string) string {
-	switch isolation {
-	case IsolationGVisor:
-		return "runsc"
-	case IsolationMicroVM:
-		return "microvm"
-	}
-	return "runc"
-}
+func RuntimeTier(isolation string) string { return runtime.RuntimeOf(isolation) }
 
 // Limits are per-sandbox resource limits; a zero field takes the template's
 // (or the server's) default.
@@ -78,7 +70,7 @@ func (m *Manager) resolveIsolation(req CreateRequest, tpl *template.Template) (s
 		iso = tpl.Isolation
 	}
 	if iso == "" {
-		iso = IsolationContainer
+		iso = runtime.DefaultIsolation()
 	}
 	if !slices.Contains(Isolations(), iso) {
 		return "", fmt.Errorf("isolation: %q is not a tier; use one of %s: %w", truncateID(iso), strings.Join(Isolations(), ", "), errdefs.ErrInvalidArgument)
@@ -91,8 +83,8 @@ func (m *Manager) resolveIsolation(req CreateRequest, tpl *template.Template) (s
 			}
 			return "", err
 		}
-	} else if iso != IsolationContainer {
-		return "", fmt.Errorf("isolation %q: this server's runtime only runs %q: %w", iso, IsolationContainer, errdefs.ErrInvalidArgument)
+	} else if def := runtime.DefaultIsolation(); iso != def {
+		return "", fmt.Errorf("isolation %q: this server's runtime only runs %q: %w", iso, def, errdefs.ErrInvalidArgument)
 	}
 	return iso, nil
 }

@@ -17,25 +17,26 @@ type Readiness struct {
 }
 
 // Readiness runs the checks. The server is ready when its store answers,
-// its network is up and the default tier (container) can run; the gVisor
-// tier is reported but optional.
+// its network is up and the default tier (container) can run; the other
+// tiers are reported but optional.
 func (m *Manager) Readiness(ctx context.Context) Readiness {
 	r := Readiness{Store: checkResult(m.store.Ping(ctx)), Network: "ok", Tiers: map[string]string{}}
 	if nr, ok := m.net.(interface{ Ready(context.Context) error }); ok {
 		r.Network = checkResult(nr.Ready(ctx))
 	}
 	tc, _ := m.rt.(runtime.TierChecker)
-	for _, iso := range Isolations() {
+	def := runtime.DefaultIsolation()
+	for _, ti := range runtime.TierInfos() {
 		switch {
 		case tc != nil:
-			r.Tiers[iso] = checkResult(tc.TierAvailable(RuntimeTier(iso)))
-		case iso == IsolationContainer:
-			r.Tiers[iso] = "ok"
+			r.Tiers[ti.Isolation] = checkResult(tc.TierAvailable(ti.Runtime))
+		case ti.Isolation == def:
+			r.Tiers[ti.Isolation] = "ok"
 		default:
-			r.Tiers[iso] = "not run by this server's runtime"
+			r.Tiers[ti.Isolation] = "not run by this server's runtime"
 		}
 	}
-	r.Ready = r.Store == "ok" && r.Network == "ok" && r.Tiers[IsolationContainer] == "ok"
+	r.Ready = r.Store == "ok" && r.Network == "ok" && r.Tiers[def] == "ok"
 	return r
 }
 

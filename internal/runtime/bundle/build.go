@@ -52,22 +52,22 @@ type Built struct {
 // caller runs the returned rollback if a later step fails.
 func (s *Store) Build(ctx context.Context, spec runtime.Spec, o Options) (b Built, rb Rollback, err error) {
 	if err := CheckID(spec.ID); err != nil {
-		return b, nil, err
+		return b, Rollback{}, err
 	}
 	if len(spec.Layers) == 0 {
-		return b, nil, fmt.Errorf("sandbox %s: no rootfs layers: %w", spec.ID, errdefs.ErrInvalidArgument)
+		return b, Rollback{}, fmt.Errorf("sandbox %s: no rootfs layers: %w", spec.ID, errdefs.ErrInvalidArgument)
 	}
 	dir := s.Dir(spec.ID)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		if errors.Is(err, fs.ErrExist) {
-			return b, nil, fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrConflict)
+			return b, Rollback{}, fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrConflict)
 		}
-		return b, nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		return b, Rollback{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	defer func() {
 		if err != nil {
 			rb.Run()
-			rb = nil
+			rb = Rollback{}
 		}
 	}()
 	rb.Add(func() { _ = removeBundleDir(dir) })
@@ -164,18 +164,18 @@ const layersFile = "layers"
 func (s *Store) BuildFromImage(ctx context.Context, spec runtime.Spec, o Options, base uint32) (rb Rollback, err error) {
 	dir := s.Dir(spec.ID)
 	if len(spec.Layers) == 0 {
-		return nil, fmt.Errorf("sandbox %s: no rootfs layers: %w", spec.ID, errdefs.ErrInvalidArgument)
+		return Rollback{}, fmt.Errorf("sandbox %s: no rootfs layers: %w", spec.ID, errdefs.ErrInvalidArgument)
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		if errors.Is(err, fs.ErrExist) {
-			return nil, fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrConflict)
+			return Rollback{}, fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrConflict)
 		}
-		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+		return Rollback{}, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	defer func() {
 		if err != nil {
 			rb.Run()
-			rb = nil
+			rb = Rollback{}
 		}
 	}()
 	rb.Add(func() { _ = removeBundleDir(dir) })

@@ -25,6 +25,7 @@ import (
 
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/hostkey"
+	"github.com/agentbox/agentbox/internal/rollback"
 	"github.com/agentbox/agentbox/internal/runtime"
 )
 
@@ -231,18 +232,18 @@ func hasCap(c int) bool {
 	return false
 }
 
-// Rollback undoes completed setup steps in reverse order.
-type Rollback []func()
+// Rollback undoes completed setup steps in reverse order: the shared undo
+// list (internal/rollback) with steps that clean up as best they can and
+// report nothing.
+type Rollback struct{ l rollback.List }
 
 // Add appends an undo step.
-func (rb *Rollback) Add(f func()) { *rb = append(*rb, f) }
+func (rb *Rollback) Add(f func()) {
+	rb.l.Add("bundle", func(context.Context) error { f(); return nil })
+}
 
 // Run undoes every step, the last added first.
-func (rb Rollback) Run() {
-	for i := len(rb) - 1; i >= 0; i-- {
-		rb[i]()
-	}
-}
+func (rb *Rollback) Run() { _ = rb.l.Run(context.Background()) }
 
 // Unmount unmounts path, retrying while it is busy (processes of a killed
 // container may still be exiting) and detaching it lazily as a last resort.

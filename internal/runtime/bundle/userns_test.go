@@ -243,17 +243,6 @@ func TestShiftTreeRoundTrip(t *testing.T) {
 	}
 }
 
-// TestMain lets the test binary stand in for `agentbox __hook hold`.
-func TestMain(m *testing.M) {
-	if len(os.Args) > 2 && os.Args[1] == "__hook" && os.Args[2] == HoldHook {
-		if err := RunHoldHook(os.Stdin); err != nil {
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
-
 // testHookBinary is the test binary, by absolute path.
 func testHookBinary(tb testing.TB) string {
 	tb.Helper()

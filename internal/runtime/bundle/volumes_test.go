@@ -67,7 +67,7 @@ func TestRemoveBundleKeepsVolumes(t *testing.T) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	rb = nil
+	rb = Rollback{}
 	if err := s.mountVolumes(t.Context(), dir, vols[:1], false, 0, &rb); err != nil {
 		t.Fatal(err)
 	}

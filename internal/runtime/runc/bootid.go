@@ -104,14 +104,15 @@ func (d *Driver) mountBootID(ctx context.Context, dir string, pid int, limitNS b
 	return nil
 }
 
-// RunBootIDHook is `agentbox __hook boot-id --pid <pid> [--inotify-instances
-// <n> --inotify-watches <n>]`: in the mount namespace of --pid (joined
-// before the Go runtime started, which joined reports), it attaches the
-// detached mount it got as fd 3 over the kernel's boot_id. The path is
-// resolved without following symlinks and must end on procfs, so files of
-// the sandbox's own making are never mounted over. With the inotify flags
-// the constructor has also set those caps in --pid's user namespace, which
-// limited reports.
+// RunBootIDHook is the Go side of `agentbox __hook boot-id --pid <pid>
+// [--inotify-instances <n> --inotify-watches <n>]`, whose work is done by
+// internal/runtime/nsjoin's constructor before the Go runtime starts: in
+// the mount namespace of --pid it attaches the detached mount it got as fd
+// 3 over the kernel's boot_id, resolved without following symlinks and
+// only on procfs, so files of the sandbox's own making are never mounted
+// over; with the inotify flags it also sets those caps in --pid's user
+// namespace. This is reached only when the constructor left the call
+// alone (joined and limited say what it did), and names why.
 func RunBootIDHook(args []string, joined, limited bool) error {
 	fs := flag.NewFlagSet(BootIDHook, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -135,26 +136,5 @@ func RunBootIDHook(args []string, joined, limited bool) error {
 			return fmt.Errorf("%s hook: the inotify caps of pid %d's user namespace were not set (the binary lacks internal/runtime/nsjoin): %w", BootIDHook, *pid, errdefs.ErrUnavailable)
 		}
 	}
-	root, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("%s hook: %w", BootIDHook, err)
-	}
-	defer unix.Close(root)
-	how := &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS}
-	target, err := unix.Openat2(root, strings.TrimPrefix(bootIDInSandbox, "/"), how)
-	if err != nil {
-		return fmt.Errorf("%s hook: %s in the sandbox: %w", BootIDHook, bootIDInSandbox, err)
-	}
-	defer unix.Close(target)
-	var st unix.Statfs_t
-	if err := unix.Fstatfs(target, &st); err != nil {
-		return fmt.Errorf("%s hook: %w", BootIDHook, err)
-	}
-	if st.Type != unix.PROC_SUPER_MAGIC {
-		return fmt.Errorf("%s hook: %s in the sandbox is not procfs's (filesystem %#x): %w", BootIDHook, bootIDInSandbox, st.Type, errdefs.ErrInvalidArgument)
-	}
-	if err := unix.MoveMount(3, "", target, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
-		return fmt.Errorf("%s hook: mount over %s: %w", BootIDHook, bootIDInSandbox, err)
-	}
-	return nil
+	return notRun(BootIDHook, args)
 }

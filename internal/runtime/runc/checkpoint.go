@@ -18,6 +18,7 @@ import (
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/runtime"
 	"github.com/agentbox/agentbox/internal/runtime/bundle"
+	"github.com/agentbox/agentbox/internal/runtime/ocicli"
 )
 
 // Files of a CRIU checkpoint in the bundle (bundle/image.go has the rest).
@@ -126,12 +127,12 @@ func freezeTimedOut(work string) bool {
 
 // criuFailed wraps a failed checkpoint or restore with runc's reason and
 // the first error of CRIU's own log in work, where the real cause is.
-func criuFailed(verb, logFile, work string, err error) error {
+func (d *Driver) criuFailed(verb, logFile, work string, err error) error {
 	name := "dump.log"
 	if verb == "restore" {
 		name = "restore.log"
 	}
-	return fmt.Errorf("%w%s", failed(verb, logFile, err), logHint(filepath.Join(work, name)))
+	return fmt.Errorf("%w%s", d.Failed(verb, logFile, err), logHint(filepath.Join(work, name)))
 }
 
 // CRIU locks a dumped netns's traffic until the restore has its sockets
@@ -158,12 +159,9 @@ const (
 // Checkpoint dumps the sandbox with CRIU. Established TCP connections (the
 // gateway's, a client's) are dumped too, so they continue after a resume.
 func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.CheckpointOptions) (err error) {
-	if err := bundle.CheckID(id); err != nil {
+	dir, err := d.BundleOf(id)
+	if err != nil {
 		return err
-	}
-	dir := d.b.Dir(id)
-	if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
-		return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
 	// A lazy resume still loading memory finishes first: the dump reads
 	// every page, and the new image must not be removed as the old one.
@@ -185,40 +183,27 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 	if err != nil {
 		return err
 	}
-	img, own, err := d.b.ImageDir(id, opts)
+	img, own, drop, err := d.DumpImage(id, opts)
 	if err != nil {
 		return err
 	}
+	defer drop(&err)
 	work := filepath.Join(dir, bundle.CRIUWorkDir)
 	_ = os.RemoveAll(work)
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return err
 	}
-	defer func() {
-		if err != nil && own {
-			_ = os.RemoveAll(img)
-		}
-	}()
 
 	// The writable layer must be copied while the processes are stopped:
 	// CRIU checks every open file against the image at restore, and a later
 	// copy would silently disagree with memory (appended logs). Freezing
 	// first makes dump + copy one consistent instant; CRIU leaves a frozen
 	// cgroup frozen.
-	frozen := false
-	if opts.UpperCopy != "" || opts.LeaveRunning {
-		if err := d.Freeze(ctx, id); err != nil {
-			return err
-		}
-		frozen = true
-		defer func() {
-			if frozen {
-				if terr := d.Thaw(context.WithoutCancel(ctx), id); terr != nil {
-					err = errors.Join(err, terr)
-				}
-			}
-		}()
+	frozen, err := d.FreezeForDump(ctx, id, opts)
+	if err != nil {
+		return err
 	}
+	defer frozen.Thaw(&err)
 	// Connections the sandbox's servers have not accepted yet (a client
 	// connecting at this instant) cannot be dumped; CRIU would fail the
 	// whole pause on them. They are left out: their clients see a reset,
@@ -239,15 +224,15 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 	// CRIU then thaws the sandbox, which keeps running, and one more try
 	// usually succeeds.
 	for attempt := 1; ; attempt++ {
-		err := rc.Checkpoint(ctx, d.cid(id), copts, actions...)
+		err := rc.Checkpoint(ctx, d.CID(id), copts, actions...)
 		if err == nil {
 			break
 		}
-		err = criuFailed("checkpoint", logFile, work, err)
+		err = d.criuFailed("checkpoint", logFile, work, err)
 		if !freezeTimedOut(work) {
 			return fmt.Errorf("sandbox %s: %w", id, err)
 		}
-		if attempt == 2 || !d.running(ctx, id) {
+		if attempt == 2 || !d.IsRunning(ctx, id) {
 			return fmt.Errorf("sandbox %s: its processes did not freeze within %s (the host is busy); it keeps running: pause again later, or raise the freeze timeout (agentbox serve --criu-freeze-timeout): %w: %w",
 				id, d.cfg.FreezeTimeout, errdefs.ErrUnavailable, err)
 		}
@@ -279,7 +264,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 		}
 	}
 	if !opts.LeaveRunning {
-		frozen = false // the processes are gone; nothing to thaw
+		frozen.Gone() // the processes are gone; nothing to thaw
 		if ns.OwnNet && d.cfg.Net != nil {
 			// The netns is in the image; the live one and its veth
 			// must go so the restore can make them again.
@@ -322,17 +307,7 @@ func (d *Driver) HasCheckpoint(ctx context.Context, id string) (bool, error) {
 	if bundle.CheckID(id) == nil {
 		d.settleLazy(ctx, id)
 	}
-	finish := func(ctx context.Context) bool {
-		st, err := d.State(ctx, id)
-		if err != nil || st != runtime.StatusStopped {
-			return false
-		}
-		// CRIU completed and stopped the tasks; only runc's cleanup and
-		// our rename were missed.
-		_ = d.deleteContainer(ctx, id)
-		return true
-	}
-	return d.b.HasImage(ctx, id, complete, finished, finish)
+	return d.b.HasImage(ctx, id, complete, finished, func(ctx context.Context) bool { return d.FinishDump(ctx, id) })
 }
 
 // DropCheckpoint removes the sandbox's pause image.
@@ -346,22 +321,13 @@ func (d *Driver) DropCheckpoint(ctx context.Context, id string) error {
 
 // Restore brings a sandbox back from an image, in place (resume) or into a
 // new bundle (fork, snapshot).
-func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.RestoreOptions) (err error) {
-	if err := bundle.CheckID(spec.ID); err != nil {
-		return err
-	}
-	dir := d.b.Dir(spec.ID)
-	img := opts.ImageDir
-	inPlace := false
-	if _, serr := os.Stat(filepath.Join(dir, "config.json")); serr == nil {
-		inPlace = true
-	}
-	if img == "" {
-		img = filepath.Join(dir, bundle.CheckpointDir)
-	}
-	if opts.FilesystemOnly || bundle.FSOnlyImage(img) {
-		return d.fsRestore(ctx, spec, inPlace)
-	}
+func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.RestoreOptions) error {
+	return d.Base.Restore(spec, opts, func(inPlace bool) error { return d.fsRestore(ctx, spec, inPlace) },
+		func(dir, img string, inPlace bool) error { return d.restoreMemory(ctx, spec, opts, dir, img, inPlace) })
+}
+
+// restoreMemory restores sandbox spec.ID from the memory image img.
+func (d *Driver) restoreMemory(ctx context.Context, spec runtime.Spec, opts runtime.RestoreOptions, dir, img string, inPlace bool) (err error) {
 	logFile := filepath.Join(dir, "runc-restore.log")
 	rc, err := d.criuClient(logFile)
 	if err != nil {
@@ -471,9 +437,9 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 	}
 	restore := func() error {
 		return d.inSession(func() error {
-			return nullIO(func(io gorunc.IO) error {
+			return ocicli.NullIO(func(io gorunc.IO) error {
 				ropts.IO = io
-				_, err := rc.Restore(ctx, d.cid(spec.ID), dir, ropts)
+				_, err := rc.Restore(ctx, d.CID(spec.ID), dir, ropts)
 				return err
 			})
 		})
@@ -500,8 +466,8 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 	if err != nil && lazy != nil {
 		// Whatever failed, a full restore may not: try it once.
 		lazy.kill()
-		lerr := criuFailed("restore", logFile, work, err)
-		_ = d.deleteContainer(context.WithoutCancel(ctx), spec.ID)
+		lerr := d.criuFailed("restore", logFile, work, err)
+		_ = d.DeleteContainer(context.WithoutCancel(ctx), spec.ID)
 		if uffdFailed(work) {
 			d.setLazyOff("userfaultfd unavailable to restored tasks: " + lerr.Error())
 		}
@@ -526,8 +492,8 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 	}
 	if err != nil {
 		// A failed restore may leave a container record or cgroup behind.
-		_ = d.deleteContainer(context.WithoutCancel(ctx), spec.ID)
-		return fmt.Errorf("sandbox %s: %w", spec.ID, criuFailed("restore", logFile, work, err))
+		_ = d.DeleteContainer(context.WithoutCancel(ctx), spec.ID)
+		return fmt.Errorf("sandbox %s: %w", spec.ID, d.criuFailed("restore", logFile, work, err))
 	}
 	// CRIU's own log of the restore stays beside runc's (the work dir
 	// goes): its elapsed stamps tell CRIU's share of a resume from
@@ -546,7 +512,7 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 		}
 		if err != nil {
 			_ = d.killLazy(context.WithoutCancel(ctx), spec.ID)
-			_ = d.deleteContainer(context.WithoutCancel(ctx), spec.ID)
+			_ = d.DeleteContainer(context.WithoutCancel(ctx), spec.ID)
 			return fmt.Errorf("sandbox %s: network after restore: %w", spec.ID, err)
 		}
 	}
@@ -577,30 +543,20 @@ func (d *Driver) fsRestore(ctx context.Context, spec runtime.Spec, inPlace bool)
 	if !inPlace {
 		return d.Create(ctx, spec)
 	}
-	id, dir := spec.ID, d.b.Dir(spec.ID)
-	// A memory pause may leave the container record behind.
-	if err := d.deleteContainer(ctx, id); err != nil {
-		return fmt.Errorf("sandbox %s: %w", id, err)
-	}
-	if err := bundle.EnsureRootfs(dir); err != nil {
-		return fmt.Errorf("sandbox %s: %w", id, err)
-	}
-	if err := criuUnlock(dir); err != nil {
-		return fmt.Errorf("sandbox %s: %w", id, err)
-	}
-	if err := setCRIUConf(dir, nil); err != nil {
-		return fmt.Errorf("sandbox %s: %w", id, err)
-	}
-	if err := clearPlugHook(dir); err != nil { // left by a memory restore
-		return fmt.Errorf("sandbox %s: %w", id, err)
-	}
-	if err := writeBootID(dir, spec.BootID); err != nil { // a new boot
-		return fmt.Errorf("sandbox %s: %w", id, err)
-	}
-	// A fresh boot is a fresh user namespace: start sets its caps.
-	if _, err := d.start(ctx, id, dir, bundle.OwnsNetNS(dir)); err != nil {
-		_ = d.deleteContainer(context.WithoutCancel(ctx), id)
-		return fmt.Errorf("sandbox %s: boot: %w", id, err)
-	}
-	return nil
+	return d.BootInPlace(ctx, spec.ID, func(dir string) error {
+		if err := criuUnlock(dir); err != nil {
+			return err
+		}
+		if err := setCRIUConf(dir, nil); err != nil {
+			return err
+		}
+		if err := clearPlugHook(dir); err != nil { // left by a memory restore
+			return err
+		}
+		return writeBootID(dir, spec.BootID) // a new boot
+	}, func(dir string) error {
+		// A fresh boot is a fresh user namespace: start sets its caps.
+		_, err := d.start(ctx, spec.ID, dir, bundle.OwnsNetNS(dir))
+		return err
+	})
 }

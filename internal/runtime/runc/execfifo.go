@@ -34,7 +34,7 @@ const startWait = 30 * time.Second
 // startInit starts the created container of sandbox id, whose init is pid,
 // through its exec fifo (startThroughFifo).
 func (d *Driver) startInit(ctx context.Context, id string, pid int) error {
-	return startThroughFifo(ctx, filepath.Join(d.cfg.Root, d.cid(id)), pid)
+	return startThroughFifo(ctx, filepath.Join(d.cfg.Root, d.CID(id)), pid)
 }
 
 // startThroughFifo starts the created container whose runc state directory

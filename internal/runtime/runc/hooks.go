@@ -67,10 +67,11 @@ func parseUserNSLimits(args []string) (userNSLimits, error) {
 	return l, nil
 }
 
-// RunUserNSLimitsHook is `agentbox __hook userns-limits`: it runs in the
-// user namespace of --pid (joined before the Go runtime started, which
-// joined reports: internal/runtime/nsjoin) and sets that namespace's inotify
-// caps, which /proc/sys/user shows to a process inside it only.
+// RunUserNSLimitsHook is the Go side of `agentbox __hook userns-limits`,
+// whose work (joining --pid's user namespace and setting its inotify caps,
+// which /proc/sys/user shows to a process inside it only) is done by
+// internal/runtime/nsjoin's constructor before the Go runtime starts. It is
+// reached only when the constructor left the call alone, and names why.
 func RunUserNSLimitsHook(args []string, joined bool) error {
 	l, err := parseUserNSLimits(args)
 	if err != nil {
@@ -79,23 +80,15 @@ func RunUserNSLimitsHook(args []string, joined bool) error {
 	if !joined {
 		return fmt.Errorf("%s hook: not in the user namespace of pid %d (the binary lacks internal/runtime/nsjoin, or was built without cgo): %w", UserNSLimitsHook, l.pid, errdefs.ErrUnavailable)
 	}
-	for path, v := range map[string]int{
-		"/proc/sys/user/max_inotify_instances": l.instances,
-		"/proc/sys/user/max_inotify_watches":   l.watches,
-	} {
-		if err := os.WriteFile(path, []byte(strconv.Itoa(v)), 0o644); err != nil {
-			return fmt.Errorf("%s hook: %w", UserNSLimitsHook, err)
-		}
-	}
-	return nil
+	return notRun(UserNSLimitsHook, args)
 }
 
-// hookGC turns the Go collector off in the short hook execs of every
-// resume and fork (userns-limits, plug-wait) where they run in Go (a binary
-// without internal/runtime/nsjoin): they exit within milliseconds, and the
-// collections the binary's package initialisation triggers cost about a
-// third of their CPU.
-const hookGC = "GOGC=off"
+// notRun is the error of a hook whose well-formed call reached Go: its
+// work is nsjoin's constructor's, which acts only on the exact command
+// line the server makes.
+func notRun(hook string, args []string) error {
+	return fmt.Errorf("%s hook: %q: pass the flags exactly as the server does (--flag value, in its order); internal/runtime/nsjoin acts on nothing else: %w", hook, args, errdefs.ErrInvalidArgument)
+}
 
 // Each sandbox's user namespace gets normal per-user Linux inotify caps;
 // the host's per-user caps are raised far above them (bundle/userns.go).
@@ -131,7 +124,6 @@ func (d *Driver) limitUserNS(ctx context.Context, id string, pid int) error {
 	}
 	argv := d.b.HookArgv(userNSLimits{pid: pid, instances: sandboxInotifyInstances, watches: sandboxInotifyWatches}.args()...)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), hookGC)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("set inotify caps of %s's user namespace: %w: %s", id, err, strings.TrimSpace(string(out)))
@@ -265,7 +257,7 @@ func jumpsTo(rule *nftables.Rule, chain string) bool {
 
 // initPid returns the host pid of sandbox id's init.
 func (d *Driver) initPid(ctx context.Context, id string) (int, error) {
-	c, err := d.client("").State(ctx, d.cid(id))
+	c, err := d.client("").State(ctx, d.CID(id))
 	if err != nil {
 		return 0, fmt.Errorf("runc state %s: %w", id, err)
 	}

@@ -16,7 +16,6 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/runtime/bundle"
 	// The test binary is the tests' hook binary: it joins user namespaces
 	// as the agentbox binary does.
@@ -30,16 +29,12 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 2 && os.Args[1] == "__hook" {
 		var err error
 		switch os.Args[2] {
-		case network.PlugHookName:
-			err = network.RunPlugHook(os.Args[3:], os.Stdin)
 		case UserNSLimitsHook:
 			err = RunUserNSLimitsHook(os.Args[3:], nsjoin.Joined())
 		case PlugWaitHook:
-			err = RunPlugWaitHook(os.Args[3:], os.Stdin)
+			err = RunPlugWaitHook(os.Args[3:])
 		case BootIDHook:
 			err = RunBootIDHook(os.Args[3:], nsjoin.Joined(), nsjoin.Limited())
-		case bundle.HoldHook:
-			err = bundle.RunHoldHook(os.Stdin)
 		default:
 			err = fmt.Errorf("unknown hook %q", os.Args[2])
 		}

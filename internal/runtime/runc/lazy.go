@@ -195,7 +195,7 @@ func (d *Driver) watch(id, dir string, ld *lazyDaemon) {
 	if ld.err != nil {
 		d.log.Error("lazy resume: the page daemon failed before all memory was in; killing the sandbox, whose memory is incomplete",
 			"id", id, "err", ld.err, "log", logHint(filepath.Join(dir, lazyLog)))
-		_ = d.killInit(context.Background(), id)
+		_ = d.KillInit(context.Background(), id)
 		return
 	}
 	d.log.Info("lazy resume: all memory loaded", "id", id, "took", time.Since(ld.start).Round(time.Millisecond))
@@ -367,7 +367,7 @@ func (d *Driver) settleLazy(ctx context.Context, id string) {
 	}
 	// The daemon, if it still serves, is connected already.
 	_ = os.RemoveAll(work)
-	if d.running(ctx, id) {
+	if d.IsRunning(ctx, id) {
 		return // it serves the running sandbox and ends on its own
 	}
 	if err := killLazyDir(ctx, dir); err != nil {

@@ -1,10 +1,7 @@
 package runc
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -17,6 +14,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/agentbox/agentbox/internal/runtime/bundle"
+	"github.com/agentbox/agentbox/internal/runtime/ocicli"
 )
 
 // A sandbox in a user namespace gets a network namespace made together with
@@ -48,12 +46,12 @@ func (d *Driver) start(ctx context.Context, id, dir string, ownNet bool) (int, e
 	pidFile := bundle.PidFile(dir)
 	_ = os.Remove(pidFile)
 	err := d.inSession(func() error {
-		return nullIO(func(io gorunc.IO) error {
-			return d.client(logFile).Create(ctx, d.cid(id), dir, &gorunc.CreateOpts{IO: io, PidFile: pidFile})
+		return ocicli.NullIO(func(io gorunc.IO) error {
+			return d.client(logFile).Create(ctx, d.CID(id), dir, &gorunc.CreateOpts{IO: io, PidFile: pidFile})
 		})
 	})
 	if err != nil {
-		return 0, failed("create", logFile, err)
+		return 0, d.Failed("create", logFile, err)
 	}
 	pid, err := bundle.ReadPid(pidFile)
 	if err != nil {
@@ -71,10 +69,10 @@ func (d *Driver) start(ctx context.Context, id, dir string, ownNet bool) (int, e
 	d.reserveForEnvd(id)
 	err = d.startInit(ctx, id, pid)
 	if errors.Is(err, errNoExecFifo) {
-		err = d.client(logFile).Start(ctx, d.cid(id))
+		err = d.client(logFile).Start(ctx, d.CID(id))
 	}
 	if err != nil {
-		return pid, failed("start", logFile, err)
+		return pid, d.Failed("start", logFile, err)
 	}
 	return pid, nil
 }
@@ -149,7 +147,7 @@ func setPlugHook(dir string, argv []string) error {
 		s.Hooks.Prestart = append(hooks, specs.Hook{ //nolint:staticcheck
 			Path:    argv[0],
 			Args:    argv,
-			Env:     []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", hookGC, plugHookName},
+			Env:     []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", plugHookName},
 			Timeout: &timeout,
 		})
 	})
@@ -164,21 +162,4 @@ func clearPlugHook(dir string) error {
 			s.Hooks.Prestart = slices.DeleteFunc(s.Hooks.Prestart, func(h specs.Hook) bool { return slices.Contains(h.Env, plugHookName) }) //nolint:staticcheck
 		}
 	})
-}
-
-// lastLogError returns the last error message in a runc JSON log.
-func lastLogError(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	var msg string
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		var e struct{ Level, Msg string }
-		if json.Unmarshal(sc.Bytes(), &e) == nil && e.Level == "error" {
-			msg = e.Msg
-		}
-	}
-	return msg
 }

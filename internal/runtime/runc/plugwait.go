@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -160,11 +159,12 @@ func peerUID(c *net.UnixConn) (uint32, error) {
 	return cred.Uid, nil
 }
 
-// RunPlugWaitHook is `agentbox __hook plug-wait --socket <path>` in Go, for
-// a binary without internal/runtime/nsjoin (which runs it without the Go
-// runtime): it sends the OCI state on stdin to the server at the socket and
-// fails unless the server answers "ok".
-func RunPlugWaitHook(args []string, state io.Reader) error {
+// RunPlugWaitHook is the Go side of `agentbox __hook plug-wait --socket
+// <path>`, whose work (sending the OCI state on stdin to the server at the
+// socket and failing unless it answers "ok") internal/runtime/nsjoin's
+// constructor does without the Go runtime. It is reached only with other
+// arguments, and names what is wrong.
+func RunPlugWaitHook(args []string) error {
 	fs := flag.NewFlagSet(PlugWaitHook, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	path := fs.String("socket", "", "")
@@ -174,37 +174,5 @@ func RunPlugWaitHook(args []string, state io.Reader) error {
 	if *path == "" || fs.NArg() > 0 {
 		return fmt.Errorf("%s hook: want --socket <path> and nothing else, got %q", PlugWaitHook, args)
 	}
-	b, err := io.ReadAll(io.LimitReader(state, 1<<20))
-	if err != nil {
-		return fmt.Errorf("%s hook: read the OCI state: %w", PlugWaitHook, err)
-	}
-	addr := *path
-	if len(addr) >= len(unix.RawSockaddrUnix{}.Path) {
-		d, err := os.OpenFile(filepath.Dir(addr), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("%s hook: %w", PlugWaitHook, err)
-		}
-		defer d.Close()
-		addr = "/proc/self/fd/" + strconv.Itoa(int(d.Fd())) + "/" + filepath.Base(addr)
-	}
-	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: addr, Net: "unix"})
-	if err != nil {
-		return fmt.Errorf("%s hook: connect to the server at %s: %w", PlugWaitHook, *path, err)
-	}
-	defer c.Close()
-	if _, err := c.Write(b); err != nil {
-		return fmt.Errorf("%s hook: send the OCI state: %w", PlugWaitHook, err)
-	}
-	_ = c.CloseWrite()
-	reply, err := io.ReadAll(io.LimitReader(c, 4096))
-	if err != nil {
-		return fmt.Errorf("%s hook: %w", PlugWaitHook, err)
-	}
-	if string(reply) != "ok" {
-		if len(reply) == 0 {
-			return fmt.Errorf("%s hook: the server closed the connection without an answer", PlugWaitHook)
-		}
-		return fmt.Errorf("%s hook: %s", PlugWaitHook, strings.TrimSpace(string(reply)))
-	}
-	return nil
+	return notRun(PlugWaitHook, args)
 }

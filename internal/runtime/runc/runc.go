@@ -17,7 +17,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -28,6 +27,7 @@ import (
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/runtime"
 	"github.com/agentbox/agentbox/internal/runtime/bundle"
+	"github.com/agentbox/agentbox/internal/runtime/ocicli"
 	"github.com/agentbox/agentbox/internal/seccomprules"
 )
 
@@ -64,6 +64,9 @@ type Config struct {
 // Driver is the runc driver. It keeps no state in memory besides its
 // configuration, so it is safe for concurrent use and across restarts.
 type Driver struct {
+	// The base answers State, List, Freeze and Thaw; runningInit and
+	// removeIfInitGone spare it runc execs in the common cases.
+	ocicli.Base
 	cfg      Config
 	b        *bundle.Store
 	log      *slog.Logger
@@ -113,7 +116,23 @@ func New(cfg Config, log *slog.Logger) (*Driver, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Driver{cfg: cfg, b: cfg.Bundles, log: log.With("component", "runc"), auditSyscalls: seccomprules.AuditedSyscalls()}, nil
+	log = log.With("component", "runc")
+	d := &Driver{cfg: cfg, b: cfg.Bundles, log: log, auditSyscalls: seccomprules.AuditedSyscalls()}
+	d.Base = ocicli.Base{
+		Name: Name, Binary: bin, Root: cfg.Root, Bundles: cfg.Bundles, Log: log, FreezeAttempts: 5,
+		HasState: func(name string) bool {
+			_, err := os.Stat(filepath.Join(cfg.Root, name))
+			return err == nil
+		},
+		// A container exists for runc exactly while its state file does.
+		Exists: func(name string) bool {
+			_, err := os.Stat(filepath.Join(cfg.Root, name, "state.json"))
+			return !errors.Is(err, fs.ErrNotExist)
+		},
+		Running:       d.runningInit,
+		RemoveStopped: func(name string) bool { return removeIfInitGone(filepath.Join(cfg.Root, name)) },
+	}
+	return d, nil
 }
 
 // Tier is the driver's entry in the tier registry, the default tier.
@@ -121,64 +140,11 @@ func (d *Driver) Tier() runtime.Tier {
 	return runtime.Tier{Name: Name, Driver: d, Owns: func(id string) bool { return d.b.Tier(id) == Name }}
 }
 
-// client is a go-runc client for one call; logFile "" logs nowhere.
+// client is a go-runc client for one call; logFile "" logs nowhere. New
+// found the binary, so it never fails.
 func (d *Driver) client(logFile string) *gorunc.Runc {
-	c := &gorunc.Runc{Command: d.cfg.Binary, Root: d.cfg.Root}
-	if logFile != "" {
-		c.Log, c.LogFormat = logFile, gorunc.JSON
-	}
+	c, _ := d.Client(logFile)
 	return c
-}
-
-// nullIO runs f with /dev/null as runc's stdio. With create, run and
-// restore the sandbox's init inherits runc's stdio: a pipe there would
-// both hang the wait for runc and make the sandbox uncheckpointable, so
-// errors are read from runc's log file instead.
-func nullIO(f func(gorunc.IO) error) error {
-	io, err := gorunc.NewNullIO()
-	if err != nil {
-		return err
-	}
-	defer io.Close()
-	return f(io)
-}
-
-// cid is sandbox id's container name for runc: its host key (runc's
-// command lines, world-readable in /proc while they run, name it), or the
-// id itself for a container an earlier version started.
-func (d *Driver) cid(id string) string {
-	return d.b.ContainerID(id, func(name string) bool {
-		_, err := os.Stat(filepath.Join(d.cfg.Root, name))
-		return err == nil
-	})
-}
-
-// exists reports whether runc has a container id. go-runc reports runc's
-// failures as text only; a container exists for runc exactly while its
-// state file does.
-func (d *Driver) exists(id string) bool {
-	_, err := os.Stat(filepath.Join(d.cfg.Root, d.cid(id), "state.json"))
-	return !errors.Is(err, fs.ErrNotExist)
-}
-
-// failed wraps a runc failure with the reason runc logged.
-func failed(verb, logFile string, err error) error {
-	if msg := lastLogError(logFile); msg != "" {
-		return fmt.Errorf("runc %s: %w: %s", verb, err, msg)
-	}
-	return fmt.Errorf("runc %s: %w", verb, err)
-}
-
-// deleteContainer removes sandbox id's container record, killing what is
-// left of it; a container that does not exist is not an error.
-func (d *Driver) deleteContainer(ctx context.Context, id string) error {
-	if removeIfInitGone(filepath.Join(d.cfg.Root, d.cid(id))) {
-		return nil
-	}
-	if err := d.client("").Delete(ctx, d.cid(id), &gorunc.DeleteOpts{Force: true}); err != nil && d.exists(id) {
-		return fmt.Errorf("runc delete %s: %w", id, err)
-	}
-	return nil
 }
 
 // removeIfInitGone removes the record of a container (its runc state
@@ -217,38 +183,26 @@ func (d *Driver) options() bundle.Options {
 }
 
 // Create builds the bundle and starts envd as the container's init.
-func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
+func (d *Driver) Create(ctx context.Context, spec runtime.Spec) error {
 	o := d.options()
 	t0 := time.Now()
-	built, rb, err := d.b.Build(ctx, spec, o)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			rb.Run()
+	return d.BuildAndStart(ctx, spec, o, func(dir string) error {
+		// config.json names the file already (harden).
+		if err := writeCRIUConf(dir, nil); err != nil {
+			return err
 		}
-	}()
-	rb.Add(func() {
-		// A failed run may leave a container record or a cgroup behind.
-		_ = d.deleteContainer(context.WithoutCancel(ctx), spec.ID)
-		_ = d.b.RemoveCgroups(d.b.CgroupPath(spec.ID))
+		if err := writeBootID(dir, spec.BootID); err != nil {
+			return err
+		}
+		t1 := time.Now()
+		pid, err := d.start(ctx, spec.ID, dir, o.OwnNet)
+		if err != nil {
+			return err
+		}
+		d.log.Debug("sandbox started", "id", spec.ID, "pid", pid, "bundle", t1.Sub(t0).Round(time.Microsecond),
+			"runc and hook", time.Since(t1).Round(time.Microsecond))
+		return nil
 	})
-	// config.json names the file already (harden).
-	if err := writeCRIUConf(built.Dir, nil); err != nil {
-		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
-	}
-	if err := writeBootID(built.Dir, spec.BootID); err != nil {
-		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
-	}
-	t1 := time.Now()
-	pid, err := d.start(ctx, spec.ID, built.Dir, o.OwnNet)
-	if err != nil {
-		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
-	}
-	d.log.Debug("sandbox started", "id", spec.ID, "pid", pid, "bundle", t1.Sub(t0).Round(time.Microsecond),
-		"runc and hook", time.Since(t1).Round(time.Microsecond))
-	return nil
 }
 
 // Delete kills the sandbox and removes its container, rootfs mount, bundle
@@ -261,34 +215,7 @@ func (d *Driver) Delete(ctx context.Context, id string) error {
 	if err := d.killLazy(ctx, id); err != nil {
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	return d.b.Delete(ctx, id, d.killInit, d.deleteContainer)
-}
-
-// State reports the container's status. A bundle directory without a runc
-// container (a half-done Create or Delete) is reported as stopped so the
-// caller deletes it; an id with neither is errdefs.ErrNotFound.
-func (d *Driver) State(ctx context.Context, id string) (runtime.Status, error) {
-	if err := bundle.CheckID(id); err != nil {
-		return "", err
-	}
-	if d.surelyRunning(id) {
-		return runtime.StatusRunning, nil
-	}
-	c, err := d.client("").State(ctx, d.cid(id))
-	if err != nil {
-		if !d.exists(id) {
-			return d.b.StatusWithoutContainer(id)
-		}
-		return "", fmt.Errorf("runc state %s: %w", id, err)
-	}
-	return bundle.ContainerStatus(c.Status), nil
-}
-
-// surelyRunning answers State without a runc exec in the common case (a
-// warm-pool claim and every health check ask it).
-func (d *Driver) surelyRunning(id string) bool {
-	_, ok := d.runningInit(id)
-	return ok
+	return d.b.Delete(ctx, id, d.KillInit, d.DeleteContainer)
 }
 
 // runningInit returns the host pid of sandbox id's init when runc's state
@@ -297,7 +224,7 @@ func (d *Driver) surelyRunning(id string) bool {
 // is not frozen. Anything else, or anything unreadable, is false and left
 // to `runc state`.
 func (d *Driver) runningInit(id string) (int, bool) {
-	dir := filepath.Join(d.cfg.Root, d.cid(id))
+	dir := filepath.Join(d.cfg.Root, d.CID(id))
 	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
 	if err != nil {
 		return 0, false
@@ -326,94 +253,4 @@ func (d *Driver) runningInit(id string) (int, bool) {
 		thawed = err == nil && strings.TrimSpace(string(v)) == "0"
 	}
 	return st.Pid, thawed
-}
-
-// Stats reads the sandbox's cgroup and the size of its writable layer.
-func (d *Driver) Stats(ctx context.Context, id string) (runtime.Stats, error) {
-	return d.b.Stats(id)
-}
-
-// LimitCounters reads the limit hits of the sandbox's cgroup.
-func (d *Driver) LimitCounters(ctx context.Context, id string) (runtime.LimitCounters, error) {
-	return d.b.LimitCounters(id)
-}
-
-// List returns the ids that have a bundle directory or a runc container.
-func (d *Driver) List(ctx context.Context) ([]string, error) {
-	ids, err := d.b.List()
-	if err != nil {
-		return nil, err
-	}
-	cs, err := d.client("").List(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("runc list: %w", err)
-	}
-	for _, c := range cs {
-		id, ok := d.b.SandboxOfContainer(c.ID)
-		if !ok {
-			// Its bundle (which names its sandbox) is gone: nothing
-			// could ever find it again.
-			d.log.Warn("runc container without a bundle; removing it", "container", c.ID)
-			if err := d.client("").Delete(ctx, c.ID, &gorunc.DeleteOpts{Force: true}); err != nil {
-				d.log.Warn("remove orphaned runc container", "container", c.ID, "err", err)
-			}
-			continue
-		}
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	return slices.Compact(ids), nil
-}
-
-// Freeze stops every task of the sandbox with the cgroup freezer.
-func (d *Driver) Freeze(ctx context.Context, id string) error {
-	if err := bundle.CheckID(id); err != nil {
-		return err
-	}
-	var err error
-	// The v1 freezer gives up ("unable to freeze") when a task is caught
-	// mid-fork or the host is busy; runc thaws back, so a sandbox found
-	// running after a failed pause is tried again, which nearly always
-	// succeeds.
-	for attempt := 1; ; attempt++ {
-		err = d.client("").Pause(ctx, d.cid(id))
-		if err == nil || attempt == 5 || !d.running(ctx, id) {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("sandbox %s: %w", id, ctx.Err())
-		case <-time.After(time.Duration(attempt) * 50 * time.Millisecond):
-		}
-	}
-	if err != nil {
-		if !d.exists(id) {
-			return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
-		}
-		return fmt.Errorf("sandbox %s: runc pause: %w", id, err)
-	}
-	return nil
-}
-
-// running reports whether runc sees sandbox id running.
-func (d *Driver) running(ctx context.Context, id string) bool {
-	c, err := d.client("").State(ctx, d.cid(id))
-	return err == nil && c.Status == "running"
-}
-
-// Thaw resumes a frozen sandbox; one that is not frozen is left as it is.
-func (d *Driver) Thaw(ctx context.Context, id string) error {
-	if err := bundle.CheckID(id); err != nil {
-		return err
-	}
-	if err := d.client("").Resume(ctx, d.cid(id)); err != nil {
-		if !d.exists(id) {
-			return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
-		}
-		if c, serr := d.client("").State(ctx, d.cid(id)); serr == nil && c.Status != "paused" {
-			return nil // not paused: nothing to thaw
-		}
-		return fmt.Errorf("sandbox %s: runc resume: %w", id, err)
-	}
-	return nil
 }

@@ -353,7 +353,7 @@ func TestSandboxLifecycle(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(e.runcRoot, id)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("runc state named after the sandbox id: %v", err)
 		}
-		if cid := e.rc.cid(id); cid == id || len(cid) != 32 {
+		if cid := e.rc.CID(id); cid == id || len(cid) != 32 {
 			t.Errorf("container name %q, want a 32-hex key", cid)
 		} else if _, err := os.Stat(filepath.Join(e.runcRoot, cid, "state.json")); err != nil {
 			t.Errorf("no runc state under the key: %v", err)
@@ -368,7 +368,7 @@ test "$(hostname)" = "$(cat /etc/hostname)"
 ! touch /.agentbox/bin/envd 2>/dev/null
 ulimit -n
 echo ok > /tmp/f && sudo -n -u nobody true && echo SUDO_OK`
-		out, err := exec.Command(e.rc.cfg.Binary, "--root", e.runcRoot, "exec", e.rc.cid(id), "/bin/sh", "-c", script).CombinedOutput()
+		out, err := exec.Command(e.rc.cfg.Binary, "--root", e.runcRoot, "exec", e.rc.CID(id), "/bin/sh", "-c", script).CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "SUDO_OK") {
 			t.Fatalf("in-sandbox checks: %v\n%s", err, out)
 		}
@@ -415,7 +415,7 @@ func assertGone(t *testing.T, e *env, id string) {
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("bundle dir left: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(e.runcRoot, e.rc.cid(id))); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(e.runcRoot, e.rc.CID(id))); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("runc state left: %v", err)
 	}
 	if _, err := e.rt.State(context.Background(), id); !errors.Is(err, errdefs.ErrNotFound) {
@@ -521,12 +521,12 @@ func BenchmarkCreateDelete(b *testing.B) {
 		}
 		for b.Loop() {
 			b.StopTimer()
-			_ = runc("kill", e.rc.cid(id), "KILL")
-			if err := runc("delete", "--force", e.rc.cid(id)); err != nil {
+			_ = runc("kill", e.rc.CID(id), "KILL")
+			if err := runc("delete", "--force", e.rc.CID(id)); err != nil {
 				b.Fatal(err)
 			}
 			b.StartTimer()
-			cmd := exec.Command(e.rc.cfg.Binary, "--root", e.runcRoot, "run", "--detach", "--bundle", dir, e.rc.cid(id))
+			cmd := exec.Command(e.rc.cfg.Binary, "--root", e.runcRoot, "run", "--detach", "--bundle", dir, e.rc.CID(id))
 			if err := cmd.Run(); err != nil {
 				b.Fatal(err)
 			}
@@ -550,7 +550,7 @@ func TestStateAndDeleteOfPausedAndStopped(t *testing.T) {
 		t.Run(tc.id, func(t *testing.T) {
 			e.sandbox(t, tc.id, runtime.Resources{MemoryMB: 128})
 			if len(tc.runc) > 0 {
-				args := append([]string{"--root", e.runcRoot, tc.runc[0], e.rc.cid(tc.id)}, tc.runc[1:]...)
+				args := append([]string{"--root", e.runcRoot, tc.runc[0], e.rc.CID(tc.id)}, tc.runc[1:]...)
 				if out, err := exec.Command(e.rc.cfg.Binary, args...).CombinedOutput(); err != nil {
 					t.Fatalf("runc %v: %v: %s", tc.runc, err, out)
 				}
@@ -570,8 +570,8 @@ func TestStateAndDeleteOfPausedAndStopped(t *testing.T) {
 				t.Fatalf("State = %q, want %q", got, tc.want)
 			}
 			// The answer without runc: sure of running only when it is.
-			if sure := e.rc.surelyRunning(tc.id); sure != (tc.want == runtime.StatusRunning) {
-				t.Fatalf("surelyRunning = %v for a %s sandbox", sure, tc.want)
+			if _, sure := e.rc.runningInit(tc.id); sure != (tc.want == runtime.StatusRunning) {
+				t.Fatalf("runningInit = %v for a %s sandbox", sure, tc.want)
 			}
 			if err := e.rt.Delete(ctx, tc.id); err != nil {
 				t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/runtime"
 	"github.com/agentbox/agentbox/internal/runtime/bundle"
+	"github.com/agentbox/agentbox/internal/runtime/ocicli"
 )
 
 // Files of the runsc tier's checkpoint support. runsc writes its image as
@@ -172,54 +173,38 @@ func restoreNetConf(dir string) error {
 // they were, and a copy for snapshots is taken while the sandbox is paused,
 // the same instant as the image.
 func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.CheckpointOptions) (err error) {
-	if err := bundle.CheckID(id); err != nil {
+	dir, err := d.BundleOf(id)
+	if err != nil {
 		return err
-	}
-	dir := d.b.Dir(id)
-	if _, err := os.Stat(filepath.Join(dir, "config.json")); err != nil {
-		return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
 	if opts.FilesystemOnly {
 		return d.b.FSCheckpoint(ctx, id, opts, d)
 	}
-	logFile := filepath.Join(dir, "runsc-checkpoint.log")
-	c, err := d.client(logFile)
-	if err != nil {
-		return err
-	}
-	img, own, err := d.b.ImageDir(id, opts)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil && own {
-			_ = os.RemoveAll(img)
-		}
-	}()
 	// A later pause (of this sandbox or of a fork) needs the netns config.
 	if _, serr := os.Stat(filepath.Join(dir, netConfFile)); serr != nil {
 		return fmt.Errorf("sandbox %s: created before gvisor checkpoints were supported (no %s): %w", id, netConfFile, errdefs.ErrUnavailable)
 	}
-	frozen := false
-	if opts.UpperCopy != "" || opts.LeaveRunning {
-		if err := d.Freeze(ctx, id); err != nil {
-			return err
-		}
-		frozen = true
-		defer func() {
-			if frozen {
-				if terr := d.resume(context.WithoutCancel(ctx), id); terr != nil {
-					err = errors.Join(err, terr)
-				}
-			}
-		}()
+	img, own, drop, err := d.DumpImage(id, opts)
+	if err != nil {
+		return err
 	}
+	defer drop(&err)
+	logFile := filepath.Join(dir, "runsc-checkpoint.log")
+	c, err := d.Client(logFile)
+	if err != nil {
+		return err
+	}
+	frozen, err := d.FreezeForDump(ctx, id, opts)
+	if err != nil {
+		return err
+	}
+	defer frozen.Thaw(&err)
 	var actions []gorunc.CheckpointAction
 	if opts.LeaveRunning {
 		actions = append(actions, gorunc.LeaveRunning)
 	}
-	if err := c.Checkpoint(ctx, d.cid(id), &gorunc.CheckpointOpts{ImagePath: img}, actions...); err != nil {
-		return fmt.Errorf("sandbox %s: %w", id, failed("checkpoint", logFile, err))
+	if err := c.Checkpoint(ctx, d.CID(id), &gorunc.CheckpointOpts{ImagePath: img}, actions...); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, d.Failed("checkpoint", logFile, err))
 	}
 	if opts.UpperCopy != "" {
 		if err := d.b.CaptureUpper(ctx, id, opts.UpperCopy); err != nil {
@@ -227,13 +212,13 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 		}
 	}
 	if !opts.LeaveRunning {
-		frozen = false
+		frozen.Gone()
 		// runsc checkpoint returns while the sandbox winds down; the
 		// container record must go before a restore under the same id.
 		if err := d.waitStopped(ctx, id); err != nil {
 			return fmt.Errorf("sandbox %s: %w", id, err)
 		}
-		if err := d.deleteContainer(ctx, id); err != nil {
+		if err := d.DeleteContainer(ctx, id); err != nil {
 			return fmt.Errorf("sandbox %s: %w", id, err)
 		}
 		// Give the idle netns its address back now: a server restarted
@@ -252,9 +237,9 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 func (d *Driver) waitStopped(ctx context.Context, id string) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for delay := 5 * time.Millisecond; ; delay = min(delay*2, 100*time.Millisecond) {
-		st, err := d.state(ctx, id)
+		st, err := d.ContainerState(ctx, id)
 		if err != nil {
-			if !d.exists(ctx, id) {
+			if !d.ContainerExists(ctx, id) {
 				return nil
 			}
 			return fmt.Errorf("runsc state %s: %w", id, err)
@@ -276,22 +261,13 @@ func (d *Driver) waitStopped(ctx context.Context, id string) error {
 // Restore brings a sandbox back: in place (resume) after the netns got its
 // address back, or into a new bundle and netns (fork, snapshot), where
 // gVisor's netstack takes the new address by itself.
-func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.RestoreOptions) (err error) {
-	if err := bundle.CheckID(spec.ID); err != nil {
-		return err
-	}
-	dir := d.b.Dir(spec.ID)
-	img := opts.ImageDir
-	inPlace := false
-	if _, serr := os.Stat(filepath.Join(dir, "config.json")); serr == nil {
-		inPlace = true
-	}
-	if img == "" {
-		img = filepath.Join(dir, bundle.CheckpointDir)
-	}
-	if opts.FilesystemOnly || bundle.FSOnlyImage(img) {
-		return d.fsRestore(ctx, spec, inPlace)
-	}
+func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.RestoreOptions) error {
+	return d.Base.Restore(spec, opts, func(inPlace bool) error { return d.fsRestore(ctx, spec, inPlace) },
+		func(dir, img string, inPlace bool) error { return d.restoreMemory(ctx, spec, dir, img, inPlace) })
+}
+
+// restoreMemory restores sandbox spec.ID from the memory image img.
+func (d *Driver) restoreMemory(ctx context.Context, spec runtime.Spec, dir, img string, inPlace bool) (err error) {
 	if d.cfg.Net != nil && !inPlace {
 		// A new sandbox joins a netns of the host's user namespace.
 		if err := d.cfg.Net.Plug(ctx, spec.ID, 0); err != nil {
@@ -302,7 +278,7 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 		return fmt.Errorf("sandbox %s: no gvisor checkpoint image at %s: %w", spec.ID, img, errdefs.ErrNotFound)
 	}
 	logFile := filepath.Join(dir, "runsc-restore.log")
-	c, err := d.client(logFile)
+	c, err := d.Client(logFile)
 	if err != nil {
 		return err
 	}
@@ -336,13 +312,13 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
 	}
-	err = nullIO(func(io gorunc.IO) error {
-		_, err := c.Restore(ctx, d.cid(spec.ID), dir, &gorunc.RestoreOpts{CheckpointOpts: gorunc.CheckpointOpts{ImagePath: img}, IO: io, Detach: true})
+	err = ocicli.NullIO(func(io gorunc.IO) error {
+		_, err := c.Restore(ctx, d.CID(spec.ID), dir, &gorunc.RestoreOpts{CheckpointOpts: gorunc.CheckpointOpts{ImagePath: img}, IO: io, Detach: true})
 		return err
 	})
 	if err != nil {
-		_ = d.deleteContainer(context.WithoutCancel(ctx), spec.ID)
-		return fmt.Errorf("sandbox %s: %w", spec.ID, failed("restore", logFile, err))
+		_ = d.DeleteContainer(context.WithoutCancel(ctx), spec.ID)
+		return fmt.Errorf("sandbox %s: %w", spec.ID, d.Failed("restore", logFile, err))
 	}
 	return nil
 }
@@ -354,36 +330,13 @@ func (d *Driver) fsRestore(ctx context.Context, spec runtime.Spec, inPlace bool)
 	if !inPlace {
 		return d.Create(ctx, spec)
 	}
-	id, dir := spec.ID, d.b.Dir(spec.ID)
-	// A memory pause may leave the container record behind.
-	if err := d.deleteContainer(ctx, id); err != nil {
-		return fmt.Errorf("sandbox %s: %w", id, err)
-	}
-	if err := bundle.EnsureRootfs(dir); err != nil {
-		return fmt.Errorf("sandbox %s: %w", id, err)
-	}
-	if err := restoreNetConf(dir); err != nil {
-		return fmt.Errorf("sandbox %s: %w", id, err)
-	}
-	if err := d.start(ctx, id, dir); err != nil {
-		_ = d.deleteContainer(context.WithoutCancel(ctx), id)
-		return fmt.Errorf("sandbox %s: boot: %w", id, err)
-	}
-	return nil
+	return d.BootInPlace(ctx, spec.ID, restoreNetConf, func(dir string) error { return d.start(ctx, spec.ID, dir) })
 }
 
 // HasCheckpoint reports whether the sandbox has a complete pause image; a
 // checkpoint interrupted after runsc finished is completed.
 func (d *Driver) HasCheckpoint(ctx context.Context, id string) (bool, error) {
-	finish := func(ctx context.Context) bool {
-		st, err := d.State(ctx, id)
-		if err != nil || st != runtime.StatusStopped {
-			return false
-		}
-		_ = d.deleteContainer(ctx, id)
-		return true
-	}
-	return d.b.HasImage(ctx, id, runscHasImage, runscHasImage, finish)
+	return d.b.HasImage(ctx, id, runscHasImage, runscHasImage, func(ctx context.Context) bool { return d.FinishDump(ctx, id) })
 }
 
 // DropCheckpoint removes the sandbox's pause image.
