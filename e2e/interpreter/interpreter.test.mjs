@@ -206,7 +206,9 @@ plt.show()`)).results[0].chart
     assert.equal(e.error, undefined)
     assert.equal(e.text, '42')
     assert.equal((await sbx.runCode('x * 2', { language: 'java' })).text, '82')
-    assert.deepEqual((await sbx.runCode('System.out.println("hi");', { language: 'java' })).logs.stdout, ['hi\n'])
+    assert.deepEqual((await sbx.runCode('System.out.println("hi");', { language: 'java' })).logs.stdout, ['hi', '\n'])
+    // E2B's code-interpreter suite: the first chunk is the bare text.
+    assert.equal((await sbx.runCode('System.out.println("Hello, World!")', { language: 'java' })).logs.stdout[0], 'Hello, World!')
     const err = await sbx.runCode('int[] a = new int[1]; a[2]', { language: 'java' })
     // IJava's names, as on E2B: EvalException, the thrown class in the traceback.
     assert.equal(err.error.name, 'EvalException')

@@ -21,6 +21,7 @@ import java.io.OutputStream;
 import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -52,8 +53,8 @@ public class JavaKernel {
         // Requests come on stdin: code reading System.in must not eat them.
         InputStream requests = System.in;
         System.setIn(new ByteArrayInputStream(new byte[0]));
-        System.setOut(new PrintStream(new EventStream("stdout"), true, StandardCharsets.UTF_8));
-        System.setErr(new PrintStream(new EventStream("stderr"), true, StandardCharsets.UTF_8));
+        System.setOut(new LinePrintStream(new EventStream("stdout")));
+        System.setErr(new LinePrintStream(new EventStream("stderr")));
         JShell shell = JShell.builder().executionEngine("local").build();
         for (String imp : IMPORTS) {
             shell.eval("import " + imp + ";");
@@ -281,8 +282,19 @@ public class JavaKernel {
         }
     }
 
+    // LinePrintStream writes a println's text and its line separator as
+    // two writes (a PrintStream subclass prints, then ends the line), so
+    // EventStream can send them as two chunks: E2B's Java kernel logs
+    // System.out.println("x") as "x" then "\n".
+    private static final class LinePrintStream extends PrintStream {
+        LinePrintStream(OutputStream out) {
+            super(out, true, StandardCharsets.UTF_8);
+        }
+    }
+
     // EventStream turns what the code prints into stdout/stderr events,
     // sent at each flush (PrintStream flushes on newlines) or when large.
+    // A line separator written on its own ends the chunk before it.
     private static final class EventStream extends OutputStream {
         private final String type;
         private final ByteArrayOutputStream buf = new ByteArrayOutputStream();
@@ -301,10 +313,18 @@ public class JavaKernel {
 
         @Override
         public synchronized void write(byte[] b, int off, int len) {
+            if (isLineSeparator(b, off, len)) {
+                flush();
+            }
             buf.write(b, off, len);
             if (buf.size() >= MAX_TEXT) {
                 flush();
             }
+        }
+
+        private static boolean isLineSeparator(byte[] b, int off, int len) {
+            byte[] sep = System.lineSeparator().getBytes(StandardCharsets.UTF_8);
+            return Arrays.equals(b, off, off + len, sep, 0, sep.length);
         }
 
         @Override
