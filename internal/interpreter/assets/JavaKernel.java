@@ -41,6 +41,8 @@ public class JavaKernel {
     private static OutputStream events;
     private static volatile long current; // the running cell's id
     private static volatile long stopped; // the cell last interrupted
+    private static volatile long finished; // the cell last ended
+    private static final Object STOP_LOCK = new Object();
 
     // The jshell tool's default imports, which the API does not add.
     private static final String[] IMPORTS = {
@@ -76,6 +78,9 @@ public class JavaKernel {
             } catch (Throwable t) {
                 sendError(id, t.getClass().getName(), String.valueOf(t.getMessage()), stackTrace(t));
             }
+            synchronized (STOP_LOCK) {
+                finished = id; // no stop may reach the next cell
+            }
             System.out.flush();
             System.err.flush();
             send(Map.of("id", id, "type", "done"));
@@ -91,9 +96,10 @@ public class JavaKernel {
                 Map<String, Object> req = Json.parseObject(line);
                 Object intr = req.get("interrupt");
                 if (intr != null) {
-                    if (((Number) intr).longValue() == current) {
-                        stopped = current;
-                        shell.stop();
+                    long id = ((Number) intr).longValue();
+                    if (id == current && stopped != id) {
+                        stopped = id;
+                        keepStopping(shell, id);
                     }
                     continue;
                 }
@@ -103,6 +109,29 @@ public class JavaKernel {
             // fall through: treat as closed
         }
         cells.add(Map.of());
+    }
+
+    // keepStopping stops cell id until it has ended: JShell.stop does
+    // nothing while a snippet compiles or between snippets, so one stop
+    // can miss the snippet that then loops.
+    private static void keepStopping(JShell shell, long id) {
+        Thread t = new Thread(() -> {
+            while (true) {
+                synchronized (STOP_LOCK) {
+                    if (finished == id) {
+                        return;
+                    }
+                    shell.stop();
+                }
+                try {
+                    Thread.sleep(100);
+                } catch (InterruptedException e) {
+                    return;
+                }
+            }
+        }, "interrupt");
+        t.setDaemon(true);
+        t.start();
     }
 
     private static void runCell(JShell shell, long id, String code) {
@@ -121,6 +150,10 @@ public class JavaKernel {
                 rest = "";
             } else {
                 rest = ci.remaining();
+            }
+            if (stopped == id) {
+                sendError(id, "EvaluationInterruptedException", "Evaluation interrupted.", src.strip() + "\nEvaluation interrupted.");
+                return;
             }
             List<SnippetEvent> evs = shell.eval(src);
             if (stopped == id) {

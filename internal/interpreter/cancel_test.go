@@ -1,0 +1,110 @@
+package interpreter
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// markerPIDs lists the processes whose command line is "sleep <marker>".
+func markerPIDs(marker string) []string {
+	var out []string
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, "cmdline"))
+		if err == nil && string(b) == "sleep\x00"+marker+"\x00" {
+			out = append(out, filepath.Base(d))
+		}
+	}
+	return out
+}
+
+// waitFor polls cond until it holds or the test's patience runs out.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond) // a poll interval, not an assertion
+	}
+}
+
+// TestDisconnectInterruptsEveryLanguage: a client that goes away while its
+// cell loops (here: a pooled keep-alive client cancelling its request)
+// interrupts the cell on every language. The context keeps its state, the
+// next cell runs, and the program the looping cell started is gone.
+func TestDisconnectInterruptsEveryLanguage(t *testing.T) {
+	tests := []struct {
+		language string
+		require  func(*testing.T)
+		set      string // code keeping state
+		get      string // code showing it
+		want     string // in get's result or stdout
+		loop     string // code starting "sleep %s" and looping
+	}{
+		{"python", requirePython, "kept = 7", "kept", "7",
+			"import subprocess, time\nsubprocess.Popen(['sleep', '%s'])\nwhile True: time.sleep(0.05)"},
+		{"javascript", requireNode, "var kept = 7", "kept", "7",
+			"require('node:child_process').spawn('sleep', ['%s']); while (true) {}"},
+		{"r", requireR, "kept <- 7", "kept", "[1] 7",
+			"repeat { system('sleep %s') }"},
+		{"java", requireJava, "int kept = 7;", "kept", "7",
+			"new ProcessBuilder(\"sleep\", \"%s\").start(); while (true) { Thread.sleep(50); }"},
+		{"bash", func(*testing.T) {}, "KEPT=7", "echo $KEPT", "7",
+			"while true; do sleep %s; done"},
+	}
+	for i, tt := range tests {
+		t.Run(tt.language, func(t *testing.T) {
+			tt.require(t)
+			_, hs := newTestServer(t)
+			in := func(ctx context.Context, code string) *execution {
+				return runCtx(ctx, t, hs, map[string]any{"code": code, "language": tt.language})
+			}
+			if e := in(t.Context(), tt.set); len(e.Errors) > 0 {
+				t.Fatalf("set: %v", e.Errors)
+			}
+			marker := fmt.Sprint(31000 + os.Getpid()%1000*10 + i)
+			t.Cleanup(func() {
+				for _, pid := range markerPIDs(marker) {
+					if n, err := strconv.Atoi(pid); err == nil {
+						_ = syscall.Kill(n, syscall.SIGKILL)
+					}
+				}
+			})
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			b, _ := json.Marshal(map[string]any{"code": fmt.Sprintf(tt.loop, marker), "language": tt.language})
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, hs.URL+"/execute", bytes.NewReader(b))
+			done := make(chan struct{})
+			var looped bytes.Buffer // what the client saw, for failure messages
+			go func() {
+				defer close(done)
+				if resp, err := hs.Client().Do(req); err == nil {
+					_, _ = io.Copy(&looped, resp.Body)
+					resp.Body.Close()
+				}
+			}()
+			waitFor(t, "the looping cell to start sleep "+marker, func() bool { return len(markerPIDs(marker)) > 0 })
+			cancel() // the client goes away
+			<-done
+			e := in(t.Context(), tt.get)
+			got := e.mainText() + e.lastText() + e.stdout()
+			if !strings.Contains(got, tt.want) || len(e.Errors) > 0 {
+				t.Fatalf("after the disconnect: got %q errors %v, want %q (state kept); the looping cell sent %s", got, e.Errors, tt.want, looped.String())
+			}
+			waitFor(t, "sleep "+marker+" to be gone", func() bool { return len(markerPIDs(marker)) == 0 })
+		})
+	}
+}
