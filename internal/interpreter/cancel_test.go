@@ -108,3 +108,48 @@ func TestDisconnectInterruptsEveryLanguage(t *testing.T) {
 		})
 	}
 }
+
+// TestIgnoredInterruptRestartsForTheNext: code that ignores the interrupt
+// gets its kernel restarted; a cell queued behind it runs on the new kernel
+// instead of finding the context dead.
+func TestIgnoredInterruptRestartsForTheNext(t *testing.T) {
+	requirePython(t)
+	_, hs := newTestServer(t)
+	in := func(ctx context.Context, code string) *execution {
+		return runCtx(ctx, t, hs, map[string]any{"code": code, "language": "python"})
+	}
+	in(t.Context(), "1")
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	b, _ := json.Marshal(map[string]any{"code": "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('ignoring', flush=True)\nwhile True: pass", "language": "python"})
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, hs.URL+"/execute", bytes.NewReader(b))
+	resp, err := hs.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := readUntil(t, resp.Body, "ignoring")
+	cancel() // the client goes away; the code ignores the interrupt
+	resp.Body.Close()
+	if e = in(t.Context(), "2 + 2"); e.mainText() != "4" {
+		t.Fatalf("the next cell: %q errors %v", e.mainText(), e.Errors)
+	}
+}
+
+// readUntil reads an execution's stream until a stdout chunk holds text.
+func readUntil(t *testing.T, r io.Reader, text string) *execution {
+	t.Helper()
+	dec := json.NewDecoder(r)
+	e := &execution{}
+	for {
+		var m map[string]any
+		if err := dec.Decode(&m); err != nil {
+			t.Fatalf("stream ended before %q: %v", text, err)
+		}
+		if m["type"] == "stdout" {
+			e.Stdout = append(e.Stdout, m["text"].(string))
+			if strings.Contains(m["text"].(string), text) {
+				return e
+			}
+		}
+	}
+}
