@@ -334,7 +334,7 @@ plt.show()`)).results[0].chart
       await sbx.runCode(set, { language })
       await assert.rejects(sbx.runCode(loop.replace('M', marker), { language, timeoutMs: 4_000 }), `${language}: the loop ends only by the abort`)
       const e = await sbx.runCode(get, { language, timeoutMs: 15_000 })
-      const got = (e.text ?? '') + e.logs.stdout.join('')
+      const got = e.results.map((r) => r.text ?? '').join('') + e.logs.stdout.join('')
       assert.ok(got.includes(want) && !e.error, `${language}: state kept after the abort: ${JSON.stringify(e)}`)
       if (childStays) {
         await sbx.commands.run(`pgrep -fx 'sleep ${marker}' | xargs -r kill`, { user: 'root' })
