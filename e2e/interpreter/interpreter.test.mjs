@@ -206,7 +206,9 @@ plt.show()`)).results[0].chart
     assert.equal(e.error, undefined)
     assert.equal(e.text, '42')
     assert.equal((await sbx.runCode('x * 2', { language: 'java' })).text, '82')
-    assert.deepEqual((await sbx.runCode('System.out.println("hi");', { language: 'java' })).logs.stdout, ['hi\n'])
+    assert.deepEqual((await sbx.runCode('System.out.println("hi");', { language: 'java' })).logs.stdout, ['hi', '\n'])
+    // E2B's code-interpreter suite: the first chunk is the bare text.
+    assert.equal((await sbx.runCode('System.out.println("Hello, World!")', { language: 'java' })).logs.stdout[0], 'Hello, World!')
     const err = await sbx.runCode('int[] a = new int[1]; a[2]', { language: 'java' })
     // IJava's names, as on E2B: EvalException, the thrown class in the traceback.
     assert.equal(err.error.name, 'EvalException')
@@ -309,6 +311,40 @@ plt.show()`)).results[0].chart
     await sbx.runCode('let jsKept = 5', { language: 'js' })
     await assert.rejects(sbx.runCode('while (true) {}', { language: 'js', timeoutMs: 2_000 }))
     assert.equal((await sbx.runCode('jsKept', { language: 'js', timeoutMs: 15_000 })).text, '5')
+  })
+
+  it('aborting runCode interrupts the cell on every language: state kept, its program gone', async () => {
+    // The SDK aborts its (keep-alive) request at timeoutMs; that must stop
+    // the cell, not leave it running behind the pooled connection.
+    const langs = [
+      ['python', 'kept = 7', 'kept', '7', "import subprocess, time\nsubprocess.Popen(['sleep', 'M'])\nwhile True: time.sleep(0.05)"],
+      ['js', 'var kept = 7', 'kept', '7', "require('node:child_process').spawn('sleep', ['M']); while (true) {}"],
+      ['ts', 'let tsKept: number = 7', 'tsKept', '7', "require('node:child_process').spawn('sleep', ['M']); while (true) {}"],
+      ['java', 'int kept = 7;', 'kept', '7', 'new ProcessBuilder("sleep", "M").start(); while (true) { Thread.sleep(50); }'],
+      ['bash', 'KEPT=7', 'echo $KEPT', '7', 'while true; do sleep M; done'],
+      // R 4.2 hands an interrupt given during system() to the command and
+      // carries on, so the loop here is R's own (and the background
+      // command ignores SIGINT, as POSIX shells start them).
+      ['r', 'kept <- 7', 'kept', '[1] 7', "system('sleep M', wait = FALSE); repeat { Sys.sleep(0.05) }", true],
+    ]
+    const running = async (marker) =>
+      (await sbx.commands.run(`pgrep -fx 'sleep ${marker}' || true`, { user: 'root' })).stdout.trim() !== ''
+    for (const [i, [language, set, get, want, loop, childStays]] of langs.entries()) {
+      const marker = String(41000 + i)
+      await sbx.runCode(set, { language })
+      await assert.rejects(sbx.runCode(loop.replace('M', marker), { language, timeoutMs: 4_000 }), `${language}: the loop ends only by the abort`)
+      const e = await sbx.runCode(get, { language, timeoutMs: 15_000 })
+      const got = e.results.map((r) => r.text ?? '').join('') + e.logs.stdout.join('')
+      assert.ok(got.includes(want) && !e.error, `${language}: state kept after the abort: ${JSON.stringify(e)}`)
+      if (childStays) {
+        await sbx.commands.run(`pgrep -fx 'sleep ${marker}' | xargs -r kill`, { user: 'root' })
+        continue
+      }
+      for (let n = 0; await running(marker); n++) {
+        assert.ok(n < 100, `${language}: sleep ${marker} still runs after the interrupt`)
+        await new Promise((r) => setTimeout(r, 200))
+      }
+    }
   })
 
   it('reports a kernel killed from inside, names the dead context, and restarts it', async () => {

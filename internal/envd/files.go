@@ -391,9 +391,10 @@ func ensureParents(path string, u *User) error {
 // its links, and an existing file its mode and owner. It runs as the target
 // user, so permissions are the user's and new files are the user's.
 func writeInPlace(path string, body io.Reader, md map[string]string) error {
-	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+	fi, statErr := os.Stat(path)
+	if statErr == nil && fi.IsDir() {
 		return &uploadError{http.StatusBadRequest, fmt.Sprintf("path '%s' is a directory", path)}
-	} else if err == nil && !fi.Mode().IsRegular() {
+	} else if statErr == nil && !fi.Mode().IsRegular() {
 		return &uploadError{http.StatusBadRequest, fmt.Sprintf("path '%s' is not a regular file (%s)", path, fi.Mode().Type())}
 	}
 	// O_NONBLOCK: a FIFO without a reader fails at once instead of
@@ -403,6 +404,11 @@ func writeInPlace(path string, body io.Reader, md map[string]string) error {
 		return err
 	}
 	defer f.Close()
+	if errors.Is(statErr, fs.ErrNotExist) {
+		if err := announceNewFile(f); err != nil {
+			return err
+		}
+	}
 	if fi, err := f.Stat(); err != nil {
 		return err
 	} else if !fi.Mode().IsRegular() {

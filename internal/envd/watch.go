@@ -103,8 +103,9 @@ func (dw *dirWatch) addTree(dir string) error {
 
 func (dw *dirWatch) close() { dw.w.Close() }
 
-// convert maps one inotify event to FilesystemEvents (one per op bit), and
-// starts watching new directories when recursive.
+// convert maps one inotify event to FilesystemEvents, one per op bit in
+// E2B envd's order (create, rename, chmod, write, remove), and starts
+// watching new directories when recursive.
 func (dw *dirWatch) convert(ev fsnotify.Event) []*filesystem.FilesystemEvent {
 	rel, err := filepath.Rel(dw.root, ev.Name)
 	if err != nil {
@@ -131,10 +132,10 @@ func (dw *dirWatch) convert(ev fsnotify.Event) []*filesystem.FilesystemEvent {
 		t  filesystem.EventType
 	}{
 		{fsnotify.Create, filesystem.EventType_EVENT_TYPE_CREATE},
-		{fsnotify.Write, filesystem.EventType_EVENT_TYPE_WRITE},
-		{fsnotify.Remove, filesystem.EventType_EVENT_TYPE_REMOVE},
 		{fsnotify.Rename, filesystem.EventType_EVENT_TYPE_RENAME},
 		{fsnotify.Chmod, filesystem.EventType_EVENT_TYPE_CHMOD},
+		{fsnotify.Write, filesystem.EventType_EVENT_TYPE_WRITE},
+		{fsnotify.Remove, filesystem.EventType_EVENT_TYPE_REMOVE},
 	} {
 		if ev.Has(m.op) {
 			out = append(out, &filesystem.FilesystemEvent{Name: rel, Type: m.t, Entry: entry})
@@ -286,4 +287,20 @@ func (fsvc *filesystemService) RemoveWatcher(ctx context.Context, req *connect.R
 	}
 	pw.dw.close()
 	return connect.NewResponse(&filesystem.RemoveWatcherResponse{}), nil
+}
+
+// announceNewFile gives a file an upload has just created to its creator
+// once more, as E2B's envd does when it chowns each upload to the user. The
+// ownership does not change; the point is the attribute event it raises, so
+// a watcher sees create, chmod, write for a new file as E2B's SDKs expect.
+// A file someone else created in between is left alone.
+func announceNewFile(f *os.File) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("stat new upload %s: %w", f.Name(), err)
+	}
+	if err := unix.Fchown(int(f.Fd()), int(st.Uid), int(st.Gid)); err != nil && !errors.Is(err, unix.EPERM) {
+		return fmt.Errorf("own new upload %s: %w", f.Name(), err)
+	}
+	return nil
 }

@@ -161,14 +161,27 @@ func (c *codeContext) restartHint() string {
 // kernel are reported to sink; the returned error is only for requests that
 // never reached a kernel.
 func (c *codeContext) execute(ctx context.Context, code string, env map[string]string, sink Sink) {
-	if err := c.waitReady(ctx); err != nil {
-		return
+	var k kernel
+	var gen int
+	var dead string
+	var removed bool
+	for {
+		if err := c.waitReady(ctx); err != nil {
+			return
+		}
+		c.run.Lock()
+		c.mu.Lock()
+		k, gen, dead, removed = c.k, c.gen, c.dead, c.removed
+		restarting := k == nil && dead == "" && !removed && !isClosed(c.ready)
+		c.mu.Unlock()
+		if !restarting {
+			break
+		}
+		// The execution before this one restarted the kernel (its code
+		// ignored an interrupt): wait for the new kernel, not fail.
+		c.run.Unlock()
 	}
-	c.run.Lock()
 	defer c.run.Unlock()
-	c.mu.Lock()
-	k, gen, dead, removed := c.k, c.gen, c.dead, c.removed
-	c.mu.Unlock()
 	switch {
 	case removed:
 		sink.Error("ContextNotFound", fmt.Sprintf("context %s was removed while the code waited to run", c.ID), "")
@@ -323,4 +336,13 @@ func envResetCode(language string, env, base map[string]string) string {
 		return b.String()
 	}
 	return ""
+}
+
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }

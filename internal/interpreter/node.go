@@ -264,6 +264,7 @@ func (k *nodeKernel) Interrupt() error {
 		return err
 	}
 	if !k.sigint {
+		k.p.signalOthers(syscall.SIGINT)
 		return nil
 	}
 	go func() {

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -497,7 +498,8 @@ func TestRAndJava(t *testing.T) {
 		result  string // the last result's text, "" for none
 		stdout  string
 		errName string
-		errIn   string // in the error value
+		errIn   string   // in the error value
+		chunks  []string // the stdout chunks as sent, when they matter
 	}
 	tests := []struct {
 		language string
@@ -513,7 +515,7 @@ func TestRAndJava(t *testing.T) {
 			// results but not the main result.
 			{code: "x <- 1+1; x", result: "[1] 2"},
 			{code: "x * 21", result: "[1] 42"},
-			{code: "cat('hi\\n'); invisible(1)", stdout: "hi\n"},
+			{code: "cat('hi\\n'); invisible(1)", stdout: "hi\n", chunks: []string{"hi\n"}},
 			{code: "stop('boom')", errName: "ERROR", errIn: "boom"},
 			{code: "x", result: "[1] 2"},
 		}, "cat(Sys.getenv('AB_TEST'))", "repeat {}", "ExecutionAborted"},
@@ -522,6 +524,10 @@ func TestRAndJava(t *testing.T) {
 			{code: "x * 2", result: "82"},
 			{code: "String s = \"a\"; s + \"b\"", result: "ab"},
 			{code: "System.out.println(\"hi\");", stdout: "hi\n"},
+			// E2B's Java kernel sends a println's text and its newline as
+			// two chunks; E2B's suite checks the first is the bare text.
+			{code: "System.out.println(\"Hello, World!\")", stdout: "Hello, World!\n", chunks: []string{"Hello, World!", "\n"}},
+			{code: "for (int i = 0; i < 3; i++) System.out.print(i);", stdout: "012", chunks: []string{"0", "1", "2"}},
 			// stdin carries the kernel's requests: code reading it sees EOF.
 			{code: "System.in.read()", result: "-1"},
 			{code: "1 / 0", errName: "EvalException", errIn: "/ by zero"},
@@ -540,6 +546,9 @@ func TestRAndJava(t *testing.T) {
 				if e.lastText() != c.result || e.stdout() != c.stdout || e.errName() != c.errName || !e.Ended {
 					t.Errorf("%q: result %q stdout %q errors %v (all results %v); want result %q stdout %q error %q", c.code, e.lastText(), e.stdout(), e.Errors, e.Results, c.result, c.stdout, c.errName)
 					continue
+				}
+				if c.chunks != nil && !slices.Equal(e.Stdout, c.chunks) {
+					t.Errorf("%q: stdout chunks %q, want %q", c.code, e.Stdout, c.chunks)
 				}
 				if c.errName != "" {
 					if v, _ := e.Errors[0]["value"].(string); !strings.Contains(v, c.errIn) {

@@ -264,8 +264,10 @@ export function suite(label, sdk) {
         const w = await sbx.files.watchDir('w', (ev) => { events.push(ev) })
         try {
           await sbx.files.write('w/x.txt', 'x')
-          await waitFor('create/write event for x.txt', async () =>
-            events.some((e) => e.name === 'x.txt' && ['create', 'write'].includes(e.type)))
+          await waitFor('write event for x.txt', async () =>
+            events.some((e) => e.name === 'x.txt' && e.type === 'write'))
+          // E2B's envd gives exactly these three for a new file written through the SDK.
+          assert.deepEqual(events.filter((e) => e.name === 'x.txt').map((e) => e.type), ['create', 'chmod', 'write'])
           await sbx.files.remove('w/x.txt')
           await waitFor('remove event for x.txt', async () =>
             events.some((e) => e.name === 'x.txt' && e.type === 'remove'))

@@ -21,6 +21,7 @@ import java.io.OutputStream;
 import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -40,6 +41,8 @@ public class JavaKernel {
     private static OutputStream events;
     private static volatile long current; // the running cell's id
     private static volatile long stopped; // the cell last interrupted
+    private static volatile long finished; // the cell last ended
+    private static final Object STOP_LOCK = new Object();
 
     // The jshell tool's default imports, which the API does not add.
     private static final String[] IMPORTS = {
@@ -52,8 +55,8 @@ public class JavaKernel {
         // Requests come on stdin: code reading System.in must not eat them.
         InputStream requests = System.in;
         System.setIn(new ByteArrayInputStream(new byte[0]));
-        System.setOut(new PrintStream(new EventStream("stdout"), true, StandardCharsets.UTF_8));
-        System.setErr(new PrintStream(new EventStream("stderr"), true, StandardCharsets.UTF_8));
+        System.setOut(new LinePrintStream(new EventStream("stdout")));
+        System.setErr(new LinePrintStream(new EventStream("stderr")));
         JShell shell = JShell.builder().executionEngine("local").build();
         for (String imp : IMPORTS) {
             shell.eval("import " + imp + ";");
@@ -75,6 +78,9 @@ public class JavaKernel {
             } catch (Throwable t) {
                 sendError(id, t.getClass().getName(), String.valueOf(t.getMessage()), stackTrace(t));
             }
+            synchronized (STOP_LOCK) {
+                finished = id; // no stop may reach the next cell
+            }
             System.out.flush();
             System.err.flush();
             send(Map.of("id", id, "type", "done"));
@@ -90,9 +96,10 @@ public class JavaKernel {
                 Map<String, Object> req = Json.parseObject(line);
                 Object intr = req.get("interrupt");
                 if (intr != null) {
-                    if (((Number) intr).longValue() == current) {
-                        stopped = current;
-                        shell.stop();
+                    long id = ((Number) intr).longValue();
+                    if (id == current && stopped != id) {
+                        stopped = id;
+                        keepStopping(shell, id);
                     }
                     continue;
                 }
@@ -102,6 +109,29 @@ public class JavaKernel {
             // fall through: treat as closed
         }
         cells.add(Map.of());
+    }
+
+    // keepStopping stops cell id until it has ended: JShell.stop does
+    // nothing while a snippet compiles or between snippets, so one stop
+    // can miss the snippet that then loops.
+    private static void keepStopping(JShell shell, long id) {
+        Thread t = new Thread(() -> {
+            while (true) {
+                synchronized (STOP_LOCK) {
+                    if (finished == id) {
+                        return;
+                    }
+                    shell.stop();
+                }
+                try {
+                    Thread.sleep(100);
+                } catch (InterruptedException e) {
+                    return;
+                }
+            }
+        }, "interrupt");
+        t.setDaemon(true);
+        t.start();
     }
 
     private static void runCell(JShell shell, long id, String code) {
@@ -120,6 +150,10 @@ public class JavaKernel {
                 rest = "";
             } else {
                 rest = ci.remaining();
+            }
+            if (stopped == id) {
+                sendError(id, "EvaluationInterruptedException", "Evaluation interrupted.", src.strip() + "\nEvaluation interrupted.");
+                return;
             }
             List<SnippetEvent> evs = shell.eval(src);
             if (stopped == id) {
@@ -281,8 +315,19 @@ public class JavaKernel {
         }
     }
 
+    // LinePrintStream writes a println's text and its line separator as
+    // two writes (a PrintStream subclass prints, then ends the line), so
+    // EventStream can send them as two chunks: E2B's Java kernel logs
+    // System.out.println("x") as "x" then "\n".
+    private static final class LinePrintStream extends PrintStream {
+        LinePrintStream(OutputStream out) {
+            super(out, true, StandardCharsets.UTF_8);
+        }
+    }
+
     // EventStream turns what the code prints into stdout/stderr events,
     // sent at each flush (PrintStream flushes on newlines) or when large.
+    // A line separator written on its own ends the chunk before it.
     private static final class EventStream extends OutputStream {
         private final String type;
         private final ByteArrayOutputStream buf = new ByteArrayOutputStream();
@@ -301,10 +346,18 @@ public class JavaKernel {
 
         @Override
         public synchronized void write(byte[] b, int off, int len) {
+            if (isLineSeparator(b, off, len)) {
+                flush();
+            }
             buf.write(b, off, len);
             if (buf.size() >= MAX_TEXT) {
                 flush();
             }
+        }
+
+        private static boolean isLineSeparator(byte[] b, int off, int len) {
+            byte[] sep = System.lineSeparator().getBytes(StandardCharsets.UTF_8);
+            return Arrays.equals(b, off, off + len, sep, 0, sep.length);
         }
 
         @Override
