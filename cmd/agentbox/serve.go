@@ -213,7 +213,9 @@ func applyEnvAndFile(fs *pflag.FlagSet, file string) error {
 	}
 	var errs []error
 	fs.VisitAll(func(fl *pflag.Flag) {
-		if fl.Changed {
+		// Hidden flags are test switches (a crash point): only the command
+		// line sets them, so no environment or config file can.
+		if fl.Changed || fl.Hidden {
 			return
 		}
 		env := "AGENTBOX_" + strings.ToUpper(strings.ReplaceAll(fl.Name, "-", "_"))

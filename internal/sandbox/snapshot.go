@@ -293,6 +293,7 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden,
 		if _, err := m.commit(ctx, id, func(sb *Sandbox) { sb.State = prev.State }); err != nil {
 			m.log.Error("persist state after snapshot", "sandbox", id, "err", err)
 		}
+		m.crashAfter("snapshot", SnapshotCommitted)
 		if err == nil && !hidden {
 			m.auditLifecycle(ctx, prev, "snapshot", "allowed", "", map[string]any{"memory": memory, "name": name})
 		}
@@ -348,6 +349,7 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden,
 		return nil, err
 	}
 	ok = true
+	m.crashAfter("snapshot", SnapshotPublished)
 	m.log.Info("snapshot created", "sandbox", id, "snapshot", snap.ID, "name", name, "bytes", snap.SizeBytes, "took", time.Since(start).Round(time.Millisecond))
 	return snap, nil
 }
