@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -25,6 +26,7 @@ import (
 	"github.com/agentbox/agentbox/internal/api"
 	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/authlimit"
+	"github.com/agentbox/agentbox/internal/crashpoint"
 	"github.com/agentbox/agentbox/internal/gateway"
 	"github.com/agentbox/agentbox/internal/mcpserver"
 	"github.com/agentbox/agentbox/internal/metrics"
@@ -489,7 +491,8 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		return err
 	}
 	vols, err := volume.New(ctx, volume.Config{Dir: filepath.Join(c.DataDir, "volumes"), DefaultSizeMB: c.VolumeSizeMB,
-		MaxSizeMB: c.VolumeMaxSizeMB, MaxPerTeam: c.MaxVolumes, MaxTotalMBPerTeam: c.VolumeTeamMaxTotalMB}, st, log)
+		MaxSizeMB: c.VolumeMaxSizeMB, MaxPerTeam: c.MaxVolumes, MaxTotalMBPerTeam: c.VolumeTeamMaxTotalMB,
+		Crash: crashpoint.New(cmp.Or(c.Lifecycle.CrashAfter, c.Lifecycle.FaultStep), log)}, st, log)
 	if err != nil {
 		return err
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/agentbox/agentbox/e2e/harness"
 	"github.com/agentbox/agentbox/e2e/wire"
 	"github.com/agentbox/agentbox/internal/sandbox"
+	"github.com/agentbox/agentbox/internal/volume"
 )
 
 // fixture is what a row's setup made before the crash.
@@ -30,6 +31,7 @@ type fixture struct {
 	pid      string // a background process in src: alive again means memory kept
 	snapshot string // a snapshot of src
 	fsPaused bool   // src was paused without memory: its processes are gone
+	volume   string // a volume's name
 }
 
 // operation drives one operation to its crash points.
@@ -120,6 +122,26 @@ func operations() map[string]operation {
 			},
 			trigger: func(r *rig, f fixture) { r.do("POST", "/sandboxes/"+f.src+"/resume", map[string]any{"timeout": 900}) },
 		},
+		volume.OpCreate: {
+			setup: func(*testing.T, *rig) fixture { return fixture{} },
+			trigger: func(r *rig, _ fixture) {
+				r.do("POST", "/volumes", map[string]any{"name": "crash", "sizeMB": 64})
+			},
+		},
+		volume.OpDelete: {
+			setup: func(t *testing.T, r *rig) fixture {
+				st, b := r.do("POST", "/volumes", map[string]any{"name": "crash", "sizeMB": 64})
+				if st != http.StatusCreated {
+					t.Fatalf("setup volume: %d %s", st, b)
+				}
+				return fixture{volume: "crash"}
+			},
+			trigger: func(r *rig, _ fixture) {
+				for _, v := range volumes(r) {
+					r.do("DELETE", "/volumes/"+v.ID, nil)
+				}
+			},
+		},
 		"resume-memory": {
 			setup: func(t *testing.T, r *rig) fixture {
 				f := r.running(t)
@@ -151,7 +173,11 @@ func TestCrashAtEveryStep(t *testing.T) {
 	s := harness.Start(t)
 	ops := operations()
 	only := strings.TrimSpace(testFilterStep())
-	for _, point := range sandbox.CrashSteps() {
+	points := sandbox.CrashSteps()
+	for _, p := range volume.CrashSteps() {
+		points = append(points, sandbox.CrashStep{Op: p[0], Step: p[1]})
+	}
+	for _, point := range points {
 		name, ok := rowOp(point)
 		if !ok || (only != "" && !strings.Contains(point.String(), only)) {
 			continue
@@ -165,6 +191,18 @@ func TestCrashAtEveryStep(t *testing.T) {
 			r := &rig{Server: s, c: wire.New(s.URL, s.APIKey), ctx: ctx}
 			before := s.HostState(ctx)
 			f := op.setup(t, r)
+			if f.src != "" {
+				// The leak check must see a live sandbox, else it proves nothing.
+				seen := before.Leaked(s.HostState(ctx))
+				for _, kind := range []string{harness.KindContainer, harness.KindCgroup, harness.KindRow, harness.KindNetns} {
+					if f.fsPaused && (kind == harness.KindContainer || kind == harness.KindCgroup) {
+						continue
+					}
+					if !slices.ContainsFunc(seen, func(item string) bool { return strings.HasPrefix(item, kind+": ") }) {
+						t.Fatalf("the host-state snapshot does not see sandbox %s's %s (new: %v)", f.src, kind, seen)
+					}
+				}
+			}
 			tctx, tcancel := context.WithCancel(ctx)
 			rt := &rig{Server: s, c: wire.New(s.URL, s.APIKey), ctx: tctx}
 			done := make(chan struct{})
@@ -218,17 +256,18 @@ func check(t *testing.T, r *rig, op string, f fixture) {
 		if sb.SandboxID == f.src {
 			seen = true
 		}
-		if sb.State == "paused" {
-			if st, b := r.do("POST", "/sandboxes/"+sb.SandboxID+"/resume", map[string]any{"timeout": 900}); st != http.StatusCreated {
-				t.Errorf("resume %s after the restart: %d %s", sb.SandboxID, st, b)
-				continue
-			}
+		// Connect resumes a paused sandbox and hands out its envd token.
+		st, b := r.do("POST", "/sandboxes/"+sb.SandboxID+"/connect", map[string]any{"timeout": 900})
+		var conn wire.Sandbox
+		if (st != http.StatusOK && st != http.StatusCreated) || json.Unmarshal(b, &conn) != nil {
+			t.Errorf("connect %s (%s) after the restart: %d %s", sb.SandboxID, sb.State, st, b)
+			continue
 		}
 		cmd := "cat /tmp/mark 2>/dev/null; echo ok"
 		if sb.SandboxID == f.src && !f.fsPaused {
 			cmd = "cat /tmp/mark; kill -0 " + f.pid + " && echo ok"
 		}
-		res, err := r.c.Run(r.ctx, &wire.Sandbox{SandboxID: sb.SandboxID}, "user", cmd)
+		res, err := r.c.Run(r.ctx, &conn, "user", cmd)
 		switch {
 		case err != nil:
 			t.Errorf("sandbox %s after the restart: %v", sb.SandboxID, err)
@@ -245,6 +284,18 @@ func check(t *testing.T, r *rig, op string, f fixture) {
 	}
 	if f.snapshot != "" && !slices.Contains(snapshots(t, r), f.snapshot) {
 		t.Errorf("snapshot %s was lost in the crash", f.snapshot)
+	}
+	// A volume the crash left whole must mount and take a write.
+	for _, v := range volumes(r) {
+		sb, err := r.c.Create(r.ctx, wire.CreateRequest{TemplateID: "base", Timeout: 900, VolumeMounts: []wire.VolumeMount{{Name: v.Name, Path: "/mnt/v"}}})
+		if err != nil {
+			t.Errorf("mount volume %s kept after the crash: %v", v.Name, err)
+			continue
+		}
+		res, err := r.c.Run(r.ctx, sb, "user", "echo hi > /mnt/v/x && cat /mnt/v/x")
+		if err != nil || res.Stdout != "hi\n" {
+			t.Errorf("write to volume %s after the crash: %v %+v", v.Name, err, res)
+		}
 	}
 	// A snapshot the crash left whole must restore.
 	if op == "snapshot" {
@@ -278,6 +329,20 @@ func snapshots(t *testing.T, r *rig) []string {
 	return ids
 }
 
+type vol struct {
+	ID   string `json:"volumeID"`
+	Name string `json:"name"`
+}
+
+func volumes(r *rig) []vol {
+	st, b := r.do("GET", "/volumes", nil)
+	var out []vol
+	if st != http.StatusOK || json.Unmarshal(b, &out) != nil {
+		return []vol{{ID: "(list volumes: " + string(b) + ")"}}
+	}
+	return out
+}
+
 // cleanUp kills every sandbox and deletes every snapshot, so the leak check
 // compares with the host before the row.
 func cleanUp(t *testing.T, r *rig) {
@@ -295,6 +360,11 @@ func cleanUp(t *testing.T, r *rig) {
 	for _, sn := range snapshots(t, r) {
 		if st, b := r.do("DELETE", "/templates/"+url.PathEscape(sn), nil); st != http.StatusNoContent {
 			errs = append(errs, fmt.Errorf("delete snapshot %s: %d %s", sn, st, b))
+		}
+	}
+	for _, v := range volumes(r) {
+		if st, b := r.do("DELETE", "/volumes/"+v.ID, nil); st != http.StatusNoContent {
+			errs = append(errs, fmt.Errorf("delete volume %s: %d %s", v.Name, st, b))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

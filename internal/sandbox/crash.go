@@ -1,6 +1,8 @@
 package sandbox
 
 import (
+	"context"
+
 	"github.com/agentbox/agentbox/internal/crashpoint"
 )
 
@@ -71,4 +73,14 @@ func CrashSteps() []CrashStep {
 // crashAfter kills the server when op/step is the configured crash point.
 func (m *Manager) crashAfter(op, step string) {
 	crashpoint.New(m.life.cfg.FaultStep, m.log).After(op, step)
+}
+
+// reconcileCrash removes, at start, what an operation the last server
+// died in left half-made beyond the sandbox records Reconcile handles: the
+// hidden snapshot of a fork that never got its copies (no fork is in
+// flight at start, so no minimum age protects one).
+func (m *Manager) reconcileCrash(ctx context.Context) {
+	if m.life.snaps != nil {
+		m.gcSnapshots(ctx, 0)
+	}
 }

@@ -448,6 +448,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	} else {
 		m.log.Error("list network namespaces", "err", err)
 	}
+	m.reconcileCrash(ctx) // crash.go
 	return nil
 }
 

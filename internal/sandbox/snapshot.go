@@ -451,6 +451,13 @@ func (m *Manager) snapshotGC(ctx context.Context) {
 		return
 	}
 	m.life.lastGC = time.Now()
+	m.gcSnapshots(ctx, snapshotMinAge)
+}
+
+// gcSnapshots is snapshotGC's pass; a fork snapshot younger than minAge may
+// belong to a fork in flight and stays.
+func (m *Manager) gcSnapshots(ctx context.Context, minAge time.Duration) {
+	snaps := m.life.snaps
 	used := map[string]bool{}
 	m.mu.Lock()
 	for _, sb := range m.sandboxes {
@@ -483,7 +490,7 @@ func (m *Manager) snapshotGC(ctx context.Context) {
 		}
 	}
 	for _, s := range all {
-		if used[s.ID] || (!s.Hidden && !snaps.deleted(s.ID)) || time.Since(s.CreatedAt) < snapshotMinAge && !snaps.deleted(s.ID) {
+		if used[s.ID] || (!s.Hidden && !snaps.deleted(s.ID)) || time.Since(s.CreatedAt) < minAge && !snaps.deleted(s.ID) {
 			continue
 		}
 		if err := os.RemoveAll(snaps.path(s.ID)); err != nil {
