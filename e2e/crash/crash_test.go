@@ -31,6 +31,7 @@ type fixture struct {
 	pid      string // a background process in src: alive again means memory kept
 	snapshot string // a snapshot of src
 	fsPaused bool   // src was paused without memory: its processes are gone
+	paused   bool   // src is paused: no container or cgroup on the host
 	volume   string // a volume's name
 }
 
@@ -117,7 +118,7 @@ func operations() map[string]operation {
 				if st, b := r.do("POST", "/sandboxes/"+f.src+"/pause", map[string]any{"memory": false}); st != http.StatusNoContent {
 					t.Fatalf("setup pause: %d %s", st, b)
 				}
-				f.fsPaused = true
+				f.fsPaused, f.paused = true, true
 				return f
 			},
 			trigger: func(r *rig, f fixture) { r.do("POST", "/sandboxes/"+f.src+"/resume", map[string]any{"timeout": 900}) },
@@ -148,6 +149,7 @@ func operations() map[string]operation {
 				if st, b := r.do("POST", "/sandboxes/"+f.src+"/pause", nil); st != http.StatusNoContent {
 					t.Fatalf("setup pause: %d %s", st, b)
 				}
+				f.paused = true
 				return f
 			},
 			trigger: func(r *rig, f fixture) { r.do("POST", "/sandboxes/"+f.src+"/resume", map[string]any{"timeout": 900}) },
@@ -195,7 +197,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 				// The leak check must see a live sandbox, else it proves nothing.
 				seen := before.Leaked(s.HostState(ctx))
 				for _, kind := range []string{harness.KindContainer, harness.KindCgroup, harness.KindRow, harness.KindNetns} {
-					if f.fsPaused && (kind == harness.KindContainer || kind == harness.KindCgroup) {
+					if f.paused && (kind == harness.KindContainer || kind == harness.KindCgroup) {
 						continue
 					}
 					if !slices.ContainsFunc(seen, func(item string) bool { return strings.HasPrefix(item, kind+": ") }) {

@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 
 	"github.com/agentbox/agentbox/internal/crashpoint"
 )
@@ -82,5 +84,15 @@ func (m *Manager) crashAfter(op, step string) {
 func (m *Manager) reconcileCrash(ctx context.Context) {
 	if m.life.snaps != nil {
 		m.gcSnapshots(ctx, 0)
+	}
+}
+
+// forkDone marks a fork's own snapshot deleted once every copy is made or
+// has failed: it is removed as soon as no copy runs on it, not after the
+// minimum age that protects forks in flight, so killing the copies leaves
+// nothing behind.
+func (m *Manager) forkDone(snap *Snapshot) {
+	if err := os.WriteFile(filepath.Join(m.life.snaps.path(snap.ID), snapshotGone), nil, 0o600); err != nil {
+		m.log.Warn("fork snapshot stays until its minimum age", "snapshot", snap.ID, "err", err)
 	}
 }

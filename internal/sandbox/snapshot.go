@@ -563,5 +563,6 @@ func (m *Manager) Fork(ctx context.Context, teamID, id string, count int, timeou
 		})
 	}
 	wg.Wait()
+	m.forkDone(snap) // crash.go
 	return out, nil
 }
