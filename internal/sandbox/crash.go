@@ -79,12 +79,20 @@ func (m *Manager) crashAfter(op, step string) {
 
 // reconcileCrash removes, at start, what an operation the last server
 // died in left half-made beyond the sandbox records Reconcile handles: the
-// hidden snapshot of a fork that never got its copies (no fork is in
-// flight at start, so no minimum age protects one).
+// hidden snapshot of a fork the crash interrupted. No fork is in flight at
+// start, so each is done: it goes now if no copy was made, else with its
+// last copy.
 func (m *Manager) reconcileCrash(ctx context.Context) {
-	if m.life.snaps != nil {
-		m.gcSnapshots(ctx, 0)
+	snaps := m.life.snaps
+	if snaps == nil {
+		return
 	}
+	for _, s := range snaps.list(true) {
+		if s.Hidden && !snaps.deleted(s.ID) {
+			m.forkDone(s)
+		}
+	}
+	m.gcSnapshots(ctx, 0)
 }
 
 // forkDone marks a fork's own snapshot deleted once every copy is made or
