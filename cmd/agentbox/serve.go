@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -25,6 +26,7 @@ import (
 	"github.com/agentbox/agentbox/internal/api"
 	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/authlimit"
+	"github.com/agentbox/agentbox/internal/crashpoint"
 	"github.com/agentbox/agentbox/internal/gateway"
 	"github.com/agentbox/agentbox/internal/mcpserver"
 	"github.com/agentbox/agentbox/internal/metrics"
@@ -213,7 +215,9 @@ func applyEnvAndFile(fs *pflag.FlagSet, file string) error {
 	}
 	var errs []error
 	fs.VisitAll(func(fl *pflag.Flag) {
-		if fl.Changed {
+		// Hidden flags are test switches (a crash point): only the command
+		// line sets them, so no environment or config file can.
+		if fl.Changed || fl.Hidden {
 			return
 		}
 		env := "AGENTBOX_" + strings.ToUpper(strings.ReplaceAll(fl.Name, "-", "_"))
@@ -487,7 +491,8 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		return err
 	}
 	vols, err := volume.New(ctx, volume.Config{Dir: filepath.Join(c.DataDir, "volumes"), DefaultSizeMB: c.VolumeSizeMB,
-		MaxSizeMB: c.VolumeMaxSizeMB, MaxPerTeam: c.MaxVolumes, MaxTotalMBPerTeam: c.VolumeTeamMaxTotalMB}, st, log)
+		MaxSizeMB: c.VolumeMaxSizeMB, MaxPerTeam: c.MaxVolumes, MaxTotalMBPerTeam: c.VolumeTeamMaxTotalMB,
+		Crash: crashpoint.New(cmp.Or(c.Lifecycle.CrashAfter, c.Lifecycle.FaultStep), log)}, st, log)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -24,6 +25,7 @@ type lifecycleFlags struct {
 	PoolMax     int
 	IdleFreeze  time.Duration
 	FaultStep   string
+	CrashAfter  string
 }
 
 func addLifecycleFlags(f *pflag.FlagSet, l *lifecycleFlags) {
@@ -33,6 +35,8 @@ func addLifecycleFlags(f *pflag.FlagSet, l *lifecycleFlags) {
 	f.DurationVar(&l.IdleFreeze, "idle-freeze", 0, "freeze (cgroup freezer, memory kept) sandboxes with no data-plane traffic for this long; traffic thaws them in milliseconds (0 = never)")
 	f.StringVar(&l.FaultStep, "fault-step", "", "exit at this named lifecycle step (crash-safety tests)")
 	_ = f.MarkHidden("fault-step")
+	f.StringVar(&l.CrashAfter, "test-crash-after", "", "kill the server (SIGKILL) right after this step, as <operation>/<step> (crash-safety tests; never read from the environment or a config file)")
+	_ = f.MarkHidden("test-crash-after")
 }
 
 // parsePools reads --pool values.
@@ -59,7 +63,7 @@ func enableLifecycle(mgr *sandbox.Manager, c serveConfig) error {
 		l.SnapshotDir = filepath.Join(c.DataDir, "snapshots")
 	}
 	return mgr.EnableLifecycle(sandbox.LifecycleConfig{
-		SnapshotDir: l.SnapshotDir, IdleFreeze: l.IdleFreeze, Pools: pools, PoolMax: l.PoolMax, FaultStep: l.FaultStep,
+		SnapshotDir: l.SnapshotDir, IdleFreeze: l.IdleFreeze, Pools: pools, PoolMax: l.PoolMax, FaultStep: cmp.Or(l.CrashAfter, l.FaultStep),
 	})
 }
 

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
+	"strings"
 	"time"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
@@ -66,8 +66,9 @@ type LifecycleConfig struct {
 	// sandboxes kept ready; PoolMax caps the adaptive size of each.
 	Pools   map[string]int
 	PoolMax int
-	// FaultStep makes the process exit at the named step of a transition
-	// (fault-injection tests of crash safety); "" never.
+	// FaultStep kills the process right after the named step
+	// ("<operation>/<step>", crash.go) of an operation, for the
+	// crash-safety tests; "" never.
 	FaultStep string
 }
 
@@ -120,10 +121,8 @@ func (m *Manager) EnableLifecycle(cfg LifecycleConfig) error {
 // fault exits the process at the configured step: a crash at exactly that
 // point, for the fault-injection tests.
 func (m *Manager) fault(step string) {
-	if m.life.cfg.FaultStep != "" && m.life.cfg.FaultStep == step {
-		m.log.Warn("fault injection: exiting", "step", step)
-		os.Exit(97)
-	}
+	op, name, _ := strings.Cut(step, ":")
+	m.crashAfter(op, name)
 }
 
 func (m *Manager) checkpointer() (runtime.Checkpointer, error) {

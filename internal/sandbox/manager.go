@@ -294,13 +294,16 @@ func (m *Manager) destroy(ctx context.Context, sb *Sandbox, why string) error {
 	if err := m.save(ctx, sb); err != nil {
 		m.log.Error("persist killing", "sandbox", sb.ID, "err", err)
 	}
+	m.crashAfter("kill", KillPersisted)
 	var errs []error
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
 		errs = append(errs, fmt.Errorf("container: %w", err))
 	}
+	m.crashAfter("kill", KillContainerGone)
 	if err := m.net.Detach(ctx, sb.ID); err != nil {
 		errs = append(errs, fmt.Errorf("network: %w", err))
 	}
+	m.crashAfter("kill", KillNetworkDetached)
 	if err := errors.Join(errs...); err != nil {
 		m.log.Error("sandbox cleanup incomplete; will retry at next start", "sandbox", sb.ID, "err", err)
 		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
@@ -308,6 +311,7 @@ func (m *Manager) destroy(ctx context.Context, sb *Sandbox, why string) error {
 	if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil {
 		return err
 	}
+	m.crashAfter("kill", KillRowDeleted)
 	m.mu.Lock()
 	delete(m.sandboxes, sb.ID)
 	delete(m.metrics, sb.ID)
@@ -444,6 +448,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	} else {
 		m.log.Error("list network namespaces", "err", err)
 	}
+	m.reconcileCrash(ctx) // crash.go
 	return nil
 }
 

@@ -191,6 +191,9 @@ func (m *Manager) run(ctx context.Context, p pipeline, b *build) (_ *Sandbox, er
 			err = m.stepHook(b.path, s.name)
 		}
 		endSpan(stepSpan, nil, err)
+		if err == nil {
+			m.crashAfter(b.path, s.name) // crash.go
+		}
 		if err != nil {
 			b.failed = s.name
 			if uerr := b.undo.Run(sctx); uerr != nil {

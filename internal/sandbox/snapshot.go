@@ -293,6 +293,7 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden,
 		if _, err := m.commit(ctx, id, func(sb *Sandbox) { sb.State = prev.State }); err != nil {
 			m.log.Error("persist state after snapshot", "sandbox", id, "err", err)
 		}
+		m.crashAfter("snapshot", SnapshotCommitted)
 		if err == nil && !hidden {
 			m.auditLifecycle(ctx, prev, "snapshot", "allowed", "", map[string]any{"memory": memory, "name": name})
 		}
@@ -348,6 +349,7 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden,
 		return nil, err
 	}
 	ok = true
+	m.crashAfter("snapshot", SnapshotPublished)
 	m.log.Info("snapshot created", "sandbox", id, "snapshot", snap.ID, "name", name, "bytes", snap.SizeBytes, "took", time.Since(start).Round(time.Millisecond))
 	return snap, nil
 }
@@ -449,6 +451,13 @@ func (m *Manager) snapshotGC(ctx context.Context) {
 		return
 	}
 	m.life.lastGC = time.Now()
+	m.gcSnapshots(ctx, snapshotMinAge)
+}
+
+// gcSnapshots is snapshotGC's pass; a fork snapshot younger than minAge may
+// belong to a fork in flight and stays.
+func (m *Manager) gcSnapshots(ctx context.Context, minAge time.Duration) {
+	snaps := m.life.snaps
 	used := map[string]bool{}
 	m.mu.Lock()
 	for _, sb := range m.sandboxes {
@@ -481,7 +490,7 @@ func (m *Manager) snapshotGC(ctx context.Context) {
 		}
 	}
 	for _, s := range all {
-		if used[s.ID] || (!s.Hidden && !snaps.deleted(s.ID)) || time.Since(s.CreatedAt) < snapshotMinAge && !snaps.deleted(s.ID) {
+		if used[s.ID] || (!s.Hidden && !snaps.deleted(s.ID)) || time.Since(s.CreatedAt) < minAge && !snaps.deleted(s.ID) {
 			continue
 		}
 		if err := os.RemoveAll(snaps.path(s.ID)); err != nil {
@@ -554,5 +563,6 @@ func (m *Manager) Fork(ctx context.Context, teamID, id string, count int, timeou
 		})
 	}
 	wg.Wait()
+	m.forkDone(snap) // crash.go
 	return out, nil
 }

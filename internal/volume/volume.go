@@ -35,6 +35,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentbox/agentbox/internal/crashpoint"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/hostkey"
 	"github.com/agentbox/agentbox/internal/runtime/bundle"
@@ -71,6 +72,26 @@ type Config struct {
 	MaxTotalMBPerTeam int
 	// TokenTTL is how long a volume content token is valid.
 	TokenTTL time.Duration
+	// Crash kills the server after a named step (CrashSteps), for the
+	// crash-safety tests; the zero value never does.
+	Crash crashpoint.Switch
+}
+
+// Crash points of volume create and delete (--test-crash-after
+// <operation>/<step>): Reconcile finishes or undoes what each leaves.
+const (
+	OpCreate        = "volume-create"
+	OpDelete        = "volume-delete"
+	StepMadeDisk    = "make disk"    // image, filesystem and host mount
+	StepPersistRow  = "persist row"  // the volume exists
+	StepDeleteRow   = "delete row"   // the volume is gone for the API
+	StepRemoveFiles = "remove files" // image and mount gone
+)
+
+// CrashSteps lists the crash points of volume operations, in order, as
+// operation and step.
+func CrashSteps() [][2]string {
+	return [][2]string{{OpCreate, StepMadeDisk}, {OpCreate, StepPersistRow}, {OpDelete, StepDeleteRow}, {OpDelete, StepRemoveFiles}}
 }
 
 // Service creates, finds, mounts and deletes volumes. Safe for concurrent
@@ -215,10 +236,12 @@ func (s *Service) Create(ctx context.Context, teamID, name string, sizeMB int) (
 		_ = removeDir(dir)
 		return store.Volume{}, fmt.Errorf("volume %q: %w", name, err)
 	}
+	s.cfg.Crash.After(OpCreate, StepMadeDisk)
 	if err := s.st.CreateVolume(ctx, v); err != nil {
 		_ = removeDir(dir)
 		return store.Volume{}, err
 	}
+	s.cfg.Crash.After(OpCreate, StepPersistRow)
 	s.log.Info("volume created", "volume", v.ID, "team", teamID, "size_mb", sizeMB)
 	return v, nil
 }
@@ -374,10 +397,12 @@ func (s *Service) Delete(ctx context.Context, teamID, id string) error {
 	if err := s.st.DeleteVolume(ctx, teamID, id); err != nil {
 		return err
 	}
+	s.cfg.Crash.After(OpDelete, StepDeleteRow)
 	if err := removeDir(s.dir(id)); err != nil {
 		// The row is gone: the next start removes what is left.
 		s.log.Error("volume files not removed; the next start retries", "volume", id, "err", err)
 	}
+	s.cfg.Crash.After(OpDelete, StepRemoveFiles)
 	s.log.Info("volume deleted", "volume", id, "team", teamID)
 	return nil
 }

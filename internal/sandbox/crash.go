@@ -1,0 +1,106 @@
+package sandbox
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+
+	"github.com/agentbox/agentbox/internal/crashpoint"
+)
+
+// Crash points: every operation that changes state names its steps, and the
+// hidden serve flag --test-crash-after=<operation>/<step> kills the server
+// right after one of them (internal/crashpoint). The startup Reconcile must
+// then find the old state or the new one, never a half, and nothing leaked.
+//
+// The start paths are the pipelines of pipeline.go: their runner calls the
+// hook after every step, under the path's name (create, restore, claim,
+// fork, resume, build). The other operations call it between their steps.
+
+// Steps of a kill (destroy): each is idempotent, so Reconcile finishes an
+// interrupted one.
+const (
+	KillPersisted       = "persist killing"
+	KillContainerGone   = "delete container"
+	KillNetworkDetached = "detach network"
+	KillRowDeleted      = "delete row"
+)
+
+// Steps of a snapshot (and of a fork's own hidden snapshot).
+const (
+	SnapshotPersisted = "persisted" // row "snapshotting"
+	SnapshotCaptured  = "captured"  // image and layer copy in the temporary dir
+	SnapshotPublished = "published" // renamed into place: it exists
+	SnapshotCommitted = "committed" // row back to "running"
+)
+
+// CrashStep is one point a crash-safety test can crash the server at.
+type CrashStep struct {
+	Op   string // operation (a pipeline's path, or kill, snapshot, pause, resume)
+	Step string
+}
+
+// String is the value of --test-crash-after for the point.
+func (c CrashStep) String() string { return c.Op + "/" + c.Step }
+
+// CrashSteps lists every crash point of every operation, in order.
+func CrashSteps() []CrashStep {
+	var out []CrashStep
+	add := func(op string, steps ...string) {
+		for _, s := range steps {
+			out = append(out, CrashStep{op, s})
+		}
+	}
+	names := func(p pipeline) []string {
+		var n []string
+		for _, s := range p {
+			n = append(n, s.name)
+		}
+		return n
+	}
+	add("create", names(coldStart())...)
+	add("restore", names(restoreSnapshot())...)
+	add("claim", names(claimPooled())...)
+	add("resume", names(resumeFiles())...)
+	add("build", names(buildStep())...)
+	add("snapshot", SnapshotPersisted, SnapshotCaptured, SnapshotPublished, SnapshotCommitted)
+	add("fork", names(restoreSnapshot())...)
+	add("kill", KillPersisted, KillContainerGone, KillNetworkDetached, KillRowDeleted)
+	// Pause and memory resume (lifecycle.go).
+	add("pause", "persisted", "checkpointed")
+	add("resume", "persisted", "restored")
+	return out
+}
+
+// crashAfter kills the server when op/step is the configured crash point.
+func (m *Manager) crashAfter(op, step string) {
+	crashpoint.New(m.life.cfg.FaultStep, m.log).After(op, step)
+}
+
+// reconcileCrash removes, at start, what an operation the last server
+// died in left half-made beyond the sandbox records Reconcile handles: the
+// hidden snapshot of a fork the crash interrupted. No fork is in flight at
+// start, so each is done: it goes now if no copy was made, else with its
+// last copy.
+func (m *Manager) reconcileCrash(ctx context.Context) {
+	snaps := m.life.snaps
+	if snaps == nil {
+		return
+	}
+	for _, s := range snaps.list(true) {
+		if s.Hidden && !snaps.deleted(s.ID) {
+			m.forkDone(s)
+		}
+	}
+	m.gcSnapshots(ctx, 0)
+}
+
+// forkDone marks a fork's own snapshot deleted once every copy is made or
+// has failed: it is removed as soon as no copy runs on it, not after the
+// minimum age that protects forks in flight, so killing the copies leaves
+// nothing behind.
+func (m *Manager) forkDone(snap *Snapshot) {
+	if err := os.WriteFile(filepath.Join(m.life.snaps.path(snap.ID), snapshotGone), nil, 0o600); err != nil {
+		m.log.Warn("fork snapshot stays until its minimum age", "snapshot", snap.ID, "err", err)
+	}
+}
