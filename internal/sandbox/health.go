@@ -82,6 +82,9 @@ func (m *Manager) checkHealth(ctx context.Context) {
 		wg.Go(func() {
 			reason := m.probe(ctx, sb)
 			m.setHealth(ctx, sb.ID, reason)
+			if reason != "" {
+				m.endIfDead(ctx, sb) // reconcile.go
+			}
 		})
 	}
 	wg.Wait()
