@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/agentbox/agentbox/e2e/harness"
 	"github.com/agentbox/agentbox/e2e/wire"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
 )
 
 // info is what the tests read of GET /sandboxes/{id}.
@@ -52,11 +54,16 @@ func getInfo(ctx context.Context, t *testing.T, s *harness.Server, id string) (i
 }
 
 // statePID asks the OCI runtime for sandbox id's pid: runc's container init
-// (envd), runsc's sandbox process (the sentry).
-func statePID(bin, root string) func(t *testing.T, id string) int {
+// (envd), runsc's sandbox process (the sentry). Containers are named by the
+// sandbox's host key.
+func statePID(s *harness.Server, bin, root string) func(t *testing.T, id string) int {
 	return func(t *testing.T, id string) int {
 		t.Helper()
-		out, err := exec.Command(bin, "--root", root, "state", id).Output()
+		key, err := bundle.HostKey(filepath.Join(s.DataDir, "sandboxes"), id)
+		if err != nil {
+			t.Fatalf("host key of %s: %v", id, err)
+		}
+		out, err := exec.Command(bin, "--root", root, "state", key).Output()
 		if err != nil {
 			t.Fatalf("%s --root %s state %s: %v", bin, root, id, err)
 		}
@@ -83,8 +90,8 @@ func TestDyingPiece(t *testing.T) {
 		isolation string
 		pid       func(t *testing.T, id string) int
 	}{
-		{"runc container init (envd)", "container", statePID("runc", run+"/runc")},
-		{"gvisor sentry", "gvisor", statePID("runsc", run+"/runc-runsc")},
+		{"runc container init (envd)", "container", statePID(s, "runc", run+"/runc")},
+		{"gvisor sentry", "gvisor", statePID(s, "runsc", run+"/runc-runsc")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
