@@ -85,18 +85,29 @@ func Soak(ctx context.Context, cfg SoakConfig, w io.Writer) (SoakResult, error) 
 		return n < int64(cfg.Ops) && ctx.Err() == nil
 	}
 	more := func() bool { return done.Load() < int64(cfg.Ops) && ctx.Err() == nil }
+	// One client per team for the whole soak: a client per cycle would
+	// leave its kept-alive connections open on the server (until its idle
+	// timeout) and read as a leak.
+	clients := make([]*wire.Client, len(cfg.Keys))
+	for i, k := range cfg.Keys {
+		clients[i] = wire.New(cfg.APIURL, k)
+	}
 	var wg sync.WaitGroup
 	for i := range cfg.Workers {
 		wg.Go(func() {
 			for cycle := i; ; cycle += cfg.Workers {
-				key := cfg.Keys[cycle%len(cfg.Keys)]
-				if !soakCycle(ctx, cfg, key, tick, more, fail) {
+				c := clients[cycle%len(clients)]
+				if !soakCycle(ctx, cfg, c, tick, more, fail) {
 					return
 				}
 			}
 		})
 	}
 	wg.Wait()
+	for _, c := range clients {
+		c.HTTP.CloseIdleConnections()
+	}
+	http.DefaultClient.CloseIdleConnections() // apiJSON's
 	res.Ops = int(done.Load())
 	res.After = cfg.Host.Sample()
 	fmt.Fprintf(w, "%-8s %s\n", "after", res.After)
@@ -106,11 +117,10 @@ func Soak(ctx context.Context, cfg SoakConfig, w io.Writer) (SoakResult, error) 
 	return res, ctx.Err()
 }
 
-// soakCycle runs one cycle as key's team; it returns false when the soak
+// soakCycle runs one cycle as c's team; it returns false when the soak
 // has done its operations.
-func soakCycle(ctx context.Context, cfg SoakConfig, key string, tick, more func() bool, fail func(string, error)) bool {
-	c := wire.New(cfg.APIURL, key)
-	lc := LifecycleConfig{APIURL: cfg.APIURL, APIKey: key}
+func soakCycle(ctx context.Context, cfg SoakConfig, c *wire.Client, tick, more func() bool, fail func(string, error)) bool {
+	lc := LifecycleConfig{APIURL: cfg.APIURL, APIKey: c.APIKey}
 	// Cleanup runs whatever the cycle got to; a context of its own so a
 	// cancelled soak still leaves nothing behind.
 	clean := context.WithoutCancel(ctx)

@@ -30,7 +30,7 @@ func soakOps(t *testing.T) int {
 // TestSoakLeavesNothing: a few hundred operations of the mixed cycle by
 // three teams; afterwards every mount, pinned netns, veth, loop device and
 // cgroup of the server is gone, and its open files and goroutines are back
-// near their baseline (a handful of idle connections may stay pooled).
+// within a few of their baseline.
 func TestSoakLeavesNothing(t *testing.T) {
 	const token = "soak-metrics-token"
 	s := harness.Start(t, harness.Name("soak"), harness.Args("--metrics-token", token))
@@ -53,21 +53,21 @@ func TestSoakLeavesNothing(t *testing.T) {
 	}
 	base := res.Baseline
 	var after benchmark.HostSample
+	// Kills finish their host cleanup, and the server closes the
+	// connections the clients let go, shortly after.
+	settled := func(h benchmark.HostSample) bool {
+		return h.Objects() == base.Objects() && (base.FDs < 0 || h.FDs <= base.FDs+8) && (base.Goroutines < 0 || h.Goroutines <= base.Goroutines+16)
+	}
+	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		after = scope.Sample()
-		if after.Objects() == base.Objects() {
+		if settled(after) {
 			break
 		}
-		if ctx.Err() != nil {
-			t.Fatalf("host objects did not return to baseline:\n%s\n%s (baseline)\n%s (after)", benchmark.HostHeader(), base, after)
+		if time.Now().After(deadline) {
+			t.Fatalf("the server and its host objects did not return to baseline:\n%s\n%s (baseline)\n%s (after)\nopen files: %v", benchmark.HostHeader(), base, after, openFiles(scope.ServerPID))
 		}
 		time.Sleep(time.Second)
-	}
-	if base.FDs >= 0 && after.FDs > base.FDs+32 {
-		t.Errorf("open files grew from %d to %d", base.FDs, after.FDs)
-	}
-	if base.Goroutines >= 0 && after.Goroutines > base.Goroutines+64 {
-		t.Errorf("goroutines grew from %d to %d", base.Goroutines, after.Goroutines)
 	}
 	t.Logf("%d operations; baseline → after:\n%s\n%s\n%s", res.Ops, benchmark.HostHeader(), base, after)
 }
