@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -92,6 +95,7 @@ func TestDyingPiece(t *testing.T) {
 	}{
 		{"runc container init (envd)", "container", statePID(s, "runc", run+"/runc")},
 		{"gvisor sentry", "gvisor", statePID(s, "runsc", run+"/runc-runsc")},
+		{"gvisor gofer", "gvisor", goferPID(s)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -160,5 +164,34 @@ func TestDyingPiece(t *testing.T) {
 				t.Errorf("a command in a killed sandbox: %v", err)
 			}
 		})
+	}
+}
+
+// goferPID finds the gofer of sandbox id's gVisor container: the runsc
+// process serving its files, named by the bundle (the host key) in its
+// command line.
+func goferPID(s *harness.Server) func(t *testing.T, id string) int {
+	return func(t *testing.T, id string) int {
+		t.Helper()
+		key, err := bundle.HostKey(filepath.Join(s.DataDir, "sandboxes"), id)
+		if err != nil {
+			t.Fatalf("host key of %s: %v", id, err)
+		}
+		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		for _, p := range procs {
+			b, err := os.ReadFile(p)
+			if err != nil {
+				continue
+			}
+			args := strings.Split(string(b), "\x00")
+			if !slices.Contains(args, "gofer") || !strings.Contains(string(b), key) {
+				continue
+			}
+			if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil {
+				return pid
+			}
+		}
+		t.Fatalf("no gofer process names %s", key)
+		return 0
 	}
 }
