@@ -18,6 +18,7 @@ import (
 
 	"github.com/agentbox/agentbox/e2e/harness"
 	"github.com/agentbox/agentbox/e2e/wire"
+	"github.com/agentbox/agentbox/internal/hostkey"
 	"github.com/agentbox/agentbox/internal/runtime/bundle"
 )
 
@@ -96,6 +97,7 @@ func TestDyingPiece(t *testing.T) {
 		{"runc container init (envd)", "container", statePID(s, "runc", run+"/runc")},
 		{"gvisor sentry", "gvisor", statePID(s, "runsc", run+"/runc-runsc")},
 		{"gvisor gofer", "gvisor", goferPID(s)},
+		{"microvm QEMU", "microvm", qemuPID(s)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -193,5 +195,26 @@ func goferPID(s *harness.Server) func(t *testing.T, id string) int {
 		}
 		t.Fatalf("no gofer process names %s", key)
 		return 0
+	}
+}
+
+// qemuPID reads the pid file of sandbox id's QEMU.
+func qemuPID(s *harness.Server) func(t *testing.T, id string) int {
+	return func(t *testing.T, id string) int {
+		t.Helper()
+		state := filepath.Join(s.DataDir, "microvm")
+		keys, err := hostkey.Read(filepath.Join(state, ".hostkey"))
+		if err != nil {
+			t.Fatalf("microvm host key: %v", err)
+		}
+		b, err := os.ReadFile(filepath.Join(state, keys.Key(id), "qemu.pid"))
+		if err != nil {
+			t.Fatalf("QEMU pid file of %s: %v", id, err)
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			t.Fatalf("QEMU pid file of %s: %q", id, b)
+		}
+		return pid
 	}
 }
