@@ -20,6 +20,7 @@ type allFlags struct {
 	parallel, minFree         int
 	largeMB                   int
 	jsDir                     string
+	soakOps                   int
 	own                       benchmark.ServerConfig // the server to start without --api-url
 }
 
@@ -35,7 +36,7 @@ func runAll(cfg benchmark.Config, f allFlags) int {
 	acfg := benchmark.AllConfig{APIURL: cfg.APIURL, APIKey: cfg.APIKey, Template: cfg.Template, TemplateDir: cfg.TemplateDir,
 		DataDir: f.dataDir, Instance: f.instance, Bridge: f.bridge, ServerPID: cfg.ServerPID, MetricsURL: cfg.MetricsURL, MetricsToken: cfg.MetricsToken,
 		Creates: cfg.Creates, Commands: cfg.Commands, Burst: cfg.Burst, SizeMB: cfg.SizeMB, Parallel: f.parallel, MinFreeMiB: f.minFree,
-		LargeFileMB: f.largeMB, JSDir: f.jsDir}
+		LargeFileMB: f.largeMB, JSDir: f.jsDir, SoakOps: f.soakOps}
 	var err error
 	if acfg.SizesMB, err = ints("--lifecycle-sizes", f.sizes, 1); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

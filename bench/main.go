@@ -55,12 +55,13 @@ func main() {
 	ownBridge := flag.String("own-bridge", "abbench0", "all, without --api-url: the --bridge of the server it starts")
 	ownSubnet := flag.String("own-subnet", "10.240.0.0/20", "all, without --api-url: the --subnet of the server it starts (free on the host; room for the density rows)")
 	ownDir := flag.String("own-dir", "", "all, without --api-url: where the server it starts keeps its data dir and log, removed afterwards (default: a new temporary directory)")
+	soakOps := flag.Int("all-soak-ops", 2000, "all: operations of the soak section (create, command, file write, pause, resume, snapshot, fork, kill in cycles, with the server's warm pool), which prints the server's RSS, goroutines, open files, database size and its mounts, netns, veths, loop devices and cgroups at intervals; negative skips it")
 	allDensity := flag.String("all-density", "1000,300", "all: container-tier and gVisor idle sandboxes the density rows hold at once (issue 14: 1000,300); 0 skips a tier")
 	largeMB := flag.Int("largefile-mb", 5120, "largefile, all: MiB streamed up and down through the e2b JS SDK")
 	jsDir := flag.String("js-dir", "e2e/js", "largefile, all: the e2b JS SDK's package dir (its node_modules)")
 	flag.Parse()
 	if *scenario == "all" {
-		os.Exit(runAll(cfg, allFlags{dataDir: *dataDir, instance: *instance, bridge: *bridge, sizes: *sizes, density: *allDensity, parallel: *parallel, minFree: *minFree, largeMB: *largeMB, jsDir: *jsDir,
+		os.Exit(runAll(cfg, allFlags{soakOps: *soakOps, dataDir: *dataDir, instance: *instance, bridge: *bridge, sizes: *sizes, density: *allDensity, parallel: *parallel, minFree: *minFree, largeMB: *largeMB, jsDir: *jsDir,
 			own: benchmark.ServerConfig{Bin: *bin, Envd: *envd, TemplateDir: cfg.TemplateDir, Instance: *ownInstance, Bridge: *ownBridge, Subnet: *ownSubnet, Dir: *ownDir}}))
 	}
 	if cfg.APIURL == "" || cfg.APIKey == "" {

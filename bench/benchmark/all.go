@@ -41,6 +41,7 @@ type AllConfig struct {
 	Parallel                        int     // density: creates, commands and kills in flight; default 8
 	MinFreeMiB                      int     // density: stop creating below this much MemAvailable
 	BudgetGiB                       float64 // density: memory the counts must fit in; default 24
+	SoakOps                         int     // soak operations; default 2000, negative skips (all_soak.go)
 }
 
 func (c *AllConfig) defaults() {
@@ -128,6 +129,7 @@ func sections() []section {
 		{"fork (7)", forkRows},
 		{"density (8)", densityRows},
 		{"large files (9)", largeFileRows},
+		{"soak", soakRows},
 	}
 }
 

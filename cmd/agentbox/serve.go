@@ -27,6 +27,7 @@ import (
 	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/authlimit"
 	"github.com/agentbox/agentbox/internal/crashpoint"
+	"github.com/agentbox/agentbox/internal/diskspace"
 	"github.com/agentbox/agentbox/internal/gateway"
 	"github.com/agentbox/agentbox/internal/mcpserver"
 	"github.com/agentbox/agentbox/internal/metrics"
@@ -62,6 +63,7 @@ type serveConfig struct {
 	MaxTimeout      time.Duration
 	MaxCommandLife  time.Duration
 	HealthInterval  time.Duration
+	DiskReserveMB   int
 	Runsc           string
 	MicroVMAccel    string
 	UserNS          bool
@@ -146,6 +148,7 @@ which wins over the file.`,
 	f.DurationVar(&c.MaxTimeout, "max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
 	f.DurationVar(&c.MaxCommandLife, "max-command-lifetime", sandbox.DefaultMaxCommandLifetime, "longest any one command in a sandbox may run; envd kills it then (a create may ask for less with maxCommandSeconds)")
 	f.DurationVar(&c.HealthInterval, "health-interval", 30*time.Second, "how often every sandbox's envd is health-checked")
+	f.IntVar(&c.DiskReserveMB, "disk-reserve-mb", defaultDiskReserveMB, "MiB kept free on the data and template disks: creates, forks, restores, builds, uploads, snapshots, pauses, volume creates and volume writes are refused with 507 while less is free, so the server can always record state and delete things (a quarter, at most 64 MiB, is held in a file <dir>/"+diskspace.ReserveFile+" and given back when a disk runs out); 0 turns the guard off")
 	f.DurationVar(&c.CRIUFreezeTimeout, "criu-freeze-timeout", runc.DefaultFreezeTimeout, "how long a pause, snapshot or fork of a container-tier sandbox may take to freeze its processes (CRIU's --timeout, whole seconds, at least 1s); a pause that times out is tried once more, then fails with the sandbox still running")
 	f.IntVar(&c.LazyResumeMB, "lazy-resume-mb", runc.DefaultLazyResumeMB, "resume a paused container-tier sandbox whose memory image is at least this many MiB lazily: it runs at once and its memory is loaded on first touch and in the background (CRIU lazy pages over userfaultfd; a full restore where that is unavailable); -1 never")
 	f.StringVar(&c.Runsc, "runsc", "runsc", "gVisor runsc binary for the gvisor isolation tier (the tier is unavailable when it is missing)")
@@ -418,6 +421,11 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		return err
 	}
 	templates.SetFetchPolicy(fetchPolicy)
+	disk, err := c.diskGuard() // serve_disk.go
+	if err != nil {
+		return err
+	}
+	templates.SetDiskGuard(disk)
 	if c.BuildBase {
 		if _, err := templates.Get(ctx, "", "base"); err != nil {
 			fmt.Fprintln(out, "Building the base template (first start only; about 1-2 minutes)...")
@@ -469,6 +477,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		return err
 	}
 	mgr.SetAudit(audit.New(st, append(auditOpts, audit.WithLogger(log))...))
+	mgr.SetDiskGuard(disk)
 	mets := metrics.New(mgr)
 	mets.SetMaxSandboxSeries(c.MetricsMaxSB)
 	mgr.SetObserver(mets)
@@ -497,6 +506,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		return err
 	}
 	vols.SetUsers(mgr.VolumeUsers)
+	vols.SetDiskGuard(disk)
 	mgr.SetVolumes(vols)
 	gw := gateway.New(mgr, log)
 	gw.SetAudit(mgr.Audit())

@@ -74,6 +74,7 @@ type config struct {
 	args        []string
 	env         []string
 	templateDir string
+	dataDiskMB  int // datadisk.go
 }
 
 // Args adds serve flags to every start of the server. Flags for one start
@@ -201,6 +202,9 @@ func start(cfg config) (*Server, error) {
 		Envd:        b.envd,
 		LogPath:     filepath.Join(parent, "serve.log"),
 		cfg:         cfg,
+	}
+	if err := s.mountDataDisk(); err != nil {
+		return nil, err
 	}
 	if err := s.launch(nil); err != nil {
 		return s, err
@@ -508,6 +512,11 @@ func (s *Server) teardown() error {
 	}
 	if m, err := MountsUnder(run); err == nil && len(m) == 0 {
 		_ = os.RemoveAll(run)
+	}
+	if m, err := MountsUnder(s.DataDir); err == nil && len(m) == 1 && m[0] == s.DataDir {
+		if err := s.unmountDataDisk(); err != nil {
+			return err
+		}
 	}
 	if m, err := MountsUnder(s.DataDir); err != nil || len(m) > 0 {
 		return fmt.Errorf("keeping %s, still mounted: %v %v", s.DataDir, m, err)

@@ -85,6 +85,9 @@ func (m *Manager) checkHealth(ctx context.Context) {
 		wg.Go(func() {
 			reason := m.probe(ctx, sb)
 			m.setHealth(ctx, sb.ID, reason)
+			if reason != "" {
+				m.endIfDead(ctx, sb) // reconcile.go
+			}
 		})
 	}
 	wg.Wait()
@@ -99,7 +102,7 @@ func (m *Manager) probe(ctx context.Context, sb *Sandbox) string {
 	case st == runtime.StatusPaused:
 		return "" // frozen on purpose
 	case st != runtime.StatusRunning:
-		return "the sandbox's container has stopped: its init process (envd) exited or was killed, e.g. by the host's OOM killer; files and processes are lost, kill it and create a new one"
+		return "the sandbox's container has stopped: its init process (envd) or a process running it (gVisor's sentry or gofer, the microVM's QEMU) exited or was killed, e.g. by the host's OOM killer; files and processes are lost, kill it and create a new one"
 	}
 	c := m.envdOf(sb)
 	if err := c.Health(ctx); err != nil {

@@ -257,6 +257,11 @@ func (m *Manager) Pause(ctx context.Context, teamID, id string) error {
 // memory false keeps only the files (see PauseFilesystem).
 func (m *Manager) pause(ctx context.Context, teamID, id string, expired, memory bool) (err error) {
 	defer m.observe(opName("pause", memory), time.Now(), &err)
+	if !expired { // an auto-pause tries anyway: refusing it would end the sandbox
+		if err := m.admitDisk("pause a sandbox"); err != nil {
+			return err
+		}
+	}
 	ck, err := m.checkpointer()
 	if err != nil {
 		return err

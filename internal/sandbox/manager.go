@@ -74,6 +74,7 @@ type Manager struct {
 	audit     *audit.Log   // nil: no audit log
 	vols      Volumes      // nil: no volume mounts (volumes.go)
 	limits    limitWatch   // last seen OOM/pids/disk counters per sandbox
+	disk      DiskGuard    // nil: disks are not guarded (diskguard.go)
 
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox

@@ -244,6 +244,9 @@ func (m *Manager) reserve(ctx context.Context, b *build) error {
 		// the cold starts (refills included) the slots pace.
 		return nil
 	}
+	if err := m.admitStart(b.path); err != nil {
+		return err
+	}
 	slot := m.createSlot
 	if b.path == "fork" {
 		slot = m.forkSlot // forkslots.go

@@ -271,6 +271,9 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden,
 	if snaps == nil {
 		return nil, fmt.Errorf("snapshots are not enabled on this server: %w", errdefs.ErrUnavailable)
 	}
+	if err := m.admitDisk("snapshot a sandbox"); err != nil {
+		return nil, err
+	}
 	ck, err := m.checkpointer()
 	if err != nil {
 		return nil, err

@@ -32,6 +32,9 @@ func (s *Store) Build(ctx context.Context, def Definition, runner StepRunner, pr
 	if progress == nil {
 		progress = io.Discard
 	}
+	if err := s.admitDisk("build a template"); err != nil {
+		return nil, err
+	}
 	def, err := def.Normalize()
 	if err != nil {
 		return nil, err

@@ -219,6 +219,9 @@ func (s *Store) BuildFromSpec(ctx context.Context, spec BuildSpec, progress io.W
 	if err := CheckName(spec.TeamID, spec.Name); err != nil {
 		return nil, err
 	}
+	if err := s.admitDisk("build a template"); err != nil {
+		return nil, err
+	}
 	if spec.Tag == "" {
 		spec.Tag = "default"
 	}

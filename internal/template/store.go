@@ -53,6 +53,7 @@ type Store struct {
 	// (`self __hook unpack`); a test binary must dispatch that hook.
 	self    string
 	uploads uploadLedger // uploads.go
+	disk    DiskGuard    // nil: not guarded (diskguard.go)
 }
 
 // NewStore opens (creating if needed) the template directory dir.

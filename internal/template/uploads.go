@@ -84,6 +84,9 @@ func (s *Store) PutUpload(team, hash string, r io.Reader, maxBytes int64, digest
 	if !validFilesHash(hash) {
 		return Upload{}, fmt.Errorf("files hash %q: want 64 lowercase hex digits: %w", hash, errdefs.ErrInvalidArgument)
 	}
+	if err := s.admitDisk("store an upload"); err != nil {
+		return Upload{}, err
+	}
 	dir := s.uploadDir(team)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return Upload{}, err

@@ -26,6 +26,7 @@ import (
 type Files struct {
 	root   *os.Root
 	sizeMB int
+	disk   DiskGuard // nil: the host disk is not guarded
 }
 
 // Close releases the tree.
@@ -364,6 +365,9 @@ func (f *Files) Open(p string) (*os.File, Entry, error) {
 // keeps nothing of the upload.
 func (f *Files) Write(p string, body io.Reader, m Meta, force bool) (Entry, error) {
 	if err := m.Check(); err != nil {
+		return Entry{}, err
+	}
+	if err := f.admitDisk(); err != nil {
 		return Entry{}, err
 	}
 	r, abs, err := rel(p)

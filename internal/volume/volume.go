@@ -108,6 +108,7 @@ type Service struct {
 	deleting map[string]bool // volume id → being deleted
 	users    func(teamID, volumeID string) []string
 	createMu sync.Mutex // one create at a time per server (the team cap)
+	disk     DiskGuard  // nil: the host disk is not guarded (diskguard.go)
 	mountMu  sync.Mutex // one host mount at a time
 }
 
@@ -204,6 +205,9 @@ func (s *Service) Create(ctx context.Context, teamID, name string, sizeMB int) (
 	}
 	if sizeMB < MinSizeMB || sizeMB > s.cfg.MaxSizeMB {
 		return store.Volume{}, fmt.Errorf("sizeMB: %d MiB is not allowed; from %d to %d MiB on this server: %w", sizeMB, MinSizeMB, s.cfg.MaxSizeMB, errdefs.ErrInvalidArgument)
+	}
+	if err := s.admitDisk("create a volume"); err != nil {
+		return store.Volume{}, err
 	}
 	s.createMu.Lock()
 	defer s.createMu.Unlock()
@@ -565,7 +569,7 @@ func (s *Service) Files(ctx context.Context, v store.Volume) (*Files, error) {
 	if err != nil {
 		return nil, fmt.Errorf("volume %q: %w", v.Name, err)
 	}
-	return &Files{root: root, sizeMB: v.SizeMB}, nil
+	return &Files{root: root, sizeMB: v.SizeMB, disk: s.disk}, nil
 }
 
 // Close detaches the host mounts of every volume, at server shutdown: a

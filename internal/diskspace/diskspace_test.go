@@ -1,0 +1,81 @@
+package diskspace
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+)
+
+func TestAdmit(t *testing.T) {
+	dir := t.TempDir()
+	free, err := Free(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	disk := Disk{Name: "data disk (--data-dir)", Dir: dir, ToFree: "snapshots"}
+	for _, tc := range []struct {
+		name    string
+		reserve uint64
+		refused bool
+	}{
+		{"room left", 1 << 20, false},
+		{"under the reserve", free + 1<<30, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := &Guard{disks: []Disk{disk}, reserve: tc.reserve, released: map[string]bool{}}
+			err := g.Admit("create a sandbox")
+			if got := err != nil; got != tc.refused {
+				t.Fatalf("refused = %v (%v), want %v", got, err, tc.refused)
+			}
+			if !tc.refused {
+				return
+			}
+			if !errors.Is(err, errdefs.ErrNoSpace) {
+				t.Fatalf("error %v is not ErrNoSpace", err)
+			}
+			for _, want := range []string{"create a sandbox", "data disk (--data-dir)", "snapshots"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not name %q", err, want)
+				}
+			}
+		})
+	}
+}
+
+func TestNilGuardAdmits(t *testing.T) {
+	var g *Guard
+	if err := g.Admit("build"); err != nil {
+		t.Fatal(err)
+	}
+	g.Release()
+}
+
+func TestReserveFileHeldAndReleased(t *testing.T) {
+	dir := t.TempDir()
+	g, err := New(4, Disk{Name: "data disk", Dir: dir, ToFree: "snapshots"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(filepath.Join(dir, ReserveFile))
+	if err != nil {
+		t.Fatalf("no reserve file: %v", err)
+	}
+	if st.Size() != 1<<20 {
+		t.Fatalf("reserve file is %d bytes, want %d", st.Size(), 1<<20)
+	}
+	g.Release()
+	if _, err := os.Stat(filepath.Join(dir, ReserveFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("reserve file still there after Release: %v", err)
+	}
+	// With room again, the next admission makes it anew.
+	if err := g.Admit("create a sandbox"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, ReserveFile)); err != nil {
+		t.Fatalf("reserve file not made again: %v", err)
+	}
+}

@@ -1,0 +1,42 @@
+package sandbox
+
+// DiskGuard refuses work that grows the server's disks while they are
+// nearly full (diskspace.Guard), so the room left always suffices to record
+// state and delete things. Admit returns an errdefs.ErrNoSpace naming the
+// disk and what to free.
+type DiskGuard interface {
+	Admit(what string) error
+}
+
+// SetDiskGuard makes every create, fork, restore, build step, snapshot and
+// pause ask g first. Call before Run.
+func (m *Manager) SetDiskGuard(g DiskGuard) { m.disk = g }
+
+// admitDisk asks the disk guard, if any, whether what may grow a disk.
+func (m *Manager) admitDisk(what string) error {
+	if m.disk == nil {
+		return nil
+	}
+	return m.disk.Admit(what)
+}
+
+// admitStart asks the disk guard about a start path. A resume is let
+// through: it makes nothing new, and the owner gets back what is kept.
+func (m *Manager) admitStart(path string) error {
+	what := ""
+	switch path {
+	case "resume", "claim":
+		return nil
+	case "create":
+		what = "create a sandbox"
+	case "restore":
+		what = "restore a snapshot"
+	case "fork":
+		what = "fork a sandbox"
+	case "build":
+		what = "run a template build step"
+	default:
+		what = path + " a sandbox"
+	}
+	return m.admitDisk(what)
+}

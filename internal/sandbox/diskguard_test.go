@@ -1,0 +1,62 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+)
+
+// fullDisk refuses everything, as diskspace.Guard does on a full disk.
+type fullDisk struct{ asked []string }
+
+func (f *fullDisk) Admit(what string) error {
+	f.asked = append(f.asked, what)
+	return fmt.Errorf("cannot %s: the server's data disk is full: %w", what, errdefs.ErrNoSpace)
+}
+
+// TestDiskGuard: on a full disk, work that grows it is refused with
+// ErrNoSpace and leaves nothing behind; a running sandbox keeps running,
+// its owner can kill it, and a paused one can still be resumed.
+func TestDiskGuard(t *testing.T) {
+	ctx := context.Background()
+	e := newFakeEnv(t, LifecycleConfig{})
+	running := e.create(t, e.req())
+	paused := e.create(t, e.req())
+	if err := e.m.Pause(ctx, e.team, paused.ID); err != nil {
+		t.Fatal(err)
+	}
+	g := &fullDisk{}
+	e.m.SetDiskGuard(g)
+	for _, op := range []struct {
+		name string
+		do   func() error
+	}{
+		{"create", func() error { _, err := e.m.Create(ctx, e.req()); return err }},
+		{"snapshot", func() error { _, err := e.m.CreateSnapshot(ctx, e.team, running.ID, "full"); return err }},
+		{"pause", func() error { return e.m.Pause(ctx, e.team, running.ID) }},
+		{"fork", func() error { _, err := e.m.Fork(ctx, e.team, running.ID, 1, 0); return err }},
+	} {
+		err := op.do()
+		if !errors.Is(err, errdefs.ErrNoSpace) {
+			t.Errorf("%s on a full disk: %v, want ErrNoSpace", op.name, err)
+		}
+	}
+	if got, err := e.m.Get(ctx, e.team, running.ID); err != nil || got.State != StateRunning {
+		t.Fatalf("the running sandbox after refusals: %+v %v", got, err)
+	}
+	if _, _, err := e.m.Resume(ctx, e.team, paused.ID, 0, false); err != nil {
+		t.Fatalf("resume on a full disk: %v", err)
+	}
+	for _, id := range []string{running.ID, paused.ID} {
+		if err := e.m.Kill(ctx, e.team, id); err != nil {
+			t.Fatalf("kill on a full disk: %v", err)
+		}
+	}
+	e.noLeaks(t)
+	if len(g.asked) < 4 {
+		t.Errorf("the guard was asked %v", g.asked)
+	}
+}
