@@ -258,54 +258,8 @@ func (m *Manager) Pause(ctx context.Context, teamID, id string) error {
 // memory false keeps only the files (see PauseFilesystem).
 func (m *Manager) pause(ctx context.Context, teamID, id string, expired, memory bool) (err error) {
 	defer m.observe(opName("pause", memory), time.Now(), &err)
-	ck, err := m.checkpointer()
-	if err != nil {
-		return err
-	}
-	ctx = context.WithoutCancel(ctx)
-	start := time.Now()
-	m.mu.Lock()
-	if sb, ok := m.sandboxes[id]; ok && (sb.State == StatePaused || sb.State == StatePausing) && (teamID == "" || sb.TeamID == teamID) {
-		m.mu.Unlock()
-		return fmt.Errorf("sandbox %q is already paused: %w", id, errdefs.ErrConflict)
-	}
-	m.mu.Unlock()
-	_, prev, err := m.begin(ctx, teamID, id, StatePausing, StateRunning)
-	if err != nil {
-		return err
-	}
-	m.meterLast(ctx, prev)
-	m.fault("pause:persisted")
-	if err := m.thaw(ctx, id); err != nil {
-		m.rollback(ctx, prev)
-		return err
-	}
-	if err := ck.Checkpoint(ctx, id, runtime.CheckpointOptions{FilesystemOnly: !memory}); err != nil {
-		m.rollback(ctx, prev)
-		m.log.Error("pause failed; sandbox keeps running", "sandbox", id, "err", err)
-		return fmt.Errorf("sandbox %s: pause: %w", id, err)
-	}
-	m.fault("pause:checkpointed")
-	now := time.Now().UTC()
-	if _, err := m.commit(ctx, id, func(sb *Sandbox) {
-		sb.State = StatePaused
-		sb.PausedAt = now
-		sb.PausedFS = !memory
-		sb.TimeLeft = max(prev.EndAt.Sub(now), 0)
-		if expired {
-			sb.TimeLeft = 0
-		}
-	}); err != nil {
-		// The record still says pausing; Reconcile finds the complete image.
-		return err
-	}
-	m.mu.Lock()
-	delete(m.metrics, id)
-	delete(m.life.activity, id)
-	m.mu.Unlock()
-	m.log.Info("sandbox paused", "sandbox", id, "took", time.Since(start).Round(time.Millisecond))
-	m.auditLifecycle(ctx, prev, "pause", "allowed", "", map[string]any{"memory": memory, "expired": expired})
-	return nil
+	op := &pauseOp{teamID: teamID, id: id, expired: expired, memory: memory, start: time.Now()}
+	return m.runPause(context.WithoutCancel(ctx), pauseSteps(), op) // pause.go
 }
 
 // Resume restores the team's paused sandbox and gives it at least timeout
@@ -360,52 +314,29 @@ func (m *Manager) resume(ctx context.Context, teamID, id string, timeout time.Du
 	m.mu.Lock()
 	fresh := !memory || (m.sandboxes[id] != nil && m.sandboxes[id].PausedFS)
 	m.mu.Unlock()
+	// Either way a resume is a sandbox start: the pipeline's resume paths,
+	// a fresh boot on the files (pipeline.go) or the memory image (pause.go).
+	p, path := resumeMemory(), "resume-memory"
 	if fresh {
-		// A fresh boot on the files is a sandbox start: the pipeline's
-		// resume path (pipeline.go).
-		b := newBuild("resume", CreateRequest{TeamID: teamID, Timeout: timeout})
-		b.action, b.counts, b.sb.ID = "resume", false, id
-		sb, err := m.run(ctx, resumeFiles(), b)
-		if err != nil {
-			if errors.Is(err, errdefs.ErrConflict) { // someone else resumed it meanwhile
-				return m.resume(ctx, teamID, id, timeout, auto, memory)
-			}
-			if errors.Is(err, errdefs.ErrNotFound) {
-				return nil, false, err
-			}
-			m.log.Error("resume from files failed; sandbox stays paused", "sandbox", id, "err", err)
-			return nil, false, fmt.Errorf("sandbox %s: resume: %v: %w", id, err, errdefs.ErrUnavailable)
-		}
-		if err := ck.DropCheckpoint(ctx, id); err != nil {
-			m.log.Warn("remove pause image", "sandbox", id, "err", err)
-		}
-		m.log.Info("sandbox resumed", "sandbox", id, "auto", auto, "files", true, "took", time.Since(start).Round(time.Millisecond))
-		return sb, true, nil
+		p, path = resumeFiles(), "resume"
 	}
-	rec, prev, err := m.begin(ctx, teamID, id, StateResuming, StatePaused)
+	b := newBuild(path, CreateRequest{TeamID: teamID, Timeout: timeout})
+	b.action, b.counts, b.sb.ID = "resume", false, id
+	sb, err := m.run(ctx, p, b)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrConflict) { // someone else resumed it meanwhile
 			return m.resume(ctx, teamID, id, timeout, auto, memory)
 		}
-		return nil, false, err
-	}
-	m.fault("resume:persisted")
-	if err := ck.Restore(ctx, runtime.Spec{ID: id}, runtime.RestoreOptions{Lazy: lazyResume(rec.Metadata)}); err != nil {
-		m.rollback(ctx, prev)
-		m.log.Error("resume failed; sandbox stays paused", "sandbox", id, "err", err)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil, false, err
+		}
+		m.log.Error("resume failed; sandbox stays paused", "sandbox", id, "files", fresh, "err", err)
 		return nil, false, fmt.Errorf("sandbox %s: resume: %v: %w", id, err, errdefs.ErrUnavailable)
-	}
-	m.fault("resume:restored")
-	sb, err := m.commit(ctx, id, func(sb *Sandbox) { resumed(sb, timeout) })
-	if err != nil {
-		return nil, false, err
 	}
 	if err := ck.DropCheckpoint(ctx, id); err != nil {
 		m.log.Warn("remove pause image", "sandbox", id, "err", err)
 	}
-	m.touch(id)
-	m.log.Info("sandbox resumed", "sandbox", id, "auto", auto, "took", time.Since(start).Round(time.Millisecond))
-	m.auditLifecycle(ctx, sb, "resume", "allowed", "", map[string]any{"path": "resume", "memory": true, "auto": auto})
+	m.log.Info("sandbox resumed", "sandbox", id, "auto", auto, "files", fresh, "took", time.Since(start).Round(time.Millisecond))
 	return sb, true, nil
 }
 
