@@ -77,7 +77,7 @@ type Manager struct {
 
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
-	metrics   map[string]*series
+	samples   *samples  // metric samples, own lock (metrics.go)
 	life      lifecycle // pause/resume, snapshots, forks, pools (lifecycle.go)
 
 	// stepHook, when set (tests), runs after each pipeline step succeeds;
@@ -102,7 +102,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 		cfg: cfg, log: log, store: st, rt: rt, net: nw, templates: tpl, secret: secret, obs: noObserver{},
 		client:    envdclient.NewHTTPClient(),
 		sandboxes: map[string]*Sandbox{},
-		metrics:   map[string]*series{},
+		samples:   newSamples(),
 	}, nil
 }
 
@@ -310,8 +310,8 @@ func (m *Manager) destroy(ctx context.Context, sb *Sandbox, why string) error {
 	}
 	m.mu.Lock()
 	delete(m.sandboxes, sb.ID)
-	delete(m.metrics, sb.ID)
 	m.mu.Unlock()
+	m.samples.forget(sb.ID)
 	m.ended(sb.ID)
 	m.auditLifecycle(ctx, sb, "remove", "info", why, nil)
 	m.log.Info("sandbox removed", "sandbox", sb.ID, "why", why)

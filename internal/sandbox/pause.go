@@ -161,8 +161,8 @@ func (m *Manager) persistPaused(ctx context.Context, op *pauseOp) error {
 // pauseForget drops what only a running sandbox has: metric samples and
 // idle state.
 func (m *Manager) pauseForget(ctx context.Context, op *pauseOp) error {
+	m.samples.forget(op.id)
 	m.mu.Lock()
-	delete(m.metrics, op.id)
 	delete(m.life.activity, op.id)
 	m.mu.Unlock()
 	return nil
