@@ -73,11 +73,10 @@ type LifecycleConfig struct {
 
 // lifecycle is the manager's lifecycle state; guarded by Manager.mu.
 type lifecycle struct {
-	cfg      LifecycleConfig
-	activity map[string]*activity
-	pools    map[string]*pool // by template id
-	snaps    *snapshotStore
-	lastGC   time.Time
+	cfg    LifecycleConfig
+	pools  map[string]*pool // by template id
+	snaps  *snapshotStore
+	lastGC time.Time
 	// createSlots admits cold creates into host setup (admission.go).
 	createSlots chan struct{}
 	// forkSlots admits the copies of forks into their restore (forkslots.go).
@@ -87,16 +86,6 @@ type lifecycle struct {
 	// builds holds the template builds in progress (build ID -> team): each
 	// counts against its team's maxBuilds and maxSandboxes (quota.go).
 	builds map[string]string
-	// gone is cancelled when the sandbox is removed, ending the data-plane
-	// traffic still in flight to it (Wake); a pause keeps it.
-	gone map[string]sandboxLife
-}
-
-// activity is what the idle policy knows of a sandbox's data plane.
-type activity struct {
-	last     time.Time
-	inflight int
-	frozen   bool
 }
 
 // EnableLifecycle configures lifecycle features. Call before Reconcile.
@@ -224,11 +213,7 @@ func (m *Manager) rollback(ctx context.Context, prev *Sandbox) {
 
 // thaw unfreezes a sandbox frozen by the idle policy.
 func (m *Manager) thaw(ctx context.Context, id string) error {
-	m.mu.Lock()
-	a := m.life.activity[id]
-	frozen := a != nil && a.frozen
-	m.mu.Unlock()
-	if !frozen {
+	if !m.idle.frozen(id) {
 		return nil
 	}
 	ck, err := m.checkpointer()
@@ -238,11 +223,7 @@ func (m *Manager) thaw(ctx context.Context, id string) error {
 	if err := ck.Thaw(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return err
 	}
-	m.mu.Lock()
-	if a := m.life.activity[id]; a != nil {
-		a.frozen = false
-	}
-	m.mu.Unlock()
+	m.idle.thawed(id)
 	return nil
 }
 
@@ -352,21 +333,6 @@ func resumed(sb *Sandbox, timeout time.Duration) {
 	sb.PausedAt, sb.TimeLeft, sb.PausedFS = time.Time{}, 0, false
 }
 
-// touch records data-plane activity (idle policy).
-func (m *Manager) touch(id string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.life.activity == nil {
-		m.life.activity = map[string]*activity{}
-	}
-	a := m.life.activity[id]
-	if a == nil {
-		a = &activity{}
-		m.life.activity[id] = a
-	}
-	a.last = time.Now()
-}
-
 // Wake is the gateway's lookup: it returns the running sandbox, thawing a
 // frozen one and resuming a paused one whose autoResume is on. live is ctx,
 // also cancelled when the sandbox is removed, so traffic to a killed
@@ -392,35 +358,11 @@ func (m *Manager) WakeIf(ctx context.Context, id string, check func(*Sandbox) bo
 		end()
 		return nil, nil, nil, false
 	}
-	if m.life.gone == nil {
-		m.life.gone = map[string]sandboxLife{}
-	}
-	life, ok := m.life.gone[id]
-	if !ok {
-		life.ctx, life.end = context.WithCancel(context.Background())
-		m.life.gone[id] = life
-	}
+	life := m.idle.life(id)
 	m.mu.Unlock()
 	live, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(life.ctx, cancel)
 	return sb, live, func() { stop(); cancel(); end() }, true
-}
-
-// sandboxLife is a context that lives as long as one sandbox.
-type sandboxLife struct {
-	ctx context.Context
-	end context.CancelFunc
-}
-
-// ended ends the data-plane traffic in flight to a removed sandbox.
-func (m *Manager) ended(id string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if life, ok := m.life.gone[id]; ok {
-		life.end()
-		delete(m.life.gone, id)
-	}
-	delete(m.life.activity, id)
 }
 
 func (m *Manager) wake(ctx context.Context, id string, check func(*Sandbox) bool) (*Sandbox, func(), bool) {
@@ -449,22 +391,15 @@ func (m *Manager) wake(ctx context.Context, id string, check func(*Sandbox) bool
 	default:
 		return nil, nil, false
 	}
-	m.touch(id)
+	m.idle.touch(id)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sb, ok = m.sandboxes[id]
 	if !ok || sb.State != StateRunning {
 		return nil, nil, false
 	}
-	a := m.life.activity[id]
-	a.inflight++
-	done := func() {
-		m.mu.Lock()
-		a.inflight--
-		a.last = time.Now()
-		m.mu.Unlock()
-	}
-	return clone(sb), done, true
+	// Counted under m.mu: the reaper decides an idle timeout under it.
+	return clone(sb), m.idle.request(id), true
 }
 
 // reapLifecycle runs every reap tick: auto-pause at the end of the
@@ -477,34 +412,25 @@ func (m *Manager) reapLifecycle(ctx context.Context, now time.Time) {
 	}
 	var todo []action
 	m.mu.Lock()
-	if m.life.activity == nil {
-		m.life.activity = map[string]*activity{}
-	}
 	for id, sb := range m.sandboxes {
 		if sb.State != StateRunning || sb.TeamID == poolTeam || sb.BuildID != "" {
 			continue
 		}
-		a := m.life.activity[id]
-		if a == nil {
-			a = &activity{last: now}
-			m.life.activity[id] = a
-		}
-		idle := now.Sub(a.last)
+		idle, inflight := m.idle.idle(id, now)
 		switch {
 		case sb.AutoPause && now.After(sb.EndAt):
 			// Out of the kill loop's reach while the pause runs; a failed
 			// pause kills it at the next tick.
 			sb.EndAt = now.Add(time.Minute)
 			todo = append(todo, action{id, "expire", sb.AutoPauseFS})
-		case sb.IdleTimeout > 0 && a.inflight == 0 && idle > sb.IdleTimeout:
+		case sb.IdleTimeout > 0 && !inflight && idle > sb.IdleTimeout:
 			if sb.AutoPause {
 				todo = append(todo, action{id, "pause", sb.AutoPauseFS})
 			} else {
 				sb.State = StateKilling
 				todo = append(todo, action{id, "kill", false})
 			}
-		case m.life.cfg.IdleFreeze > 0 && !a.frozen && a.inflight == 0 && idle > m.life.cfg.IdleFreeze:
-			a.frozen = true
+		case m.life.cfg.IdleFreeze > 0 && m.idle.freezeIfIdle(id, now, m.life.cfg.IdleFreeze):
 			todo = append(todo, action{id, "freeze", false})
 		}
 	}
@@ -533,11 +459,7 @@ func (m *Manager) reapLifecycle(ctx context.Context, now time.Time) {
 				if ck, cerr := m.checkpointer(); cerr != nil {
 					err = cerr
 				} else if err = ck.Freeze(ctx, a.id); err != nil {
-					m.mu.Lock()
-					if act := m.life.activity[a.id]; act != nil {
-						act.frozen = false
-					}
-					m.mu.Unlock()
+					m.idle.thawed(a.id)
 				}
 			}
 			if err != nil && !errors.Is(err, errdefs.ErrConflict) {

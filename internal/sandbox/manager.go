@@ -77,8 +77,9 @@ type Manager struct {
 
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
-	samples   *samples  // metric samples, own lock (metrics.go)
-	life      lifecycle // pause/resume, snapshots, forks, pools (lifecycle.go)
+	samples   *samples   // metric samples, own lock (metrics.go)
+	idle      *idleState // data-plane activity, own lock (idle.go)
+	life      lifecycle  // pause/resume, snapshots, forks, pools (lifecycle.go)
 
 	// stepHook, when set (tests), runs after each pipeline step succeeds;
 	// an error fails the build there, as if the step had failed.
@@ -103,6 +104,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 		client:    envdclient.NewHTTPClient(),
 		sandboxes: map[string]*Sandbox{},
 		samples:   newSamples(),
+		idle:      newIdleState(),
 	}, nil
 }
 
@@ -312,7 +314,7 @@ func (m *Manager) destroy(ctx context.Context, sb *Sandbox, why string) error {
 	delete(m.sandboxes, sb.ID)
 	m.mu.Unlock()
 	m.samples.forget(sb.ID)
-	m.ended(sb.ID)
+	m.idle.ended(sb.ID)
 	m.auditLifecycle(ctx, sb, "remove", "info", why, nil)
 	m.log.Info("sandbox removed", "sandbox", sb.ID, "why", why)
 	return nil

@@ -162,9 +162,7 @@ func (m *Manager) persistPaused(ctx context.Context, op *pauseOp) error {
 // idle state.
 func (m *Manager) pauseForget(ctx context.Context, op *pauseOp) error {
 	m.samples.forget(op.id)
-	m.mu.Lock()
-	delete(m.life.activity, op.id)
-	m.mu.Unlock()
+	m.idle.forget(op.id)
 	return nil
 }
 
