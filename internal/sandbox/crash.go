@@ -66,9 +66,11 @@ func CrashSteps() []CrashStep {
 	add("snapshot", SnapshotPersisted, SnapshotCaptured, SnapshotPublished, SnapshotCommitted)
 	add("fork", names(restoreSnapshot())...)
 	add("kill", KillPersisted, KillContainerGone, KillNetworkDetached, KillRowDeleted)
-	// Pause and memory resume (lifecycle.go).
+	// Pause (pause.go) and memory resume, a pipeline path whose row and
+	// restore steps also keep their older names.
 	add("pause", "persisted", "checkpointed")
 	add("resume", "persisted", "restored")
+	add("resume-memory", names(resumeMemory())...)
 	return out
 }
 

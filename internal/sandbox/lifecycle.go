@@ -74,11 +74,10 @@ type LifecycleConfig struct {
 
 // lifecycle is the manager's lifecycle state; guarded by Manager.mu.
 type lifecycle struct {
-	cfg      LifecycleConfig
-	activity map[string]*activity
-	pools    map[string]*pool // by template id
-	snaps    *snapshotStore
-	lastGC   time.Time
+	cfg    LifecycleConfig
+	pools  map[string]*pool // by template id
+	snaps  *snapshotStore
+	lastGC time.Time
 	// createSlots admits cold creates into host setup (admission.go).
 	createSlots chan struct{}
 	// forkSlots admits the copies of forks into their restore (forkslots.go).
@@ -88,16 +87,6 @@ type lifecycle struct {
 	// builds holds the template builds in progress (build ID -> team): each
 	// counts against its team's maxBuilds and maxSandboxes (quota.go).
 	builds map[string]string
-	// gone is cancelled when the sandbox is removed, ending the data-plane
-	// traffic still in flight to it (Wake); a pause keeps it.
-	gone map[string]sandboxLife
-}
-
-// activity is what the idle policy knows of a sandbox's data plane.
-type activity struct {
-	last     time.Time
-	inflight int
-	frozen   bool
 }
 
 // EnableLifecycle configures lifecycle features. Call before Reconcile.
@@ -223,11 +212,7 @@ func (m *Manager) rollback(ctx context.Context, prev *Sandbox) {
 
 // thaw unfreezes a sandbox frozen by the idle policy.
 func (m *Manager) thaw(ctx context.Context, id string) error {
-	m.mu.Lock()
-	a := m.life.activity[id]
-	frozen := a != nil && a.frozen
-	m.mu.Unlock()
-	if !frozen {
+	if !m.idle.frozen(id) {
 		return nil
 	}
 	ck, err := m.checkpointer()
@@ -237,11 +222,7 @@ func (m *Manager) thaw(ctx context.Context, id string) error {
 	if err := ck.Thaw(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return err
 	}
-	m.mu.Lock()
-	if a := m.life.activity[id]; a != nil {
-		a.frozen = false
-	}
-	m.mu.Unlock()
+	m.idle.thawed(id)
 	return nil
 }
 
@@ -257,59 +238,8 @@ func (m *Manager) Pause(ctx context.Context, teamID, id string) error {
 // memory false keeps only the files (see PauseFilesystem).
 func (m *Manager) pause(ctx context.Context, teamID, id string, expired, memory bool) (err error) {
 	defer m.observe(opName("pause", memory), time.Now(), &err)
-	if !expired { // an auto-pause tries anyway: refusing it would end the sandbox
-		if err := m.admitDisk("pause a sandbox"); err != nil {
-			return err
-		}
-	}
-	ck, err := m.checkpointer()
-	if err != nil {
-		return err
-	}
-	ctx = context.WithoutCancel(ctx)
-	start := time.Now()
-	m.mu.Lock()
-	if sb, ok := m.sandboxes[id]; ok && (sb.State == StatePaused || sb.State == StatePausing) && (teamID == "" || sb.TeamID == teamID) {
-		m.mu.Unlock()
-		return fmt.Errorf("sandbox %q is already paused: %w", id, errdefs.ErrConflict)
-	}
-	m.mu.Unlock()
-	_, prev, err := m.begin(ctx, teamID, id, StatePausing, StateRunning)
-	if err != nil {
-		return err
-	}
-	m.meterLast(ctx, prev)
-	m.fault("pause:persisted")
-	if err := m.thaw(ctx, id); err != nil {
-		m.rollback(ctx, prev)
-		return err
-	}
-	if err := ck.Checkpoint(ctx, id, runtime.CheckpointOptions{FilesystemOnly: !memory}); err != nil {
-		m.rollback(ctx, prev)
-		m.log.Error("pause failed; sandbox keeps running", "sandbox", id, "err", err)
-		return fmt.Errorf("sandbox %s: pause: %w", id, err)
-	}
-	m.fault("pause:checkpointed")
-	now := time.Now().UTC()
-	if _, err := m.commit(ctx, id, func(sb *Sandbox) {
-		sb.State = StatePaused
-		sb.PausedAt = now
-		sb.PausedFS = !memory
-		sb.TimeLeft = max(prev.EndAt.Sub(now), 0)
-		if expired {
-			sb.TimeLeft = 0
-		}
-	}); err != nil {
-		// The record still says pausing; Reconcile finds the complete image.
-		return err
-	}
-	m.mu.Lock()
-	delete(m.metrics, id)
-	delete(m.life.activity, id)
-	m.mu.Unlock()
-	m.log.Info("sandbox paused", "sandbox", id, "took", time.Since(start).Round(time.Millisecond))
-	m.auditLifecycle(ctx, prev, "pause", "allowed", "", map[string]any{"memory": memory, "expired": expired})
-	return nil
+	op := &pauseOp{teamID: teamID, id: id, expired: expired, memory: memory, start: time.Now()}
+	return m.runPause(context.WithoutCancel(ctx), pauseSteps(), op) // pause.go
 }
 
 // Resume restores the team's paused sandbox and gives it at least timeout
@@ -364,52 +294,29 @@ func (m *Manager) resume(ctx context.Context, teamID, id string, timeout time.Du
 	m.mu.Lock()
 	fresh := !memory || (m.sandboxes[id] != nil && m.sandboxes[id].PausedFS)
 	m.mu.Unlock()
+	// Either way a resume is a sandbox start: the pipeline's resume paths,
+	// a fresh boot on the files (pipeline.go) or the memory image (pause.go).
+	p, path := resumeMemory(), "resume-memory"
 	if fresh {
-		// A fresh boot on the files is a sandbox start: the pipeline's
-		// resume path (pipeline.go).
-		b := newBuild("resume", CreateRequest{TeamID: teamID, Timeout: timeout})
-		b.action, b.counts, b.sb.ID = "resume", false, id
-		sb, err := m.run(ctx, resumeFiles(), b)
-		if err != nil {
-			if errors.Is(err, errdefs.ErrConflict) { // someone else resumed it meanwhile
-				return m.resume(ctx, teamID, id, timeout, auto, memory)
-			}
-			if errors.Is(err, errdefs.ErrNotFound) {
-				return nil, false, err
-			}
-			m.log.Error("resume from files failed; sandbox stays paused", "sandbox", id, "err", err)
-			return nil, false, fmt.Errorf("sandbox %s: resume: %v: %w", id, err, errdefs.ErrUnavailable)
-		}
-		if err := ck.DropCheckpoint(ctx, id); err != nil {
-			m.log.Warn("remove pause image", "sandbox", id, "err", err)
-		}
-		m.log.Info("sandbox resumed", "sandbox", id, "auto", auto, "files", true, "took", time.Since(start).Round(time.Millisecond))
-		return sb, true, nil
+		p, path = resumeFiles(), "resume"
 	}
-	rec, prev, err := m.begin(ctx, teamID, id, StateResuming, StatePaused)
+	b := newBuild(path, CreateRequest{TeamID: teamID, Timeout: timeout})
+	b.action, b.counts, b.sb.ID = "resume", false, id
+	sb, err := m.run(ctx, p, b)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrConflict) { // someone else resumed it meanwhile
 			return m.resume(ctx, teamID, id, timeout, auto, memory)
 		}
-		return nil, false, err
-	}
-	m.fault("resume:persisted")
-	if err := ck.Restore(ctx, runtime.Spec{ID: id}, runtime.RestoreOptions{Lazy: lazyResume(rec.Metadata)}); err != nil {
-		m.rollback(ctx, prev)
-		m.log.Error("resume failed; sandbox stays paused", "sandbox", id, "err", err)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil, false, err
+		}
+		m.log.Error("resume failed; sandbox stays paused", "sandbox", id, "files", fresh, "err", err)
 		return nil, false, fmt.Errorf("sandbox %s: resume: %v: %w", id, err, errdefs.ErrUnavailable)
-	}
-	m.fault("resume:restored")
-	sb, err := m.commit(ctx, id, func(sb *Sandbox) { resumed(sb, timeout) })
-	if err != nil {
-		return nil, false, err
 	}
 	if err := ck.DropCheckpoint(ctx, id); err != nil {
 		m.log.Warn("remove pause image", "sandbox", id, "err", err)
 	}
-	m.touch(id)
-	m.log.Info("sandbox resumed", "sandbox", id, "auto", auto, "took", time.Since(start).Round(time.Millisecond))
-	m.auditLifecycle(ctx, sb, "resume", "allowed", "", map[string]any{"path": "resume", "memory": true, "auto": auto})
+	m.log.Info("sandbox resumed", "sandbox", id, "auto", auto, "files", fresh, "took", time.Since(start).Round(time.Millisecond))
 	return sb, true, nil
 }
 
@@ -423,21 +330,6 @@ func resumed(sb *Sandbox, timeout time.Duration) {
 	sb.State = StateRunning
 	sb.EndAt = time.Now().UTC().Add(life)
 	sb.PausedAt, sb.TimeLeft, sb.PausedFS = time.Time{}, 0, false
-}
-
-// touch records data-plane activity (idle policy).
-func (m *Manager) touch(id string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.life.activity == nil {
-		m.life.activity = map[string]*activity{}
-	}
-	a := m.life.activity[id]
-	if a == nil {
-		a = &activity{}
-		m.life.activity[id] = a
-	}
-	a.last = time.Now()
 }
 
 // Wake is the gateway's lookup: it returns the running sandbox, thawing a
@@ -465,35 +357,11 @@ func (m *Manager) WakeIf(ctx context.Context, id string, check func(*Sandbox) bo
 		end()
 		return nil, nil, nil, false
 	}
-	if m.life.gone == nil {
-		m.life.gone = map[string]sandboxLife{}
-	}
-	life, ok := m.life.gone[id]
-	if !ok {
-		life.ctx, life.end = context.WithCancel(context.Background())
-		m.life.gone[id] = life
-	}
+	life := m.idle.life(id)
 	m.mu.Unlock()
 	live, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(life.ctx, cancel)
 	return sb, live, func() { stop(); cancel(); end() }, true
-}
-
-// sandboxLife is a context that lives as long as one sandbox.
-type sandboxLife struct {
-	ctx context.Context
-	end context.CancelFunc
-}
-
-// ended ends the data-plane traffic in flight to a removed sandbox.
-func (m *Manager) ended(id string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if life, ok := m.life.gone[id]; ok {
-		life.end()
-		delete(m.life.gone, id)
-	}
-	delete(m.life.activity, id)
 }
 
 func (m *Manager) wake(ctx context.Context, id string, check func(*Sandbox) bool) (*Sandbox, func(), bool) {
@@ -522,22 +390,15 @@ func (m *Manager) wake(ctx context.Context, id string, check func(*Sandbox) bool
 	default:
 		return nil, nil, false
 	}
-	m.touch(id)
+	m.idle.touch(id)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sb, ok = m.sandboxes[id]
 	if !ok || sb.State != StateRunning {
 		return nil, nil, false
 	}
-	a := m.life.activity[id]
-	a.inflight++
-	done := func() {
-		m.mu.Lock()
-		a.inflight--
-		a.last = time.Now()
-		m.mu.Unlock()
-	}
-	return clone(sb), done, true
+	// Counted under m.mu: the reaper decides an idle timeout under it.
+	return clone(sb), m.idle.request(id), true
 }
 
 // reapLifecycle runs every reap tick: auto-pause at the end of the
@@ -550,34 +411,25 @@ func (m *Manager) reapLifecycle(ctx context.Context, now time.Time) {
 	}
 	var todo []action
 	m.mu.Lock()
-	if m.life.activity == nil {
-		m.life.activity = map[string]*activity{}
-	}
 	for id, sb := range m.sandboxes {
 		if sb.State != StateRunning || sb.TeamID == poolTeam || sb.BuildID != "" {
 			continue
 		}
-		a := m.life.activity[id]
-		if a == nil {
-			a = &activity{last: now}
-			m.life.activity[id] = a
-		}
-		idle := now.Sub(a.last)
+		idle, inflight := m.idle.idle(id, now)
 		switch {
 		case sb.AutoPause && now.After(sb.EndAt):
 			// Out of the kill loop's reach while the pause runs; a failed
 			// pause kills it at the next tick.
 			sb.EndAt = now.Add(time.Minute)
 			todo = append(todo, action{id, "expire", sb.AutoPauseFS})
-		case sb.IdleTimeout > 0 && a.inflight == 0 && idle > sb.IdleTimeout:
+		case sb.IdleTimeout > 0 && !inflight && idle > sb.IdleTimeout:
 			if sb.AutoPause {
 				todo = append(todo, action{id, "pause", sb.AutoPauseFS})
 			} else {
 				sb.State = StateKilling
 				todo = append(todo, action{id, "kill", false})
 			}
-		case m.life.cfg.IdleFreeze > 0 && !a.frozen && a.inflight == 0 && idle > m.life.cfg.IdleFreeze:
-			a.frozen = true
+		case m.life.cfg.IdleFreeze > 0 && m.idle.freezeIfIdle(id, now, m.life.cfg.IdleFreeze):
 			todo = append(todo, action{id, "freeze", false})
 		}
 	}
@@ -606,11 +458,7 @@ func (m *Manager) reapLifecycle(ctx context.Context, now time.Time) {
 				if ck, cerr := m.checkpointer(); cerr != nil {
 					err = cerr
 				} else if err = ck.Freeze(ctx, a.id); err != nil {
-					m.mu.Lock()
-					if act := m.life.activity[a.id]; act != nil {
-						act.frozen = false
-					}
-					m.mu.Unlock()
+					m.idle.thawed(a.id)
 				}
 			}
 			if err != nil && !errors.Is(err, errdefs.ErrConflict) {

@@ -78,8 +78,9 @@ type Manager struct {
 
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
-	metrics   map[string]*series
-	life      lifecycle // pause/resume, snapshots, forks, pools (lifecycle.go)
+	samples   *samples   // metric samples, own lock (metrics.go)
+	idle      *idleState // data-plane activity, own lock (idle.go)
+	life      lifecycle  // pause/resume, snapshots, forks, pools (lifecycle.go)
 
 	// stepHook, when set (tests), runs after each pipeline step succeeds;
 	// an error fails the build there, as if the step had failed.
@@ -103,7 +104,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 		cfg: cfg, log: log, store: st, rt: rt, net: nw, templates: tpl, secret: secret, obs: noObserver{},
 		client:    envdclient.NewHTTPClient(),
 		sandboxes: map[string]*Sandbox{},
-		metrics:   map[string]*series{},
+		samples:   newSamples(),
+		idle:      newIdleState(),
 	}, nil
 }
 
@@ -315,9 +317,9 @@ func (m *Manager) destroy(ctx context.Context, sb *Sandbox, why string) error {
 	m.crashAfter("kill", KillRowDeleted)
 	m.mu.Lock()
 	delete(m.sandboxes, sb.ID)
-	delete(m.metrics, sb.ID)
 	m.mu.Unlock()
-	m.ended(sb.ID)
+	m.samples.forget(sb.ID)
+	m.idle.ended(sb.ID)
 	m.auditLifecycle(ctx, sb, "remove", "info", why, nil)
 	m.log.Info("sandbox removed", "sandbox", sb.ID, "why", why)
 	return nil

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/agentbox/agentbox/internal/runtime"
@@ -35,19 +36,30 @@ func (m *Manager) sample(ctx context.Context) {
 			m.log.Debug("sample stats", "sandbox", sb.ID, "err", err)
 			continue
 		}
-		m.record(sb, st)
+		m.samples.record(sb, st)
 		stats[sb.ID] = st
 	}
 	m.meterTick(ctx, stats)
 }
 
-func (m *Manager) record(sb *Sandbox, st runtime.Stats) Metric {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	s := m.metrics[sb.ID]
-	if s == nil {
-		s = &series{}
-		m.metrics[sb.ID] = s
+// samples keeps the last hour of every running sandbox's metric samples,
+// under a lock of its own: sampling and the metrics API never wait on the
+// lifecycle's.
+type samples struct {
+	mu     sync.Mutex
+	series map[string]*series
+}
+
+func newSamples() *samples { return &samples{series: map[string]*series{}} }
+
+// record adds st as sb's newest sample and returns it.
+func (s *samples) record(sb *Sandbox, st runtime.Stats) Metric {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	se := s.series[sb.ID]
+	if se == nil {
+		se = &series{}
+		s.series[sb.ID] = se
 	}
 	pt := Metric{
 		Timestamp: st.Timestamp, CPUCount: sb.CPUCount,
@@ -57,19 +69,60 @@ func (m *Manager) record(sb *Sandbox, st runtime.Stats) Metric {
 	if pt.MemTotal == 0 || pt.MemTotal > uint64(sb.MemoryMB)<<20 && sb.MemoryMB > 0 {
 		pt.MemTotal = uint64(sb.MemoryMB) << 20
 	}
-	if !s.last.Timestamp.IsZero() && st.CPUUsageNanos >= s.last.CPUUsageNanos {
-		wall := st.Timestamp.Sub(s.last.Timestamp)
+	if !se.last.Timestamp.IsZero() && st.CPUUsageNanos >= se.last.CPUUsageNanos {
+		wall := st.Timestamp.Sub(se.last.Timestamp)
 		cpus := max(sb.CPUCount, 1)
 		if wall > 0 {
-			pt.CPUUsedPct = float64(st.CPUUsageNanos-s.last.CPUUsageNanos) / float64(wall.Nanoseconds()*int64(cpus)) * 100
+			pt.CPUUsedPct = float64(st.CPUUsageNanos-se.last.CPUUsageNanos) / float64(wall.Nanoseconds()*int64(cpus)) * 100
 		}
 	}
-	s.last = st
-	s.samples = append(s.samples, pt)
-	if len(s.samples) > keepSamples {
-		s.samples = s.samples[len(s.samples)-keepSamples:]
+	se.last = st
+	se.samples = append(se.samples, pt)
+	if len(se.samples) > keepSamples {
+		se.samples = se.samples[len(se.samples)-keepSamples:]
 	}
 	return pt
+}
+
+// empty reports whether id has no sample yet.
+func (s *samples) empty(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	se := s.series[id]
+	return se == nil || len(se.samples) == 0
+}
+
+// between returns id's samples between start and end (zero = unbounded).
+func (s *samples) between(id string, start, end time.Time) []Metric {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Metric
+	if se := s.series[id]; se != nil {
+		for _, pt := range se.samples {
+			if (!start.IsZero() && pt.Timestamp.Before(start)) || (!end.IsZero() && pt.Timestamp.After(end)) {
+				continue
+			}
+			out = append(out, pt)
+		}
+	}
+	return out
+}
+
+// last returns id's newest raw counters, if it was sampled.
+func (s *samples) last(id string) (runtime.Stats, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if se := s.series[id]; se != nil && !se.last.Timestamp.IsZero() {
+		return se.last, true
+	}
+	return runtime.Stats{}, false
+}
+
+// forget drops id's samples (it stopped running).
+func (s *samples) forget(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.series, id)
 }
 
 // Metrics returns the samples of the team's sandbox between start and end
@@ -80,27 +133,14 @@ func (m *Manager) Metrics(ctx context.Context, teamID, id string, start, end tim
 	if err != nil {
 		return nil, err
 	}
-	m.mu.Lock()
-	s := m.metrics[id]
-	empty := s == nil || len(s.samples) == 0
-	m.mu.Unlock()
-	if empty {
+	if m.samples.empty(id) {
 		st, err := m.rt.Stats(ctx, id)
 		if err != nil {
 			return nil, err
 		}
-		m.record(sb, st)
+		m.samples.record(sb, st)
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []Metric
-	for _, pt := range m.metrics[id].samples {
-		if (!start.IsZero() && pt.Timestamp.Before(start)) || (!end.IsZero() && pt.Timestamp.After(end)) {
-			continue
-		}
-		out = append(out, pt)
-	}
-	return out, nil
+	return m.samples.between(id, start, end), nil
 }
 
 // Latest is the newest sample of one running team sandbox.
@@ -116,17 +156,20 @@ type Latest struct {
 // (warm-pool members and build sandboxes left out).
 func (m *Manager) LatestSamples() []Latest {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := make([]Latest, 0, len(m.sandboxes))
+	var out []Latest
 	for id, sb := range m.sandboxes {
-		if !metered(sb) || sb.State != StateRunning {
-			continue
+		if metered(sb) && sb.State == StateRunning {
+			out = append(out, Latest{ID: id, TeamID: sb.TeamID})
 		}
-		l := Latest{ID: id, TeamID: sb.TeamID}
-		if s := m.metrics[id]; s != nil && !s.last.Timestamp.IsZero() {
-			l.Sampled, l.CPUSeconds, l.MemUsed, l.DiskUsed = true, float64(s.last.CPUUsageNanos)/1e9, s.last.MemoryUsed, s.last.DiskUsed
+	}
+	m.mu.Unlock()
+	for i, l := range out {
+		if st, ok := m.samples.last(l.ID); ok {
+			out[i].Sampled, out[i].CPUSeconds, out[i].MemUsed, out[i].DiskUsed = true, float64(st.CPUUsageNanos)/1e9, st.MemoryUsed, st.DiskUsed
 		}
-		out = append(out, l)
+	}
+	if out == nil {
+		out = []Latest{}
 	}
 	return out
 }

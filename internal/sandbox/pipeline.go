@@ -481,7 +481,7 @@ func (m *Manager) register(ctx context.Context, b *build) error {
 	m.mu.Lock()
 	m.sandboxes[b.sb.ID] = clone(b.sb)
 	m.mu.Unlock()
-	m.touch(b.sb.ID)
+	m.idle.touch(b.sb.ID)
 	return nil
 }
 

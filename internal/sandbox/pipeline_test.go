@@ -774,7 +774,7 @@ func TestWakeEndsWithTheSandbox(t *testing.T) {
 	}
 	e.m.mu.Lock()
 	defer e.m.mu.Unlock()
-	if len(e.m.life.gone) != 0 || e.m.life.activity[sb.ID] != nil {
-		t.Errorf("state of a removed sandbox kept: gone %v, activity %v", e.m.life.gone, e.m.life.activity[sb.ID])
+	if len(e.m.idle.gone) != 0 || e.m.idle.activity[sb.ID] != nil {
+		t.Errorf("state of a removed sandbox kept: gone %v, activity %v", e.m.idle.gone, e.m.idle.activity[sb.ID])
 	}
 }

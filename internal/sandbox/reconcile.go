@@ -26,5 +26,5 @@ func (m *Manager) endIfDead(ctx context.Context, sb *Sandbox) {
 	if !still {
 		return // paused, killed or moved meanwhile: its own path ends the traffic
 	}
-	m.ended(sb.ID)
+	m.idle.ended(sb.ID)
 }

@@ -1,0 +1,216 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/rollback"
+	"github.com/agentbox/agentbox/internal/runtime"
+)
+
+// Pause and memory resume, each one list of named steps.
+//
+//	pause                       memory resume (pipeline path "resume-memory", coldStart with steps swapped)
+//	check     not paused yet    reserve           none: the paused sandbox already counts
+//	persist   row "pausing"     resolve           paused sandbox
+//	meter     last usage        persist creating  row "resuming"
+//	thaw      idle freeze off   attach network    kept
+//	checkpoint image to disk    start             restore memory image
+//	persist   row "paused"      init envd         kept (the image holds envd's state)
+//	forget    samples, idle     wait ready        kept
+//	                            persist running   row "running"
+//	                            register          visible again
+//
+// A pause is no sandbox start, so it has a list of its own (pauseSteps)
+// run by runPause; the step hook and tracing see its steps by name as
+// they see the pipeline's.
+const (
+	StepPauseCheck     = "check"
+	StepPersistPausing = "persist pausing"
+	StepMeter          = "meter"
+	StepThaw           = "thaw"
+	StepCheckpoint     = "checkpoint"
+	StepPersistPaused  = "persist paused"
+	StepForget         = "forget"
+	pausePath          = "pause"
+)
+
+// pauseOp is one pause: the request and what its steps found.
+type pauseOp struct {
+	teamID, id      string
+	expired, memory bool
+
+	ck    runtime.Checkpointer
+	prev  *Sandbox // the running record, to go back to
+	undo  rollback.List
+	start time.Time
+}
+
+// pauseStep is one named stage of a pause.
+type pauseStep struct {
+	name string
+	what string
+	run  func(m *Manager, ctx context.Context, op *pauseOp) error
+}
+
+// pauseSteps is the pause, in order.
+func pauseSteps() []pauseStep {
+	return []pauseStep{
+		{StepPauseCheck, "checkpointer, not paused yet", (*Manager).pauseCheck},
+		{StepPersistPausing, "row pausing", (*Manager).persistPausing},
+		{StepMeter, "last usage", (*Manager).pauseMeter},
+		{StepThaw, "idle freeze off", (*Manager).pauseThaw},
+		{StepCheckpoint, "image to disk", (*Manager).pauseCheckpoint},
+		{StepPersistPaused, "row paused", (*Manager).persistPaused},
+		{StepForget, "samples and idle state", (*Manager).pauseForget},
+	}
+}
+
+// runPause runs steps for op; a failing step runs the undo list newest
+// first and returns the step's error.
+func (m *Manager) runPause(ctx context.Context, steps []pauseStep, op *pauseOp) error {
+	for _, s := range steps {
+		c, span := m.traceStep(ctx, s.name)
+		err := s.run(m, c, op)
+		if err == nil && m.stepHook != nil {
+			err = m.stepHook(pausePath, s.name)
+		}
+		endSpan(span, nil, err)
+		if err != nil {
+			if uerr := op.undo.Run(ctx); uerr != nil {
+				m.log.Error("undo after failed pause", "sandbox", op.id, "step", s.name, "err", uerr)
+			}
+			return err
+		}
+	}
+	op.undo.Release()
+	m.log.Info("sandbox paused", "sandbox", op.id, "took", time.Since(op.start).Round(time.Millisecond))
+	m.auditLifecycle(ctx, op.prev, "pause", "allowed", "", map[string]any{"memory": op.memory, "expired": op.expired})
+	return nil
+}
+
+// pauseCheck refuses a pause of a sandbox already paused (or pausing), and
+// one that would write an image onto a full data disk.
+func (m *Manager) pauseCheck(ctx context.Context, op *pauseOp) error {
+	if !op.expired { // an auto-pause tries anyway: refusing it would end the sandbox
+		if err := m.admitDisk("pause a sandbox"); err != nil {
+			return err
+		}
+	}
+	ck, err := m.checkpointer()
+	if err != nil {
+		return err
+	}
+	op.ck = ck
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if sb, ok := m.sandboxes[op.id]; ok && (sb.State == StatePaused || sb.State == StatePausing) && (op.teamID == "" || sb.TeamID == op.teamID) {
+		return fmt.Errorf("sandbox %q is already paused: %w", op.id, errdefs.ErrConflict)
+	}
+	return nil
+}
+
+// persistPausing moves the running sandbox to pausing (persisted); a
+// failure before the image is complete puts it back to running.
+func (m *Manager) persistPausing(ctx context.Context, op *pauseOp) error {
+	_, prev, err := m.begin(ctx, op.teamID, op.id, StatePausing, StateRunning)
+	if err != nil {
+		return err
+	}
+	op.prev = prev
+	op.undo.Add(StepPersistPausing, func(ctx context.Context) error { m.rollback(ctx, prev); return nil })
+	m.fault("pause:persisted")
+	return nil
+}
+
+// pauseMeter meters the usage up to the pause.
+func (m *Manager) pauseMeter(ctx context.Context, op *pauseOp) error {
+	m.meterLast(ctx, op.prev)
+	return nil
+}
+
+// pauseThaw unfreezes a sandbox the idle policy froze: the checkpoint
+// needs its processes runnable.
+func (m *Manager) pauseThaw(ctx context.Context, op *pauseOp) error { return m.thaw(ctx, op.id) }
+
+// pauseCheckpoint writes the image (memory, or the files only). Once it
+// is complete the pause cannot be undone: a record still saying pausing
+// is finished by Reconcile, which finds the image.
+func (m *Manager) pauseCheckpoint(ctx context.Context, op *pauseOp) error {
+	if err := op.ck.Checkpoint(ctx, op.id, runtime.CheckpointOptions{FilesystemOnly: !op.memory}); err != nil {
+		m.log.Error("pause failed; sandbox keeps running", "sandbox", op.id, "err", err)
+		return fmt.Errorf("sandbox %s: pause: %w", op.id, err)
+	}
+	op.undo.Release()
+	m.fault("pause:checkpointed")
+	return nil
+}
+
+// persistPaused records the pause and the lifetime left to give back on
+// resume (none after an expiry pause: a resume gets the original one).
+func (m *Manager) persistPaused(ctx context.Context, op *pauseOp) error {
+	now := time.Now().UTC()
+	_, err := m.commit(ctx, op.id, func(sb *Sandbox) {
+		sb.State = StatePaused
+		sb.PausedAt = now
+		sb.PausedFS = !op.memory
+		sb.TimeLeft = max(op.prev.EndAt.Sub(now), 0)
+		if op.expired {
+			sb.TimeLeft = 0
+		}
+	})
+	return err
+}
+
+// pauseForget drops what only a running sandbox has: metric samples and
+// idle state.
+func (m *Manager) pauseForget(ctx context.Context, op *pauseOp) error {
+	m.samples.forget(op.id)
+	m.idle.forget(op.id)
+	return nil
+}
+
+// resumeMemory restores a paused sandbox from its memory image, in place.
+func resumeMemory() pipeline {
+	kept := func(*Manager, context.Context, *build) error { return nil }
+	return coldStart().
+		swap(StepReserve, "none: the paused sandbox already counts", kept).
+		swap(StepResolve, "paused sandbox", (*Manager).resolvePausedMemory).
+		swap(StepPersistCreating, "row resuming", (*Manager).persistResuming).
+		swap(StepAttachNetwork, "kept", kept).
+		swap(StepStart, "restore memory image", (*Manager).restoreMemory).
+		swap(StepInitEnvd, "kept", kept).
+		swap(StepWaitReady, "kept", kept)
+}
+
+// resolvePausedMemory finds the paused sandbox a memory resume restores.
+func (m *Manager) resolvePausedMemory(ctx context.Context, b *build) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	live, ok := m.sandboxes[b.sb.ID]
+	if !ok || !visibleTo(live, b.req.TeamID) {
+		return notFound(b.sb.ID)
+	}
+	b.sb = clone(live)
+	return nil
+}
+
+// restoreMemory restores the sandbox's processes from its pause image;
+// a later failure checkpoints them again, so it stays paused with memory.
+func (m *Manager) restoreMemory(ctx context.Context, b *build) error {
+	ck, err := m.checkpointer()
+	if err != nil {
+		return err
+	}
+	id := b.sb.ID
+	if err := ck.Restore(ctx, runtime.Spec{ID: id}, runtime.RestoreOptions{Lazy: lazyResume(b.sb.Metadata)}); err != nil {
+		return err
+	}
+	m.fault("resume:restored")
+	b.undo.Add(StepStart, func(ctx context.Context) error {
+		return ck.Checkpoint(ctx, id, runtime.CheckpointOptions{})
+	})
+	return nil
+}
