@@ -10,6 +10,7 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +31,8 @@ func TestAllTable(t *testing.T) {
 	// A warm pool for this run only: the teardown's plain start drains it.
 	s.Restart(t, "--pool", "base=1", "--pool-max", "3")
 
+	jsDir := filepath.Join(s.Root, "e2e", "js")
+	harness.NPMInstall(t, jsDir)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
@@ -38,6 +41,7 @@ func TestAllTable(t *testing.T) {
 		MetricsURL: "http://" + metrics + "/metrics",
 		Creates:    2, Commands: 3, Burst: 2, SizeMB: 2, SizesMB: []int{10}, Cycles: 1, Forks: 2,
 		DensityContainer: 2, DensityGVisor: 1, Parallel: 2,
+		LargeFileMB: 8, JSDir: jsDir, SoakOps: 20,
 	}, &out, slog.New(slog.NewTextHandler(testWriter{t}, nil)))
 	t.Logf("table:\n%s", out.String())
 	if err != nil {
@@ -45,11 +49,19 @@ func TestAllTable(t *testing.T) {
 	}
 
 	// Rows per target: tiers, codings, sizes (pause and resume each, plus
-	// the lazy resume) and density (held and memory per tier).
-	want := map[int]int{1: 2, 2: 2, 3: 2, 4: 2, 5: 2, 6: 3, 7: 1, 8: 4}
+	// the lazy resume), density (held and memory per tier), large files
+	// (up, down, server and envd memory) and the soak (target 0: host
+	// objects back to their baseline, which it must be).
+	want := map[int]int{0: 1, 1: 2, 2: 2, 3: 2, 4: 2, 5: 2, 6: 3, 7: 1, 8: 4, 9: 4}
 	got := map[int]int{}
 	for _, r := range rows {
 		got[r.Target]++
+		if r.Target == 0 {
+			if r.Err != "" || !r.Met {
+				t.Errorf("%s: %s (baseline %s), error %q: want back to the baseline", r.Figure, r.Value, r.Floor, r.Err)
+			}
+			continue
+		}
 		switch {
 		case r.Err != "":
 			t.Errorf("target %d, %s: error: %s", r.Target, r.Figure, r.Err)
