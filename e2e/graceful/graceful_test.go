@@ -22,9 +22,9 @@ import (
 	"github.com/agentbox/agentbox/e2e/wire"
 )
 
-// defaultSandboxes is the CI load: 20 sandboxes keep the run near three
-// minutes on two shared cores; E2E_GRACEFUL_SANDBOXES sets another count.
-const defaultSandboxes = 20
+// defaultSandboxes is the CI load (under a minute on two shared cores);
+// E2E_GRACEFUL_SANDBOXES sets another count.
+const defaultSandboxes = 50
 
 // callDeadline bounds every client call in flight at the SIGTERM, well above
 // the server's shutdown grace: a call that reaches it hung.
