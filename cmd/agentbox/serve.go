@@ -63,6 +63,7 @@ type serveConfig struct {
 	MaxTimeout      time.Duration
 	MaxCommandLife  time.Duration
 	HealthInterval  time.Duration
+	ShutdownGrace   time.Duration
 	DiskReserveMB   int
 	Runsc           string
 	MicroVMAccel    string
@@ -148,6 +149,7 @@ which wins over the file.`,
 	f.DurationVar(&c.MaxTimeout, "max-timeout", 24*time.Hour, "longest sandbox timeout a client may ask for")
 	f.DurationVar(&c.MaxCommandLife, "max-command-lifetime", sandbox.DefaultMaxCommandLifetime, "longest any one command in a sandbox may run; envd kills it then (a create may ask for less with maxCommandSeconds)")
 	f.DurationVar(&c.HealthInterval, "health-interval", 30*time.Second, "how often every sandbox's envd is health-checked")
+	f.DurationVar(&c.ShutdownGrace, "shutdown-grace", 10*time.Second, "on SIGTERM, how long requests in flight may run on before their connections are closed (sandboxes keep running either way)")
 	f.IntVar(&c.DiskReserveMB, "disk-reserve-mb", defaultDiskReserveMB, "MiB kept free on the data and template disks: creates, forks, restores, builds, uploads, snapshots, pauses, volume creates and volume writes are refused with 507 while less is free, so the server can always record state and delete things (a quarter, at most 64 MiB, is held in a file <dir>/"+diskspace.ReserveFile+" and given back when a disk runs out); 0 turns the guard off")
 	f.DurationVar(&c.CRIUFreezeTimeout, "criu-freeze-timeout", runc.DefaultFreezeTimeout, "how long a pause, snapshot or fork of a container-tier sandbox may take to freeze its processes (CRIU's --timeout, whole seconds, at least 1s); a pause that times out is tried once more, then fails with the sandbox still running")
 	f.IntVar(&c.LazyResumeMB, "lazy-resume-mb", runc.DefaultLazyResumeMB, "resume a paused container-tier sandbox whose memory image is at least this many MiB lazily: it runs at once and its memory is loaded on first touch and in the background (CRIU lazy pages over userfaultfd; a full restore where that is unavailable); -1 never")
@@ -622,11 +624,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	case <-ctx.Done():
 	}
 	log.Info("shutting down; sandboxes keep running and are re-adopted at the next start")
-	shutCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for _, srv := range servers {
-		_ = srv.Shutdown(shutCtx)
-	}
+	shutdownServers(servers, c.ShutdownGrace, log) // serve_shutdown.go
 	vols.Close()
 	return nil
 }

@@ -415,6 +415,7 @@ func writeInPlace(path string, body io.Reader, md map[string]string) error {
 		return &uploadError{http.StatusBadRequest, fmt.Sprintf("path '%s' is not a regular file (%s)", path, fi.Mode().Type())}
 	}
 	if _, err := io.Copy(f, body); err != nil {
+		discardPartial(path, f, errors.Is(statErr, fs.ErrNotExist))
 		var pe *fs.PathError
 		if errors.As(err, &pe) || isNoSpace(err) {
 			return err
