@@ -15,7 +15,7 @@ import (
 // and the next start must find every object the client was told exists
 // and nothing half-made.
 const (
-	OpUpload = "upload"
+	OpUpload = "template-upload"
 	// StepUploadReceived: the bytes are in a temporary part file, not yet
 	// counted as an upload.
 	StepUploadReceived = "bytes received"
@@ -25,7 +25,7 @@ const (
 	// StepUploadCommitted: the record is written; the upload counts.
 	StepUploadCommitted = "committed"
 
-	OpBuild = "build"
+	OpBuild = "template-build"
 	// StepBuildRequested: the job record is written, status waiting.
 	StepBuildRequested = "requested"
 	// StepBuildStarted: the job record says building.
