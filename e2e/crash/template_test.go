@@ -151,8 +151,8 @@ func checkUpload(t *testing.T, s *harness.Server, tb *tplBuild, hash string) {
 	if err != nil {
 		t.Fatalf("upload link after the restart: %v", err)
 	}
-	tars, _ := filepath.Glob(filepath.Join(s.TemplateDir, "uploads", "*", hash+".tar"))
-	recs, _ := filepath.Glob(filepath.Join(s.TemplateDir, "uploads", "*", hash+".json"))
+	tars, _ := filepath.Glob(filepath.Join(s.TemplateDir, ".uploads", "*", hash+".tar"))
+	recs, _ := filepath.Glob(filepath.Join(s.TemplateDir, ".uploads", "*", hash+".json"))
 	switch {
 	case present && (len(tars) != 1 || len(recs) != 1):
 		t.Errorf("upload %s reported present, but its files are %v %v", hash[:12], tars, recs)
@@ -202,7 +202,7 @@ func checkBuild(ctx context.Context, t *testing.T, s *harness.Server, tb *tplBui
 // dirs and upload parts and record temps.
 func storeTemps(dir string) map[string]bool {
 	out := map[string]bool{}
-	for _, pat := range []string{"layers/.tmp-*", "uploads/*/.part-*", "uploads/*/*.json.tmp"} {
+	for _, pat := range []string{"layers/.tmp-*", ".uploads/*/.part-*", ".uploads/*/*.json.tmp"} {
 		m, _ := filepath.Glob(filepath.Join(dir, pat))
 		for _, p := range m {
 			out[p] = true
