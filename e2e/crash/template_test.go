@@ -187,6 +187,7 @@ func checkBuild(ctx context.Context, t *testing.T, s *harness.Server, tb *tplBui
 	if err := json.Unmarshal(b, &st); err != nil {
 		t.Fatalf("build status: %v: %s", err, b)
 	}
+	t.Logf("build %s after the restart: %s", tb.buildID, b)
 	switch st.Status {
 	case "ready":
 		code, body, err := s.Do(ctx, s.APIKey, http.MethodPost, "/sandboxes", map[string]any{"templateID": tb.templateID, "timeout": 300})
