@@ -130,6 +130,11 @@ func NewBuilds(ctx context.Context, store *Store, runner StepRunner, log *slog.L
 		log = slog.New(slog.DiscardHandler)
 	}
 	b := &Builds{store: store, runner: runner, dir: filepath.Join(store.dir, jobsDir), log: log, jobs: map[string]*Job{}}
+	// The server opens its builds once, before it serves: what an earlier
+	// process left half-received goes now, not at the sweep's TTL.
+	if err := store.reconcileUploads(); err != nil {
+		return nil, fmt.Errorf("uploads: %w", err)
+	}
 	if err := os.MkdirAll(b.dir, 0o700); err != nil {
 		return nil, fmt.Errorf("build jobs: %w", err)
 	}
@@ -250,6 +255,7 @@ func (b *Builds) Request(ctx context.Context, team string, r BuildRequest) (*Job
 	b.jobs[j.BuildID] = j
 	b.pruneLocked(ctx)
 	b.mu.Unlock()
+	b.store.crash.After(OpBuild, StepBuildRequested)
 	return j, nil
 }
 
@@ -377,6 +383,7 @@ func (b *Builds) Start(ctx context.Context, team, templateID, buildID string, sp
 		release()
 		return err
 	}
+	b.store.crash.After(OpBuild, StepBuildStarted)
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), MaxBuildTime)
 	go func() {
 		defer release()
@@ -385,7 +392,11 @@ func (b *Builds) Start(ctx context.Context, team, templateID, buildID string, sp
 		began := time.Now()
 		tpl, err := b.store.BuildFromSpec(bctx, spec, j)
 		release() // before the status says the build ended
+		if err == nil {
+			b.store.crash.After(OpBuild, StepBuildPublished)
+		}
 		j.finish(tpl, err)
+		b.store.crash.After(OpBuild, StepBuildFinished)
 		if b.done != nil {
 			b.done(err == nil, time.Since(began))
 		}

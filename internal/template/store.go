@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/agentbox/agentbox/internal/crashpoint"
 	"github.com/agentbox/agentbox/internal/destpolicy"
 	"github.com/agentbox/agentbox/internal/errdefs"
 )
@@ -52,8 +53,9 @@ type Store struct {
 	// self is the server's binary, which runs the confined unpacker
 	// (`self __hook unpack`); a test binary must dispatch that hook.
 	self    string
-	uploads uploadLedger // uploads.go
-	disk    DiskGuard    // nil: not guarded (diskguard.go)
+	uploads uploadLedger      // uploads.go
+	disk    DiskGuard         // nil: not guarded (diskguard.go)
+	crash   crashpoint.Switch // test crash points (crash.go)
 }
 
 // NewStore opens (creating if needed) the template directory dir.

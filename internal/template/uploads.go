@@ -130,14 +130,20 @@ func (s *Store) PutUpload(team, hash string, r io.Reader, maxBytes int64, digest
 	if old, err := os.Stat(tar); err == nil {
 		s.uploads.give(dir, old.Size())
 	}
+	s.crash.After(OpUpload, StepUploadReceived)
 	if err := os.Rename(f.Name(), tar); err != nil {
 		return Upload{}, err
 	}
 	kept = true
+	s.crash.After(OpUpload, StepUploadRenamed)
 	if err := os.WriteFile(meta+".tmp", b, 0o600); err != nil {
 		return Upload{}, err
 	}
-	return u, os.Rename(meta+".tmp", meta)
+	if err := os.Rename(meta+".tmp", meta); err != nil {
+		return Upload{}, err
+	}
+	s.crash.After(OpUpload, StepUploadCommitted)
+	return u, nil
 }
 
 // CheckUploadRoom refuses an upload of size bytes (the Content-Length a
