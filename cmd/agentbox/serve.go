@@ -418,6 +418,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		return err
 	}
 	templates.SetCrash(crashpoint.New(cmp.Or(c.Lifecycle.CrashAfter, c.Lifecycle.FaultStep), log))
+	templates.SetInstance(c.Instance)
 	// Every fetch a build makes for a tenant goes through this policy.
 	fetchPolicy, err := c.Fetch.policy(subnet)
 	if err != nil {

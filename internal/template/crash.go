@@ -55,8 +55,22 @@ func CrashSteps() [][2]string {
 // the store serves requests.
 func (s *Store) SetCrash(c crashpoint.Switch) { s.crash = c }
 
-// reconcileUploads removes what an earlier process left half-made in the
-// upload directories: part files being received, record temp files, and
+// SetInstance names this server's part files (`.part-<instance>-…`), so
+// that its startup removes only its own: servers of other instances may
+// share the template directory and be receiving uploads right now. Call
+// before serving.
+func (s *Store) SetInstance(name string) { s.instance = name }
+
+// partPrefix is the name prefix of this server's upload part files.
+func (s *Store) partPrefix() string {
+	if s.instance == "" {
+		return ".part-"
+	}
+	return ".part-" + s.instance + "-"
+}
+
+// reconcileUploads removes what an earlier process of this instance left
+// half-made in the upload directories: its part files, record temp files, and
 // tars without a record (a crash between the rename and the record).
 // None of them was ever reported to a client as stored, and none is
 // counted by the ledger, so they would otherwise sit on the disk until the
@@ -79,7 +93,7 @@ func (s *Store) reconcileUploads() error {
 		for _, e := range entries {
 			name := e.Name()
 			switch {
-			case strings.HasPrefix(name, ".part-"), strings.HasSuffix(name, ".json.tmp"):
+			case strings.HasPrefix(name, s.partPrefix()), strings.HasSuffix(name, ".json.tmp"):
 			case strings.HasSuffix(name, ".tar"):
 				rec := filepath.Join(dir, strings.TrimSuffix(name, ".tar")+".json")
 				if _, err := os.Stat(rec); !errors.Is(err, fs.ErrNotExist) {

@@ -52,10 +52,11 @@ type Store struct {
 	unpack UnpackLimits // image layers
 	// self is the server's binary, which runs the confined unpacker
 	// (`self __hook unpack`); a test binary must dispatch that hook.
-	self    string
-	uploads uploadLedger      // uploads.go
-	disk    DiskGuard         // nil: not guarded (diskguard.go)
-	crash   crashpoint.Switch // test crash points (crash.go)
+	self     string
+	uploads  uploadLedger      // uploads.go
+	disk     DiskGuard         // nil: not guarded (diskguard.go)
+	crash    crashpoint.Switch // test crash points (crash.go)
+	instance string            // names this server's upload part files (crash.go)
 }
 
 // NewStore opens (creating if needed) the template directory dir.

@@ -94,7 +94,7 @@ func (s *Store) PutUpload(team, hash string, r io.Reader, maxBytes int64, digest
 	if err := s.uploads.take(dir, 0); err != nil {
 		return Upload{}, err
 	}
-	f, err := os.CreateTemp(dir, ".part-*")
+	f, err := os.CreateTemp(dir, s.partPrefix()+"*")
 	if err != nil {
 		return Upload{}, err
 	}
