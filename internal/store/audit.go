@@ -128,18 +128,8 @@ func (s *Store) QueryAudit(ctx context.Context, f AuditFilter) ([]AuditRow, erro
 	if err != nil {
 		return nil, fmt.Errorf("query audit log: %w", err)
 	}
-	defer rows.Close()
-	var out []AuditRow
-	for rows.Next() {
-		var r AuditRow
-		var ts int64
-		if err := rows.Scan(&r.Seq, &ts, &r.SandboxID, &r.TeamID, &r.APIKeyID, &r.Kind, &r.Action, &r.Decision, &r.Reason, &r.Fields); err != nil {
-			return nil, fmt.Errorf("query audit log: %w", err)
-		}
-		r.Time = time.Unix(0, ts)
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := scanAuditRows(rows)
+	if err != nil {
 		return nil, fmt.Errorf("query audit log: %w", err)
 	}
 	// Newest-first made LIMIT keep the latest rows; callers read in order.
@@ -240,4 +230,22 @@ func (s *Store) UsedBytes(ctx context.Context) (int64, error) {
 		}
 	}
 	return (pages - free) * size, nil
+}
+
+// scanAuditRows reads every row of an audit query selecting seq, time,
+// sandbox_id, team_id, api_key_id, kind, action, decision, reason, fields;
+// it closes rows.
+func scanAuditRows(rows *sql.Rows) ([]AuditRow, error) {
+	defer rows.Close()
+	var out []AuditRow
+	for rows.Next() {
+		var r AuditRow
+		var ts int64
+		if err := rows.Scan(&r.Seq, &ts, &r.SandboxID, &r.TeamID, &r.APIKeyID, &r.Kind, &r.Action, &r.Decision, &r.Reason, &r.Fields); err != nil {
+			return nil, err
+		}
+		r.Time = time.Unix(0, ts)
+		out = append(out, r)
+	}
+	return out, rows.Err()
 }

@@ -144,18 +144,11 @@ func (s *Store) AuditAfter(ctx context.Context, seq int64, kinds []string, limit
 	if err != nil {
 		return nil, fmt.Errorf("read audit log: %w", err)
 	}
-	defer rows.Close()
-	var out []AuditRow
-	for rows.Next() {
-		var r AuditRow
-		var ts int64
-		if err := rows.Scan(&r.Seq, &ts, &r.SandboxID, &r.TeamID, &r.APIKeyID, &r.Kind, &r.Action, &r.Decision, &r.Reason, &r.Fields); err != nil {
-			return nil, fmt.Errorf("read audit log: %w", err)
-		}
-		r.Time = time.Unix(0, ts)
-		out = append(out, r)
+	out, err := scanAuditRows(rows)
+	if err != nil {
+		return nil, fmt.Errorf("read audit log: %w", err)
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // EventBatch is what AppendEvents stores in one transaction.
