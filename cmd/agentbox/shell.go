@@ -54,16 +54,7 @@ ends when the shell exits, with the shell's exit code.`,
 			}
 			defer term.Restore(stdin, state)
 
-			winch := make(chan os.Signal, 1)
-			signal.Notify(winch, syscall.SIGWINCH)
-			defer signal.Stop(winch)
-			go func() {
-				for range winch {
-					if c, r, err := term.GetSize(stdin); err == nil {
-						_ = h.Resize(ctx, uint16(c), uint16(r))
-					}
-				}
-			}()
+			defer followWindowSize(stdin, func(c, r int) { _ = h.Resize(ctx, uint16(c), uint16(r)) })()
 			go func() {
 				buf := make([]byte, 4096)
 				for {
@@ -88,4 +79,19 @@ ends when the shell exits, with the shell's exit code.`,
 	cmd.Flags().StringVar(&user, "user", "", "log in as this user (default: the template's user)")
 	cmd.Flags().StringVar(&cwd, "cwd", "", "start in this directory (default: the template's workdir)")
 	return cmd
+}
+
+// followWindowSize calls resize with the terminal fd's size whenever it
+// changes (SIGWINCH) until the returned stop is called.
+func followWindowSize(fd int, resize func(cols, rows int)) (stop func()) {
+	winch := make(chan os.Signal, 1)
+	signal.Notify(winch, syscall.SIGWINCH)
+	go func() {
+		for range winch {
+			if c, r, err := term.GetSize(fd); err == nil {
+				resize(c, r)
+			}
+		}
+	}()
+	return func() { signal.Stop(winch); close(winch) }
 }

@@ -8,9 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -137,16 +135,7 @@ func runSSH(ctx context.Context, cmd *cobra.Command, id, user, command string, t
 			return fmt.Errorf("raw mode: %w", err)
 		}
 		defer term.Restore(stdin, state)
-		winch := make(chan os.Signal, 1)
-		signal.Notify(winch, syscall.SIGWINCH)
-		defer signal.Stop(winch)
-		go func() {
-			for range winch {
-				if c, r, err := term.GetSize(stdin); err == nil {
-					_ = sess.WindowChange(r, c)
-				}
-			}
-		}()
+		defer followWindowSize(stdin, func(c, r int) { _ = sess.WindowChange(r, c) })()
 	}
 	// Stdin is copied by hand, not through sess.Stdin: a terminal's
 	// reader never ends and would keep Wait from returning.

@@ -43,31 +43,23 @@ func lifecycleType(r store.AuditRow, fields map[string]any) string {
 	if p, _ := fields["path"].(string); p == "build" {
 		return ""
 	}
-	switch r.Action {
-	case "create":
-		if r.Decision == audit.Allowed {
-			return TypeCreated
-		}
-	case "resume":
-		if r.Decision == audit.Allowed {
-			return TypeResumed
-		}
-	case "pause":
-		if r.Decision == audit.Allowed {
-			return TypePaused
-		}
-	case "update":
-		if r.Decision == audit.Allowed {
-			return TypeUpdated
-		}
-	case "snapshot":
-		if r.Decision == audit.Allowed {
-			return TypeCheckpointed
-		}
-	case "remove":
+	if r.Action == "remove" {
 		return TypeKilled
 	}
-	return ""
+	if r.Decision != audit.Allowed {
+		return ""
+	}
+	return allowedTypes[r.Action]
+}
+
+// allowedTypes are the event types of the lifecycle actions that count
+// once allowed (a removal counts whatever its decision).
+var allowedTypes = map[string]string{
+	"create":   TypeCreated,
+	"resume":   TypeResumed,
+	"pause":    TypePaused,
+	"update":   TypeUpdated,
+	"snapshot": TypeCheckpointed,
 }
 
 // killReason names why a sandbox ended the way E2B's kill_reason does
