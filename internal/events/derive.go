@@ -49,17 +49,25 @@ func lifecycleType(r store.AuditRow, fields map[string]any) string {
 	if r.Decision != audit.Allowed {
 		return ""
 	}
-	return allowedTypes[r.Action]
+	return allowedType(r.Action)
 }
 
-// allowedTypes are the event types of the lifecycle actions that count
-// once allowed (a removal counts whatever its decision).
-var allowedTypes = map[string]string{
-	"create":   TypeCreated,
-	"resume":   TypeResumed,
-	"pause":    TypePaused,
-	"update":   TypeUpdated,
-	"snapshot": TypeCheckpointed,
+// allowedType is the event type of a lifecycle action that counts once
+// allowed (a removal counts whatever its decision).
+func allowedType(action string) string {
+	switch action {
+	case "create":
+		return TypeCreated
+	case "resume":
+		return TypeResumed
+	case "pause":
+		return TypePaused
+	case "update":
+		return TypeUpdated
+	case "snapshot":
+		return TypeCheckpointed
+	}
+	return ""
 }
 
 // killReason names why a sandbox ended the way E2B's kill_reason does
