@@ -258,7 +258,7 @@ func TestKubeSuspendedMoves(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A counter that lives only in the memory of a shell, and a file.
-	res, err := sbx.Commands.Run(ctx, `sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' >/dev/null 2>&1 &
+	res, err := sbx.Commands.Run(ctx, `sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done' >/dev/null 2>&1 &
 echo $! > /tmp/counter.pid; echo 'written on node-a' > /tmp/moved.txt; sleep 0.5
 pid=$(cat /tmp/counter.pid); echo "$pid $(cut -d' ' -f2 /proc/$pid/stat)"`)
 	if err != nil {

@@ -163,7 +163,7 @@ func TestKubeSnapshots(t *testing.T) {
 	if n, err := nodeOfSandboxID(ctx, c, src.ID); err != nil || n != "node-a" {
 		t.Fatalf("source sandbox on %q (%v), want node-a", n, err)
 	}
-	res, err := src.Commands.Run(ctx, `sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' >/dev/null 2>&1 &
+	res, err := src.Commands.Run(ctx, `sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done' >/dev/null 2>&1 &
 echo $! > /tmp/counter.pid; echo 'written before the snapshot' > /tmp/snap.txt; sleep 0.5
 pid=$(cat /tmp/counter.pid); echo "$pid $(cut -d' ' -f2 /proc/$pid/stat)"`)
 	if err != nil {

@@ -12,7 +12,21 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms))
 const run = async (s, c) => (await s.commands.run(c)).stdout.trim()
 const post = async (p, body) =>
   (await fetch(api + p, { method: 'POST', headers: { 'X-API-Key': key, 'Content-Type': 'application/json' }, body: JSON.stringify(body) })).status
-const counter = "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' >/dev/null 2>&1 &"
+// The counter renames a complete file into place, so a reader (or a snapshot) never sees it
+// truncated between two writes.
+const counter = "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done' >/dev/null 2>&1 &"
+// counterRuns waits until the counter has written a value and then until it moves past it: the
+// process itself came along, not only its file.
+const counterRuns = async (s) => {
+  let first = 0
+  for (let i = 0; i < 100; i++) {
+    const n = Number(await run(s, 'cat /tmp/count 2>/dev/null || echo 0'))
+    if (first === 0) first = n
+    else if (n > first) return true
+    await new Promise((r) => setTimeout(r, 100))
+  }
+  return false
+}
 
 describe('lifecycle', { concurrency: false, timeout: 600_000 }, () => {
   it('pause keeps files, env, pids, a counter and a PTY across two cycles', async () => {
@@ -283,6 +297,7 @@ describe('lifecycle', { concurrency: false, timeout: 600_000 }, () => {
     try {
       await a.files.write('/home/user/state.txt', 'parent')
       await a.commands.run(counter)
+      assert.ok(await counterRuns(a), 'counter runs in the parent')
       const forks = await a.fork({ count: 5, timeoutMs: 60_000 })
       assert.equal(forks.length, 5)
       for (const f of forks) assert.ok(!(f instanceof Error), String(f))
@@ -291,7 +306,7 @@ describe('lifecycle', { concurrency: false, timeout: 600_000 }, () => {
       assert.equal(await a.files.read('/home/user/state.txt'), 'parent')
       const ips = await Promise.all(forks.map((f) => run(f, 'hostname -I')))
       assert.equal(new Set(ips).size, 5)
-      for (const n of await Promise.all(forks.map((f) => run(f, 'cat /tmp/count')))) assert.ok(Number(n) > 0)
+      for (const ok of await Promise.all(forks.map(counterRuns))) assert.ok(ok, 'counter runs in each fork')
       await Promise.all(forks.map((f) => f.kill()))
     } finally {
       await a.kill()
