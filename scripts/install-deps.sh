@@ -188,6 +188,26 @@ if [[ ${AGENTBOX_DEPS:-all} == all ]]; then
 	bash "$root/scripts/k8s-test-bins.sh" >/dev/null
 fi
 
+# Pebble, the ACME test CA, and its DNS server for the ACME end-to-end test
+# (e2e/acme): built from the Go module proxy into a directory keyed by
+# version, with the test certificates its module ships (the CA that signs
+# its own HTTPS, and that HTTPS's key pair).
+pebble_version=v2.10.3
+pebble_dir=/usr/local/libexec/agentbox/pebble-$pebble_version
+if [[ ${AGENTBOX_DEPS:-all} == all && ! -x $pebble_dir/pebble-challtestsrv ]]; then
+	log "building pebble $pebble_version (ACME test CA)"
+	tmp=$(mktemp -d /tmp/agentbox-pebble.XXXXXX)
+	PATH="$PATH:/usr/local/go/bin" CGO_ENABLED=0 GOFLAGS=-mod=mod GOBIN="$tmp/bin" \
+		go install "github.com/letsencrypt/pebble/v2/cmd/pebble@$pebble_version" "github.com/letsencrypt/pebble/v2/cmd/pebble-challtestsrv@$pebble_version"
+	src=$(PATH="$PATH:/usr/local/go/bin" GOFLAGS=-mod=mod go env GOMODCACHE)/github.com/letsencrypt/pebble/v2@$pebble_version/test/certs
+	mkdir -p "$pebble_dir"
+	install -m 0644 "$src/pebble.minica.pem" "$src/localhost/cert.pem" "$pebble_dir/"
+	install -m 0600 "$src/localhost/key.pem" "$pebble_dir/"
+	install -m 0755 "$tmp/bin/pebble" "$pebble_dir/"
+	install -m 0755 "$tmp/bin/pebble-challtestsrv" "$pebble_dir/"
+	rm -rf "$tmp"
+fi
+
 # The end-to-end suites' pinned clients (e2b, @e2b/code-interpreter,
 # @e2b/desktop, the MCP SDK, playwright-core), each installed from its lock file; a dir whose lock file
 # has not changed since its last install is skipped (the tests' own npm ci

@@ -4,16 +4,20 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
 
+	"github.com/agentbox/agentbox/internal/acmecert"
 	"github.com/agentbox/agentbox/internal/egress"
 	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/store"
@@ -29,6 +33,17 @@ type netFlags struct {
 	TLSCert       string
 	TLSKey        string
 	TLSListen     string
+	ACME          acmeFlags
+}
+
+// acmeFlags obtain port hosts' certificates from an ACME CA instead of
+// --tls-cert.
+type acmeFlags struct {
+	Directory  string
+	Email      string
+	CAFile     string
+	PerSandbox int
+	PerHour    int
 }
 
 func addNetFlags(f *pflag.FlagSet, n *netFlags) {
@@ -39,7 +54,12 @@ func addNetFlags(f *pflag.FlagSet, n *netFlags) {
 	f.StringVar(&n.Domain, "domain", "", "domain of sandbox port hosts <port>-<sandboxID>.<domain>, each port a web origin of its own (needs wildcard DNS to this server); when set, only hosts under it are routed to sandboxes by Host. Default: any such host is routed, and the dashboard and MCP link ports as <port>-<sandboxID>.localhost:<listen port>")
 	f.StringVar(&n.TLSCert, "tls-cert", "", "PEM certificate (e.g. a wildcard *.<domain>) for the TLS listener; with --domain, port URLs use https on it")
 	f.StringVar(&n.TLSKey, "tls-key", "", "PEM key of --tls-cert")
-	f.StringVar(&n.TLSListen, "tls-listen", ":443", "address of the TLS listener, used when --tls-cert is given")
+	f.StringVar(&n.TLSListen, "tls-listen", ":443", "address of the TLS listener, used when --tls-cert or --acme-directory is given")
+	f.StringVar(&n.ACME.Directory, "acme-directory", "", "ACME directory URL (e.g. https://acme-v02.api.letsencrypt.org/directory): with --domain and instead of --tls-cert, each port host <port>-<sandboxID>.<domain> gets its own certificate on its first HTTPS request, by the TLS-ALPN-01 challenge (the CA must reach --tls-listen on port 443 of the host's public name); only hosts of sandboxes on record, within the two bounds below")
+	f.StringVar(&n.ACME.Email, "acme-email", "", "contact address of the ACME account")
+	f.StringVar(&n.ACME.CAFile, "acme-ca-file", "", "PEM file of the CA that signs the ACME directory's own HTTPS certificate, for a private ACME server (default: the host's roots)")
+	f.IntVar(&n.ACME.PerSandbox, "acme-certs-per-sandbox", 8, "port hosts one sandbox gets ACME certificates for")
+	f.IntVar(&n.ACME.PerHour, "acme-certs-per-hour", 30, "ACME certificates requested an hour, all sandboxes together (keep it under the CA's rate limit)")
 }
 
 func (n netFlags) operatorAllow() ([]netip.Prefix, error) {
@@ -98,20 +118,51 @@ func startEgress(ctx context.Context, n netFlags, nw *network.Manager, st *store
 	return eg, nil
 }
 
-// tlsServer serves handler over TLS when --tls-cert is set.
-func (n netFlags) tlsServer(ctx context.Context, handler http.Handler) (*http.Server, net.Listener, error) {
-	if n.TLSCert == "" && n.TLSKey == "" {
-		return nil, nil, nil
-	}
-	cert, err := tls.LoadX509KeyPair(n.TLSCert, n.TLSKey)
-	if err != nil {
-		return nil, nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
+// tlsServer serves handler over TLS when --tls-cert or --acme-directory is
+// set. known reports whether a sandbox is on record, for ACME's host policy;
+// the returned ACME manager (nil without ACME) prunes its cache in Run.
+func (n netFlags) tlsServer(ctx context.Context, handler http.Handler, dataDir string, known func(string) bool, log *slog.Logger) (*http.Server, net.Listener, *acmecert.Manager, error) {
+	var cfg *tls.Config
+	var am *acmecert.Manager
+	switch {
+	case n.ACME.Directory != "" && (n.TLSCert != "" || n.TLSKey != ""):
+		return nil, nil, nil, errors.New("--acme-directory and --tls-cert: give one (a wildcard certificate, or certificates from the ACME CA)")
+	case n.ACME.Directory != "":
+		var roots *x509.CertPool
+		if n.ACME.CAFile != "" {
+			pem, err := os.ReadFile(n.ACME.CAFile)
+			if err != nil {
+				return nil, nil, nil, fmt.Errorf("--acme-ca-file: %w", err)
+			}
+			roots = x509.NewCertPool()
+			if !roots.AppendCertsFromPEM(pem) {
+				return nil, nil, nil, fmt.Errorf("--acme-ca-file %s: no PEM certificate in it", n.ACME.CAFile)
+			}
+		}
+		var err error
+		am, err = acmecert.New(acmecert.Config{
+			Directory: n.ACME.Directory, Email: n.ACME.Email, CacheDir: filepath.Join(dataDir, "acme"), RootCAs: roots,
+			Domain: strings.Trim(strings.ToLower(n.Domain), "."), Known: known, PerSandbox: n.ACME.PerSandbox, PerHour: n.ACME.PerHour,
+		}, log.With("component", "acme"))
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("--acme-directory: %w", err)
+		}
+		cfg = am.TLSConfig()
+	case n.TLSCert != "" || n.TLSKey != "":
+		cert, err := tls.LoadX509KeyPair(n.TLSCert, n.TLSKey)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
+		}
+		cfg = &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}}
+	default:
+		return nil, nil, nil, nil
 	}
 	ln, err := listen(ctx, n.TLSListen)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--tls-listen: %w", err)
+		return nil, nil, nil, fmt.Errorf("--tls-listen: %w", err)
 	}
-	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}}
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 640 * time.Second}
-	return srv, tls.NewListener(ln, cfg), nil
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 640 * time.Second,
+		// A refused host is an operator's matter, not an error per handshake.
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+	return srv, tls.NewListener(ln, cfg), am, nil
 }

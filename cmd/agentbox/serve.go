@@ -598,9 +598,13 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	// Ports are served on hosts of their own (<port>-<id>.<domain>), over
 	// the TLS listener when there is one.
 	gwOpts := gateway.Options{Domain: c.Net.Domain}
-	if srv, tln, err := c.Net.tlsServer(ctx, handler); err != nil {
+	known := func(id string) bool { sb, err := mgr.Get(ctx, "", id); return err == nil && sb.BuildID == "" }
+	if srv, tln, am, err := c.Net.tlsServer(ctx, handler, c.DataDir, known, log); err != nil {
 		return err
 	} else if srv != nil {
+		if am != nil {
+			go am.Run(ctx, 10*time.Minute)
+		}
 		servers, listeners = append(servers, srv), append(listeners, tln)
 		if a, ok := tln.Addr().(*net.TCPAddr); ok {
 			gwOpts.TLSPort = a.Port
