@@ -64,7 +64,7 @@ func overLine(usage, limit uint64, procs int) bool {
 }
 
 // hostCost reads the memory use and limit of a sandbox's host cgroup cg,
-// and how many host processes it holds.
+// and, when the memory is over the line, how many host processes it holds.
 func hostCost(cg string) (usage, limit uint64, procs int, err error) {
 	root := "/sys/fs/cgroup"
 	dir := filepath.Join(root, "memory", cg)
@@ -87,6 +87,9 @@ func hostCost(cg string) (usage, limit uint64, procs int, err error) {
 			return 0, 0, 0, fmt.Errorf("%s: %w", f, err)
 		}
 	}
+	if !overLine(v[0], v[1], minHostProcs) {
+		return v[0], v[1], 0, nil // the process count cannot matter
+	}
 	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 	if err != nil {
 		return 0, 0, 0, err
@@ -100,11 +103,7 @@ func (d *Driver) Guard(ctx context.Context) {
 	if d.Available() != nil {
 		return
 	}
-	// acted[id] is the host process count when the guard last acted on
-	// sandbox id while it stays over the line: stubs of the killed tasks
-	// take a while to go, and only a further growth (the bomb again) is
-	// acted on, not the owner's next command.
-	acted := map[string]int{}
+	w := map[string]*watched{}
 	t := time.NewTicker(GuardInterval)
 	defer t.Stop()
 	for {
@@ -119,38 +118,61 @@ func (d *Driver) Guard(ctx context.Context) {
 		}
 		seen := map[string]bool{}
 		for _, id := range ids {
-			if d.b.Tier(id) != Name {
-				continue
+			s, ok := w[id]
+			if !ok {
+				if d.b.Tier(id) != Name {
+					continue
+				}
+				s = &watched{cgroup: d.b.BundleCgroupPath(id), acted: -1}
+				w[id] = s
 			}
 			seen[id] = true
-			usage, limit, procs, err := hostCost(d.b.BundleCgroupPath(id))
-			if err != nil {
-				continue // not running
-			}
-			if !overLine(usage, limit, procs) {
-				delete(acted, id)
-				continue
-			}
-			if last, ok := acted[id]; ok && procs < last+minHostProcs {
-				continue
-			}
-			n, err := d.defuse(ctx, id)
-			if err != nil {
-				d.log.Warn("host memory guard: could not stop the sandbox's processes", "id", id, "usageMiB", usage>>20, "limitMiB", limit>>20, "hostProcs", procs, "err", err)
-				continue
-			}
-			acted[id] = procs
-			if err := d.countGuardKill(id); err != nil {
-				d.log.Warn("host memory guard: count", "id", id, "err", err)
-			}
-			d.log.Warn("host memory guard: killed the sandbox's user processes before the host's OOM killer ended the sandbox", "id", id, "usageMiB", usage>>20, "limitMiB", limit>>20, "hostProcs", procs, "groups", n)
+			d.check(ctx, id, s)
 		}
-		for id := range acted {
-			if !seen[id] {
-				delete(acted, id)
+		for id, s := range w {
+			if !seen[id] || s.cgroup == "" {
+				delete(w, id)
 			}
 		}
 	}
+}
+
+// watched is the guard's view of one gVisor sandbox.
+type watched struct {
+	// cgroup is its host cgroup ("" once it cannot be read: looked up
+	// again, e.g. after a restore).
+	cgroup string
+	// acted is the host process count when the guard last acted while the
+	// sandbox stays over the line (-1: it did not): stubs of the killed
+	// tasks take a while to go, and only a further growth (the bomb again)
+	// is acted on, not the owner's next command.
+	acted int
+}
+
+// check samples one sandbox and acts when it is over the line.
+func (d *Driver) check(ctx context.Context, id string, s *watched) {
+	usage, limit, procs, err := hostCost(s.cgroup)
+	if err != nil {
+		s.cgroup = "" // not running
+		return
+	}
+	if !overLine(usage, limit, procs) {
+		s.acted = -1
+		return
+	}
+	if s.acted >= 0 && procs < s.acted+minHostProcs {
+		return
+	}
+	n, err := d.defuse(ctx, id)
+	if err != nil {
+		d.log.Warn("host memory guard: could not stop the sandbox's processes", "id", id, "usageMiB", usage>>20, "limitMiB", limit>>20, "hostProcs", procs, "err", err)
+		return
+	}
+	s.acted = procs
+	if err := d.countGuardKill(id); err != nil {
+		d.log.Warn("host memory guard: count", "id", id, "err", err)
+	}
+	d.log.Warn("host memory guard: killed the sandbox's largest process groups before the host's OOM killer ended the sandbox", "id", id, "usageMiB", usage>>20, "limitMiB", limit>>20, "hostProcs", procs, "groups", n)
 }
 
 // psEntry is one process of `runsc ps` (its JSON form lists pids only).
