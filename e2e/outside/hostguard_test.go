@@ -19,10 +19,15 @@ import (
 // (internal/runtime/runsc/guard.go) kills the sandbox's commands first: the
 // bomb's command ends by itself, the owner's next command runs within
 // deadline, the sandbox's logs say why (a "host-memory" limit event), and
-// its host cgroup never hit the OOM killer. When the bomb is still running
+// its host cgroup never hit the OOM killer; a neighbour answers throughout. When the bomb is still running
 // after its growth window the owner kills it, as on runc.
 func recoverFromGVisorBomb(ctx context.Context, c *wire.Client, s *target, sb *wire.Sandbox, deadline, perCall time.Duration) (time.Duration, error) {
 	const tag = "fork-bomb"
+	neighbour, err := c.Create(ctx, wire.CreateRequest{TemplateID: "base", Timeout: 300, Metadata: map[string]string{"outside": "reserve-neighbour"}})
+	if err != nil {
+		return 0, fmt.Errorf("create a neighbour: %w", err)
+	}
+	defer func() { _ = c.Kill(context.Background(), neighbour.SandboxID) }()
 	bombDone := make(chan struct{})
 	go func() {
 		defer close(bombDone)
@@ -43,6 +48,11 @@ func recoverFromGVisorBomb(ctx context.Context, c *wire.Client, s *target, sb *w
 		return 0, ctx.Err()
 	}
 	ended := time.Now()
+	if res, err := c.Run(ctx, neighbour, "", "echo ok"); err != nil {
+		return 0, fmt.Errorf("a neighbour sandbox does not answer after the fork bomb: %w", err)
+	} else if strings.TrimSpace(res.Stdout) != "ok" {
+		return 0, fmt.Errorf("a neighbour sandbox does not answer after the fork bomb: %+v", res)
+	}
 	var last error
 	for time.Since(ended) < deadline {
 		cctx, cancel := context.WithTimeout(ctx, perCall)
@@ -68,6 +78,9 @@ func recoverFromGVisorBomb(ctx context.Context, c *wire.Client, s *target, sb *w
 	for start := time.Now(); time.Since(start) < time.Minute; {
 		_, b, err := s.Do(ctx, s.APIKey, http.MethodGet, "/v2/sandboxes/"+sb.SandboxID+"/logs?kind=limit&limit=100", nil)
 		if err == nil && strings.Contains(string(b), "host-memory") {
+			if strings.Contains(string(b), "out of memory") {
+				return 0, fmt.Errorf("the guard acted, but only after the host cgroup's OOM killer: %.300s", b)
+			}
 			return took, nil
 		}
 		body = string(b)

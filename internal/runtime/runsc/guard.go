@@ -29,9 +29,9 @@ import (
 // CPU under N runnable tasks. The guard runs in the server, outside the
 // sandbox's CPU share: it watches each gVisor sandbox's host cgroup and,
 // when its memory nears the limit while it holds many host processes,
-// kills the largest process groups of the sandbox's commands (a fork bomb's). The sandbox and its control
-// plane survive; the kill is counted (LimitCounters.GuardKills) and the
-// manager records it with its reason.
+// kills the largest process groups of the sandbox's commands (a fork
+// bomb's). The sandbox and its control plane survive; the kill is counted
+// (LimitCounters.GuardKills) and the manager records it with its reason.
 
 // GuardInterval is how often the guard samples the host cgroups. A fork bomb
 // grows the host cost by ~150 MiB/s here, well inside the headroom below.
