@@ -263,7 +263,7 @@ func (d *Driver) defuse(ctx context.Context, id string) (int, error) {
 	n := 0
 	var errs []error
 	for _, pg := range groups[:min(len(groups), maxGroupKills)] {
-		if err := d.runsc(ctx, "kill", "--pgid", strconv.Itoa(pg), cid, "KILL"); err != nil {
+		if err := d.runsc(ctx, "kill", "--pgid", strconv.Itoa(pg), cid, "KILL"); err != nil && !partlySignalled(err) {
 			errs = append(errs, err)
 			continue
 		}
@@ -274,6 +274,15 @@ func (d *Driver) defuse(ctx context.Context, id string) (int, error) {
 		return 0, fmt.Errorf("no process group of the sandbox's commands was killed (%d processes): %w", len(ps), errors.Join(errs...))
 	}
 	return n, nil
+}
+
+// partlySignalled reports whether a failed `runsc kill --pgid` reached the
+// group anyway: the sentry signals each member and reports ESRCH ("no such
+// process") when one was exiting meanwhile, which under a fork bomb is
+// nearly always; a group that is gone is "no such process group".
+func partlySignalled(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "no such process") && !strings.Contains(msg, "no such process group")
 }
 
 func (d *Driver) runscOutput(ctx context.Context, args ...string) ([]byte, error) {

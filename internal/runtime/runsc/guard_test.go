@@ -1,6 +1,7 @@
 package runsc
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -72,6 +73,21 @@ func TestTargetGroups(t *testing.T) {
 	for _, bad := range []string{"UID PID PPID C TTY STIME TIME CMD\n0 1 0 0 ? 19:39 0s envd\n", header + "0 x 1 1 1 ? 19:39 0s sh\n"} {
 		if _, err := parsePS([]byte(bad)); err == nil {
 			t.Errorf("parsePS accepted %q", bad)
+		}
+	}
+}
+
+func TestPartlySignalled(t *testing.T) {
+	for _, tc := range []struct {
+		msg  string
+		want bool
+	}{
+		{`runsc kill: exit status 128: failed to signal process group 22: signaling container "c" PGID 22: signaling process group 22: no such process`, true},
+		{`runsc kill: exit status 128: failed to signal process group 22: signaling container "c" PGID 22: signaling process group 22: no such process group with PGID 22`, false},
+		{`runsc kill: exit status 128: connecting to control server: connection refused`, false},
+	} {
+		if got := partlySignalled(errors.New(tc.msg)); got != tc.want {
+			t.Errorf("partlySignalled(%q) = %v, want %v", tc.msg, got, tc.want)
 		}
 	}
 }
