@@ -527,6 +527,8 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	go mgr.Run(runCtx)
 	defer runAudit(runCtx, mgr.Audit())() // audit.go
 	startSyscallAudit(runCtx, mgr, bundles, c.Instance, log)
+	// The host-side guards: hostguard.go.
+	startHostGuards(runCtx, rt)
 	if err := startKube(runCtx, c.Kube, mgr, rt, templates, st, c, log); err != nil { // serve_kube.go
 		return err
 	}

@@ -7,6 +7,10 @@ import "context"
 type LimitCounters struct {
 	OOMKills uint64 // processes killed because the memory limit was reached
 	PIDsMax  uint64 // forks refused because the pids limit was reached
+	// GuardKills counts the times the host-side guard killed the
+	// sandbox's user processes because its host memory neared the limit
+	// (gVisor: internal/runtime/runsc/guard.go).
+	GuardKills uint64
 }
 
 // LimitReporter is implemented by drivers that can tell when a sandbox hit

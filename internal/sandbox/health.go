@@ -199,6 +199,10 @@ func (m *Manager) limitCounters(ctx context.Context, sb *Sandbox, c runtime.Limi
 		reason := fmt.Sprintf("process limit: %d fork/clone call(s) failed because the sandbox already runs its limit of %d processes and threads; wait for processes to end, kill runaway ones, or create the sandbox with a larger pids (team quota %d)", n, sb.PIDs, m.quotaOf(ctx, sb.TeamID).PIDs)
 		m.auditLimit(ctx, sb, "pids", reason, map[string]any{"refused": n, "pids": sb.PIDs})
 	}
+	if n := c.GuardKills - last.GuardKills; c.GuardKills > last.GuardKills {
+		reason := fmt.Sprintf("host memory guard: the sandbox's cost on the host (its processes' memory plus, under gvisor, a host process and kernel memory per address space) neared its memory limit of %d MiB, so the server killed the command with the most processes (%d time(s)) before the host's OOM killer stopped the whole sandbox; the sandbox, its files and its other commands remain. A fork bomb or a program that starts processes without bound does this: bound the processes it starts, or create the sandbox with a larger memoryMB (team quota %d MiB)", sb.MemoryMB, n, m.quotaOf(ctx, sb.TeamID).MemoryMB)
+		m.auditLimit(ctx, sb, "host-memory", reason, map[string]any{"killed": n, "memoryMB": sb.MemoryMB})
+	}
 }
 
 // diskFull reports whether a writable disk is used up: under 2 MiB free,

@@ -27,9 +27,10 @@ func options() bundle.Options {
 // has a stub process on the host, a host pid and a few hundred KiB of the
 // host cgroup's memory, which stay after many tasks have ended and been
 // reaped: the host cost follows the peak of tasks, not their count now. A
-// fork bomb in gVisor still reaches the host cgroup's memory limit, and the
-// host's OOM killer then ends the sentry, and the sandbox with it. A lower
-// host pids limit does not help: the sentry's own threads share it, and a
+// fork bomb in gVisor would reach the host cgroup's memory limit, and the
+// host's OOM killer would end the sentry, and the sandbox with it: the
+// server's host memory guard (guard.go) kills the bomb first. A lower host
+// pids limit does not help: the sentry's own threads share it, and a
 // sentry that cannot make one ends (Go's newosproc).
 func harden(s *specs.Spec) {
 	var pidsLimit, memLimit int64
