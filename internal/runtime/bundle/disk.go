@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,11 +43,17 @@ func diskImageName(mb int, version string) string {
 	return "ext4-" + strconv.Itoa(mb) + "m" + version + ".img"
 }
 
-// diskImageVersion is the current format's suffix: "-noresize", without
+// diskImageVersion is the current format's suffix: "-layers", without
 // the reserved GDT blocks of online growth (resize_inode), which no sandbox
-// disk ever does; they were 4 MiB of data in each sandbox's copy of a
-// 10 GiB image, and now it is about 200 KiB.
-const diskImageVersion = "-noresize"
+// disk ever does (they were 4 MiB of data in each sandbox's copy of a
+// 10 GiB image, and now it is about 200 KiB), and with the overlay's upper
+// and work dirs made and lost+found removed at format time, so a create
+// writes no directory blocks into its fresh disk.
+const diskImageVersion = "-layers"
+
+// diskImageOldVersions are the suffixes of earlier formats, removed once
+// the current one is made.
+var diskImageOldVersions = [...]string{"", "-noresize"}
 
 // diskImage returns the path of the formatted empty image of mb MiB,
 // formatting it the first time.
@@ -77,11 +84,49 @@ func (s *Store) diskImage(ctx context.Context, mb int) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("format %d MiB disk image: %w: %s", mb, err, out)
 	}
+	if err := prepareLayerDirs(tmp.Name()); err != nil {
+		return "", fmt.Errorf("format %d MiB disk image: %w", mb, err)
+	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		return "", err
 	}
-	_ = os.Remove(filepath.Join(s.cfg.DiskImageDir, diskImageName(mb, ""))) // the first format's
+	for _, v := range diskImageOldVersions {
+		_ = os.Remove(filepath.Join(s.cfg.DiskImageDir, diskImageName(mb, v)))
+	}
 	return path, nil
+}
+
+// prepareLayerDirs mounts the freshly formatted image file, makes the
+// overlay's upper and work dirs on it and removes lost+found (which would
+// show up in the sandbox's / through the upper dir), once per image
+// instead of once per sandbox.
+func prepareLayerDirs(file string) error {
+	mnt, err := os.MkdirTemp(filepath.Dir(file), ".mnt-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(mnt)
+	dev, f, err := attachLoop(file)
+	if err != nil {
+		return err
+	}
+	err = unix.Mount(dev, mnt, "ext4", unix.MS_NOSUID|unix.MS_NODEV, "")
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("mount %s: %w", dev, err)
+	}
+	for _, sub := range []string{"upper", "work"} {
+		if err = os.Mkdir(filepath.Join(mnt, sub), 0o755); err != nil {
+			break
+		}
+	}
+	if err == nil {
+		err = os.Remove(filepath.Join(mnt, "lost+found"))
+	}
+	if uerr := Unmount(mnt); err == nil {
+		err = uerr
+	}
+	return err
 }
 
 // sparseCopy copies src to dst, keeping holes as holes.
@@ -195,14 +240,18 @@ func (s *Store) mountDisk(ctx context.Context, dir string, mb int) error {
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", dev, err)
 	}
+	// The image has the dirs already (prepareLayerDirs); an image made
+	// by hand without them still works, at the cost of the writes.
 	for _, sub := range []string{"upper", "work"} {
-		if err := os.Mkdir(filepath.Join(mnt, sub), 0o755); err != nil {
+		if err := os.Mkdir(filepath.Join(mnt, sub), 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 			_ = Unmount(mnt)
 			return err
 		}
 	}
-	// lost+found would show up in the sandbox's / through the overlay upper.
-	_ = os.Remove(filepath.Join(mnt, "lost+found"))
+	if err := os.Remove(filepath.Join(mnt, "lost+found")); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		_ = Unmount(mnt)
+		return fmt.Errorf("remove lost+found from the disk: %w", err)
+	}
 	return nil
 }
 
