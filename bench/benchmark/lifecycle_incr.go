@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -35,7 +36,7 @@ func imageBytes(dir string) (int64, error) {
 func dirtyTracking(ctx context.Context, criu string) (bool, string) {
 	out, err := exec.CommandContext(ctx, criu, "check", "--feature", "mem_dirty_track").CombinedOutput()
 	if err != nil {
-		return false, "criu check --feature mem_dirty_track: " + lastLine(string(out))
+		return false, "CRIU: " + criuMessage(lastLine(string(out)))
 	}
 	return true, ""
 }
@@ -64,3 +65,11 @@ func incrementalRows(w io.Writer, mb int, written []int64, pause []time.Duration
 }
 
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+// criuMessage drops CRIU's "Warn  (criu/cr-check.c:824): " source prefix.
+func criuMessage(line string) string {
+	if i := strings.Index(line, "): "); i >= 0 && strings.Contains(line[:i], "(criu/") {
+		return line[i+3:]
+	}
+	return line
+}

@@ -60,3 +60,15 @@ func TestIncrementalRows(t *testing.T) {
 		})
 	}
 }
+
+func TestCRIUMessage(t *testing.T) {
+	for in, want := range map[string]string{
+		"Warn  (criu/cr-check.c:824): Dirty tracking is OFF. Memory snapshot will not work.": "Dirty tracking is OFF. Memory snapshot will not work.",
+		"Looks good.":         "Looks good.",
+		"exit (code 1): oops": "exit (code 1): oops",
+	} {
+		if got := criuMessage(in); got != want {
+			t.Errorf("criuMessage(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
