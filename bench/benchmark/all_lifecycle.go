@@ -22,7 +22,7 @@ func lifecycleRows(ctx context.Context, a *allRun) []TargetRow {
 			rows = append(rows, failed(6, pauseFig, fmt.Errorf("raw criu: %w", ferr)), failed(6, resumeFig, fmt.Errorf("raw criu: %w", ferr)))
 			continue
 		}
-		pause, resume, first, _, _, err := pauseResume(ctx, a.c, cfg, mb)
+		pause, resume, first, _, _, _, err := pauseResume(ctx, a.c, cfg, mb)
 		if err != nil {
 			rows = append(rows, failed(6, pauseFig, err), failed(6, resumeFig, err))
 			continue

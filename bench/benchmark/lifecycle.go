@@ -68,7 +68,7 @@ func RunLifecycle(ctx context.Context, cfg LifecycleConfig, w io.Writer, log *sl
 		if ferr != nil {
 			log.Warn("raw criu floor", "err", ferr)
 		}
-		pause, resume, first, inCRIU, inRestore, err := pauseResume(ctx, c, cfg, mb)
+		pause, resume, first, inCRIU, inRestore, written, err := pauseResume(ctx, c, cfg, mb)
 		if err != nil {
 			fmt.Fprintf(tw, "pause/resume %d MB resident\terror: %s\t\t\n", mb, firstLine(err.Error()))
 			continue
@@ -98,6 +98,8 @@ func RunLifecycle(ctx context.Context, cfg LifecycleConfig, w io.Writer, log *sl
 			fmt.Fprintf(tw, "resume %d MB against CRIU's restore of the same tree (target ≤1.3x)\t%s\t%s\t%s\n", mb, round(pct(resume, 50)), round(pct(inRestore, 50)), ratio(pct(resume, 50), pct(inRestore, 50)))
 		}
 		fmt.Fprintf(tw, "resume %d MB → first command answered (p50/p95)\t%s\t\t\n", mb, pair(pct(first, 50), pct(first, 95)))
+		tracking, why := dirtyTracking(ctx, cfg.CRIU)
+		incrementalRows(tw, mb, written, pause, tracking, why)
 		lazyRows(ctx, tw, c, cfg, mb, restore, ferr)
 	}
 
@@ -152,42 +154,47 @@ func apiJSON(ctx context.Context, cfg LifecycleConfig, method, path string, body
 
 // pauseResume creates a sandbox whose python3 holds mb MiB, then pauses and
 // resumes it cfg.Cycles times; first is resume start → a command answered.
-func pauseResume(ctx context.Context, c *wire.Client, cfg LifecycleConfig, mb int) (pause, resume, first, inCRIU, inRestore []time.Duration, err error) {
+func pauseResume(ctx context.Context, c *wire.Client, cfg LifecycleConfig, mb int) (pause, resume, first, inCRIU, inRestore []time.Duration, written []int64, err error) {
 	var sb wire.Sandbox
 	if err := apiJSON(ctx, cfg, http.MethodPost, "/v2/sandboxes", map[string]any{"templateID": cfg.Template, "timeout": 1200, "memoryMB": max(512, 2*mb), "metadata": map[string]string{"bench": "lifecycle"}}, &sb); err != nil {
-		return nil, nil, nil, nil, nil, err
+		return nil, nil, nil, nil, nil, nil, err
 	}
 	defer func() { _ = c.Kill(context.WithoutCancel(ctx), sb.SandboxID) }()
 	hog := fmt.Sprintf(memHog, mb)
 	if _, err := c.Run(ctx, &sb, "", fmt.Sprintf("nohup python3 -c %q /tmp/ready >/dev/null 2>&1 &", hog)); err != nil {
-		return nil, nil, nil, nil, nil, err
+		return nil, nil, nil, nil, nil, nil, err
 	}
 	if err := waitReady(ctx, c, &sb); err != nil {
-		return nil, nil, nil, nil, nil, err
+		return nil, nil, nil, nil, nil, nil, err
 	}
 	for range cfg.Cycles {
 		t := time.Now()
 		if err := apiJSON(ctx, cfg, http.MethodPost, "/sandboxes/"+sb.SandboxID+"/pause", nil, nil); err != nil {
-			return nil, nil, nil, nil, nil, err
+			return nil, nil, nil, nil, nil, nil, err
 		}
 		pause = append(pause, time.Since(t))
+		if img := newestFile(cfg.ImageDir, "checkpoint"); img != "" {
+			if n, err := imageBytes(img); err == nil {
+				written = append(written, n)
+			}
+		}
 		if d, ok := lastCRIULog(cfg.ImageDir, filepath.Join("criu-work", "dump.log")); ok {
 			inCRIU = append(inCRIU, d)
 		}
 		t = time.Now()
 		if err := apiJSON(ctx, cfg, http.MethodPost, "/v2/sandboxes/"+sb.SandboxID+"/connect", map[string]any{"timeout": 1200}, nil); err != nil {
-			return nil, nil, nil, nil, nil, err
+			return nil, nil, nil, nil, nil, nil, err
 		}
 		resume = append(resume, time.Since(t))
 		if d, ok := lastCRIULog(cfg.ImageDir, "criu-restore.log"); ok {
 			inRestore = append(inRestore, d)
 		}
 		if r, err := c.Run(ctx, &sb, "", "cat /tmp/ready"); err != nil || r.Stdout != "1" {
-			return nil, nil, nil, nil, nil, fmt.Errorf("first command after resume: %v (stdout %q)", err, r.Stdout)
+			return nil, nil, nil, nil, nil, nil, fmt.Errorf("first command after resume: %v (stdout %q)", err, r.Stdout)
 		}
 		first = append(first, time.Since(t))
 	}
-	return pause, resume, first, inCRIU, inRestore, nil
+	return pause, resume, first, inCRIU, inRestore, written, nil
 }
 
 func waitReady(ctx context.Context, c *wire.Client, sb *wire.Sandbox) error {
