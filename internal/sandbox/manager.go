@@ -73,7 +73,7 @@ type Manager struct {
 	client    *http.Client // every envd call (envd.go), directly, not through the gateway
 	audit     *audit.Log   // nil: no audit log
 	vols      Volumes      // nil: no volume mounts (volumes.go)
-	limits    limitWatch   // last seen OOM/pids/disk counters per sandbox
+	limits    *limits      // OOM/pids/disk counters, own lock (limits.go)
 	disk      DiskGuard    // nil: disks are not guarded (diskguard.go)
 
 	mu        sync.Mutex
@@ -100,13 +100,15 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 			return nil, err
 		}
 	}
-	return &Manager{
+	m := &Manager{
 		cfg: cfg, log: log, store: st, rt: rt, net: nw, templates: tpl, secret: secret, obs: noObserver{},
 		client:    envdclient.NewHTTPClient(),
 		sandboxes: map[string]*Sandbox{},
 		samples:   newSamples(),
 		idle:      newIdleState(),
-	}, nil
+	}
+	m.limits = newLimits(log, rt, m.Audit, m.Running, m.quotaOf)
+	return m, nil
 }
 
 // Token returns the envd access token of sandbox id.
