@@ -75,7 +75,6 @@ type LifecycleConfig struct {
 // lifecycle is the manager's lifecycle state; guarded by Manager.mu.
 type lifecycle struct {
 	cfg    LifecycleConfig
-	pools  map[string]*pool // by template id
 	snaps  *snapshotStore
 	lastGC time.Time
 	// createSlots admits cold creates into host setup (admission.go).
@@ -94,9 +93,7 @@ func (m *Manager) EnableLifecycle(cfg LifecycleConfig) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.life.cfg = cfg
-	if cfg.PoolMax == 0 {
-		m.life.cfg.PoolMax = 32
-	}
+	m.pools.configure(cfg.Pools, cfg.PoolMax)
 	if cfg.SnapshotDir != "" {
 		st, err := openSnapshotStore(cfg.SnapshotDir, m.log)
 		if err != nil {
@@ -489,7 +486,7 @@ func (m *Manager) reconcileLifecycle(ctx context.Context, sb *Sandbox, adopted m
 		}
 	}
 	running := stErr == nil && st == runtime.StatusRunning
-	if sb.TeamID == poolTeam && !m.pooled(ctx, sb.TemplateID) {
+	if sb.TeamID == poolTeam && !m.pools.configured(ctx, sb.TemplateID) {
 		// Its pool is no longer configured: drain it.
 		sb.State = StateKilling
 		_ = m.destroy(ctx, sb, "warm pool no longer configured")

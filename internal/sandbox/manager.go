@@ -74,6 +74,7 @@ type Manager struct {
 	audit     *audit.Log   // nil: no audit log
 	vols      Volumes      // nil: no volume mounts (volumes.go)
 	limits    *limits      // OOM/pids/disk counters, own lock (limits.go)
+	pools     *WarmPools   // warm pools, own lock (pool.go)
 	disk      DiskGuard    // nil: disks are not guarded (diskguard.go)
 
 	mu        sync.Mutex
@@ -107,6 +108,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 		samples:   newSamples(),
 		idle:      newIdleState(),
 	}
+	m.pools = newWarmPools(tpl, m.readyWarm)
 	m.limits = newLimits(log, rt, m.Audit, m.Running, m.quotaOf)
 	return m, nil
 }
@@ -139,7 +141,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		b.snap, b.tplID = snap, snap.ID
 		return m.run(ctx, restoreSnapshot(), b)
 	}
-	if m.poolFits(req) {
+	if m.pools.fits(req) {
 		b := newBuild("claim", req)
 		sb, err := m.run(ctx, claimPooled(), b)
 		switch {
