@@ -77,15 +77,6 @@ type lifecycle struct {
 	cfg    LifecycleConfig
 	snaps  *snapshotStore
 	lastGC time.Time
-	// createSlots admits cold creates into host setup (admission.go).
-	createSlots chan struct{}
-	// forkSlots admits the copies of forks into their restore (forkslots.go).
-	forkSlots chan struct{}
-	// reserved counts creates in flight per team for maxSandboxes (quota.go).
-	reserved map[string]int
-	// builds holds the template builds in progress (build ID -> team): each
-	// counts against its team's maxBuilds and maxSandboxes (quota.go).
-	builds map[string]string
 }
 
 // EnableLifecycle configures lifecycle features. Call before Reconcile.

@@ -75,7 +75,7 @@ type Manager struct {
 	vols      Volumes      // nil: no volume mounts (volumes.go)
 	limits    *limits      // OOM/pids/disk counters, own lock (limits.go)
 	pools     *WarmPools   // warm pools, own lock (pool.go)
-	disk      DiskGuard    // nil: disks are not guarded (diskguard.go)
+	admission *admission   // quota, slots, disk guard; own lock (admission.go)
 
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
@@ -109,7 +109,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 		idle:      newIdleState(),
 	}
 	m.pools = newWarmPools(tpl, m.readyWarm)
-	m.limits = newLimits(log, rt, m.Audit, m.Running, m.quotaOf)
+	m.admission = newAdmission(log, cfg.Quota, st, m.teamHeld)
+	m.limits = newLimits(log, rt, m.Audit, m.Running, m.admission.quotaOf)
 	return m, nil
 }
 

@@ -95,7 +95,7 @@ func (m *Manager) runPause(ctx context.Context, steps []pauseStep, op *pauseOp) 
 // one that would write an image onto a full data disk.
 func (m *Manager) pauseCheck(ctx context.Context, op *pauseOp) error {
 	if !op.expired { // an auto-pause tries anyway: refusing it would end the sandbox
-		if err := m.admitDisk("pause a sandbox"); err != nil {
+		if err := m.admission.admitDisk("pause a sandbox"); err != nil {
 			return err
 		}
 	}

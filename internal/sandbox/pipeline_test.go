@@ -105,11 +105,11 @@ func (e *fakeEnv) noLeaks(t *testing.T, keep ...string) {
 	if !slices.Equal(live, keepSorted) {
 		t.Errorf("live sandboxes %v, want %v", live, keepSorted)
 	}
-	if len(e.m.life.reserved) != 0 {
-		t.Errorf("maxSandboxes reservations left: %v", e.m.life.reserved)
+	if len(e.m.admission.reserved) != 0 {
+		t.Errorf("maxSandboxes reservations left: %v", e.m.admission.reserved)
 	}
-	if e.m.life.createSlots != nil && len(e.m.life.createSlots) != 0 {
-		t.Errorf("%d create slots still held", len(e.m.life.createSlots))
+	if e.m.admission.createSlots != nil && len(e.m.admission.createSlots) != 0 {
+		t.Errorf("%d create slots still held", len(e.m.admission.createSlots))
 	}
 }
 

@@ -142,7 +142,7 @@ func TestWarmClaimTakesNoCreateSlot(t *testing.T) {
 		}
 	}
 	for range createSlots(runtime.GOMAXPROCS(0)) {
-		release, err := e.m.createSlot(ctx)
+		release, err := e.m.admission.createSlot(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -271,7 +271,7 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden,
 	if snaps == nil {
 		return nil, fmt.Errorf("snapshots are not enabled on this server: %w", errdefs.ErrUnavailable)
 	}
-	if err := m.admitDisk("snapshot a sandbox"); err != nil {
+	if err := m.admission.admitDisk("snapshot a sandbox"); err != nil {
 		return nil, err
 	}
 	ck, err := m.checkpointer()
