@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/agentbox/agentbox/internal/audit"
+	"github.com/agentbox/agentbox/internal/envdclient"
 	"github.com/agentbox/agentbox/internal/runtime"
 )
 
@@ -42,35 +43,50 @@ func (m *Manager) auditLifecycle(ctx context.Context, sb *Sandbox, action, decis
 		Action: action, Decision: decision, Reason: reason, Fields: fields})
 }
 
+// health checks that every running sandbox's container runs and its envd
+// answers, and paces the limit checks (limits.go). What it needs of the
+// manager comes in as function fields: the running sandboxes, their envd
+// clients, and what to do with a verdict (setHealth, endIfDead), which
+// stay with the records.
+type health struct {
+	rt       runtime.Runtime
+	interval time.Duration
+	limits   *limits
+	running  func() []*Sandbox
+	envd     func(*Sandbox) *envdclient.Client
+	// set records the verdict ("" healthy, else why not) of sandbox id.
+	set func(ctx context.Context, id, reason string)
+	// dead reconciles a sandbox that failed its check with the host.
+	dead func(ctx context.Context, sb *Sandbox)
+}
+
 // watch checks envd health and limit counters until ctx ends.
-func (m *Manager) watch(ctx context.Context) {
-	health := time.NewTicker(m.cfg.HealthInterval)
+func (h *health) watch(ctx context.Context) {
+	healthTick := time.NewTicker(h.interval)
 	limits := time.NewTicker(limitInterval)
-	defer health.Stop()
+	defer healthTick.Stop()
 	defer limits.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-health.C:
-			m.checkHealth(ctx)
+		case <-healthTick.C:
+			h.check(ctx)
 		case <-limits.C:
-			m.limits.check(ctx)
+			h.limits.check(ctx)
 		}
 	}
 }
 
-// CheckHealth runs one health pass now (tests, and the API on demand).
-func (m *Manager) CheckHealth(ctx context.Context) { m.checkHealth(ctx) }
-
-func (m *Manager) checkHealth(ctx context.Context) {
+// check runs one health pass over the running sandboxes.
+func (h *health) check(ctx context.Context) {
 	var wg sync.WaitGroup
-	for _, sb := range m.Running() {
+	for _, sb := range h.running() {
 		wg.Go(func() {
-			reason := m.probe(ctx, sb)
-			m.setHealth(ctx, sb.ID, reason)
+			reason := h.probe(ctx, sb)
+			h.set(ctx, sb.ID, reason)
 			if reason != "" {
-				m.endIfDead(ctx, sb) // reconcile.go
+				h.dead(ctx, sb) // reconcile.go
 			}
 		})
 	}
@@ -78,8 +94,8 @@ func (m *Manager) checkHealth(ctx context.Context) {
 }
 
 // probe returns "" when the sandbox is healthy, else why not.
-func (m *Manager) probe(ctx context.Context, sb *Sandbox) string {
-	st, err := m.rt.State(ctx, sb.ID)
+func (h *health) probe(ctx context.Context, sb *Sandbox) string {
+	st, err := h.rt.State(ctx, sb.ID)
 	switch {
 	case err != nil:
 		return "the sandbox's container is gone (" + err.Error() + "); kill it and create a new one"
@@ -88,7 +104,7 @@ func (m *Manager) probe(ctx context.Context, sb *Sandbox) string {
 	case st != runtime.StatusRunning:
 		return "the sandbox's container has stopped: its init process (envd) or a process running it (gVisor's sentry or gofer, the microVM's QEMU) exited or was killed, e.g. by the host's OOM killer; files and processes are lost, kill it and create a new one"
 	}
-	c := m.envdOf(sb)
+	c := h.envd(sb)
 	if err := c.Health(ctx); err != nil {
 		return fmt.Sprintf("envd (the in-sandbox agent) does not answer on %s/health: %v; the sandbox cannot run commands or serve files", c.URL(), err)
 	}

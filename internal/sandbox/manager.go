@@ -76,6 +76,7 @@ type Manager struct {
 	limits    *limits      // OOM/pids/disk counters, own lock (limits.go)
 	pools     *WarmPools   // warm pools, own lock (pool.go)
 	admission *admission   // quota, slots, disk guard; own lock (admission.go)
+	health    *health      // envd and container checks (health.go)
 
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
@@ -111,6 +112,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 	m.pools = newWarmPools(tpl, m.readyWarm)
 	m.admission = newAdmission(log, cfg.Quota, st, m.teamHeld)
 	m.limits = newLimits(log, rt, m.Audit, m.Running, m.admission.quotaOf)
+	m.health = &health{rt: rt, interval: cfg.HealthInterval, limits: m.limits, running: m.Running, envd: m.envdOf, set: m.setHealth, dead: m.endIfDead}
 	return m, nil
 }
 
@@ -467,7 +469,7 @@ func (m *Manager) Run(ctx context.Context) {
 	defer reap.Stop()
 	defer sample.Stop()
 	m.sample(ctx)
-	go m.watch(ctx)
+	go m.health.watch(ctx)
 	for {
 		select {
 		case <-ctx.Done():

@@ -567,7 +567,7 @@ func TestReapAndHealth(t *testing.T) {
 	e := newFakeEnv(t, LifecycleConfig{})
 	dead := e.create(t, e.req())
 	e.h.Runtime.Stop(dead.ID)
-	e.m.CheckHealth(ctx)
+	e.m.health.check(ctx)
 	if got, _ := e.m.Get(ctx, e.team, dead.ID); got.Health != HealthError || !strings.Contains(got.HealthReason, "stopped") {
 		t.Fatalf("health of a stopped sandbox: %q %q", got.Health, got.HealthReason)
 	}
