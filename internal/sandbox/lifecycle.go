@@ -74,9 +74,8 @@ type LifecycleConfig struct {
 
 // lifecycle is the manager's lifecycle state; guarded by Manager.mu.
 type lifecycle struct {
-	cfg    LifecycleConfig
-	snaps  *snapshotStore
-	lastGC time.Time
+	cfg   LifecycleConfig
+	snaps *snapshotStore
 }
 
 // EnableLifecycle configures lifecycle features. Call before Reconcile.
@@ -455,7 +454,7 @@ func (m *Manager) reapLifecycle(ctx context.Context, now time.Time) {
 		}()
 	}
 	m.poolTick(ctx, now)
-	m.snapshotGC(ctx)
+	m.snapshots.tick(ctx)
 }
 
 // reconcileLifecycle settles a record found at start. It returns true when

@@ -77,6 +77,7 @@ type Manager struct {
 	pools     *WarmPools   // warm pools, own lock (pool.go)
 	admission *admission   // quota, slots, disk guard; own lock (admission.go)
 	health    *health      // envd and container checks (health.go)
+	snapshots *snapshots   // the snapshot catalogue and its collection (snapshot.go)
 
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
@@ -112,6 +113,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 	m.pools = newWarmPools(tpl, m.readyWarm)
 	m.admission = newAdmission(log, cfg.Quota, st, m.teamHeld)
 	m.limits = newLimits(log, rt, m.Audit, m.Running, m.admission.quotaOf)
+	m.snapshots = &snapshots{log: log, store: func() *snapshotStore { return m.life.snaps }, inUse: m.baseSnapshots}
 	m.health = &health{rt: rt, interval: cfg.HealthInterval, limits: m.limits, running: m.Running, envd: m.envdOf, set: m.setHealth, dead: m.endIfDead}
 	return m, nil
 }
@@ -139,7 +141,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		}
 		return m.run(ctx, coldStart(), newBuild("create", req))
 	}
-	if snap, ok := m.teamSnapshot(req.TeamID, req.Template); ok {
+	if snap, ok := m.snapshots.team(req.TeamID, req.Template); ok {
 		b := newBuild("restore", req)
 		b.snap, b.tplID = snap, snap.ID
 		return m.run(ctx, restoreSnapshot(), b)

@@ -374,7 +374,7 @@ func (m *Manager) resolveSnapshot(ctx context.Context, b *build) error {
 	sb.TemplateID, sb.Alias = b.tplID, snap.Alias
 	m.fillFromRequest(sb, req, mergeEnv(snap.EnvVars, req.EnvVars), limits, isolation, cmdLife)
 	// After fillFromRequest, which sets the whole Lifecycle: the snapshot's
-	// layers stay while the sandbox lives (snapshotGC).
+	// layers stay while the sandbox lives (snapshots.gc).
 	sb.BaseSnapshot = snap.ID
 	sb.Metadata = b.req.Metadata
 	sb.DefaultUser, sb.DefaultWorkdir = snap.DefaultUser, snap.DefaultWorkdir
