@@ -78,6 +78,7 @@ type Manager struct {
 	admission *admission   // quota, slots, disk guard; own lock (admission.go)
 	health    *health      // envd and container checks (health.go)
 	snapshots *snapshots   // the snapshot catalogue and its collection (snapshot.go)
+	metering  *metering    // usage to the meter (usage.go)
 
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
@@ -89,7 +90,6 @@ type Manager struct {
 	// an error fails the build there, as if the step had failed.
 	stepHook func(path, step string) error
 	obs      Observer     // measurements (SetObserver); never nil
-	meter    Meter        // usage (SetMeter); nil: not metered
 	tracer   trace.Tracer // start pipelines (SetTracer); nil: not traced
 }
 
@@ -114,6 +114,13 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 	m.admission = newAdmission(log, cfg.Quota, st, m.teamHeld)
 	m.limits = newLimits(log, rt, m.Audit, m.Running, m.admission.quotaOf)
 	m.snapshots = &snapshots{log: log, store: func() *snapshotStore { return m.life.snaps }, inUse: m.baseSnapshots}
+	m.metering = &metering{rt: rt, snaps: m.snapshots.store, each: func(f func(*Sandbox)) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		for _, sb := range m.sandboxes {
+			f(sb)
+		}
+	}}
 	m.health = &health{rt: rt, interval: cfg.HealthInterval, limits: m.limits, running: m.Running, envd: m.envdOf, set: m.setHealth, dead: m.endIfDead}
 	return m, nil
 }
@@ -294,7 +301,7 @@ func (m *Manager) Kill(ctx context.Context, teamID, id string) error {
 	snapshot := clone(sb)
 	m.mu.Unlock()
 	if running {
-		m.meterLast(ctx, snapshot)
+		m.metering.last(ctx, snapshot)
 	}
 	return m.destroy(context.WithoutCancel(ctx), snapshot, "killed")
 }

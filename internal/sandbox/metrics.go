@@ -39,7 +39,7 @@ func (m *Manager) sample(ctx context.Context) {
 		m.samples.record(sb, st)
 		stats[sb.ID] = st
 	}
-	m.meterTick(ctx, stats)
+	m.metering.tick(ctx, stats)
 }
 
 // samples keeps the last hour of every running sandbox's metric samples,

@@ -127,7 +127,7 @@ func (m *Manager) persistPausing(ctx context.Context, op *pauseOp) error {
 
 // pauseMeter meters the usage up to the pause.
 func (m *Manager) pauseMeter(ctx context.Context, op *pauseOp) error {
-	m.meterLast(ctx, op.prev)
+	m.metering.last(ctx, op.prev)
 	return nil
 }
 
