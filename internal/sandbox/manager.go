@@ -79,6 +79,7 @@ type Manager struct {
 	health    *health      // envd and container checks (health.go)
 	snapshots *snapshots   // the snapshot catalogue and its collection (snapshot.go)
 	metering  *metering    // usage to the meter (usage.go)
+	sampler   *sampler     // stats sampling at each tick (metrics.go)
 
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
@@ -121,6 +122,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 			f(sb)
 		}
 	}}
+	m.sampler = &sampler{log: log, rt: rt, running: m.Running, samples: m.samples, metering: m.metering}
 	m.health = &health{rt: rt, interval: cfg.HealthInterval, limits: m.limits, running: m.Running, envd: m.envdOf, set: m.setHealth, dead: m.endIfDead}
 	return m, nil
 }
@@ -477,7 +479,7 @@ func (m *Manager) Run(ctx context.Context) {
 	sample := time.NewTicker(m.cfg.SampleInterval)
 	defer reap.Stop()
 	defer sample.Stop()
-	m.sample(ctx)
+	m.sampler.tick(ctx)
 	go m.health.watch(ctx)
 	for {
 		select {
@@ -486,7 +488,7 @@ func (m *Manager) Run(ctx context.Context) {
 		case <-reap.C:
 			m.reap(ctx)
 		case <-sample.C:
-			m.sample(ctx)
+			m.sampler.tick(ctx)
 		}
 	}
 }
