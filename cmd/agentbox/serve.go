@@ -482,7 +482,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	}
 	mgr.SetAudit(audit.New(st, append(auditOpts, audit.WithLogger(log))...))
 	mgr.SetDiskGuard(disk)
-	mets := metrics.New(mgr)
+	mets := metrics.New(metricSource{mgr})
 	mets.SetMaxSandboxSeries(c.MetricsMaxSB)
 	mgr.SetObserver(mets)
 	tracer, stopTracing, err := tracing.Setup(ctx, os.Getenv) // off unless OTEL_* ask

@@ -234,7 +234,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 // pools reports the warm pools (agentbox extension) as the caller's team
 // may see them: configuration and its own claims, nothing other teams did.
 func (s *Server) pools(w http.ResponseWriter, r *http.Request) {
-	pools := s.mgr.TeamPools(keyOf(r.Context()).TeamID)
+	pools := s.mgr.Pools().Team(keyOf(r.Context()).TeamID)
 	out := make([]rest.PoolStats, 0, len(pools))
 	for _, p := range pools {
 		out = append(out, poolStats(p))

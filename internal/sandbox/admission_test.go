@@ -16,20 +16,20 @@ func TestCreateSlots(t *testing.T) {
 }
 
 func TestCreateSlot(t *testing.T) {
-	m := &Manager{}
-	rel, err := m.createSlot(context.Background())
+	a := &admission{}
+	rel, err := a.createSlot(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	rel()
-	if got, want := cap(m.life.createSlots), createSlots(goruntime.GOMAXPROCS(0)); got != want {
+	if got, want := cap(a.createSlots), createSlots(goruntime.GOMAXPROCS(0)); got != want {
 		t.Fatalf("%d slots, want %d", got, want)
 	}
 
-	m.life.createSlots = make(chan struct{}, 2)
+	a.createSlots = make(chan struct{}, 2)
 	var held []func()
 	for range 2 {
-		rel, err := m.createSlot(context.Background())
+		rel, err := a.createSlot(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -37,11 +37,11 @@ func TestCreateSlot(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := m.createSlot(ctx); !errors.Is(err, context.Canceled) {
+	if _, err := a.createSlot(ctx); !errors.Is(err, context.Canceled) {
 		t.Fatalf("all slots taken, context cancelled: err = %v, want context.Canceled", err)
 	}
 	held[0]() // one create finishes
-	rel, err = m.createSlot(context.Background())
+	rel, err = a.createSlot(context.Background())
 	if err != nil {
 		t.Fatalf("the freed slot: %v", err)
 	}

@@ -176,8 +176,8 @@ func TestAdmitBuild(t *testing.T) {
 		}
 		release()
 		e.noLeaks(t)
-		if len(e.m.life.builds) != 0 {
-			t.Errorf("builds still admitted: %v", e.m.life.builds)
+		if len(e.m.admission.builds) != 0 {
+			t.Errorf("builds still admitted: %v", e.m.admission.builds)
 		}
 	})
 
@@ -220,8 +220,8 @@ func TestAdmitBuild(t *testing.T) {
 		if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "memoryMB: 1024 MiB is over the team quota of 512 MiB") {
 			t.Fatalf("build asking over the quota: %v", err)
 		}
-		if len(e.m.life.builds) != 0 {
-			t.Errorf("a refused build is admitted: %v", e.m.life.builds)
+		if len(e.m.admission.builds) != 0 {
+			t.Errorf("a refused build is admitted: %v", e.m.admission.builds)
 		}
 	})
 }

@@ -41,7 +41,7 @@ func (m *Manager) RunSteps(ctx context.Context, req template.StepRequest) (err e
 	}
 	b := newBuild("build", CreateRequest{TeamID: req.TeamID, Timeout: m.cfg.MaxTimeout, Secure: true, AllowInternet: true})
 	b.step = &req
-	b.counts = !m.buildAdmitted(req.TeamID, req.BuildID)
+	b.counts = !m.admission.buildAdmitted(req.TeamID, req.BuildID)
 	sb, err := m.run(ctx, buildStep(), b)
 	if err != nil {
 		return fmt.Errorf("build %s: step sandbox: %w", req.BuildID, err)

@@ -94,7 +94,7 @@ func (m *Manager) reconcileCrash(ctx context.Context) {
 			m.forkDone(s)
 		}
 	}
-	m.gcSnapshots(ctx, 0)
+	m.snapshots.gc(ctx, 0)
 }
 
 // forkDone marks a fork's own snapshot deleted once every copy is made or

@@ -10,19 +10,19 @@ type DiskGuard interface {
 
 // SetDiskGuard makes every create, fork, restore, build step, snapshot and
 // pause ask g first. Call before Run.
-func (m *Manager) SetDiskGuard(g DiskGuard) { m.disk = g }
+func (m *Manager) SetDiskGuard(g DiskGuard) { m.admission.disk = g }
 
 // admitDisk asks the disk guard, if any, whether what may grow a disk.
-func (m *Manager) admitDisk(what string) error {
-	if m.disk == nil {
+func (a *admission) admitDisk(what string) error {
+	if a.disk == nil {
 		return nil
 	}
-	return m.disk.Admit(what)
+	return a.disk.Admit(what)
 }
 
 // admitStart asks the disk guard about a start path. A resume is let
 // through: it makes nothing new, and the owner gets back what is kept.
-func (m *Manager) admitStart(path string) error {
+func (a *admission) admitStart(path string) error {
 	what := ""
 	switch path {
 	case "resume", "claim":
@@ -38,5 +38,5 @@ func (m *Manager) admitStart(path string) error {
 	default:
 		what = path + " a sandbox"
 	}
-	return m.admitDisk(what)
+	return a.admitDisk(what)
 }

@@ -9,8 +9,8 @@ import "context"
 // fork while later copies queue; at five per CPU it stays busy. The copies
 // of one call all share a single read-only image, so they add no I/O
 // burst of their own.
-func (m *Manager) forkSlot(ctx context.Context) (release func(), err error) {
-	return m.admit(ctx, &m.life.forkSlots, forkSlots, "fork") // admission.go
+func (a *admission) forkSlot(ctx context.Context) (release func(), err error) {
+	return a.slot(ctx, &a.forkSlots, forkSlots, "fork") // admission.go
 }
 
 // forkSlots is how many fork copies restore at once on procs CPUs.

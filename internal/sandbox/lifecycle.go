@@ -74,19 +74,8 @@ type LifecycleConfig struct {
 
 // lifecycle is the manager's lifecycle state; guarded by Manager.mu.
 type lifecycle struct {
-	cfg    LifecycleConfig
-	pools  map[string]*pool // by template id
-	snaps  *snapshotStore
-	lastGC time.Time
-	// createSlots admits cold creates into host setup (admission.go).
-	createSlots chan struct{}
-	// forkSlots admits the copies of forks into their restore (forkslots.go).
-	forkSlots chan struct{}
-	// reserved counts creates in flight per team for maxSandboxes (quota.go).
-	reserved map[string]int
-	// builds holds the template builds in progress (build ID -> team): each
-	// counts against its team's maxBuilds and maxSandboxes (quota.go).
-	builds map[string]string
+	cfg   LifecycleConfig
+	snaps *snapshotStore
 }
 
 // EnableLifecycle configures lifecycle features. Call before Reconcile.
@@ -94,9 +83,7 @@ func (m *Manager) EnableLifecycle(cfg LifecycleConfig) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.life.cfg = cfg
-	if cfg.PoolMax == 0 {
-		m.life.cfg.PoolMax = 32
-	}
+	m.pools.configure(cfg.Pools, cfg.PoolMax)
 	if cfg.SnapshotDir != "" {
 		st, err := openSnapshotStore(cfg.SnapshotDir, m.log)
 		if err != nil {
@@ -467,7 +454,7 @@ func (m *Manager) reapLifecycle(ctx context.Context, now time.Time) {
 		}()
 	}
 	m.poolTick(ctx, now)
-	m.snapshotGC(ctx)
+	m.snapshots.tick(ctx)
 }
 
 // reconcileLifecycle settles a record found at start. It returns true when
@@ -489,7 +476,7 @@ func (m *Manager) reconcileLifecycle(ctx context.Context, sb *Sandbox, adopted m
 		}
 	}
 	running := stErr == nil && st == runtime.StatusRunning
-	if sb.TeamID == poolTeam && !m.pooled(ctx, sb.TemplateID) {
+	if sb.TeamID == poolTeam && !m.pools.configured(ctx, sb.TemplateID) {
 		// Its pool is no longer configured: drain it.
 		sb.State = StateKilling
 		_ = m.destroy(ctx, sb, "warm pool no longer configured")

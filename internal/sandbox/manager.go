@@ -73,8 +73,13 @@ type Manager struct {
 	client    *http.Client // every envd call (envd.go), directly, not through the gateway
 	audit     *audit.Log   // nil: no audit log
 	vols      Volumes      // nil: no volume mounts (volumes.go)
-	limits    limitWatch   // last seen OOM/pids/disk counters per sandbox
-	disk      DiskGuard    // nil: disks are not guarded (diskguard.go)
+	limits    *limits      // OOM/pids/disk counters, own lock (limits.go)
+	pools     *WarmPools   // warm pools, own lock (pool.go)
+	admission *admission   // quota, slots, disk guard; own lock (admission.go)
+	health    *health      // envd and container checks (health.go)
+	snapshots *snapshots   // the snapshot catalogue and its collection (snapshot.go)
+	metering  *metering    // usage to the meter (usage.go)
+	sampler   *sampler     // stats sampling at each tick (metrics.go)
 
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
@@ -86,7 +91,6 @@ type Manager struct {
 	// an error fails the build there, as if the step had failed.
 	stepHook func(path, step string) error
 	obs      Observer     // measurements (SetObserver); never nil
-	meter    Meter        // usage (SetMeter); nil: not metered
 	tracer   trace.Tracer // start pipelines (SetTracer); nil: not traced
 }
 
@@ -100,13 +104,27 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 			return nil, err
 		}
 	}
-	return &Manager{
+	m := &Manager{
 		cfg: cfg, log: log, store: st, rt: rt, net: nw, templates: tpl, secret: secret, obs: noObserver{},
 		client:    envdclient.NewHTTPClient(),
 		sandboxes: map[string]*Sandbox{},
 		samples:   newSamples(),
 		idle:      newIdleState(),
-	}, nil
+	}
+	m.pools = newWarmPools(tpl, m.readyWarm)
+	m.admission = newAdmission(log, cfg.Quota, st, m.teamHeld)
+	m.limits = newLimits(log, rt, m.Audit, m.Running, m.admission.quotaOf)
+	m.snapshots = &snapshots{log: log, store: func() *snapshotStore { return m.life.snaps }, inUse: m.baseSnapshots}
+	m.metering = &metering{rt: rt, snaps: m.snapshots.store, each: func(f func(*Sandbox)) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		for _, sb := range m.sandboxes {
+			f(sb)
+		}
+	}}
+	m.sampler = &sampler{log: log, rt: rt, running: m.Running, samples: m.samples, metering: m.metering}
+	m.health = &health{rt: rt, interval: cfg.HealthInterval, limits: m.limits, running: m.Running, envd: m.envdOf, set: m.setHealth, dead: m.endIfDead}
+	return m, nil
 }
 
 // Token returns the envd access token of sandbox id.
@@ -132,12 +150,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		}
 		return m.run(ctx, coldStart(), newBuild("create", req))
 	}
-	if snap, ok := m.teamSnapshot(req.TeamID, req.Template); ok {
+	if snap, ok := m.snapshots.team(req.TeamID, req.Template); ok {
 		b := newBuild("restore", req)
 		b.snap, b.tplID = snap, snap.ID
 		return m.run(ctx, restoreSnapshot(), b)
 	}
-	if m.poolFits(req) {
+	if m.pools.fits(req) {
 		b := newBuild("claim", req)
 		sb, err := m.run(ctx, claimPooled(), b)
 		switch {
@@ -285,7 +303,7 @@ func (m *Manager) Kill(ctx context.Context, teamID, id string) error {
 	snapshot := clone(sb)
 	m.mu.Unlock()
 	if running {
-		m.meterLast(ctx, snapshot)
+		m.metering.last(ctx, snapshot)
 	}
 	return m.destroy(context.WithoutCancel(ctx), snapshot, "killed")
 }
@@ -461,8 +479,8 @@ func (m *Manager) Run(ctx context.Context) {
 	sample := time.NewTicker(m.cfg.SampleInterval)
 	defer reap.Stop()
 	defer sample.Stop()
-	m.sample(ctx)
-	go m.watch(ctx)
+	m.sampler.tick(ctx)
+	go m.health.watch(ctx)
 	for {
 		select {
 		case <-ctx.Done():
@@ -470,7 +488,7 @@ func (m *Manager) Run(ctx context.Context) {
 		case <-reap.C:
 			m.reap(ctx)
 		case <-sample.C:
-			m.sample(ctx)
+			m.sampler.tick(ctx)
 		}
 	}
 }

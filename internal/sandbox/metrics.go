@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -28,18 +29,28 @@ type series struct {
 
 const keepSamples = 720
 
-func (m *Manager) sample(ctx context.Context) {
+// sampler reads every running sandbox's stats at each sampling tick into
+// the samples, and hands them on to usage metering.
+type sampler struct {
+	log      *slog.Logger
+	rt       runtime.Runtime
+	running  func() []*Sandbox
+	samples  *samples
+	metering *metering
+}
+
+func (p *sampler) tick(ctx context.Context) {
 	stats := map[string]runtime.Stats{}
-	for _, sb := range m.Running() {
-		st, err := m.rt.Stats(ctx, sb.ID)
+	for _, sb := range p.running() {
+		st, err := p.rt.Stats(ctx, sb.ID)
 		if err != nil {
-			m.log.Debug("sample stats", "sandbox", sb.ID, "err", err)
+			p.log.Debug("sample stats", "sandbox", sb.ID, "err", err)
 			continue
 		}
-		m.samples.record(sb, st)
+		p.samples.record(sb, st)
 		stats[sb.ID] = st
 	}
-	m.meterTick(ctx, stats)
+	p.metering.tick(ctx, stats)
 }
 
 // samples keeps the last hour of every running sandbox's metric samples,

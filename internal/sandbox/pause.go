@@ -95,7 +95,7 @@ func (m *Manager) runPause(ctx context.Context, steps []pauseStep, op *pauseOp) 
 // one that would write an image onto a full data disk.
 func (m *Manager) pauseCheck(ctx context.Context, op *pauseOp) error {
 	if !op.expired { // an auto-pause tries anyway: refusing it would end the sandbox
-		if err := m.admitDisk("pause a sandbox"); err != nil {
+		if err := m.admission.admitDisk("pause a sandbox"); err != nil {
 			return err
 		}
 	}
@@ -127,7 +127,7 @@ func (m *Manager) persistPausing(ctx context.Context, op *pauseOp) error {
 
 // pauseMeter meters the usage up to the pause.
 func (m *Manager) pauseMeter(ctx context.Context, op *pauseOp) error {
-	m.meterLast(ctx, op.prev)
+	m.metering.last(ctx, op.prev)
 	return nil
 }
 

@@ -227,13 +227,13 @@ func (m *Manager) run(ctx context.Context, p pipeline, b *build) (_ *Sandbox, er
 // (admission.go; not for a warm claim). Both are held until the build
 // ends.
 func (m *Manager) reserve(ctx context.Context, b *build) error {
-	q, err := m.teamQuota(ctx, b.req.TeamID)
+	q, err := m.admission.teamQuota(ctx, b.req.TeamID)
 	if err != nil {
 		return err
 	}
 	b.quota = q
 	if b.counts {
-		release, err := m.reserveSandbox(b.req.TeamID, q)
+		release, err := m.admission.reserveSandbox(b.req.TeamID, q)
 		if err != nil {
 			return err
 		}
@@ -244,12 +244,12 @@ func (m *Manager) reserve(ctx context.Context, b *build) error {
 		// the cold starts (refills included) the slots pace.
 		return nil
 	}
-	if err := m.admitStart(b.path); err != nil {
+	if err := m.admission.admitStart(b.path); err != nil {
 		return err
 	}
-	slot := m.createSlot
+	slot := m.admission.createSlot
 	if b.path == "fork" {
-		slot = m.forkSlot // forkslots.go
+		slot = m.admission.forkSlot // forkslots.go
 	}
 	release, err := slot(ctx)
 	if err != nil {
@@ -374,7 +374,7 @@ func (m *Manager) resolveSnapshot(ctx context.Context, b *build) error {
 	sb.TemplateID, sb.Alias = b.tplID, snap.Alias
 	m.fillFromRequest(sb, req, mergeEnv(snap.EnvVars, req.EnvVars), limits, isolation, cmdLife)
 	// After fillFromRequest, which sets the whole Lifecycle: the snapshot's
-	// layers stay while the sandbox lives (snapshotGC).
+	// layers stay while the sandbox lives (snapshots.gc).
 	sb.BaseSnapshot = snap.ID
 	sb.Metadata = b.req.Metadata
 	sb.DefaultUser, sb.DefaultWorkdir = snap.DefaultUser, snap.DefaultWorkdir

@@ -105,11 +105,11 @@ func (e *fakeEnv) noLeaks(t *testing.T, keep ...string) {
 	if !slices.Equal(live, keepSorted) {
 		t.Errorf("live sandboxes %v, want %v", live, keepSorted)
 	}
-	if len(e.m.life.reserved) != 0 {
-		t.Errorf("maxSandboxes reservations left: %v", e.m.life.reserved)
+	if len(e.m.admission.reserved) != 0 {
+		t.Errorf("maxSandboxes reservations left: %v", e.m.admission.reserved)
 	}
-	if e.m.life.createSlots != nil && len(e.m.life.createSlots) != 0 {
-		t.Errorf("%d create slots still held", len(e.m.life.createSlots))
+	if e.m.admission.createSlots != nil && len(e.m.admission.createSlots) != 0 {
+		t.Errorf("%d create slots still held", len(e.m.admission.createSlots))
 	}
 }
 
@@ -516,9 +516,9 @@ func TestWarmPoolClaim(t *testing.T) {
 	e := newFakeEnv(t, LifecycleConfig{Pools: map[string]int{"base": 1}})
 	e.m.poolTick(ctx, time.Now())
 	deadline := time.Now().Add(5 * time.Second)
-	for len(e.m.Pools()) == 0 || e.m.Pools()[0].Ready < 1 {
+	for len(e.m.Pools().List()) == 0 || e.m.Pools().List()[0].Ready < 1 {
 		if time.Now().After(deadline) {
-			t.Fatalf("pool never filled: %+v", e.m.Pools())
+			t.Fatalf("pool never filled: %+v", e.m.Pools().List())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -541,14 +541,14 @@ func TestWarmPoolClaim(t *testing.T) {
 	if env := e.h.Envd.Env(sb.ID); env["A"] != "1" {
 		t.Fatalf("claimed envd env %v", env)
 	}
-	if p := e.m.Pools()[0]; p.Hits != 1 {
+	if p := e.m.Pools().List()[0]; p.Hits != 1 {
 		t.Fatalf("pool stats %+v", p)
 	}
 	// A team sees its own claim, another team none of it.
-	if p := e.m.TeamPools(e.team)[0]; p.Hits != 1 || p.Ready != 0 || p.Target != 0 {
+	if p := e.m.Pools().Team(e.team)[0]; p.Hits != 1 || p.Ready != 0 || p.Target != 0 {
 		t.Fatalf("claiming team's pool view %+v", p)
 	}
-	if p := e.m.TeamPools("other-team")[0]; p.Hits != 0 || p.Misses != 0 || p.Template != "base" {
+	if p := e.m.Pools().Team("other-team")[0]; p.Hits != 0 || p.Misses != 0 || p.Template != "base" {
 		t.Fatalf("other team's pool view %+v", p)
 	}
 	// A request for other limits starts cold (and gets them).
@@ -567,7 +567,7 @@ func TestReapAndHealth(t *testing.T) {
 	e := newFakeEnv(t, LifecycleConfig{})
 	dead := e.create(t, e.req())
 	e.h.Runtime.Stop(dead.ID)
-	e.m.CheckHealth(ctx)
+	e.m.health.check(ctx)
 	if got, _ := e.m.Get(ctx, e.team, dead.ID); got.Health != HealthError || !strings.Contains(got.HealthReason, "stopped") {
 		t.Fatalf("health of a stopped sandbox: %q %q", got.Health, got.HealthReason)
 	}

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -90,39 +91,220 @@ func poolTarget(minSize, maxSize int, creates []time.Time) int {
 	return min(minSize+demand, max(maxSize, minSize))
 }
 
-// poolTick resolves configured pools, resizes them to the create rate and
-// starts refills. Called from the reaper (m.mu not held).
-func (m *Manager) poolTick(ctx context.Context, now time.Time) {
-	if len(m.life.cfg.Pools) == 0 {
-		return
+// WarmPools owns the warm pools: their configuration, sizes, refills in
+// flight and claim counts, under its own lock. The sandboxes themselves are
+// the manager's records; what it needs of them comes in as ready. Lock
+// order: Manager.mu before WarmPools.mu, never the reverse.
+type WarmPools struct {
+	templates Templates
+	// ready counts the claimable warm sandboxes per template id.
+	ready func() map[string]int
+
+	mu    sync.Mutex
+	cfg   map[string]int // template reference -> minimum size
+	max   int            // cap of each pool's adaptive size
+	byTpl map[string]*pool
+}
+
+func newWarmPools(tpl Templates, ready func() map[string]int) *WarmPools {
+	return &WarmPools{templates: tpl, ready: ready, max: 32, byTpl: map[string]*pool{}}
+}
+
+// configure sets the pools to keep (EnableLifecycle).
+func (w *WarmPools) configure(pools map[string]int, max int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.cfg = maps.Clone(pools)
+	if max > 0 {
+		w.max = max
 	}
-	m.mu.Lock()
-	if m.life.pools == nil {
-		m.life.pools = map[string]*pool{}
+}
+
+// enabled reports whether any pool is configured.
+func (w *WarmPools) enabled() bool {
+	if w == nil {
+		return false
 	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.cfg) > 0
+}
+
+// resolve adds the configured pools whose templates now exist.
+func (w *WarmPools) resolve(ctx context.Context) {
+	w.mu.Lock()
 	known := map[string]bool{}
-	for _, p := range m.life.pools {
+	for _, p := range w.byTpl {
 		known[p.ref] = true
 	}
-	m.mu.Unlock()
-	for ref, size := range m.life.cfg.Pools {
+	cfg := maps.Clone(w.cfg)
+	w.mu.Unlock()
+	for ref, size := range cfg {
 		if known[ref] {
 			continue
 		}
-		tpl, err := m.templates.Get(ctx, "", ref)
+		tpl, err := w.templates.Get(ctx, "", ref)
 		if err != nil {
 			continue // not built yet; try at the next tick
 		}
-		m.mu.Lock()
-		m.life.pools[tpl.ID] = &pool{ref: ref, templateID: tpl.ID, min: size, target: size}
-		m.mu.Unlock()
+		w.mu.Lock()
+		w.byTpl[tpl.ID] = &pool{ref: ref, templateID: tpl.ID, min: size, target: size}
+		w.mu.Unlock()
 	}
+}
 
-	type fill struct {
-		templateID string
-		n          int
+// poolFill is a number of refills to start for one template.
+type poolFill struct {
+	templateID string
+	n          int
+}
+
+// plan resizes each pool to its recent create rate given the ready warm
+// sandboxes, and returns the refills to start (counted as filling from
+// here on) and each pool's target.
+func (w *WarmPools) plan(now time.Time, ready map[string]int) (fills []poolFill, targets map[string]int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	targets = map[string]int{}
+	for id, p := range w.byTpl {
+		p.creates = slices.DeleteFunc(p.creates, func(t time.Time) bool { return now.Sub(t) > poolWindow })
+		slices.SortFunc(p.creates, time.Time.Compare) // claims record their arrival, which finish out of order
+		p.target = poolTarget(p.min, w.max, p.creates)
+		targets[id] = p.target
+		// At most two cold starts at a time: refills must not starve the
+		// creates they are meant to speed up.
+		if n := min(p.target-ready[id]-p.filling, 2-p.filling); n > 0 {
+			p.filling += n
+			fills = append(fills, poolFill{id, n})
+		}
 	}
-	var fills []fill
+	return fills, targets
+}
+
+// filled marks one refill of template id done.
+func (w *WarmPools) filled(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if p := w.byTpl[id]; p != nil {
+		p.filling--
+	}
+}
+
+// demand records a create of template id that arrived at t, and reports
+// whether the template has a pool.
+func (w *WarmPools) demand(id string, t time.Time) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	p := w.byTpl[id]
+	if p == nil {
+		return false
+	}
+	p.creates = append(p.creates, t)
+	return true
+}
+
+// claimed counts a team's hit or miss on template id's pool.
+func (w *WarmPools) claimed(id, team string, hit bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	p := w.byTpl[id]
+	if p == nil {
+		return
+	}
+	if hit {
+		p.team(team).hits++
+	} else {
+		p.team(team).misses++
+	}
+}
+
+// fits reports whether a warm sandbox can serve req: warm sandboxes
+// have the template's defaults, so requests for other limits, another tier,
+// egress rules or another command cap start cold (which honours them).
+func (w *WarmPools) fits(req CreateRequest) bool {
+	return w.enabled() && req.TeamID != poolTeam && req.Limits == (Limits{}) &&
+		(req.Isolation == "" || req.Isolation == IsolationContainer) && req.Metadata[MetadataIsolation] == "" &&
+		req.Network == nil && req.MaxCommand == 0 && len(req.VolumeMounts) == 0 && req.Workdir == ""
+}
+
+// configured reports whether a warm pool is configured for template id.
+func (w *WarmPools) configured(ctx context.Context, id string) bool {
+	if w == nil {
+		return false
+	}
+	w.mu.Lock()
+	cfg := maps.Clone(w.cfg)
+	w.mu.Unlock()
+	for ref := range cfg {
+		if tpl, err := w.templates.Get(ctx, "", ref); err == nil && tpl.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// List reports the warm pools.
+func (w *WarmPools) List() []PoolStats {
+	ready := w.ready()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]PoolStats, 0, len(w.byTpl))
+	for id, p := range w.byTpl {
+		st := PoolStats{Template: p.ref, TemplateID: id, Ready: ready[id], Filling: p.filling, Min: p.min, Target: p.target}
+		for _, c := range p.claims {
+			st.Hits += c.hits
+			st.Misses += c.misses
+		}
+		out = append(out, st)
+	}
+	slices.SortFunc(out, func(a, b PoolStats) int { return cmpString(a.Template, b.Template) })
+	return out
+}
+
+// Team reports the warm pools as team may see them: the configured
+// template and minimum, and the team's own hits and misses. Ready, filling
+// and the adaptive target follow every team's creates and claims, so they
+// would tell one tenant when another uses the template; they stay 0 here
+// (the operator's metrics have them).
+func (w *WarmPools) Team(team string) []PoolStats {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]PoolStats, 0, len(w.byTpl))
+	for id, p := range w.byTpl {
+		st := PoolStats{Template: p.ref, TemplateID: id, Min: p.min}
+		if c := p.claims[team]; c != nil {
+			st.Hits, st.Misses = c.hits, c.misses
+		}
+		out = append(out, st)
+	}
+	slices.SortFunc(out, func(a, b PoolStats) int { return cmpString(a.Template, b.Template) })
+	return out
+}
+
+// Pools returns the warm pools.
+func (m *Manager) Pools() *WarmPools { return m.pools }
+
+// readyWarm counts the claimable warm sandboxes per template id.
+func (m *Manager) readyWarm() map[string]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ready := map[string]int{}
+	for _, sb := range m.sandboxes {
+		if claimable(sb) {
+			ready[sb.TemplateID]++
+		}
+	}
+	return ready
+}
+
+// poolTick resolves configured pools, resizes them to the create rate and
+// starts refills. Called from the reaper (m.mu not held).
+func (m *Manager) poolTick(ctx context.Context, now time.Time) {
+	if !m.pools.enabled() {
+		return
+	}
+	m.pools.resolve(ctx)
+
 	m.mu.Lock()
 	ready := map[string]int{}
 	var trim []*Sandbox
@@ -139,20 +321,12 @@ func (m *Manager) poolTick(ctx context.Context, now time.Time) {
 		}
 		ready[sb.TemplateID]++
 	}
-	for id, p := range m.life.pools {
-		p.creates = slices.DeleteFunc(p.creates, func(t time.Time) bool { return now.Sub(t) > poolWindow })
-		slices.SortFunc(p.creates, time.Time.Compare) // claims record their arrival, which finish out of order
-		p.target = poolTarget(p.min, m.life.cfg.PoolMax, p.creates)
-		// At most two cold starts at a time: refills must not starve the
-		// creates they are meant to speed up.
-		if n := min(p.target-ready[id]-p.filling, 2-p.filling); n > 0 {
-			p.filling += n
-			fills = append(fills, fill{id, n})
-		}
+	fills, targets := m.pools.plan(now, ready)
+	for id, target := range targets {
 		// Demand fell: the surplus goes, a few at a time.
 		trimmed := 0
 		for _, sb := range m.sandboxes {
-			if trimmed >= poolTrimPerTick || ready[id] <= p.target {
+			if trimmed >= poolTrimPerTick || ready[id] <= target {
 				break
 			}
 			if claimable(sb) && sb.TemplateID == id {
@@ -177,24 +351,13 @@ func (m *Manager) poolTick(ctx context.Context, now time.Time) {
 				_, err := m.Create(context.WithoutCancel(ctx), CreateRequest{
 					TeamID: poolTeam, Template: f.templateID, Timeout: m.cfg.MaxTimeout, Secure: true, AllowInternet: true,
 				})
-				m.mu.Lock()
-				m.life.pools[f.templateID].filling--
-				m.mu.Unlock()
+				m.pools.filled(f.templateID)
 				if err != nil {
 					m.log.Warn("warm pool refill", "template", f.templateID, "err", err)
 				}
 			}()
 		}
 	}
-}
-
-// poolFits reports whether a warm sandbox can serve req: warm sandboxes
-// have the template's defaults, so requests for other limits, another tier,
-// egress rules or another command cap start cold (which honours them).
-func (m *Manager) poolFits(req CreateRequest) bool {
-	return len(m.life.cfg.Pools) > 0 && req.TeamID != poolTeam && req.Limits == (Limits{}) &&
-		(req.Isolation == "" || req.Isolation == IsolationContainer) && req.Metadata[MetadataIsolation] == "" &&
-		req.Network == nil && req.MaxCommand == 0 && len(req.VolumeMounts) == 0 && req.Workdir == ""
 }
 
 // resolvePooled claims a warm sandbox of the requested template for the
@@ -212,14 +375,12 @@ func (m *Manager) resolvePooled(ctx context.Context, b *build) error {
 		return errNoClaim
 	}
 	m.mu.Lock()
-	p := m.life.pools[tpl.ID]
-	if p == nil {
+	// Demand counts when the request came, not when it got a create slot:
+	// a burst queues for slots, and the pool must see it as the burst it is.
+	if !m.pools.demand(tpl.ID, b.sb.StartedAt) {
 		m.mu.Unlock()
 		return errNoClaim
 	}
-	// Demand counts when the request came, not when it got a create slot:
-	// a burst queues for slots, and the pool must see it as the burst it is.
-	p.creates = append(p.creates, b.sb.StartedAt)
 	var sb *Sandbox
 	for _, c := range m.sandboxes {
 		if claimable(c) && c.TemplateID == tpl.ID {
@@ -228,11 +389,11 @@ func (m *Manager) resolvePooled(ctx context.Context, b *build) error {
 		}
 	}
 	if sb == nil || m.checkTimeout(req.Timeout) != nil {
-		p.team(req.TeamID).misses++
+		m.pools.claimed(tpl.ID, req.TeamID, false)
 		m.mu.Unlock()
 		return errNoClaim
 	}
-	p.team(req.TeamID).hits++
+	m.pools.claimed(tpl.ID, req.TeamID, true)
 	// Hidden from the pool and from other claims from here on.
 	sb.State = StateCreating
 	sb.TeamID = req.TeamID
@@ -261,57 +422,4 @@ func (m *Manager) resolvePooled(ctx context.Context, b *build) error {
 	b.fresh, b.envdAuth = false, m.Token(c.ID)
 	b.pol, err = m.policyOf(ctx, c)
 	return err
-}
-
-// pooled reports whether a warm pool is configured for template id.
-func (m *Manager) pooled(ctx context.Context, id string) bool {
-	for ref := range m.life.cfg.Pools {
-		if tpl, err := m.templates.Get(ctx, "", ref); err == nil && tpl.ID == id {
-			return true
-		}
-	}
-	return false
-}
-
-// Pools reports the warm pools.
-func (m *Manager) Pools() []PoolStats {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	ready := map[string]int{}
-	for _, sb := range m.sandboxes {
-		if claimable(sb) {
-			ready[sb.TemplateID]++
-		}
-	}
-	out := make([]PoolStats, 0, len(m.life.pools))
-	for id, p := range m.life.pools {
-		st := PoolStats{Template: p.ref, TemplateID: id, Ready: ready[id], Filling: p.filling, Min: p.min, Target: p.target}
-		for _, c := range p.claims {
-			st.Hits += c.hits
-			st.Misses += c.misses
-		}
-		out = append(out, st)
-	}
-	slices.SortFunc(out, func(a, b PoolStats) int { return cmpString(a.Template, b.Template) })
-	return out
-}
-
-// TeamPools reports the warm pools as team may see them: the configured
-// template and minimum, and the team's own hits and misses. Ready, filling
-// and the adaptive target follow every team's creates and claims, so they
-// would tell one tenant when another uses the template; they stay 0 here
-// (the operator's metrics have them).
-func (m *Manager) TeamPools(team string) []PoolStats {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := make([]PoolStats, 0, len(m.life.pools))
-	for id, p := range m.life.pools {
-		st := PoolStats{Template: p.ref, TemplateID: id, Min: p.min}
-		if c := p.claims[team]; c != nil {
-			st.Hits, st.Misses = c.hits, c.misses
-		}
-		out = append(out, st)
-	}
-	slices.SortFunc(out, func(a, b PoolStats) int { return cmpString(a.Template, b.Template) })
-	return out
 }

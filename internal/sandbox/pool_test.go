@@ -56,7 +56,7 @@ func TestWarmPoolAdapts(t *testing.T) {
 	ctx := context.Background()
 	e := newFakeEnv(t, LifecycleConfig{Pools: map[string]int{"base": 1}, PoolMax: 12})
 	pool := func() PoolStats {
-		ps := e.m.Pools()
+		ps := e.m.Pools().List()
 		if len(ps) != 1 {
 			t.Fatalf("pools %+v, want one", ps)
 		}
@@ -136,13 +136,13 @@ func TestWarmClaimTakesNoCreateSlot(t *testing.T) {
 	ctx := context.Background()
 	e := newFakeEnv(t, LifecycleConfig{Pools: map[string]int{"base": 1}})
 	deadline := time.Now().Add(5 * time.Second)
-	for e.m.poolTick(ctx, time.Now()); len(e.m.Pools()) == 0 || e.m.Pools()[0].Ready < 1; time.Sleep(5 * time.Millisecond) {
+	for e.m.poolTick(ctx, time.Now()); len(e.m.Pools().List()) == 0 || e.m.Pools().List()[0].Ready < 1; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("pool never filled: %+v", e.m.Pools())
+			t.Fatalf("pool never filled: %+v", e.m.Pools().List())
 		}
 	}
 	for range createSlots(runtime.GOMAXPROCS(0)) {
-		release, err := e.m.createSlot(ctx)
+		release, err := e.m.admission.createSlot(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -154,7 +154,7 @@ func TestWarmClaimTakesNoCreateSlot(t *testing.T) {
 	if err != nil {
 		t.Fatalf("claim with every create slot taken: %v", err)
 	}
-	if p := e.m.Pools()[0]; p.Hits != 1 {
+	if p := e.m.Pools().List()[0]; p.Hits != 1 {
 		t.Fatalf("created %s cold, want a warm claim: %+v", sb.ID, p)
 	}
 }
@@ -179,7 +179,7 @@ func TestWarmPoolSkipsUnhealthy(t *testing.T) {
 			}
 			e.m.mu.Unlock()
 			if time.Now().After(deadline) {
-				t.Fatalf("pool never filled: %+v", e.m.Pools())
+				t.Fatalf("pool never filled: %+v", e.m.Pools().List())
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
@@ -188,7 +188,7 @@ func TestWarmPoolSkipsUnhealthy(t *testing.T) {
 	e.m.mu.Lock()
 	e.m.sandboxes[broken].Health, e.m.sandboxes[broken].HealthReason = "error", "envd does not answer"
 	e.m.mu.Unlock()
-	if p := e.m.Pools()[0]; p.Ready != 0 {
+	if p := e.m.Pools().List()[0]; p.Ready != 0 {
 		t.Fatalf("an unhealthy warm sandbox counts as ready: %+v", p)
 	}
 	sb := e.create(t, e.req())

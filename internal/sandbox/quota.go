@@ -33,9 +33,9 @@ func DefaultQuota() Quota {
 }
 
 // teamQuota is the team's stored quota over the server's default.
-func (m *Manager) teamQuota(ctx context.Context, teamID string) (Quota, error) {
-	q := m.cfg.Quota
-	tq, ok, err := m.store.TeamQuota(ctx, teamID)
+func (a *admission) teamQuota(ctx context.Context, teamID string) (Quota, error) {
+	q := a.quota
+	tq, ok, err := a.quotas.TeamQuota(ctx, teamID)
 	if err != nil || !ok {
 		return q, err
 	}
@@ -56,10 +56,10 @@ func (m *Manager) teamQuota(ctx context.Context, teamID string) (Quota, error) {
 
 // quotaOf is teamQuota for messages: a store error falls back to the
 // server's default rather than losing the message.
-func (m *Manager) quotaOf(ctx context.Context, teamID string) Quota {
-	q, err := m.teamQuota(ctx, teamID)
+func (a *admission) quotaOf(ctx context.Context, teamID string) Quota {
+	q, err := a.teamQuota(ctx, teamID)
 	if err != nil {
-		m.log.Warn("read team quota", "team", teamID, "err", err)
+		a.log.Warn("read team quota", "team", teamID, "err", err)
 	}
 	return q
 }
@@ -68,25 +68,35 @@ func (m *Manager) quotaOf(ctx context.Context, teamID string) Quota {
 // sandboxes (not those being killed), creates in flight and template builds
 // in progress, one each whatever steps they run (the sandbox of a build's RUN
 // step is its build's, not one more); builds is how many of n are builds.
-// m.mu is held.
-func (m *Manager) teamUseLocked(teamID string) (n, builds int) {
-	for _, t := range m.life.builds {
+// a.mu is held.
+func (a *admission) teamUseLocked(teamID string) (n, builds int) {
+	for _, t := range a.builds {
 		if t == teamID {
 			builds++
 		}
 	}
-	n = m.life.reserved[teamID] + builds
+	// Killing ones are on their way out; the client already let go.
+	n = a.reserved[teamID] + builds + a.held(teamID, func(buildID string) bool { return a.builds[buildID] == teamID })
+	return n, builds
+}
+
+// teamHeld counts teamID's sandboxes that hold one of its maxSandboxes:
+// not those being killed, nor those of a build for which inBuild reports
+// true (the build holds one already). It takes m.mu (admission.held).
+func (m *Manager) teamHeld(teamID string, inBuild func(buildID string) bool) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
 	for _, sb := range m.sandboxes {
-		// Killing ones are on their way out; the client already let go.
 		if sb.TeamID != teamID || sb.State == StateKilling {
 			continue
 		}
-		if sb.BuildID != "" && m.life.builds[sb.BuildID] == teamID {
+		if sb.BuildID != "" && inBuild(sb.BuildID) {
 			continue
 		}
 		n++
 	}
-	return n, builds
+	return n
 }
 
 // fullError is the maxSandboxes refusal: what the team holds and how to
@@ -105,29 +115,26 @@ func fullError(n, builds, limit int) error {
 // reserveSandbox counts one more sandbox against the team's maxSandboxes
 // until release, which the caller runs once the sandbox is in m.sandboxes
 // (or has failed): concurrent creates cannot all slip under the cap.
-func (m *Manager) reserveSandbox(teamID string, q Quota) (release func(), err error) {
+func (a *admission) reserveSandbox(teamID string, q Quota) (release func(), err error) {
 	if q.MaxSandboxes <= 0 || teamID == poolTeam {
 		return func() {}, nil
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if n, builds := m.teamUseLocked(teamID); n >= q.MaxSandboxes {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if n, builds := a.teamUseLocked(teamID); n >= q.MaxSandboxes {
 		return nil, fullError(n, builds, q.MaxSandboxes)
 	}
-	if m.life.reserved == nil {
-		m.life.reserved = map[string]int{}
-	}
-	m.life.reserved[teamID]++
+	a.reserved[teamID]++
 	var once bool
 	return func() {
-		m.mu.Lock()
-		defer m.mu.Unlock()
+		a.mu.Lock()
+		defer a.mu.Unlock()
 		if once {
 			return
 		}
 		once = true
-		if m.life.reserved[teamID]--; m.life.reserved[teamID] <= 0 {
-			delete(m.life.reserved, teamID)
+		if a.reserved[teamID]--; a.reserved[teamID] <= 0 {
+			delete(a.reserved, teamID)
 		}
 	}, nil
 }
@@ -141,25 +148,29 @@ func (m *Manager) reserveSandbox(teamID string, q Quota) (release func(), err er
 // lives in memory: a restart fails the builds it interrupted and frees
 // their slots with them. Release may be called more than once.
 func (m *Manager) AdmitBuild(ctx context.Context, a template.BuildAdmission) (release func(), err error) {
+	return m.admission.admitBuild(ctx, a)
+}
+
+func (ad *admission) admitBuild(ctx context.Context, a template.BuildAdmission) (release func(), err error) {
 	switch {
 	case a.TeamID == "" || a.TeamID == poolTeam:
 		return nil, fmt.Errorf("TeamID: a build runs under its team's quota: %w", errdefs.ErrInvalidArgument)
 	case a.BuildID == "":
 		return nil, fmt.Errorf("BuildID: required: %w", errdefs.ErrInvalidArgument)
 	}
-	q, err := m.teamQuota(ctx, a.TeamID)
+	q, err := ad.teamQuota(ctx, a.TeamID)
 	if err != nil {
 		return nil, err
 	}
 	if _, err := resolveLimits(Limits{CPUCount: a.CPUCount, MemoryMB: a.MemoryMB, PIDs: capAt(DefaultPIDs, q.PIDs)}, &template.Template{}, q); err != nil {
 		return nil, err
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if _, ok := m.life.builds[a.BuildID]; ok {
+	ad.mu.Lock()
+	defer ad.mu.Unlock()
+	if _, ok := ad.builds[a.BuildID]; ok {
 		return nil, fmt.Errorf("build %s is running already: %w", a.BuildID, errdefs.ErrConflict)
 	}
-	n, builds := m.teamUseLocked(a.TeamID)
+	n, builds := ad.teamUseLocked(a.TeamID)
 	if q.MaxBuilds > 0 && builds >= q.MaxBuilds {
 		return nil, fmt.Errorf("maxBuilds: the team already runs %d template build(s), and its quota allows %d at once; "+
 			"wait for one to finish (GET /templates/{templateID}/builds/{buildID}/status) or ask the server's operator to raise the quota "+
@@ -168,25 +179,22 @@ func (m *Manager) AdmitBuild(ctx context.Context, a template.BuildAdmission) (re
 	if q.MaxSandboxes > 0 && n >= q.MaxSandboxes {
 		return nil, fmt.Errorf("a template build runs as one of the team's sandboxes: %w", fullError(n, builds, q.MaxSandboxes))
 	}
-	if m.life.builds == nil {
-		m.life.builds = map[string]string{}
-	}
-	m.life.builds[a.BuildID] = a.TeamID
+	ad.builds[a.BuildID] = a.TeamID
 	var once bool
 	return func() {
-		m.mu.Lock()
-		defer m.mu.Unlock()
+		ad.mu.Lock()
+		defer ad.mu.Unlock()
 		if !once {
 			once = true
-			delete(m.life.builds, a.BuildID)
+			delete(ad.builds, a.BuildID)
 		}
 	}, nil
 }
 
 // buildAdmitted reports whether build buildID of teamID holds a slot
 // (AdmitBuild): its step sandboxes then take no other.
-func (m *Manager) buildAdmitted(teamID, buildID string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return teamID != "" && m.life.builds[buildID] == teamID
+func (a *admission) buildAdmitted(teamID, buildID string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return teamID != "" && a.builds[buildID] == teamID
 }

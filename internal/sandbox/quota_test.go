@@ -47,7 +47,7 @@ func TestTeamQuotaOverridesServerPerField(t *testing.T) {
 	ctx := context.Background()
 	m, st := quotaManager(t)
 	team, _ := st.EnsureTeam(ctx, "small")
-	if q, err := m.teamQuota(ctx, team.ID); err != nil || q != DefaultQuota() {
+	if q, err := m.admission.teamQuota(ctx, team.ID); err != nil || q != DefaultQuota() {
 		t.Fatalf("no team quota: %+v, %v; want the server's", q, err)
 	}
 	if err := st.SetTeamQuota(ctx, team.ID, store.TeamQuota{MemoryMB: 256, MaxSandboxes: 2}); err != nil {
@@ -55,7 +55,7 @@ func TestTeamQuotaOverridesServerPerField(t *testing.T) {
 	}
 	want := DefaultQuota()
 	want.MemoryMB, want.MaxSandboxes = 256, 2
-	if q, err := m.teamQuota(ctx, team.ID); err != nil || q != want {
+	if q, err := m.admission.teamQuota(ctx, team.ID); err != nil || q != want {
 		t.Fatalf("team quota = %+v, %v; want %+v", q, err, want)
 	}
 }
@@ -95,11 +95,11 @@ func TestTeamQuotaChecks(t *testing.T) {
 			}
 			// The two checks Create makes before any host setup (this
 			// manager has no network or runtime to go further).
-			q, err := m.teamQuota(ctx, tt.team)
+			q, err := m.admission.teamQuota(ctx, tt.team)
 			if err != nil {
 				t.Fatal(err)
 			}
-			release, err := m.reserveSandbox(tt.team, q)
+			release, err := m.admission.reserveSandbox(tt.team, q)
 			if err == nil {
 				defer release()
 				tpl, _ := m.templates.Get(ctx, tt.team, "base")
@@ -131,7 +131,7 @@ func TestCreateRefusedAtMaxSandboxes(t *testing.T) {
 		t.Fatalf("Create = %v, want ErrResourceExhausted saying how to free room", err)
 	}
 	// The refusal does not leave a reservation behind.
-	if n := m.life.reserved[team.ID]; n != 0 {
+	if n := m.admission.reserved[team.ID]; n != 0 {
 		t.Fatalf("reserved = %d after a refusal", n)
 	}
 	// An operator's change applies to the next create, no restart needed.
@@ -149,30 +149,30 @@ func TestCreateRefusedAtMaxSandboxes(t *testing.T) {
 func TestReserveSandboxCountsInFlight(t *testing.T) {
 	m, _ := quotaManager(t)
 	q := Quota{MaxSandboxes: 2}
-	r1, err := m.reserveSandbox("t", q)
+	r1, err := m.admission.reserveSandbox("t", q)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r2, err := m.reserveSandbox("t", q)
+	r2, err := m.admission.reserveSandbox("t", q)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.reserveSandbox("t", q); !errors.Is(err, errdefs.ErrResourceExhausted) {
+	if _, err := m.admission.reserveSandbox("t", q); !errors.Is(err, errdefs.ErrResourceExhausted) {
 		t.Fatalf("third reservation = %v, want ErrResourceExhausted", err)
 	}
-	if _, err := m.reserveSandbox("other", q); err != nil {
+	if _, err := m.admission.reserveSandbox("other", q); err != nil {
 		t.Fatalf("another team: %v", err)
 	}
 	r1()
 	r1()
-	if _, err := m.reserveSandbox("t", q); err != nil {
+	if _, err := m.admission.reserveSandbox("t", q); err != nil {
 		t.Fatalf("after a release: %v", err)
 	}
-	if _, err := m.reserveSandbox("t", q); !errors.Is(err, errdefs.ErrResourceExhausted) {
+	if _, err := m.admission.reserveSandbox("t", q); !errors.Is(err, errdefs.ErrResourceExhausted) {
 		t.Fatalf("double release freed two slots: %v", err)
 	}
 	r2()
-	if _, err := m.reserveSandbox(poolTeam, Quota{MaxSandboxes: 1}); err != nil {
+	if _, err := m.admission.reserveSandbox(poolTeam, Quota{MaxSandboxes: 1}); err != nil {
 		t.Fatalf("warm pool is not capped: %v", err)
 	}
 }

@@ -31,7 +31,7 @@ func TestHealthEndsStreamsOfDeadSandbox(t *testing.T) {
 			if tc.stop {
 				e.h.Runtime.Stop(sb.ID)
 			}
-			e.m.CheckHealth(ctx)
+			e.m.health.check(ctx)
 			if tc.ended {
 				select { // the end reaches the stream asynchronously
 				case <-live.Done():

@@ -271,7 +271,7 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden,
 	if snaps == nil {
 		return nil, fmt.Errorf("snapshots are not enabled on this server: %w", errdefs.ErrUnavailable)
 	}
-	if err := m.admitDisk("snapshot a sandbox"); err != nil {
+	if err := m.admission.admitDisk("snapshot a sandbox"); err != nil {
 		return nil, err
 	}
 	ck, err := m.checkpointer()
@@ -396,10 +396,29 @@ func dirSize(dir string) int64 {
 	return n
 }
 
+// snapshots is the catalogue of the team snapshots in the snapshot store:
+// lookups, deletion and the collection of what nothing uses any more. The
+// store keeps its own lock; lastGC has this type's. The sandboxes that use
+// a snapshot are the manager's records, read through inUse.
+type snapshots struct {
+	log   *slog.Logger
+	store func() *snapshotStore // nil store: snapshots are off
+	// inUse names the snapshots that a live or stored sandbox starts from.
+	inUse func(ctx context.Context) map[string]bool
+
+	mu     sync.Mutex
+	lastGC time.Time
+}
+
 // ListSnapshots returns the team's snapshots, newest first, optionally of
 // one sandbox or matching a name or id.
 func (m *Manager) ListSnapshots(ctx context.Context, teamID, sandboxID, name string) []*Snapshot {
-	if m.life.snaps == nil {
+	return m.snapshots.list(teamID, sandboxID, name)
+}
+
+func (c *snapshots) list(teamID, sandboxID, name string) []*Snapshot {
+	snaps := c.store()
+	if snaps == nil {
 		return nil
 	}
 	want := ""
@@ -410,7 +429,7 @@ func (m *Manager) ListSnapshots(ctx context.Context, teamID, sandboxID, name str
 		}
 	}
 	var out []*Snapshot
-	for _, s := range m.life.snaps.list(false) {
+	for _, s := range snaps.list(false) {
 		if s.TeamID != teamID || s.Hidden || (sandboxID != "" && s.SandboxID != sandboxID) || (want != "" && s.Name != want && s.ID != want) {
 			continue
 		}
@@ -422,45 +441,54 @@ func (m *Manager) ListSnapshots(ctx context.Context, teamID, sandboxID, name str
 // DeleteSnapshot deletes the team's snapshot. Sandboxes running on it keep
 // its layer until they are gone; new ones cannot start from it.
 func (m *Manager) DeleteSnapshot(ctx context.Context, teamID, ref string) error {
-	if m.life.snaps == nil {
+	return m.snapshots.delete(ctx, teamID, ref)
+}
+
+func (c *snapshots) delete(ctx context.Context, teamID, ref string) error {
+	snaps := c.store()
+	if snaps == nil {
 		return fmt.Errorf("snapshot %q: %w", ref, errdefs.ErrNotFound)
 	}
-	snap, ok := m.life.snaps.resolve(teamID, ref)
+	snap, ok := snaps.resolve(teamID, ref)
 	if !ok || snap.Hidden {
 		return fmt.Errorf("snapshot %q: %w", ref, errdefs.ErrNotFound)
 	}
-	if err := os.WriteFile(filepath.Join(m.life.snaps.path(snap.ID), snapshotGone), nil, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(snaps.path(snap.ID), snapshotGone), nil, 0o600); err != nil {
 		return err
 	}
-	m.life.lastGC = time.Time{}
-	m.snapshotGC(ctx)
+	c.mu.Lock()
+	c.lastGC = time.Time{}
+	c.mu.Unlock()
+	c.tick(ctx)
 	return nil
 }
 
 // IsSnapshot reports whether ref names one of the team's snapshots.
 func (m *Manager) IsSnapshot(teamID, ref string) bool {
-	if m.life.snaps == nil {
-		return false
-	}
-	_, ok := m.life.snaps.resolve(teamID, ref)
+	_, ok := m.snapshots.team(teamID, ref)
 	return ok
 }
 
-// snapshotGC removes deleted and fork snapshots nothing uses any more: no
-// sandbox runs on them and no other snapshot is layered on them.
-func (m *Manager) snapshotGC(ctx context.Context) {
-	snaps := m.life.snaps
-	if snaps == nil || time.Since(m.life.lastGC) < 30*time.Second {
+// tick removes deleted and fork snapshots nothing uses any more: no
+// sandbox runs on them and no other snapshot is layered on them. It runs
+// a pass at most every 30 seconds.
+func (c *snapshots) tick(ctx context.Context) {
+	if c.store() == nil {
 		return
 	}
-	m.life.lastGC = time.Now()
-	m.gcSnapshots(ctx, snapshotMinAge)
+	c.mu.Lock()
+	if time.Since(c.lastGC) < 30*time.Second {
+		c.mu.Unlock()
+		return
+	}
+	c.lastGC = time.Now()
+	c.mu.Unlock()
+	c.gc(ctx, snapshotMinAge)
 }
 
-// gcSnapshots is snapshotGC's pass; a fork snapshot younger than minAge may
-// belong to a fork in flight and stays.
-func (m *Manager) gcSnapshots(ctx context.Context, minAge time.Duration) {
-	snaps := m.life.snaps
+// baseSnapshots names the snapshots that a live or stored sandbox starts
+// from (snapshots.inUse).
+func (m *Manager) baseSnapshots(ctx context.Context) map[string]bool {
 	used := map[string]bool{}
 	m.mu.Lock()
 	for _, sb := range m.sandboxes {
@@ -469,6 +497,25 @@ func (m *Manager) gcSnapshots(ctx context.Context, minAge time.Duration) {
 		}
 	}
 	m.mu.Unlock()
+	if recs, err := m.store.ListSandboxes(ctx); err == nil {
+		for _, r := range recs {
+			var sb Sandbox
+			if json.Unmarshal(r.Doc, &sb) == nil && sb.BaseSnapshot != "" {
+				used[sb.BaseSnapshot] = true
+			}
+		}
+	}
+	return used
+}
+
+// gc is tick's pass; a fork snapshot younger than minAge may belong to a
+// fork in flight and stays.
+func (c *snapshots) gc(ctx context.Context, minAge time.Duration) {
+	snaps := c.store()
+	if snaps == nil {
+		return
+	}
+	used := c.inUse(ctx)
 	all := snaps.list(true)
 	for _, s := range all {
 		if snaps.deleted(s.ID) {
@@ -484,34 +531,27 @@ func (m *Manager) gcSnapshots(ctx context.Context, minAge time.Duration) {
 			}
 		}
 	}
-	if recs, err := m.store.ListSandboxes(ctx); err == nil {
-		for _, r := range recs {
-			var sb Sandbox
-			if json.Unmarshal(r.Doc, &sb) == nil && sb.BaseSnapshot != "" {
-				used[sb.BaseSnapshot] = true
-			}
-		}
-	}
 	for _, s := range all {
 		if used[s.ID] || (!s.Hidden && !snaps.deleted(s.ID)) || time.Since(s.CreatedAt) < minAge && !snaps.deleted(s.ID) {
 			continue
 		}
 		if err := os.RemoveAll(snaps.path(s.ID)); err != nil {
-			m.log.Warn("remove snapshot", "snapshot", s.ID, "err", err)
+			c.log.Warn("remove snapshot", "snapshot", s.ID, "err", err)
 			continue
 		}
-		m.log.Info("snapshot removed", "snapshot", s.ID, "hidden", s.Hidden)
+		c.log.Info("snapshot removed", "snapshot", s.ID, "hidden", s.Hidden)
 	}
 }
 
-// teamSnapshot finds the team's snapshot that a create's templateID names.
+// team finds the team's snapshot that a create's templateID names.
 // Another team's snapshot is not found, exactly like a missing one: the
 // create then looks for a template of that name and fails as for any.
-func (m *Manager) teamSnapshot(teamID, ref string) (*Snapshot, bool) {
-	if m.life.snaps == nil || teamID == poolTeam {
+func (c *snapshots) team(teamID, ref string) (*Snapshot, bool) {
+	snaps := c.store()
+	if snaps == nil || teamID == poolTeam {
 		return nil, false
 	}
-	return m.life.snaps.resolve(teamID, ref)
+	return snaps.resolve(teamID, ref)
 }
 
 // ForkResult is one fork's outcome: a sandbox or the error that stopped it.

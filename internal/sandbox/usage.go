@@ -22,7 +22,7 @@ type Meter interface {
 
 // SetMeter sends usage observations to u at each sampling tick. Call
 // before Run.
-func (m *Manager) SetMeter(u Meter) { m.meter = u }
+func (m *Manager) SetMeter(u Meter) { m.metering.meter = u }
 
 // metered says whether a sandbox's usage is a team's: warm-pool members
 // belong to no team until claimed, and build sandboxes are the server's.
@@ -41,29 +41,39 @@ func withStats(o usage.Observation, st runtime.Stats) usage.Observation {
 	return o
 }
 
-// meterTick reports every metered sandbox (running ones with the stats
-// just sampled; paused and transitional ones with none, so only their disk
+// metering reports usage to the meter: every metered sandbox and snapshot
+// at each sampling tick, and a sandbox's last figures before it pauses or
+// goes. The sandboxes are the manager's records, visited through each.
+type metering struct {
+	rt    runtime.Runtime
+	meter Meter // nil: not metered; set before Run
+	// each calls f for every sandbox record, under the manager's lock: f
+	// must not block or call back into the manager.
+	each  func(f func(*Sandbox))
+	snaps func() *snapshotStore // nil store: no snapshots
+}
+
+// tick reports every metered sandbox (running ones with the stats just
+// sampled; paused and transitional ones with none, so only their disk
 // accrues) and every snapshot.
-func (m *Manager) meterTick(ctx context.Context, stats map[string]runtime.Stats) {
-	if m.meter == nil {
+func (u *metering) tick(ctx context.Context, stats map[string]runtime.Stats) {
+	if u.meter == nil {
 		return
 	}
 	now := time.Now()
 	var obs []usage.Observation
-	m.mu.Lock()
-	for _, sb := range m.sandboxes {
+	u.each(func(sb *Sandbox) {
 		if !metered(sb) {
-			continue
+			return
 		}
 		o := sandboxObservation(sb, now)
 		if st, ok := stats[sb.ID]; ok && sb.State == StateRunning {
 			o = withStats(o, st)
 		}
 		obs = append(obs, o)
-	}
-	m.mu.Unlock()
-	if m.life.snaps != nil {
-		for _, s := range m.life.snaps.list(false) {
+	})
+	if snaps := u.snaps(); snaps != nil {
+		for _, s := range snaps.list(false) {
 			if s.TeamID == "" || s.TeamID == poolTeam {
 				continue
 			}
@@ -71,18 +81,18 @@ func (m *Manager) meterTick(ctx context.Context, stats map[string]runtime.Stats)
 				At: now, DiskBytes: uint64(max(s.SizeBytes, 1))})
 		}
 	}
-	m.meter.Observe(ctx, obs)
+	u.meter.Observe(ctx, obs)
 }
 
-// meterLast takes a running sandbox's last figures before it pauses or is
+// last takes a running sandbox's last figures before it pauses or is
 // removed (the caller knows it ran), so the CPU it used since the last tick is not lost.
-func (m *Manager) meterLast(ctx context.Context, sb *Sandbox) {
-	if m.meter == nil || !metered(sb) {
+func (u *metering) last(ctx context.Context, sb *Sandbox) {
+	if u.meter == nil || !metered(sb) {
 		return
 	}
-	st, err := m.rt.Stats(ctx, sb.ID)
+	st, err := u.rt.Stats(ctx, sb.ID)
 	if err != nil {
 		return
 	}
-	m.meter.ObserveOne(ctx, withStats(sandboxObservation(sb, time.Now()), st))
+	u.meter.ObserveOne(ctx, withStats(sandboxObservation(sb, time.Now()), st))
 }

@@ -265,7 +265,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 	}
 	if !opts.LeaveRunning {
 		frozen.Gone() // the processes are gone; nothing to thaw
-		if ns.OwnNet && d.cfg.Net != nil {
+		if ns.OwnNet {
 			// The netns is in the image; the live one and its veth
 			// must go so the restore can make them again.
 			if err := d.cfg.Net.Unplug(ctx, id); err != nil {
@@ -361,7 +361,7 @@ func (d *Driver) restoreMemory(ctx context.Context, spec runtime.Spec, opts runt
 		return fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	ownNet := bundle.OwnsNetNS(dir)
-	if !ownNet && !inPlace && d.cfg.Net != nil {
+	if !ownNet && !inPlace {
 		// The image's netns is external: the new sandbox's must exist.
 		if err := d.cfg.Net.Plug(ctx, spec.ID, 0); err != nil {
 			return fmt.Errorf("sandbox %s: %w", spec.ID, err)
@@ -391,9 +391,6 @@ func (d *Driver) restoreMemory(ctx context.Context, spec runtime.Spec, opts runt
 		// the namespaces exist: the hook has the server give it eth0
 		// back before the sockets are restored (plugwait.go). A failed
 		// restore took the veth with it; plugging again makes a new pair.
-		if d.cfg.Net == nil {
-			return fmt.Errorf("sandbox %s: its netns is its own but no network plugger is configured: %w", spec.ID, errdefs.ErrInvalidArgument)
-		}
 		if pw != nil {
 			pw.close()
 		}

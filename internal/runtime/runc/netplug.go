@@ -29,7 +29,7 @@ import (
 // ownsNetNS reports whether sandboxes' netns is made by runc inside their
 // user namespace rather than joined from the network package.
 func (d *Driver) ownsNetNS() bool {
-	return d.cfg.Net != nil && d.b.UserNS()
+	return d.b.UserNS()
 }
 
 // start runs sandbox id's init from its bundle in dir and returns its host
@@ -38,7 +38,7 @@ func (d *Driver) ownsNetNS() bool {
 // namespace's inotify caps set, in one hook exec (bootid.go).
 func (d *Driver) start(ctx context.Context, id, dir string, ownNet bool) (int, error) {
 	logFile := filepath.Join(dir, Name+".log")
-	if d.cfg.Net != nil && !ownNet {
+	if !ownNet {
 		if err := d.cfg.Net.Plug(ctx, id, 0); err != nil {
 			return 0, err
 		}
@@ -58,7 +58,7 @@ func (d *Driver) start(ctx context.Context, id, dir string, ownNet bool) (int, e
 		return 0, err
 	}
 	bundle.RecordSession(dir, pid)
-	if d.cfg.Net != nil && ownNet {
+	if ownNet {
 		if err := d.cfg.Net.Plug(ctx, id, pid); err != nil {
 			return 0, err
 		}

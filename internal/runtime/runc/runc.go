@@ -49,7 +49,7 @@ type Config struct {
 	// processes for a pause (CRIU's --timeout, whole seconds). Default
 	// DefaultFreezeTimeout; CRIU's own 10 s fails pauses on a busy host.
 	FreezeTimeout time.Duration
-	// Net, when set, receives every sandbox's network namespace: the
+	// Net (required) receives every sandbox's network namespace: the
 	// network package only pre-makes the veth pair (network.Config
 	// Deferred) and Spec.NetNSPath is a placeholder until Net.Plug. It
 	// lets a sandbox in a user namespace own its netns, which CRIU needs.
@@ -88,6 +88,10 @@ var (
 func New(cfg Config, log *slog.Logger) (*Driver, error) {
 	if cfg.Bundles == nil {
 		return nil, fmt.Errorf("runc: Bundles is required: %w", errdefs.ErrInvalidArgument)
+	}
+	if cfg.Net == nil {
+		// A restore into the sandbox's own netns needs it to plug eth0 back.
+		return nil, fmt.Errorf("runc: Net is required (the network that plugs a restored sandbox's eth0): %w", errdefs.ErrInvalidArgument)
 	}
 	if cfg.Binary == "" {
 		cfg.Binary = "runc"

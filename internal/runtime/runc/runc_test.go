@@ -117,7 +117,7 @@ type env struct {
 }
 
 // newRuntime makes a bundle store and both tiers' drivers over e's
-// directories, as a server does; net is the network plugger (nil: none).
+// directories, as a server does; net is the network plugger.
 func (e *env) newRuntime(tb testing.TB, bcfg bundle.Config, net runtime.NetPlugger) (*runtime.Tiers, *Driver, *bundle.Store) {
 	tb.Helper()
 	b, err := bundle.New(bcfg, slog.Default())
@@ -169,12 +169,10 @@ func setup(tb testing.TB, userns ...bool) *env {
 		tb.Fatal(err)
 	}
 
+	// As the server runs it: the runtime plugs every sandbox's netns.
 	netCfg := network.Config{
 		Bridge: "abrt0", Subnet: netip.MustParsePrefix("10.97.0.0/24"),
-		NetNSDir: filepath.Join(tmp, "netns"), Table: "agentbox_rt_test",
-	}
-	if withUserNS {
-		netCfg.Deferred = true
+		NetNSDir: filepath.Join(tmp, "netns"), Table: "agentbox_rt_test", Deferred: true,
 	}
 	nm, err := network.New(netCfg, slog.Default())
 	if err != nil {
@@ -200,11 +198,7 @@ func setup(tb testing.TB, userns ...bool) *env {
 		UserNS:       withUserNS,
 		HookBinary:   testHookBinary(tb),
 	}
-	var plug runtime.NetPlugger
-	if withUserNS {
-		plug = nm
-	}
-	e.rt, e.rc, e.b = e.newRuntime(tb, e.bcfg, plug)
+	e.rt, e.rc, e.b = e.newRuntime(tb, e.bcfg, nm)
 	tb.Cleanup(e.b.ResetIdmaps)
 	tb.Cleanup(func() {
 		parents, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", e.bcfg.CgroupParent))
@@ -388,7 +382,7 @@ echo ok > /tmp/f && sudo -n -u nobody true && echo SUDO_OK`
 	})
 
 	// A second driver on the same directories plays the restarted server.
-	r2, _, _ := e.newRuntime(t, e.bcfg, nil)
+	r2, _, _ := e.newRuntime(t, e.bcfg, e.net)
 	ids, err := r2.List(ctx)
 	if err != nil || !slices.Contains(ids, id) {
 		t.Fatalf("List after restart = %v, %v", ids, err)
@@ -450,7 +444,7 @@ func TestCreateRollsBack(t *testing.T) {
 			if tc.envd != "" {
 				cfg := e.bcfg
 				cfg.EnvdPath = tc.envd
-				rt, _, _ = e.newRuntime(t, cfg, nil)
+				rt, _, _ = e.newRuntime(t, cfg, e.net)
 			}
 			spec := runtime.Spec{ID: tc.id, Layers: e.layers, Resources: runtime.Resources{MemoryMB: 64}}
 			if tc.mutate != nil {

@@ -1,0 +1,71 @@
+package sandbox
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"strings"
+	"testing"
+)
+
+// maxManagerMethods is the ceiling on Manager's methods while the split by
+// concern goes on: lower it as concerns move out, never raise it. The goal
+// is maxMethods for every type.
+const maxManagerMethods = 131
+
+// maxMethods is the most methods any other type of the package may have.
+const maxMethods = 40
+
+// TestMethodCount keeps every type of the package small: a type that grows
+// past the ceiling should give a concern a type of its own.
+func TestMethodCount(t *testing.T) {
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, ".", func(fi os.FileInfo) bool {
+		return !strings.HasSuffix(fi.Name(), "_test.go")
+	}, parser.SkipObjectResolution)
+	if err != nil {
+		t.Fatalf("parse package: %v", err)
+	}
+	counts := map[string]int{}
+	for _, p := range pkgs {
+		for _, f := range p.Files {
+			for _, d := range f.Decls {
+				fn, ok := d.(*ast.FuncDecl)
+				if !ok || fn.Recv == nil || len(fn.Recv.List) == 0 {
+					continue
+				}
+				counts[recvName(fn.Recv.List[0].Type)]++
+			}
+		}
+	}
+	if counts["Manager"] == 0 {
+		t.Fatal("found no Manager methods: is the parser looking at the package?")
+	}
+	for name, n := range counts {
+		limit := maxMethods
+		if name == "Manager" {
+			limit = maxManagerMethods
+		}
+		if n > limit {
+			t.Errorf("type %s has %d methods, over the ceiling of %d: move a concern into a type of its own with a narrow interface", name, n, limit)
+		}
+	}
+}
+
+func recvName(e ast.Expr) string {
+	for {
+		switch x := e.(type) {
+		case *ast.StarExpr:
+			e = x.X
+		case *ast.IndexExpr:
+			e = x.X
+		case *ast.IndexListExpr:
+			e = x.X
+		case *ast.Ident:
+			return x.Name
+		default:
+			return ""
+		}
+	}
+}
