@@ -38,6 +38,7 @@ type fixture struct {
 
 // operation drives one operation to its crash points.
 type operation struct {
+	flags   []string // serve flags the row's server needs (a warm pool)
 	setup   func(t *testing.T, r *rig) fixture
 	trigger func(r *rig, f fixture) // runs until the server dies
 }
@@ -155,6 +156,29 @@ func operations() map[string]operation {
 					map[string]any{"fromTemplate": "base", "steps": []map[string]any{{"type": "RUN", "args": []string{"echo crash-row", "root"}}}})
 			},
 		},
+		// A create of a pooled template claims the pool's sandbox. Creates
+		// repeat until the server dies: one made before the pool's sandbox
+		// is ready starts cold and is checked like any other.
+		"claim": {
+			flags: []string{"--pool", "base=1"},
+			setup: func(t *testing.T, r *rig) fixture {
+				for len(r.HostState(r.ctx)[harness.KindContainer]) == 0 {
+					select {
+					case <-r.ctx.Done():
+						t.Fatal("the warm pool never started a sandbox")
+					case <-time.After(100 * time.Millisecond):
+					}
+				}
+				return fixture{}
+			},
+			trigger: func(r *rig, _ fixture) {
+				for r.ctx.Err() == nil {
+					if _, err := r.c.Create(r.ctx, wire.CreateRequest{TemplateID: "base", Timeout: 900}); err != nil {
+						return
+					}
+				}
+			},
+		},
 		"resume-memory": {
 			setup: func(t *testing.T, r *rig) fixture {
 				f := r.running(t)
@@ -174,9 +198,6 @@ func rowOp(c sandbox.CrashStep) (string, bool) {
 	switch {
 	case c.Op == "resume" && (c.Step == "persisted" || c.Step == "restored"):
 		return "resume-memory", true
-	case c.Op == "claim":
-		// A claim needs a filled warm pool: TestCrashClaim has its rows.
-		return "", false
 	}
 	_, ok := operations()[c.Op]
 	return c.Op, ok
@@ -200,7 +221,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 			defer cancel()
 			s.Terminate(t)
-			s.Launch(t, "--test-crash-after", point.String())
+			s.Launch(t, append([]string{"--test-crash-after", point.String()}, op.flags...)...)
 			r := &rig{Server: s, c: wire.New(s.URL, s.APIKey), ctx: ctx}
 			before := s.HostState(ctx)
 			f := op.setup(t, r)
