@@ -27,16 +27,18 @@ import (
 
 // fixture is what a row's setup made before the crash.
 type fixture struct {
-	src      string // a running (or paused) sandbox with /tmp/mark
-	pid      string // a background process in src: alive again means memory kept
-	snapshot string // a snapshot of src
-	fsPaused bool   // src was paused without memory: its processes are gone
-	paused   bool   // src is paused: no container or cgroup on the host
-	volume   string // a volume's name
+	src      string    // a running (or paused) sandbox with /tmp/mark
+	pid      string    // a background process in src: alive again means memory kept
+	snapshot string    // a snapshot of src
+	fsPaused bool      // src was paused without memory: its processes are gone
+	paused   bool      // src is paused: no container or cgroup on the host
+	volume   string    // a volume's name
+	build    *tplBuild // a template build whose RUN step needs a build sandbox
 }
 
 // operation drives one operation to its crash points.
 type operation struct {
+	flags   []string // serve flags the row's server needs (a warm pool)
 	setup   func(t *testing.T, r *rig) fixture
 	trigger func(r *rig, f fixture) // runs until the server dies
 }
@@ -143,6 +145,40 @@ func operations() map[string]operation {
 				}
 			},
 		},
+		// A template build with a RUN step starts a hidden build sandbox
+		// (the "build" start path); the crash lands in its pipeline.
+		"build": {
+			setup: func(t *testing.T, r *rig) fixture {
+				return fixture{build: requestBuild(r.ctx, t, r.Server, fmt.Sprintf("crash-build-%d", time.Now().UnixNano()%1e6))}
+			},
+			trigger: func(r *rig, f fixture) {
+				r.do("POST", "/v2/templates/"+f.build.templateID+"/builds/"+f.build.buildID,
+					map[string]any{"fromTemplate": "base", "steps": []map[string]any{{"type": "RUN", "args": []string{"echo crash-row", "root"}}}})
+			},
+		},
+		// A create of a pooled template claims the pool's sandbox. Creates
+		// repeat until the server dies: one made before the pool's sandbox
+		// is ready starts cold and is checked like any other.
+		"claim": {
+			flags: []string{"--pool", "base=1"},
+			setup: func(t *testing.T, r *rig) fixture {
+				for len(r.HostState(r.ctx)[harness.KindContainer]) == 0 {
+					select {
+					case <-r.ctx.Done():
+						t.Fatal("the warm pool never started a sandbox")
+					case <-time.After(100 * time.Millisecond):
+					}
+				}
+				return fixture{}
+			},
+			trigger: func(r *rig, _ fixture) {
+				for r.ctx.Err() == nil {
+					if _, err := r.c.Create(r.ctx, wire.CreateRequest{TemplateID: "base", Timeout: 900}); err != nil {
+						return
+					}
+				}
+			},
+		},
 		"resume-memory": {
 			setup: func(t *testing.T, r *rig) fixture {
 				f := r.running(t)
@@ -162,10 +198,6 @@ func rowOp(c sandbox.CrashStep) (string, bool) {
 	switch {
 	case c.Op == "resume" && (c.Step == "persisted" || c.Step == "restored"):
 		return "resume-memory", true
-	case c.Op == "claim", c.Op == "build":
-		// Warm pools and template builds have their own e2e packages;
-		// their rows need a pool or a build context (not yet here).
-		return "", false
 	}
 	_, ok := operations()[c.Op]
 	return c.Op, ok
@@ -189,7 +221,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 			defer cancel()
 			s.Terminate(t)
-			s.Launch(t, "--test-crash-after", point.String())
+			s.Launch(t, append([]string{"--test-crash-after", point.String()}, op.flags...)...)
 			r := &rig{Server: s, c: wire.New(s.URL, s.APIKey), ctx: ctx}
 			before := s.HostState(ctx)
 			f := op.setup(t, r)
@@ -283,6 +315,13 @@ func check(t *testing.T, r *rig, op string, f fixture) {
 	}
 	if f.src != "" && !seen && op != "kill" {
 		t.Errorf("sandbox %s was lost in the crash", f.src)
+	}
+	if f.build != nil {
+		// The build is failed with the restart reason (its client sees it
+		// in the build status), and its build sandbox is gone: the leak
+		// check after the row sees no container, cgroup or netns of it.
+		f.build.ctx = r.ctx
+		checkBuild(r.ctx, t, r.Server, f.build)
 	}
 	if f.snapshot != "" && !slices.Contains(snapshots(t, r), f.snapshot) {
 		t.Errorf("snapshot %s was lost in the crash", f.snapshot)
