@@ -632,7 +632,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	case <-ctx.Done():
 	}
 	log.Info("shutting down; sandboxes keep running and are re-adopted at the next start")
-	shutdownServers(servers, c.ShutdownGrace, log) // serve_shutdown.go
+	shutdownServers(servers, c.ShutdownGrace, gw.Drain, log) // serve_shutdown.go
 	vols.Close()
 	return nil
 }

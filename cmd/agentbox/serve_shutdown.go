@@ -11,11 +11,17 @@ import (
 
 // shutdownServers stops servers on SIGTERM without touching a sandbox: each
 // stops accepting connections at once, requests in flight get grace to
-// finish, and what still runs then (command streams, long transfers) is cut
-// by closing its connection, so a client sees its call fail (a stream
-// without its end message, a transfer without its response) rather than
+// finish, and what still runs then is ended: drain (the gateway's) ends
+// Connect streams (commands, watches) with an "unavailable" end-of-stream
+// message, and a moment later the connections still busy (long transfers,
+// other streams) are closed, so a client sees its call fail rather than
 // hang or pass as complete. It reports whether anything was cut.
-func shutdownServers(servers []*http.Server, grace time.Duration, log *slog.Logger) bool {
+func shutdownServers(servers []*http.Server, grace time.Duration, drain func(), log *slog.Logger) bool {
+	if drain != nil {
+		t := time.AfterFunc(grace, drain)
+		defer t.Stop()
+		grace += drainWait
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	var (
@@ -46,3 +52,7 @@ func shutdownServers(servers []*http.Server, grace time.Duration, log *slog.Logg
 	}
 	return cut
 }
+
+// drainWait is how long ended streams get to send their end message before
+// their connections are closed.
+const drainWait = 2 * time.Second

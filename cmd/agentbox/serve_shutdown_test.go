@@ -80,7 +80,9 @@ func TestShutdownServers(t *testing.T) {
 			}
 
 			done := make(chan bool, 1)
-			go func() { done <- shutdownServers([]*http.Server{srv}, 2*time.Second, slog.New(slog.DiscardHandler)) }()
+			go func() {
+				done <- shutdownServers([]*http.Server{srv}, 2*time.Second, nil, slog.New(slog.DiscardHandler))
+			}()
 			// New connections are refused once the shutdown has begun.
 			for {
 				c, err := net.Dial("tcp", ln.Addr().String())

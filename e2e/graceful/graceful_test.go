@@ -193,6 +193,13 @@ func TestSIGTERMUnderLoad(t *testing.T) {
 		results = append(results, o.name+": "+res)
 	}
 	t.Logf("what the clients saw:\n  %s", strings.Join(results, "\n  "))
+	// A command stream still running at the end of the grace ends with the
+	// server's end-of-stream message, not a cut connection.
+	for _, b := range boxes {
+		if b.streamErr == nil || !strings.Contains(b.streamErr.Error(), "unavailable") || !strings.Contains(b.streamErr.Error(), "shutting down") {
+			t.Errorf("stream %s: %v; want the end-of-stream error unavailable: the server is shutting down", b.sb.SandboxID, b.streamErr)
+		}
+	}
 	if ps := s.ProcessState(); ps == nil || !ps.Exited() || ps.ExitCode() != 0 {
 		t.Errorf("server after SIGTERM: %v, want a clean exit", ps)
 	}

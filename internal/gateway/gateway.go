@@ -46,6 +46,9 @@ type Gateway struct {
 	guesses *authlimit.Limiter
 	conns   conns                           // conns.go
 	counter func(target string, status int) // SetRequestCounter; nil counts nothing
+	// drainCtx ends at Drain (drain.go): every proxied request ends with it.
+	drainCtx context.Context
+	drain    context.CancelFunc
 }
 
 // SetRequestCounter has every answered request counted by target ("envd",
@@ -85,6 +88,7 @@ type target struct {
 // New returns a gateway resolving sandboxes through res.
 func New(res Resolver, log *slog.Logger) *Gateway {
 	g := &Gateway{res: res, log: log, guesses: authlimit.New(authlimit.Options{})}
+	g.drainCtx, g.drain = context.WithCancel(context.Background())
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(targetKey{}).(target)
@@ -274,7 +278,10 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port 
 		return
 	}
 	defer release()
-	// A stream to a sandbox that is killed ends with it.
+	// A stream to a sandbox that is killed ends with it, and every stream
+	// with the server's drain.
+	live, stop := g.draining(live)
+	defer stop()
 	r = r.WithContext(live)
 	// Full duplex: the sandbox often answers (and streams) before the proxy
 	// has finished forwarding the request body. Without this, net/http
@@ -286,7 +293,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, id string, port 
 	g.admit(sb, port, &t)
 	ctx := r.Context()
 	r = r.WithContext(context.WithValue(ctx, targetKey{}, t))
-	g.proxyAudited(w, r, sb, port)
+	g.proxyDraining(w, r, func(w http.ResponseWriter, r *http.Request) { g.proxyAudited(w, r, sb, port) })
 }
 
 // finishBody reads what is left of a request body (a little) before the
