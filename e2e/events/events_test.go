@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/agentbox/agentbox/e2e/harness"
+	"github.com/agentbox/agentbox/e2e/wire"
 )
 
 // verify is E2B's documented webhook check (sandbox/lifecycle-events-
@@ -190,4 +191,38 @@ func TestLifecycleWebhooks(t *testing.T) {
 	if rc.bad > 0 {
 		t.Errorf("%d deliveries failed E2B's documented signature check", rc.bad)
 	}
+}
+
+// TestDeniedPathViolation: a file call the sandbox refuses for its path
+// (the default user writing under /etc) is a policy violation with rule
+// "path", readable in the sandbox's event feed like denied egress.
+func TestDeniedPathViolation(t *testing.T) {
+	s := harness.Start(t)
+	ctx := context.Background()
+	c := wire.New(s.URL, s.APIKey)
+	sb, err := c.Create(ctx, wire.CreateRequest{TemplateID: "base", Timeout: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Kill(context.Background(), sb.SandboxID) })
+	for range 3 {
+		err := c.Upload(ctx, sb, "/etc/agentbox-denied.txt", strings.NewReader("x"), 1)
+		if we, ok := err.(*wire.Error); !ok || we.Status != http.StatusForbidden {
+			t.Fatalf("upload to /etc as the default user: %v, want 403", err)
+		}
+	}
+	waitFor(t, "a sandbox.policy.violation event with rule path", func() bool {
+		st, b, err := s.Do(ctx, s.APIKey, "GET", "/events/sandboxes/"+sb.SandboxID+"?limit=100&types=sandbox.policy.violation", nil)
+		if err != nil || st != http.StatusOK {
+			return false
+		}
+		var evs []event
+		_ = json.Unmarshal(b, &evs)
+		for _, e := range evs {
+			if e.Data["rule"] == "path" {
+				return true
+			}
+		}
+		return false
+	})
 }

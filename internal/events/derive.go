@@ -2,6 +2,7 @@ package events
 
 import (
 	"encoding/json"
+	"net/http"
 	"sort"
 	"strings"
 	"sync"
@@ -25,7 +26,7 @@ type Info struct {
 }
 
 // auditKinds are the audit rows events are made from.
-var auditKinds = []string{audit.KindLifecycle, audit.KindEgress, audit.KindSyscall, audit.KindLimit}
+var auditKinds = []string{audit.KindLifecycle, audit.KindEgress, audit.KindSyscall, audit.KindLimit, audit.KindFile}
 
 // hiddenTeam owns warm pool members: they are nobody's sandboxes until
 // claimed (the claim is their created event).
@@ -102,6 +103,14 @@ func violationRule(r store.AuditRow, fields map[string]any) (rule string, count 
 		return "egress", count
 	case audit.KindSyscall:
 		return "syscall", count
+	case audit.KindFile:
+		// A file call the sandbox refused for its path: no permission
+		// there (a read-only or root-owned path for the calling user).
+		// A missing file is an answer, not a refusal.
+		if st, _ := fields["status"].(float64); r.Decision != audit.Denied || int(st) != http.StatusForbidden {
+			return "", 0
+		}
+		return "path", 1
 	case audit.KindLimit:
 		switch r.Action {
 		case "oom":

@@ -485,6 +485,33 @@ func TestPolicyViolationEvents(t *testing.T) {
 	})
 }
 
+func TestViolationRule(t *testing.T) {
+	row := func(kind, action, decision string) store.AuditRow {
+		return store.AuditRow{SandboxID: "s", TeamID: "t", Kind: kind, Action: action, Decision: decision}
+	}
+	tests := []struct {
+		r      store.AuditRow
+		fields map[string]any
+		rule   string
+		count  int64
+	}{
+		{row(audit.KindFile, "write", audit.Denied), map[string]any{"status": 403.0, "path": "/etc/passwd"}, "path", 1},
+		{row(audit.KindFile, "remove", audit.Denied), map[string]any{"status": 403.0}, "path", 1},
+		{row(audit.KindFile, "write", audit.Denied), map[string]any{"status": 404.0}, "", 0},
+		{row(audit.KindFile, "write", audit.Denied), map[string]any{"status": 507.0}, "", 0},
+		{row(audit.KindFile, "write", audit.Allowed), map[string]any{"path": "/home/user/x"}, "", 0},
+		{row(audit.KindSyscall, "mount", audit.Denied), map[string]any{"count": 3.0}, "syscall", 3},
+		{row(audit.KindLimit, "oom", audit.Denied), map[string]any{"killed": 2.0}, "oom", 2},
+		{row(audit.KindProcess, "start", audit.Denied), nil, "", 0},
+	}
+	for _, tt := range tests {
+		rule, n := violationRule(tt.r, tt.fields)
+		if rule != tt.rule || n != tt.count {
+			t.Errorf("%s/%s/%s %v: %q %d, want %q %d", tt.r.Kind, tt.r.Action, tt.r.Decision, tt.fields, rule, n, tt.rule, tt.count)
+		}
+	}
+}
+
 func TestRetentionByAge(t *testing.T) {
 	f := newFixture(t)
 	svc, _ := f.service(t, Config{MaxAge: time.Hour})
