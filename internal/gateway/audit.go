@@ -229,9 +229,8 @@ func (t *startTap) WriteHeader(code int) {
 func (t *startTap) Unwrap() http.ResponseWriter { return t.ResponseWriter }
 
 func (t *startTap) Flush() {
-	if f, ok := t.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
+	// Through the controller: a writer beneath may flush only by Unwrap.
+	_ = http.NewResponseController(t.ResponseWriter).Flush()
 }
 
 func (t *startTap) Write(p []byte) (int, error) {
@@ -357,9 +356,8 @@ func (t *bodyTap) Write(p []byte) (int, error) {
 func (t *bodyTap) Unwrap() http.ResponseWriter { return t.ResponseWriter }
 
 func (t *bodyTap) Flush() {
-	if f, ok := t.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
+	// Through the controller: a writer beneath may flush only by Unwrap.
+	_ = http.NewResponseController(t.ResponseWriter).Flush()
 }
 
 // errorMessage extracts the message of a Connect or E2B JSON error body.

@@ -44,6 +44,16 @@ type connectStream struct {
 
 func (c *connectStream) Unwrap() http.ResponseWriter { return c.ResponseWriter }
 
+// Flush passes a flush on: the proxy and the audit taps flush every
+// message of a stream, and a writer in between that dropped it would hold
+// a command's start event back.
+func (c *connectStream) Flush() { _ = c.FlushError() }
+
+// FlushError is Flush for http.ResponseController.
+func (c *connectStream) FlushError() error {
+	return http.NewResponseController(c.ResponseWriter).Flush()
+}
+
 func (c *connectStream) WriteHeader(code int) {
 	if !c.wrote {
 		c.wrote = true

@@ -6,14 +6,19 @@ import (
 	"encoding/binary"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/sandbox"
+	"github.com/agentbox/agentbox/internal/store"
 )
 
 func connectEnvelope(flags byte, msg string) []byte {
@@ -57,17 +62,32 @@ func TestConnectStreamFollow(t *testing.T) {
 // Connect client reports as a retryable error), not with a cut connection;
 // another kind of stream is cut as before.
 func TestDrainEndsConnectStreams(t *testing.T) {
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// envd's port, so the audit tap of process starts sits in the path too
+	// and every message must still be flushed through it at once.
+	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.2", strconv.Itoa(sandbox.EnvdPort)))
+	if err != nil {
+		t.Fatalf("an envd stand-in on 127.0.0.2: %v", err)
+	}
+	upstream := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", r.Header.Get("Content-Type"))
 		w.WriteHeader(http.StatusOK)
 		w.Write(connectEnvelope(0, `{"event":"start"}`))
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
 	}))
+	upstream.Listener.Close()
+	upstream.Listener = ln
+	upstream.Start()
 	defer upstream.Close()
-	addr := netip.MustParseAddrPort(strings.TrimPrefix(upstream.URL, "http://"))
+	addr := netip.MustParseAddrPort(ln.Addr().String())
 	res := fakeResolver{sbs: map[string]*sandbox.Sandbox{"iabc": {ID: "iabc", IP: addr.Addr(), State: sandbox.StateRunning}}}
 	g := New(res, slog.New(slog.DiscardHandler))
+	st, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	g.SetAudit(audit.New(st))
 	srv := httptest.NewServer(g.Handler(http.NotFoundHandler()))
 	srv.Config.ErrorLog = nil
 	defer srv.Close()
@@ -77,14 +97,14 @@ func TestDrainEndsConnectStreams(t *testing.T) {
 		req.Header.Set("Content-Type", ct)
 		req.Header.Set("E2b-Sandbox-Id", "iabc")
 		req.Header.Set("E2b-Sandbox-Port", strconv.Itoa(int(addr.Port())))
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		br := bufio.NewReader(resp.Body)
 		first := make([]byte, len(connectEnvelope(0, `{"event":"start"}`)))
 		if _, err := io.ReadFull(br, first); err != nil {
-			t.Fatalf("%s: first message: %v", ct, err)
+			t.Fatalf("%s: first message: %v (a writer in the path held it back)", ct, err)
 		}
 		return resp, br
 	}
