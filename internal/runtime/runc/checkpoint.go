@@ -487,6 +487,22 @@ func (d *Driver) restoreMemory(ctx context.Context, spec runtime.Spec, opts runt
 			lazy.kill()
 		}
 	}
+	if err != nil && pidClash(work) {
+		// A thread's id was taken in the new pid namespace while CRIU
+		// rebuilt it (EEXIST from clone): nothing of the image is at
+		// fault, and a second restore in a fresh namespace finds it free.
+		d.log.Warn("restore met a taken thread id; restoring once more", "id", spec.ID, "err", d.criuFailed("restore", logFile, work, err))
+		_ = d.DeleteContainer(context.WithoutCancel(ctx), spec.ID)
+		if err := plugHook(); err != nil {
+			return err
+		}
+		_ = os.RemoveAll(work)
+		if err := os.MkdirAll(work, 0o700); err != nil {
+			return err
+		}
+		ropts.ExtraArgs = nil
+		err = restore()
+	}
 	if err != nil {
 		// A failed restore may leave a container record or cgroup behind.
 		_ = d.DeleteContainer(context.WithoutCancel(ctx), spec.ID)
@@ -528,6 +544,13 @@ func (d *Driver) restoreMemory(ctx context.Context, spec runtime.Spec, opts runt
 
 // uffdFailed reports whether the failed restore whose CRIU work dir is
 // work could not make the tasks' userfaultfds.
+// pidClash reports whether a restore failed because a thread id it had to
+// recreate was in use (CRIU: "Unable to create a thread: -17").
+func pidClash(work string) bool {
+	b, err := os.ReadFile(filepath.Join(work, "restore.log"))
+	return err == nil && bytes.Contains(b, []byte("Unable to create a thread: -17"))
+}
+
 func uffdFailed(work string) bool {
 	b, err := os.ReadFile(filepath.Join(work, "restore.log"))
 	return err == nil && (bytes.Contains(b, []byte("Lazy pages are not available")) || bytes.Contains(b, []byte("Unable to open an userfaultfd")))
