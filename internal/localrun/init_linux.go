@@ -32,6 +32,10 @@ func RunInit(arg string) error {
 	if len(sp.Args) == 0 {
 		return errors.New("run-init: no command")
 	}
+	// Securebits, ambient capabilities, no_new_privs, Landlock and the
+	// seccomp filter are all per thread: set them on the thread that execs,
+	// or the command may run with none of them.
+	runtime.LockOSThread()
 	sock := os.NewFile(3, "run-child")
 	if err := loopbackUp(); err != nil {
 		return err
@@ -75,7 +79,6 @@ func RunInit(arg string) error {
 		}
 	}
 	// The filter goes on this thread alone, which then execs.
-	runtime.LockOSThread()
 	nfd, err := installFilter(sp.Explain)
 	if err != nil {
 		return err
