@@ -322,10 +322,10 @@ plt.show()`)).results[0].chart
       ['ts', 'let tsKept: number = 7', 'tsKept', '7', "require('node:child_process').spawn('sleep', ['M']); while (true) {}"],
       ['java', 'int kept = 7;', 'kept', '7', 'new ProcessBuilder("sleep", "M").start(); while (true) { Thread.sleep(50); }'],
       ['bash', 'KEPT=7', 'echo $KEPT', '7', 'while true; do sleep M; done'],
-      // R 4.2 hands an interrupt given during system() to the command and
-      // carries on, so the loop here is R's own (and the background
-      // command ignores SIGINT, as POSIX shells start them).
+      // A background command ignores SIGINT, as POSIX shells start them.
       ['r', 'kept <- 7', 'kept', '[1] 7', "system('sleep M', wait = FALSE); repeat { Sys.sleep(0.05) }", true],
+      // system() ignores SIGINT while its command runs; the loop stops anyway.
+      ['r', 'kept <- 7', 'kept', '[1] 7', "repeat { system('sleep M') }"],
     ]
     const running = async (marker) =>
       (await sbx.commands.run(`pgrep -fx 'sleep ${marker}' || true`, { user: 'root' })).stdout.trim() !== ''

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -68,15 +69,29 @@ func TestDisconnectInterruptsEveryLanguage(t *testing.T) {
 			"require('node:child_process').spawn('sleep', ['%s']); while (true) {}", false},
 		{"r", requireR, "kept <- 7", "kept", "[1] 7",
 			"system('sleep %s', wait = FALSE); repeat { Sys.sleep(0.05) }", true},
+		// system() ignores SIGINT while its command runs: the kernel
+		// interrupts itself once the interrupted command returns.
+		{"r", requireR, "kept <- 7", "kept", "[1] 7",
+			"repeat { system('sleep %s') }", false},
+		{"r", requireR, "kept <- 7", "kept", "[1] 7",
+			"repeat { system2('sleep', '%s') }", false},
 		{"java", requireJava, "int kept = 7;", "kept", "7",
 			"new ProcessBuilder(\"sleep\", \"%s\").start(); while (true) { Thread.sleep(50); }", false},
 		{"bash", func(*testing.T) {}, "KEPT=7", "echo $KEPT", "7",
 			"while true; do sleep %s; done", false},
 	}
+	// Rows of one language share a server, and so a kernel, as an SDK
+	// user's context does: one interrupt must not spoil the next.
+	servers := map[string]*httptest.Server{}
+	parent := t
 	for i, tt := range tests {
 		t.Run(tt.language, func(t *testing.T) {
 			tt.require(t)
-			_, hs := newTestServer(t)
+			hs := servers[tt.language]
+			if hs == nil {
+				_, hs = newTestServer(parent)
+				servers[tt.language] = hs
+			}
 			in := func(ctx context.Context, code string) *execution {
 				return runCtx(ctx, t, hs, map[string]any{"code": code, "language": tt.language})
 			}

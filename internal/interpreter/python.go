@@ -3,8 +3,10 @@ package interpreter
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +22,10 @@ type jupyterKernel struct {
 	client *jupyterClient
 	dir    string // holds the connection file
 	name   string // for errors: "ipykernel", "IRkernel"
+	// interruptFlag, if set, is a file Interrupt creates before its
+	// signal and the next execution removes: kernels whose blocking calls
+	// swallow SIGINT (R's system()) check it once such a call returns.
+	interruptFlag string
 }
 
 type pythonConfig struct {
@@ -159,6 +165,12 @@ type executeContent struct {
 }
 
 func (k *jupyterKernel) Execute(ctx context.Context, code string, silent bool, sink Sink) error {
+	if k.interruptFlag != "" {
+		// An earlier cell's interrupt must not stop this one.
+		if err := os.Remove(k.interruptFlag); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%s: clearing the interrupt flag: %w", k.name, err)
+		}
+	}
 	type routed struct {
 		channel string
 		m       *message
@@ -271,7 +283,14 @@ func (k *jupyterKernel) handle(channel string, m *message, silent bool, sink Sin
 // Interrupt sends SIGINT to the kernel's process group: ipykernel turns it
 // into KeyboardInterrupt while it executes (and ignores it while idle),
 // IRkernel into an R interrupt, and programs the code started stop too.
-func (k *jupyterKernel) Interrupt() error { return k.p.signalGroup(syscall.SIGINT) }
+func (k *jupyterKernel) Interrupt() error {
+	if k.interruptFlag != "" {
+		if err := os.WriteFile(k.interruptFlag, nil, 0o600); err != nil {
+			return fmt.Errorf("%s: setting the interrupt flag: %w", k.name, err)
+		}
+	}
+	return k.p.signalGroup(syscall.SIGINT)
+}
 
 func (k *jupyterKernel) Exited() <-chan struct{} { return k.p.exited }
 func (k *jupyterKernel) ExitReason() string      { return k.p.reason }

@@ -43,21 +43,44 @@ func startR(ctx context.Context, cfg rConfig) (*jupyterKernel, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("r kernel: %w", err)
 	}
-	// IRkernel's own kernelspec command line, except that an interrupt
-	// reaching the kernel while idle (its cell ended as the client gave up)
-	// is resumed from instead of ending R with all its state: a running
-	// cell's own interrupt handler is innermost and still stops the cell.
-	cmd := exec.Command(cfg.R, "--slave", "-e",
+	// IRkernel's own kernelspec command line, with two changes. An
+	// interrupt reaching the kernel while idle (its cell ended as the
+	// client gave up) is resumed from instead of ending R with all its
+	// state: a running cell's own interrupt handler is innermost and still
+	// stops the cell. And system()/system2() ignore SIGINT while their
+	// command runs (as POSIX system() does), so a cell looping over them
+	// could not be interrupted: once one returns while the interrupt flag
+	// is set, R interrupts itself.
+	cmd := exec.Command(cfg.R, "--slave", "-e", rInterruptTrace+
 		`withCallingHandlers(IRkernel::main(), interrupt = function(c) invokeRestart("resume"))`,
 		"--args", connFile)
 	cmd.Dir = cfg.Cwd
-	cmd.Env = kernelEnv(map[string]string{"JPY_SESSION_NAME": ""})
+	flag := filepath.Join(dir, "interrupted")
+	cmd.Env = kernelEnv(map[string]string{"JPY_SESSION_NAME": "", "AGENTBOX_INTERRUPT_FLAG": flag})
 	k, err := startJupyter(ctx, cmd, "IRkernel (r-cran-irkernel)", dir, connFile, cfg.Log)
 	if err != nil {
 		return nil, fmt.Errorf("r kernel: %w", err)
 	}
+	k.interruptFlag = flag
 	return k, nil
 }
+
+// rInterruptTrace makes system() and system2() interrupt R on return
+// while the file named by AGENTBOX_INTERRUPT_FLAG exists. It signals the
+// interrupt condition as R's own SIGINT handler does (with a "resume"
+// restart, then back to top level) instead of sending R a SIGINT: once a
+// background command was started (system(wait = FALSE)), such a signal
+// stays pending while the next system() call ignores it.
+const rInterruptTrace = `local({
+  f <- Sys.getenv("AGENTBOX_INTERRUPT_FLAG")
+  h <- bquote(if (file.exists(.(f))) withRestarts({
+    signalCondition(structure(class = c("interrupt", "condition"), list(message = "", call = NULL)))
+    invokeRestart("abort")
+  }, resume = function() NULL))
+  for (fn in c("system", "system2")) suppressMessages(trace(fn, exit = h, print = FALSE, where = baseenv()))
+  Sys.unsetenv("AGENTBOX_INTERRUPT_FLAG")
+});
+`
 
 // freeConnection is a connection description on free loopback ports with a
 // fresh signing key.
