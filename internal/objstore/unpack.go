@@ -108,6 +108,9 @@ func Unpack(ctx context.Context, r io.Reader, dir string, lim UnpackLimits) erro
 		if errors.Is(err, io.EOF) {
 			break
 		}
+		if errors.Is(err, tar.ErrHeader) && u.entries == 0 {
+			return fmt.Errorf("the image is not a tar archive (a snapshot image is never compressed): %w: %w", err, ErrUnsafeImage)
+		}
 		if err != nil {
 			return fmt.Errorf("read image tar: %w", err)
 		}

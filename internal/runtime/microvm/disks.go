@@ -150,10 +150,6 @@ func (d *Driver) mkfsTree(ctx context.Context, id, path string, mb int64, dir st
 	if err != nil {
 		return err
 	}
-	bin, err := exec.LookPath("mkfs.ext4")
-	if err != nil {
-		return err
-	}
 	tree, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -179,12 +175,11 @@ func (d *Driver) mkfsTree(ctx context.Context, id, path string, mb int64, dir st
 		return err
 	}
 	defer img.Chown(0, 0)
-	argv := append(append([]string{bin}, mkfsArgs...), "-d", confine.FD(1), confine.FD(0))
-	out, err := confine.Tool{
-		Self: d.cfg.HookBinary, UID: uid, GID: uid, Argv: argv,
-		Files: []*os.File{img}, Dirs: []*os.File{tree}, ReadAll: true,
-		Limits: confine.Limits{FileSize: uint64(mb << 20), CPUSeconds: 1800, AddressSpace: 4 << 30, Files: 256},
-	}.Run(ctx)
+	tool, err := MkfsTool(d.cfg.HookBinary, uid, img, tree, mb)
+	if err != nil {
+		return err
+	}
+	out, err := tool.Run(ctx)
 	if err != nil {
 		return fmt.Errorf("mkfs.ext4 of the template's files: %w: %s", err, confine.Output(out))
 	}
@@ -193,4 +188,20 @@ func (d *Driver) mkfsTree(ctx context.Context, id, path string, mb int64, dir st
 	}
 	ok = true
 	return nil
+}
+
+// MkfsTool is the confined run of mkfs.ext4 that fills img (mb MiB, owned
+// by uid) from tree: tree read-only, img the only file written, never
+// past its size, as uid with CAP_DAC_READ_SEARCH alone.
+func MkfsTool(self string, uid int, img, tree *os.File, mb int64) (confine.Tool, error) {
+	bin, err := exec.LookPath("mkfs.ext4")
+	if err != nil {
+		return confine.Tool{}, err
+	}
+	return confine.Tool{
+		Self: self, UID: uid, GID: uid,
+		Argv:  append(append([]string{bin}, mkfsArgs...), "-d", confine.FD(1), confine.FD(0)),
+		Files: []*os.File{img}, Dirs: []*os.File{tree}, ReadAll: true,
+		Limits: confine.Limits{FileSize: uint64(mb << 20), CPUSeconds: 1800, AddressSpace: 4 << 30, Files: 256},
+	}, nil
 }
