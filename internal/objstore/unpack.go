@@ -222,7 +222,7 @@ func (u *unpacker) entry(hdr *tar.Header, tr io.Reader) error {
 		}
 		u.dirs = append(u.dirs, dirTime{name, hdr.ModTime})
 		err = u.withFD(pfd, base, unix.O_DIRECTORY, func(fd int) error { return u.meta(fd, hdr, perm, xattrs) })
-	case tar.TypeReg, tar.TypeRegA: //nolint:staticcheck // older tars
+	case tar.TypeReg, tar.TypeRegA, tar.TypeGNUSparse: //nolint:staticcheck // older tars
 		err = u.file(pfd, base, hdr, tr, perm, xattrs)
 	case tar.TypeSymlink:
 		if err := unix.Symlinkat(hdr.Linkname, pfd, base); err != nil {
@@ -258,10 +258,16 @@ func (u *unpacker) entry(hdr *tar.Header, tr io.Reader) error {
 		return err
 	}
 	u.seen[name] = hdr.Typeflag
-	if hdr.Typeflag == tar.TypeRegA { //nolint:staticcheck // older tars
+	if isReg(hdr.Typeflag) {
 		u.seen[name] = tar.TypeReg
 	}
 	return nil
+}
+
+// isReg reports whether a tar type is a regular file's: older tars' and
+// GNU's old sparse format ('S') too.
+func isReg(typ byte) bool {
+	return typ == tar.TypeReg || typ == tar.TypeRegA || typ == tar.TypeGNUSparse //nolint:staticcheck // older tars
 }
 
 // parentFD opens dir (a directory of the stream) once for its entries.
@@ -429,7 +435,7 @@ func (u *unpacker) setTimes(name string, mtime time.Time) error {
 func (u *unpacker) xattrs(hdr *tar.Header) (map[string]string, error) {
 	var out map[string]string
 	total := 0
-	settable := hdr.Typeflag == tar.TypeReg || hdr.Typeflag == tar.TypeDir || hdr.Typeflag == tar.TypeRegA //nolint:staticcheck // older tars
+	settable := isReg(hdr.Typeflag) || hdr.Typeflag == tar.TypeDir
 	for k, v := range hdr.PAXRecords {
 		name, ok := strings.CutPrefix(k, xattrPrefix)
 		if !ok {

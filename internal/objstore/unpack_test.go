@@ -72,6 +72,17 @@ func craft(t *testing.T, entries ...entry) []byte {
 	return buf.Bytes()
 }
 
+// oldSparseTar is dir in GNU tar's own format, whose sparse files are
+// entries of type 'S'.
+func oldSparseTar(t *testing.T, dir string) []byte {
+	t.Helper()
+	out, err := exec.Command("tar", "-C", dir, "-c", "--format=gnu", "--sparse", "--numeric-owner", ".").Output()
+	if err != nil {
+		t.Fatalf("tar -c: %v", err)
+	}
+	return out
+}
+
 // gnuTar is what the server's own tar writes of dir (PutImage's flags).
 func gnuTar(t *testing.T, dir string) []byte {
 	t.Helper()
@@ -134,6 +145,7 @@ func TestUnpackRefuses(t *testing.T) {
 		{"oversized xattrs", craft(t, entry{name: "a", body: "1", pax: map[string]string{xattrPrefix + "user.a": strings.Repeat("a", 70<<10)}}), small, true},
 		{"huge declared file", craft(t, entry{name: "big", size: 1 << 40}), small, true},
 		{"huge sparse file", gnuTar(t, sparseSrc), small, true},
+		{"huge sparse file, GNU's old format", oldSparseTar(t, sparseSrc), small, true},
 		{"past the total", craft(t, entry{name: "a", body: strings.Repeat("a", 2<<20)}, entry{name: "b", body: strings.Repeat("b", 2<<20)}), small, true},
 		{"too many entries", craft(t, func() []entry {
 			var es []entry
@@ -197,6 +209,13 @@ func TestUnpackRoundTrip(t *testing.T) {
 	_, err = f.WriteAt([]byte("data"), 32<<20)
 	must(err)
 	f.Close()
+
+	// GNU's old sparse entries ('S') unpack as files too.
+	old := t.TempDir()
+	must(Unpack(context.Background(), bytes.NewReader(oldSparseTar(t, src)), old, UnpackLimits{}))
+	if b, err := os.ReadFile(filepath.Join(old, "image.raw")); err != nil || len(b) != 64<<20 || string(b[32<<20:32<<20+4]) != "data" {
+		t.Fatalf("image.raw from the GNU format differs: %v", err)
+	}
 
 	dst := t.TempDir()
 	must(Unpack(context.Background(), bytes.NewReader(gnuTar(t, src)), dst, UnpackLimits{}))
