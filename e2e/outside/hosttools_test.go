@@ -123,12 +123,6 @@ func storeWith(t *testing.T, raw []byte) (*objstore.Store, string, objstore.Bind
 // a clear error and leave the host as it was.
 func TestStoredImageAttacks(t *testing.T) {
 	harness.RequireRoot(t)
-	outside := t.TempDir()
-	victim := filepath.Join(outside, "victim")
-	if err := os.WriteFile(victim, []byte("intact"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	up := strings.Repeat("../", 24) + strings.TrimPrefix(outside, "/")
 	sparse := t.TempDir()
 	if err := os.WriteFile(filepath.Join(sparse, "hole"), nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -151,9 +145,15 @@ func TestStoredImageAttacks(t *testing.T) {
 	_ = tw.Close()
 	_ = zw.Close()
 
-	// import unpacks raw as a node would and says what crossed.
-	importImage := func(t *testing.T, raw []byte) error {
-		s, prefix, b := storeWith(t, raw)
+	// import unpacks the image made for a fresh host dir outside, with a
+	// file victim in it, as a node would, and says what crossed.
+	importImage := func(t *testing.T, image func(outside, victim string) []byte) error {
+		outside := t.TempDir()
+		victim := filepath.Join(outside, "victim")
+		if err := os.WriteFile(victim, []byte("intact"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		s, prefix, b := storeWith(t, image(outside, victim))
 		dir := filepath.Join(t.TempDir(), "snap")
 		if err := os.Mkdir(dir, 0o700); err != nil {
 			t.Fatal(err)
@@ -198,24 +198,34 @@ func TestStoredImageAttacks(t *testing.T) {
 		t.Logf("refused: %v", ierr)
 		return nil
 	}
+	up := func(outside string) string { return strings.Repeat("../", 24) + strings.TrimPrefix(outside, "/") }
+	fixed := func(raw []byte) func(string, string) []byte { return func(string, string) []byte { return raw } }
 	rows := []struct {
-		name string
-		raw  []byte
+		name  string
+		image func(outside, victim string) []byte
 	}{
-		{"image tar with ../ names", craftImage(t, hostTar{name: up + "/escape", body: "x"})},
-		{"image tar with absolute names", craftImage(t, hostTar{name: outside + "/escape", body: "x"})},
-		{"image tar: symlink to a host dir, then a file through it", craftImage(t,
-			hostTar{name: "upper", typ: tar.TypeDir},
-			hostTar{name: "upper/link", link: outside, typ: tar.TypeSymlink},
-			hostTar{name: "upper/link/victim", body: "overwritten"})},
-		{"image tar: hard link to a host file", craftImage(t, hostTar{name: "hard", link: victim, typ: tar.TypeLink})},
-		{"image tar: device node", craftImage(t, hostTar{name: "mem", typ: tar.TypeChar, major: 1, minor: 1})},
-		{"image tar: huge sparse file", sparseTar},
-		{"image tar: decompression bomb", bomb.Bytes()},
+		{"image tar with ../ names", func(outside, _ string) []byte {
+			return craftImage(t, hostTar{name: up(outside) + "/escape", body: "x"})
+		}},
+		{"image tar with absolute names", func(outside, _ string) []byte {
+			return craftImage(t, hostTar{name: outside + "/escape", body: "x"})
+		}},
+		{"image tar: symlink to a host dir, then a file through it", func(outside, _ string) []byte {
+			return craftImage(t,
+				hostTar{name: "upper", typ: tar.TypeDir},
+				hostTar{name: "upper/link", link: outside, typ: tar.TypeSymlink},
+				hostTar{name: "upper/link/victim", body: "overwritten"})
+		}},
+		{"image tar: hard link to a host file", func(_, victim string) []byte {
+			return craftImage(t, hostTar{name: "hard", link: victim, typ: tar.TypeLink})
+		}},
+		{"image tar: device node", fixed(craftImage(t, hostTar{name: "mem", typ: tar.TypeChar, major: 1, minor: 1}))},
+		{"image tar: huge sparse file", fixed(sparseTar)},
+		{"image tar: decompression bomb", fixed(bomb.Bytes())},
 	}
 	var attacks []attack
 	for _, r := range rows {
-		attacks = append(attacks, attack{side: sideStoredImage, name: r.name, run: func(t *testing.T) error { return importImage(t, r.raw) }})
+		attacks = append(attacks, attack{side: sideStoredImage, name: r.name, run: func(t *testing.T) error { return importImage(t, r.image) }})
 	}
 	runAttacks(t, attacks)
 }
