@@ -85,7 +85,8 @@ func craftImage(t *testing.T, entries ...hostTar) []byte {
 
 // storeWith seals raw as the image of a snapshot in an S3 store, with a
 // manifest that matches it (as PutImage names the objects), and returns
-// the store, the prefix and the binding that open it.
+// the store (unpacking through the server binary's hook), the prefix and
+// the binding that open it.
 func storeWith(t *testing.T, raw []byte) (*objstore.Store, string, objstore.Binding) {
 	t.Helper()
 	ctx := context.Background()
@@ -104,6 +105,8 @@ func storeWith(t *testing.T, raw []byte) (*objstore.Store, string, objstore.Bind
 	if err != nil {
 		t.Fatal(err)
 	}
+	// As the server does: images unpack in its confined child.
+	s.Self, _ = harness.Binaries(t)
 	b := objstore.Binding{Team: "agents", Sandbox: "uid-1"}
 	prefix := objstore.ImagePrefix("agents", "sb1", 1)
 	if err := s.Put(ctx, prefix+"image.tar", b, bytes.NewReader(raw)); err != nil {

@@ -38,6 +38,9 @@ type Store struct {
 	key    []byte
 	// Limits bound what an image unpacks to (zero: the defaults).
 	Limits UnpackLimits
+	// Self is the server's binary, which unpacks images confined
+	// (UnpackHook); "" unpacks them in this process.
+	Self string
 }
 
 // Open connects to the bucket and checks that it exists.
@@ -241,8 +244,9 @@ func (s *srcReader) Read(p []byte) (int, error) {
 }
 
 // GetImage downloads the image under prefix into dir (which must exist and
-// be empty) after checking its manifest, and unpacks it with Unpack: the
-// files are what a sandbox wrote, so no host tool parses them. Any
+// be empty) after checking its manifest, and unpacks it with Unpack (in
+// the confined child of UnpackHook when Self is set): the files are what a
+// sandbox wrote, so no host tool parses them. Any
 // tampering fails with ErrIntegrity, an unsafe or oversized entry with
 // ErrUnsafeImage; the caller removes dir on error.
 func (s *Store) GetImage(ctx context.Context, prefix string, b Binding, dir string) (*Manifest, error) {
@@ -270,7 +274,12 @@ func (s *Store) GetImage(ctx context.Context, prefix string, b Binding, dir stri
 	h := sha256.New()
 	cnt := &counter{}
 	src := &srcReader{r: io.TeeReader(ir, io.MultiWriter(h, cnt))}
-	uerr := Unpack(ctx, src, dir, s.Limits)
+	var uerr error
+	if s.Self != "" {
+		uerr = unpackConfined(ctx, s.Self, src, dir, s.Limits)
+	} else {
+		uerr = Unpack(ctx, src, dir, s.Limits)
+	}
 	if uerr == nil {
 		// The rest (the tar's end blocks) belongs to the digest.
 		_, uerr = io.Copy(io.Discard, src)

@@ -74,6 +74,10 @@ func (l UnpackLimits) withDefaults() UnpackLimits {
 // xattrPrefix is how tar keeps extended attributes in PAX records.
 const xattrPrefix = "SCHILY.xattr."
 
+// opaqueXattr marks an overlay upper directory that hides the lower
+// layers' one.
+const opaqueXattr = "trusted.overlay.opaque"
+
 // Unpack extracts the tar stream r (a snapshot's image directory, as
 // PutImage writes it) into dir, an empty directory, as the server: the
 // stream is treated as hostile, because its files are what a sandbox
@@ -91,40 +95,48 @@ const xattrPrefix = "SCHILY.xattr."
 // stops the unpack with an error wrapping ErrUnsafeImage that names the
 // entry; the caller removes dir.
 func Unpack(ctx context.Context, r io.Reader, dir string, lim UnpackLimits) error {
+	_, err := unpack(ctx, r, dir, lim, false)
+	return err
+}
+
+// unpack is Unpack; with deferOpaque it leaves the overlay opaque markers
+// (trusted.* attributes, which need CAP_SYS_ADMIN) to its caller and
+// returns the directories that want one.
+func unpack(ctx context.Context, r io.Reader, dir string, lim UnpackLimits, deferOpaque bool) ([]string, error) {
 	lim = lim.withDefaults()
 	root, err := os.OpenRoot(dir)
 	if err != nil {
-		return fmt.Errorf("unpack into %s: %w", dir, err)
+		return nil, fmt.Errorf("unpack into %s: %w", dir, err)
 	}
 	defer root.Close()
-	u := &unpacker{root: root, lim: lim, seen: map[string]byte{".": tar.TypeDir}}
+	u := &unpacker{root: root, lim: lim, seen: map[string]byte{".": tar.TypeDir}, deferOpaque: deferOpaque}
 	defer u.closeParent()
 	tr := tar.NewReader(r)
 	for {
 		if err := ctx.Err(); err != nil {
-			return err
+			return nil, err
 		}
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if errors.Is(err, tar.ErrHeader) && u.entries == 0 {
-			return fmt.Errorf("the image is not a tar archive (a snapshot image is never compressed): %w: %w", err, ErrUnsafeImage)
+			return nil, fmt.Errorf("the image is not a tar archive (a snapshot image is never compressed): %w: %w", err, ErrUnsafeImage)
 		}
 		if err != nil {
-			return fmt.Errorf("read image tar: %w", err)
+			return nil, fmt.Errorf("read image tar: %w", err)
 		}
 		if err := u.entry(hdr, tr); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	// Directory times last: their entries changed them.
 	for _, d := range u.dirs {
 		if err := u.setTimes(d.name, d.mtime); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return nil
+	return u.opaque, nil
 }
 
 type dirTime struct {
@@ -143,6 +155,9 @@ type unpacker struct {
 	// directory's entries together.
 	parentName string
 	parent     *os.File
+	// deferOpaque collects the directories to mark opaque in opaque.
+	deferOpaque bool
+	opaque      []string
 }
 
 func refuse(name, format string, args ...any) error {
@@ -221,6 +236,10 @@ func (u *unpacker) entry(hdr *tar.Header, tr io.Reader) error {
 			return fmt.Errorf("image entry %s: %w", quote(hdr.Name), err)
 		}
 		u.dirs = append(u.dirs, dirTime{name, hdr.ModTime})
+		if _, ok := xattrs[opaqueXattr]; ok && u.deferOpaque {
+			delete(xattrs, opaqueXattr)
+			u.opaque = append(u.opaque, name)
+		}
 		err = u.withFD(pfd, base, unix.O_DIRECTORY, func(fd int) error { return u.meta(fd, hdr, perm, xattrs) })
 	case tar.TypeReg, tar.TypeRegA, tar.TypeGNUSparse: //nolint:staticcheck // older tars
 		err = u.file(pfd, base, hdr, tr, perm, xattrs)
@@ -446,7 +465,7 @@ func (u *unpacker) xattrs(hdr *tar.Header) (map[string]string, error) {
 			return nil, refuse(hdr.Name, "extended attributes of more than %d bytes", u.lim.MaxXattrBytes)
 		}
 		keep := strings.HasPrefix(name, "user.") ||
-			(name == "trusted.overlay.opaque" && (v == "y" || v == "x")) ||
+			(name == opaqueXattr && v == "y") ||
 			(name == "security.capability" && nsCapability(v))
 		if !keep || !settable {
 			continue

@@ -156,23 +156,25 @@ func TestUnpackRefuses(t *testing.T) {
 		}()...), small, true},
 		{"decompression bomb", gz.Bytes(), UnpackLimits{}, true},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			dir := filepath.Join(t.TempDir(), "img")
-			if err := os.Mkdir(dir, 0o700); err != nil {
-				t.Fatal(err)
-			}
-			err := Unpack(context.Background(), bytes.NewReader(tc.tar), dir, tc.lim)
-			if err == nil || (tc.unsafe && !errors.Is(err, ErrUnsafeImage)) {
-				t.Fatalf("Unpack = %v, want a refusal", err)
-			}
-			if b, _ := os.ReadFile(victim); string(b) != "intact" {
-				t.Fatalf("the host file was overwritten: %q", b)
-			}
-			if es, _ := os.ReadDir(outside); len(es) != 1 {
-				t.Fatalf("something was made outside: %v", es)
-			}
-			t.Logf("refused: %v", err)
-		})
+		for how, unpack := range unpackers(t) {
+			t.Run(how+"/"+tc.name, func(t *testing.T) {
+				dir := filepath.Join(t.TempDir(), "img")
+				if err := os.Mkdir(dir, 0o700); err != nil {
+					t.Fatal(err)
+				}
+				err := unpack(tc.tar, dir, tc.lim)
+				if err == nil || (tc.unsafe && !errors.Is(err, ErrUnsafeImage)) {
+					t.Fatalf("Unpack = %v, want a refusal", err)
+				}
+				if b, _ := os.ReadFile(victim); string(b) != "intact" {
+					t.Fatalf("the host file was overwritten: %q", b)
+				}
+				if es, _ := os.ReadDir(outside); len(es) != 1 {
+					t.Fatalf("something was made outside: %v", es)
+				}
+				t.Logf("refused: %v", err)
+			})
+		}
 	}
 }
 
@@ -210,15 +212,28 @@ func TestUnpackRoundTrip(t *testing.T) {
 	must(err)
 	f.Close()
 
+	for how, unpack := range unpackers(t) {
+		t.Run(how, func(t *testing.T) { checkRoundTrip(t, src, unpack) })
+	}
+}
+
+func checkRoundTrip(t *testing.T, src string, unpack func([]byte, string, UnpackLimits) error) {
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := func(n string) string { return filepath.Join(src, n) }
 	// GNU's old sparse entries ('S') unpack as files too.
 	old := t.TempDir()
-	must(Unpack(context.Background(), bytes.NewReader(oldSparseTar(t, src)), old, UnpackLimits{}))
+	must(unpack(oldSparseTar(t, src), old, UnpackLimits{}))
 	if b, err := os.ReadFile(filepath.Join(old, "image.raw")); err != nil || len(b) != 64<<20 || string(b[32<<20:32<<20+4]) != "data" {
 		t.Fatalf("image.raw from the GNU format differs: %v", err)
 	}
 
 	dst := t.TempDir()
-	must(Unpack(context.Background(), bytes.NewReader(gnuTar(t, src)), dst, UnpackLimits{}))
+	must(unpack(gnuTar(t, src), dst, UnpackLimits{}))
 
 	for _, n := range []string{"upper", "upper/etc", "upper/etc/sub", "upper/etc/shadow", "upper/su", "upper/abs", "upper/gone", "upper/fifo", "image.raw"} {
 		a, err := os.Lstat(p(n))
