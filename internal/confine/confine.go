@@ -4,8 +4,9 @@
 // resource limits, Landlock (system files read-only, the named files and
 // nothing else writable) and a seccomp filter (no sockets, no new
 // processes, none of the calls the container tier refuses). A bug in
-// e2fsck or debugfs that a crafted image triggers then yields a process
-// that can do nothing but write the image it was given.
+// e2fsck or debugfs that a crafted image triggers, or in mkfs.ext4 that a
+// crafted template tree triggers, then yields a process that can do
+// nothing but write the image it was given.
 //
 // The confinement is applied by the server's own binary in the child
 // (`agentbox __hook confine <spec>`), which then execs the tool.
