@@ -8,6 +8,7 @@ import (
 
 	"github.com/agentbox/agentbox/internal/confine"
 	"github.com/agentbox/agentbox/internal/localrun"
+	"github.com/agentbox/agentbox/internal/objstore"
 	"github.com/agentbox/agentbox/internal/runtime/bundle"
 	"github.com/agentbox/agentbox/internal/runtime/runc"
 	"github.com/agentbox/agentbox/internal/template"
@@ -51,6 +52,8 @@ func runHook(name string, args []string) error {
 		return confine.RunHook(args[0])
 	case template.UnpackHook:
 		return template.RunUnpackHook(args)
+	case objstore.UnpackHook:
+		return objstore.RunUnpackHook(args)
 	case localrun.InitHook:
 		if len(args) != 1 {
 			return fmt.Errorf("%s hook takes one argument", localrun.InitHook)
@@ -59,5 +62,5 @@ func runHook(name string, args []string) error {
 	case "":
 		return errors.New("__hook: name a hook")
 	}
-	return fmt.Errorf("__hook: unknown hook %q (want %s, %s, %s, %s, %s, %s or %s)", name, runc.PlugWaitHook, runc.UserNSLimitsHook, runc.BootIDHook, bundle.HoldHook, localrun.InitHook, confine.Hook, template.UnpackHook)
+	return fmt.Errorf("__hook: unknown hook %q (want %s, %s, %s, %s, %s, %s, %s or %s)", name, runc.PlugWaitHook, runc.UserNSLimitsHook, runc.BootIDHook, bundle.HoldHook, localrun.InitHook, confine.Hook, template.UnpackHook, objstore.UnpackHook)
 }

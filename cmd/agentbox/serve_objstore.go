@@ -52,6 +52,11 @@ func openImages(ctx context.Context, o objectStoreFlags, mgr *sandbox.Manager, c
 	if err != nil {
 		return nil, err
 	}
+	// Restored images are a sandbox's writing: they unpack in a confined
+	// child of this binary.
+	if st.Self, err = os.Executable(); err != nil {
+		return nil, fmt.Errorf("--kube-object-store: own binary: %w", err)
+	}
 	// Exports hold tenant memory while they are uploaded.
 	tmp := filepath.Join(c.DataDir, "kube-export")
 	_ = os.RemoveAll(tmp) // exports a crash left behind

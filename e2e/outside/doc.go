@@ -13,8 +13,10 @@
 // root against its volume mount, and through the files it leaves in the
 // volume, against the server's volume content API), outsider (no key at all),
 // web-page (a page a sandbox serves, opened in a browser logged into the
-// dashboard), shared address (a client behind an address other teams use too)
-// and sandbox→owner (a sandbox's workload against its owner's control of it).
+// dashboard), shared address (a client behind an address other teams use too),
+// sandbox→owner (a sandbox's workload against its owner's control of it)
+// and stored image (a snapshot image a node reads back from the object
+// store and unpacks as root).
 // The run fails when any row CROSSED or could not be carried out (error).
 //
 // # Adding attacks

@@ -4,8 +4,9 @@
 // resource limits, Landlock (system files read-only, the named files and
 // nothing else writable) and a seccomp filter (no sockets, no new
 // processes, none of the calls the container tier refuses). A bug in
-// e2fsck or debugfs that a crafted image triggers then yields a process
-// that can do nothing but write the image it was given.
+// e2fsck or debugfs that a crafted image triggers, or in mkfs.ext4 that a
+// crafted template tree triggers, then yields a process that can do
+// nothing but write the image it was given.
 //
 // The confinement is applied by the server's own binary in the child
 // (`agentbox __hook confine <spec>`), which then execs the tool.
@@ -21,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 )
@@ -59,6 +61,16 @@ type Tool struct {
 	// tool may read or write (Landlock rules on the descriptors' inodes,
 	// so unlinked files work too).
 	Files []*os.File
+	// Dirs are directory trees the tool may read and never write (a tree
+	// mkfs copies), passed as descriptors after Files: the tool names
+	// Dirs[i] as FD(len(Files)+i).
+	Dirs []*os.File
+	// ReadAll lets the tool read every file under Dirs whatever its owner
+	// and mode (CAP_DAC_READ_SEARCH, kept across the exec as an ambient
+	// capability and the only one it has): a copier of a tree of many
+	// owners needs it. Landlock still keeps it to the system dirs, Dirs
+	// and Files.
+	ReadAll bool
 	// Stdin is the tool's standard input (nil: none).
 	Stdin io.Reader
 	// Limits bound CPU, memory, file size and descriptors.
@@ -70,11 +82,14 @@ func FD(i int) string { return fmt.Sprintf("/proc/self/fd/%d", 3+i) }
 
 // spec is what the hook receives.
 type spec struct {
-	Argv   []string `json:"argv"`
-	Files  int      `json:"files"` // how many descriptors were passed
-	UID    int      `json:"uid"`
-	GID    int      `json:"gid"`
-	Limits Limits   `json:"limits"`
+	Argv  []string `json:"argv"`
+	Files int      `json:"files"` // how many descriptors were passed
+	Dirs  int      `json:"dirs,omitempty"`
+	// ReadAll keeps CAP_DAC_READ_SEARCH (Tool.ReadAll).
+	ReadAll bool   `json:"readAll,omitempty"`
+	UID     int    `json:"uid"`
+	GID     int    `json:"gid"`
+	Limits  Limits `json:"limits"`
 }
 
 // maxOutput caps what Run keeps of the tool's output.
@@ -89,7 +104,7 @@ func (t Tool) Run(ctx context.Context) ([]byte, error) {
 	if len(t.Argv) == 0 || !filepath.IsAbs(t.Argv[0]) {
 		return nil, fmt.Errorf("confine: Argv must start with an absolute path, not %q", firstOr(t.Argv))
 	}
-	sp := spec{Argv: t.Argv, Files: len(t.Files), UID: t.UID, GID: t.GID, Limits: t.Limits}
+	sp := spec{Argv: t.Argv, Files: len(t.Files), Dirs: len(t.Dirs), ReadAll: t.ReadAll, UID: t.UID, GID: t.GID, Limits: t.Limits}
 	b, err := json.Marshal(sp)
 	if err != nil {
 		return nil, err
@@ -100,7 +115,7 @@ func (t Tool) Run(ctx context.Context) ([]byte, error) {
 	cmd.Stdin = t.Stdin
 	out := &capped{max: maxOutput}
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.ExtraFiles = t.Files
+	cmd.ExtraFiles = append(slices.Clone(t.Files), t.Dirs...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags: syscall.CLONE_NEWNET | syscall.CLONE_NEWNS | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
 		Setsid:     true,

@@ -132,3 +132,61 @@ func TestConfined(t *testing.T) {
 		}
 	})
 }
+
+// TestReadAll: a tree copier reads every file of the tree it was handed,
+// whatever its owner and mode, and nothing else; it writes none of it and
+// holds no other capability.
+func TestReadAll(t *testing.T) {
+	testutil.RequireRoot(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tree := t.TempDir()
+	if err := os.Mkdir(filepath.Join(tree, "private"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tree, "private", "shadow"), []byte("root-only"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	outside := filepath.Join(t.TempDir(), "outside")
+	if err := os.WriteFile(outside, []byte("not handed"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d, err := os.Open(tree)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	run := func(readAll bool, argv ...string) ([]byte, error) {
+		return confine.Tool{Self: self, UID: toolUID, GID: toolUID, Argv: argv, Dirs: []*os.File{d}, ReadAll: readAll}.Run(context.Background())
+	}
+	for _, tc := range []struct {
+		name    string
+		readAll bool
+		argv    []string
+		want    string // in the output; "" for a refusal
+	}{
+		{"reads a root-only file of the tree", true, []string{"/bin/cat", confine.FD(0) + "/private/shadow"}, "root-only"},
+		{"without ReadAll it cannot", false, []string{"/bin/cat", confine.FD(0) + "/private/shadow"}, ""},
+		{"reads no file outside the tree", true, []string{"/bin/cat", outside}, ""},
+		{"writes nothing in the tree", true, []string{"/bin/sh", "-c", "echo x > " + confine.FD(0) + "/new"}, ""},
+		{"holds only CAP_DAC_READ_SEARCH", true, []string{"/bin/grep", "^CapEff", "/proc/self/status"}, "0000000000000004"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := run(tc.readAll, tc.argv...)
+			if tc.want == "" {
+				if err == nil {
+					t.Fatalf("crossed: %s", out)
+				}
+				return
+			}
+			if err != nil || !strings.Contains(string(out), tc.want) {
+				t.Fatalf("%v: %s", err, out)
+			}
+		})
+	}
+	if _, err := os.Stat(filepath.Join(tree, "new")); err == nil {
+		t.Fatal("the tool wrote into the tree")
+	}
+}

@@ -43,12 +43,21 @@ func RunHook(arg string) error {
 	for i := range sp.Files {
 		rules = append(rules, landlock.RWFiles(FD(i)))
 	}
+	for i := range sp.Dirs {
+		rules = append(rules, landlock.PathAccess(landlock.AccessFSSet(ll.AccessFSReadFile|ll.AccessFSReadDir), FD(sp.Files+i)))
+	}
 	runtime.LockOSThread()
 	if err := landlock.V7.BestEffort().RestrictPaths(rules...); err != nil {
 		return fmt.Errorf("confine: landlock: %w", err)
 	}
 	if err := landlock.V7.BestEffort().RestrictScoped(); err != nil {
 		return fmt.Errorf("confine: landlock scopes: %w", err)
+	}
+	// A tree copier keeps its one capability through the uid change.
+	if sp.ReadAll {
+		if err := unix.Prctl(unix.PR_SET_KEEPCAPS, 1, 0, 0, 0); err != nil {
+			return fmt.Errorf("confine: keep capabilities: %w", err)
+		}
 	}
 	// setgroups, then gid, then uid: root's capabilities go with the uid.
 	if err := syscall.Setgroups(nil); err != nil {
@@ -60,11 +69,35 @@ func RunHook(arg string) error {
 	if err := syscall.Setresuid(sp.UID, sp.UID, sp.UID); err != nil {
 		return fmt.Errorf("confine: setuid: %w", err)
 	}
+	if sp.ReadAll {
+		if err := keepReadAll(); err != nil {
+			return err
+		}
+	}
 	if err := installFilter(); err != nil {
 		return err
 	}
 	env := []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"}
 	return syscall.Exec(sp.Argv[0], sp.Argv, env)
+}
+
+// keepReadAll, on the locked thread after the uid change, leaves
+// CAP_DAC_READ_SEARCH as the only capability, ambient so that the tool
+// (no file capabilities, no set-id) holds it after the exec.
+func keepReadAll() error {
+	const c = unix.CAP_DAC_READ_SEARCH
+	var set [2]unix.CapUserData
+	set[c/32].Effective = 1 << (c % 32)
+	set[c/32].Permitted = 1 << (c % 32)
+	set[c/32].Inheritable = 1 << (c % 32)
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	if err := unix.Capset(&hdr, &set[0]); err != nil {
+		return fmt.Errorf("confine: capabilities: %w", err)
+	}
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_RAISE, c, 0, 0); err != nil {
+		return fmt.Errorf("confine: ambient capability: %w", err)
+	}
+	return nil
 }
 
 func or(v, def uint64) uint64 {

@@ -57,11 +57,13 @@ func (j SelfJail) Prepare(argv []string) error {
 		landlock.PathAccess(landlock.AccessFSSet(ll.AccessFSExecute|ll.AccessFSReadFile), self),
 		landlock.RWDirs(j.Writable).WithRefer(),
 	}
-	if err := landlock.V7.BestEffort().RestrictPaths(rules...); err != nil {
+	// One ruleset for paths and scopes: every Landlock layer denies
+	// linking or renaming across directories unless one of its own rules
+	// grants "refer", so a second, scopes-only layer would refuse the
+	// hard links an unpacked tree holds.
+	jail := landlock.Config{HandledAccessFS: landlock.V7.HandledAccessFS, Scoped: landlock.V7.Scoped}
+	if err := jail.BestEffort().Restrict(rules...); err != nil {
 		return fmt.Errorf("confine: landlock: %w", err)
-	}
-	if err := landlock.V7.BestEffort().RestrictScoped(); err != nil {
-		return fmt.Errorf("confine: landlock scopes: %w", err)
 	}
 	// No capability beyond the kept ones survives the exec: the bounding
 	// set caps what root's exec grants, the inheritable and ambient sets

@@ -36,6 +36,11 @@ type Store struct {
 	bucket string
 	prefix string
 	key    []byte
+	// Limits bound what an image unpacks to (zero: the defaults).
+	Limits UnpackLimits
+	// Self is the server's binary, which unpacks images confined
+	// (UnpackHook); "" unpacks them in this process.
+	Self string
 }
 
 // Open connects to the bucket and checks that it exists.
@@ -223,9 +228,27 @@ type counter struct{ n int64 }
 
 func (c *counter) Write(p []byte) (int, error) { c.n += int64(len(p)); return len(p), nil }
 
+// srcReader keeps the error of the stream it reads, apart from what its
+// reader makes of the bytes.
+type srcReader struct {
+	r   io.Reader
+	err error
+}
+
+func (s *srcReader) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if err != nil && !errors.Is(err, io.EOF) {
+		s.err = err
+	}
+	return n, err
+}
+
 // GetImage downloads the image under prefix into dir (which must exist and
-// be empty) after checking its manifest. Any tampering fails with
-// ErrIntegrity; the caller removes dir on error.
+// be empty) after checking its manifest, and unpacks it with Unpack (in
+// the confined child of UnpackHook when Self is set): the files are what a
+// sandbox wrote, so no host tool parses them. Any
+// tampering fails with ErrIntegrity, an unsafe or oversized entry with
+// ErrUnsafeImage; the caller removes dir on error.
 func (s *Store) GetImage(ctx context.Context, prefix string, b Binding, dir string) (*Manifest, error) {
 	mr, err := s.Get(ctx, prefix+manifestObject, b)
 	if err != nil {
@@ -248,32 +271,32 @@ func (s *Store) GetImage(ctx context.Context, prefix string, b Binding, dir stri
 		return nil, err
 	}
 	defer ir.Close()
-	cmd := exec.CommandContext(ctx, "tar", append(append([]string{"-C", dir, "-x", "-p", "--same-owner"}, tarFlags...), "-f", "-")...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("tar: %w", err)
-	}
 	h := sha256.New()
 	cnt := &counter{}
-	_, cerr := io.Copy(in, io.TeeReader(ir, io.MultiWriter(h, cnt)))
-	in.Close()
-	werr := cmd.Wait()
-	if cerr != nil {
-		if errors.Is(cerr, ErrIntegrity) {
-			return nil, cerr
-		}
-		return nil, fmt.Errorf("download %s: %w", m.Image, cerr)
+	src := &srcReader{r: io.TeeReader(ir, io.MultiWriter(h, cnt))}
+	var uerr error
+	if s.Self != "" {
+		uerr = unpackConfined(ctx, s.Self, src, dir, s.Limits)
+	} else {
+		uerr = Unpack(ctx, src, dir, s.Limits)
 	}
-	if cnt.n != m.Size || hex.EncodeToString(h.Sum(nil)) != m.SHA256 {
+	if uerr == nil {
+		// The rest (the tar's end blocks) belongs to the digest.
+		_, uerr = io.Copy(io.Discard, src)
+	}
+	// A stream that fails its seal is tampering, whatever the unpacker
+	// made of the bytes before.
+	if src.err != nil {
+		if errors.Is(src.err, ErrIntegrity) {
+			return nil, src.err
+		}
+		return nil, fmt.Errorf("download %s: %w", m.Image, src.err)
+	}
+	if uerr == nil && (cnt.n != m.Size || hex.EncodeToString(h.Sum(nil)) != m.SHA256) {
 		return nil, fmt.Errorf("image %s: %d bytes that do not match its manifest: %w", m.Image, cnt.n, ErrIntegrity)
 	}
-	if werr != nil {
-		return nil, fmt.Errorf("unpack %s: %w: %s", m.Image, werr, bytes.TrimSpace(stderr.Bytes()))
+	if uerr != nil {
+		return nil, fmt.Errorf("unpack %s: %w", m.Image, uerr)
 	}
 	return &m, nil
 }

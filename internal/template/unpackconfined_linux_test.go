@@ -137,6 +137,7 @@ func TestConfinedUnpackMatches(t *testing.T) {
 		{name: "etc/", typ: tar.TypeDir, mode: 0o700, uid: 4242},
 		{name: "etc/conf", body: "conf", mode: 0o640, uid: 4242},
 		{name: "etc/hard", typ: tar.TypeLink, link: "etc/conf"},
+		{name: "hard-elsewhere", typ: tar.TypeLink, link: "etc/conf"}, // across directories
 		{name: "etc/sym", typ: tar.TypeSymlink, link: "/etc/conf", uid: 7},
 		{name: "ro/", typ: tar.TypeDir, mode: 0o555, uid: 100},
 		{name: "ro/in", body: "in a read-only dir owned by another id", uid: 100},

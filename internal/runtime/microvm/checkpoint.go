@@ -196,7 +196,7 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, opts runtime.Re
 	if spec.NetNSPath == "" {
 		spec.NetNSPath = created.NetNSPath
 	}
-	root, err := d.rootImage(ctx, spec.Layers)
+	root, err := d.rootImage(ctx, spec.ID, spec.Layers)
 	if err != nil {
 		return err
 	}
@@ -347,7 +347,7 @@ func (d *Driver) restoreNew(ctx context.Context, spec runtime.Spec, opts runtime
 			_ = d.Delete(context.WithoutCancel(ctx), spec.ID)
 		}
 	}()
-	root, err := d.rootImage(ctx, spec.Layers)
+	root, err := d.rootImage(ctx, spec.ID, spec.Layers)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: root image: %w", spec.ID, err)
 	}

@@ -341,7 +341,7 @@ func (d *Driver) Create(ctx context.Context, spec runtime.Spec) (err error) {
 			_ = d.Delete(context.WithoutCancel(ctx), spec.ID)
 		}
 	}()
-	root, err := d.rootImage(ctx, spec.Layers)
+	root, err := d.rootImage(ctx, spec.ID, spec.Layers)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: root image: %w", spec.ID, err)
 	}
