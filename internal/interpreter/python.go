@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -102,6 +104,9 @@ func (k *jupyterKernel) connect(ctx context.Context, connFile string) error {
 	if ci.SignatureScheme != "" && ci.SignatureScheme != "hmac-sha256" {
 		return fmt.Errorf("unsupported signature scheme %q", ci.SignatureScheme)
 	}
+	if err := k.waitListening(ctx, ci); err != nil {
+		return err
+	}
 	c, err := dialJupyter(ctx, ci)
 	if err != nil {
 		return err
@@ -150,6 +155,40 @@ func (k *jupyterKernel) connect(ctx context.Context, connFile string) error {
 			return nil
 		}
 	}
+}
+
+// waitListening waits until the kernel listens on its ports. IRkernel
+// binds the ports its connection file names only once R has loaded it,
+// which on a busy host takes longer than the socket library's own dial
+// retries last; a plain TCP connect (dropped at once) costs the kernel
+// nothing.
+func (k *jupyterKernel) waitListening(ctx context.Context, ci connectionInfo) error {
+	if ci.Transport != "tcp" {
+		return nil
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for _, port := range []int{ci.IOPubPort, ci.ShellPort, ci.ControlPort} {
+		addr := net.JoinHostPort(ci.IP, strconv.Itoa(port))
+		for {
+			var d net.Dialer
+			dctx, cancel := context.WithTimeout(ctx, time.Second)
+			c, err := d.DialContext(dctx, "tcp", addr)
+			cancel()
+			if err == nil {
+				c.Close()
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%s did not listen on %s: %w", k.name, addr, ctx.Err())
+			case <-k.p.exited:
+				return fmt.Errorf("%s exited at start (%s); is it installed? (see the interpreter log)", k.name, k.p.reason)
+			case <-tick.C:
+			}
+		}
+	}
+	return nil
 }
 
 type executeContent struct {
