@@ -66,7 +66,7 @@ func (m *Manager) RunSteps(ctx context.Context, req template.StepRequest) (err e
 		out = io.Discard
 	}
 	fmt.Fprintf(out, "    step sandbox: %s\n", describeLimits(b.limits))
-	c := m.envdOf(sb)
+	c := m.envd.of(sb)
 	lr, _ := m.rt.(runtime.LimitReporter)
 	for _, cmd := range req.Commands {
 		var before runtime.LimitCounters

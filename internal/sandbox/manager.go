@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net/http"
 	"slices"
 	"sync"
 	"time"
@@ -69,8 +68,7 @@ type Manager struct {
 	rt        runtime.Runtime
 	net       Network
 	templates Templates
-	secret    []byte
-	client    *http.Client // every envd call (envd.go), directly, not through the gateway
+	envd      *envdLink    // every envd call and token (envd.go)
 	audit     *audit.Log   // nil: no audit log
 	vols      Volumes      // nil: no volume mounts (volumes.go)
 	limits    *limits      // OOM/pids/disk counters, own lock (limits.go)
@@ -105,8 +103,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 		}
 	}
 	m := &Manager{
-		cfg: cfg, log: log, store: st, rt: rt, net: nw, templates: tpl, secret: secret, obs: noObserver{},
-		client:    envdclient.NewHTTPClient(),
+		cfg: cfg, log: log, store: st, rt: rt, net: nw, templates: tpl, obs: noObserver{},
+		envd:      &envdLink{client: envdclient.NewHTTPClient(), secret: secret, readyWait: cfg.EnvdReadyWait, net: nw},
 		sandboxes: map[string]*Sandbox{},
 		samples:   newSamples(),
 		idle:      newIdleState(),
@@ -123,12 +121,12 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 		}
 	}}
 	m.sampler = &sampler{log: log, rt: rt, running: m.Running, samples: m.samples, metering: m.metering}
-	m.health = &health{rt: rt, interval: cfg.HealthInterval, limits: m.limits, running: m.Running, envd: m.envdOf, set: m.setHealth, dead: m.endIfDead}
+	m.health = &health{rt: rt, interval: cfg.HealthInterval, limits: m.limits, running: m.Running, envd: m.envd.of, set: m.setHealth, dead: m.endIfDead}
 	return m, nil
 }
 
 // Token returns the envd access token of sandbox id.
-func (m *Manager) Token(id string) string { return AccessToken(m.secret, id) }
+func (m *Manager) Token(id string) string { return m.envd.token(id) }
 
 func (m *Manager) save(ctx context.Context, sb *Sandbox) error {
 	doc, err := json.Marshal(sb)

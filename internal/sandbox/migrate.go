@@ -81,7 +81,7 @@ func (m *Manager) ExportPaused(ctx context.Context, teamID, id, dir string) (*Mo
 		AllowInternet: src.AllowInternet, CreatedAt: time.Now().UTC(), BootID: src.BootID,
 	}}
 	if src.Secure {
-		out.EnvdAuth = AccessToken(m.secret, src.ID)
+		out.EnvdAuth = m.envd.token(src.ID)
 	}
 	return out, nil
 }

@@ -266,10 +266,10 @@ func (m *Manager) UpdateNetwork(ctx context.Context, teamID, id string, allowInt
 	if err := m.net.SetPolicy(ctx, id, pol); err != nil {
 		return err
 	}
-	if err := m.installEgressCA(ctx, cur, pol); err != nil {
+	if err := m.envd.installCA(ctx, cur, pol); err != nil {
 		return err
 	}
-	if err := m.pushEnvdEnv(ctx, cur); err != nil {
+	if err := m.envd.push(ctx, cur); err != nil {
 		return err
 	}
 	if err := m.update(ctx, teamID, id, func(sb *Sandbox) { sb.AllowInternet, sb.Network = allowInternet, next }); err != nil {
@@ -305,7 +305,7 @@ func withoutRules(n *NetworkSpec) *NetworkSpec {
 
 // TrafficToken is the e2b-traffic-access-token of a sandbox created with
 // allowPublicTraffic false: stable for its life, derived, never stored.
-func (m *Manager) TrafficToken(id string) string { return TrafficToken(m.secret, id) }
+func (m *Manager) TrafficToken(id string) string { return TrafficToken(m.envd.secret, id) }
 
 // TrafficToken derives sandbox id's traffic token from secret.
 func TrafficToken(secret []byte, id string) string {
@@ -327,21 +327,21 @@ const caPath = "/usr/local/share/ca-certificates/agentbox-egress.crt"
 // curl, Python's ssl and Go.
 const caBundle = "/etc/ssl/certs/ca-certificates.crt"
 
-// installEgressCA makes the sandbox trust its egress CA when header rules
+// installCA makes the sandbox trust its egress CA when header rules
 // make the proxy terminate TLS: it writes the certificate and appends it to
 // the system bundle, through envd. Doing it only when rules exist keeps the
 // proxy out of every other TLS session.
-func (m *Manager) installEgressCA(ctx context.Context, sb *Sandbox, pol network.Policy) error {
-	return m.installEgressCAWith(ctx, m.envdOf(sb), sb, pol)
+func (e *envdLink) installCA(ctx context.Context, sb *Sandbox, pol network.Policy) error {
+	return e.installCAWith(ctx, e.of(sb), sb, pol)
 }
 
-// installEgressCAWith is installEgressCA through c (a restored envd still
+// installCAWith is installCA through c (a restored envd still
 // holds the token of the sandbox it was checkpointed from).
-func (m *Manager) installEgressCAWith(ctx context.Context, c *envdclient.Client, sb *Sandbox, pol network.Policy) error {
+func (e *envdLink) installCAWith(ctx context.Context, c *envdclient.Client, sb *Sandbox, pol network.Policy) error {
 	if len(pol.Rules) == 0 {
 		return nil
 	}
-	src, ok := m.net.(egressCA)
+	src, ok := e.net.(egressCA)
 	if !ok {
 		return nil
 	}

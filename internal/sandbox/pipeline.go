@@ -392,7 +392,7 @@ func (m *Manager) resolveSnapshot(ctx context.Context, b *build) error {
 	} else {
 		b.fresh = false
 		if snap.Secure {
-			b.envdAuth = AccessToken(m.secret, snap.SandboxID)
+			b.envdAuth = m.envd.token(snap.SandboxID)
 		}
 	}
 	b.pol, err = m.policyOf(ctx, sb)
@@ -569,12 +569,12 @@ func (m *Manager) checkPooled(ctx context.Context, b *build) error {
 // with the token it already holds.
 func (m *Manager) initEnvdStep(ctx context.Context, b *build) error {
 	if b.fresh {
-		if err := m.initEnvd(ctx, b.sb, b.startup, b.pol); err != nil {
+		if err := m.envd.init(ctx, b.sb, b.startup, b.pol); err != nil {
 			return fmt.Errorf("sandbox %s: envd did not start: %w", b.sb.ID, err)
 		}
 		return nil
 	}
-	if err := m.reinitEnvd(ctx, b.sb, b.envdAuth, b.pol); err != nil {
+	if err := m.envd.reinit(ctx, b.sb, b.envdAuth, b.pol); err != nil {
 		return fmt.Errorf("sandbox %s: %w", b.sb.ID, err)
 	}
 	return nil
@@ -582,7 +582,7 @@ func (m *Manager) initEnvdStep(ctx context.Context, b *build) error {
 
 // waitReadyStep runs the template's ready command until it passes.
 func (m *Manager) waitReadyStep(ctx context.Context, b *build) error {
-	if err := m.waitReady(ctx, b.sb, b.ready); err != nil {
+	if err := m.envd.waitReady(ctx, b.sb, b.ready); err != nil {
 		return fmt.Errorf("sandbox %s: template %s not ready: %w", b.sb.ID, b.sb.TemplateID, err)
 	}
 	return nil

@@ -49,7 +49,7 @@ func newFakeEnv(t *testing.T, lc LifecycleConfig) *fakeEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.client = h.Envd.Client()
+	m.envd.client = h.Envd.Client()
 	if lc.SnapshotDir == "" {
 		lc.SnapshotDir = filepath.Join(dir, "snapshots")
 	}
@@ -628,7 +628,7 @@ func TestReconcileAfterCrash(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m2.client = h.Envd.Client()
+	m2.envd.client = h.Envd.Client()
 	if err := m2.EnableLifecycle(LifecycleConfig{SnapshotDir: t.TempDir()}); err != nil {
 		t.Fatal(err)
 	}

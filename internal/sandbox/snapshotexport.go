@@ -63,7 +63,7 @@ func (m *Manager) ExportSnapshot(ctx context.Context, teamID, ref, dir string) (
 	out := &MovedImage{BaseLayers: len(extra), Snapshot: *snap}
 	out.Snapshot.Layers, out.Snapshot.VolumeMounts = nil, slices.Clone(snap.VolumeMounts)
 	if snap.Secure {
-		out.EnvdAuth = AccessToken(m.secret, snap.SandboxID)
+		out.EnvdAuth = m.envd.token(snap.SandboxID)
 	}
 	return out, nil
 }
