@@ -68,16 +68,16 @@ type Manager struct {
 	rt        runtime.Runtime
 	net       Network
 	templates Templates
-	envd      *envdLink    // every envd call and token (envd.go)
-	audit     *audit.Log   // nil: no audit log
-	vols      Volumes      // nil: no volume mounts (volumes.go)
-	limits    *limits      // OOM/pids/disk counters, own lock (limits.go)
-	pools     *WarmPools   // warm pools, own lock (pool.go)
-	admission *admission   // quota, slots, disk guard; own lock (admission.go)
-	health    *health      // envd and container checks (health.go)
-	snapshots *snapshots   // the snapshot catalogue and its collection (snapshot.go)
-	metering  *metering    // usage to the meter (usage.go)
-	sampler   *sampler     // stats sampling at each tick (metrics.go)
+	envd      *envdLink  // every envd call and token (envd.go)
+	audit     *audit.Log // nil: no audit log
+	vols      Volumes    // nil: no volume mounts (volumes.go)
+	limits    *limits    // OOM/pids/disk counters, own lock (limits.go)
+	pools     *WarmPools // warm pools, own lock (pool.go)
+	admission *admission // quota, slots, disk guard; own lock (admission.go)
+	health    *health    // envd and container checks (health.go)
+	snapshots *snapshots // the snapshot catalogue and its collection (snapshot.go)
+	metering  *metering  // usage to the meter (usage.go)
+	sampler   *sampler   // stats sampling at each tick (metrics.go)
 
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
