@@ -220,7 +220,7 @@ func limitOf(what, unit string, n, quota int, field, flag string) string {
 // auditStep records one build command like a process start in any sandbox
 // (the gateway records those; build steps do not pass through it).
 func (m *Manager) auditStep(ctx context.Context, sb *Sandbox, c template.StepCommand, code int, err error, took time.Duration) {
-	if m.audit == nil {
+	if m.inst.audit == nil {
 		return
 	}
 	fields := map[string]any{"cmd": "/bin/sh", "args": []string{"-c", c.Cmd}, "build": sb.BuildID, "line": c.Line, "exitCode": code, "took_ms": took.Milliseconds()}
@@ -228,7 +228,7 @@ func (m *Manager) auditStep(ctx context.Context, sb *Sandbox, c template.StepCom
 	if err != nil {
 		decision, reason = audit.Denied, err.Error()
 	}
-	m.audit.Record(ctx, audit.Event{SandboxID: sb.ID, TeamID: sb.TeamID, Kind: audit.KindProcess, Action: "start", Decision: decision, Reason: reason, Fields: fields})
+	m.inst.audit.Record(ctx, audit.Event{SandboxID: sb.ID, TeamID: sb.TeamID, Kind: audit.KindProcess, Action: "start", Decision: decision, Reason: reason, Fields: fields})
 }
 
 var _ template.StepRunner = (*Manager)(nil)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-
-	"github.com/agentbox/agentbox/internal/crashpoint"
 )
 
 // Crash points: every operation that changes state names its steps, and the
@@ -72,11 +70,6 @@ func CrashSteps() []CrashStep {
 	add("resume", "persisted", "restored")
 	add("resume-memory", names(resumeMemory())...)
 	return out
-}
-
-// crashAfter kills the server when op/step is the configured crash point.
-func (m *Manager) crashAfter(op, step string) {
-	crashpoint.New(m.life.cfg.FaultStep, m.log).After(op, step)
 }
 
 // reconcileCrash removes, at start, what an operation the last server

@@ -58,7 +58,7 @@ func (m *Manager) persistResuming(ctx context.Context, b *build) error {
 	}
 	b.prev = prev
 	b.undo.Add(StepPersistCreating, func(ctx context.Context) error { m.rollback(ctx, b.prev); return nil })
-	m.fault("resume:persisted")
+	m.inst.fault("resume:persisted")
 	sb := clone(rec)
 	resumed(sb, b.req.Timeout)
 	sb.State = StateResuming
@@ -78,7 +78,7 @@ func (m *Manager) bootFiles(ctx context.Context, b *build) error {
 	if err := ck.Restore(ctx, runtime.Spec{ID: id, BootID: b.sb.BootID}, runtime.RestoreOptions{FilesystemOnly: true}); err != nil {
 		return err
 	}
-	m.fault("resume:restored")
+	m.inst.fault("resume:restored")
 	b.undo.Add(StepStart, func(ctx context.Context) error {
 		// Stopped again, it is paused on its files only: the memory image
 		// no longer matches them.

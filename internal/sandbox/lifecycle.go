@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
@@ -83,6 +82,7 @@ func (m *Manager) EnableLifecycle(cfg LifecycleConfig) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.life.cfg = cfg
+	m.inst.faultStep = cfg.FaultStep
 	m.pools.configure(cfg.Pools, cfg.PoolMax)
 	if cfg.SnapshotDir != "" {
 		st, err := openSnapshotStore(cfg.SnapshotDir, m.log)
@@ -92,13 +92,6 @@ func (m *Manager) EnableLifecycle(cfg LifecycleConfig) error {
 		m.life.snaps = st
 	}
 	return nil
-}
-
-// fault exits the process at the configured step: a crash at exactly that
-// point, for the fault-injection tests.
-func (m *Manager) fault(step string) {
-	op, name, _ := strings.Cut(step, ":")
-	m.crashAfter(op, name)
 }
 
 func (m *Manager) checkpointer() (runtime.Checkpointer, error) {
@@ -224,7 +217,7 @@ func (m *Manager) Pause(ctx context.Context, teamID, id string) error {
 // which leaves no lifetime to keep (a resume gets the original one again);
 // memory false keeps only the files (see PauseFilesystem).
 func (m *Manager) pause(ctx context.Context, teamID, id string, expired, memory bool) (err error) {
-	defer m.observe(opName("pause", memory), time.Now(), &err)
+	defer m.inst.observe(opName("pause", memory), time.Now(), &err)
 	op := &pauseOp{teamID: teamID, id: id, expired: expired, memory: memory, start: time.Now()}
 	return m.runPause(context.WithoutCancel(ctx), pauseSteps(), op) // pause.go
 }
@@ -242,7 +235,7 @@ func (m *Manager) Resume(ctx context.Context, teamID, id string, timeout time.Du
 func (m *Manager) resume(ctx context.Context, teamID, id string, timeout time.Duration, auto, memory bool) (_ *Sandbox, didResume bool, err error) {
 	defer func(start time.Time) {
 		if didResume || err != nil { // a running sandbox is no resume
-			m.observe(opName("resume", memory), start, &err)
+			m.inst.observe(opName("resume", memory), start, &err)
 		}
 	}(time.Now())
 	ctx = context.WithoutCancel(ctx)

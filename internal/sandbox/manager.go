@@ -11,8 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/envdclient"
 	"github.com/agentbox/agentbox/internal/errdefs"
@@ -85,11 +83,7 @@ type Manager struct {
 	idle      *idleState // data-plane activity, own lock (idle.go)
 	life      lifecycle  // pause/resume, snapshots, forks, pools (lifecycle.go)
 
-	// stepHook, when set (tests), runs after each pipeline step succeeds;
-	// an error fails the build there, as if the step had failed.
-	stepHook func(path, step string) error
-	obs      Observer     // measurements (SetObserver); never nil
-	tracer   trace.Tracer // start pipelines (SetTracer); nil: not traced
+	inst *instruments // audit, observer, tracer, step hook, crash point
 }
 
 // New makes a manager. Call Reconcile before serving, then Run.
@@ -103,7 +97,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 		}
 	}
 	m := &Manager{
-		cfg: cfg, log: log, store: st, rt: rt, net: nw, templates: tpl, obs: noObserver{},
+		cfg: cfg, log: log, store: st, rt: rt, net: nw, templates: tpl, inst: newInstruments(log),
 		envd:      &envdLink{client: envdclient.NewHTTPClient(), secret: secret, readyWait: cfg.EnvdReadyWait, net: nw},
 		sandboxes: map[string]*Sandbox{},
 		samples:   newSamples(),
@@ -313,16 +307,16 @@ func (m *Manager) destroy(ctx context.Context, sb *Sandbox, why string) error {
 	if err := m.save(ctx, sb); err != nil {
 		m.log.Error("persist killing", "sandbox", sb.ID, "err", err)
 	}
-	m.crashAfter("kill", KillPersisted)
+	m.inst.crashAfter("kill", KillPersisted)
 	var errs []error
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
 		errs = append(errs, fmt.Errorf("container: %w", err))
 	}
-	m.crashAfter("kill", KillContainerGone)
+	m.inst.crashAfter("kill", KillContainerGone)
 	if err := m.net.Detach(ctx, sb.ID); err != nil {
 		errs = append(errs, fmt.Errorf("network: %w", err))
 	}
-	m.crashAfter("kill", KillNetworkDetached)
+	m.inst.crashAfter("kill", KillNetworkDetached)
 	if err := errors.Join(errs...); err != nil {
 		m.log.Error("sandbox cleanup incomplete; will retry at next start", "sandbox", sb.ID, "err", err)
 		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
@@ -330,13 +324,13 @@ func (m *Manager) destroy(ctx context.Context, sb *Sandbox, why string) error {
 	if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil {
 		return err
 	}
-	m.crashAfter("kill", KillRowDeleted)
+	m.inst.crashAfter("kill", KillRowDeleted)
 	m.mu.Lock()
 	delete(m.sandboxes, sb.ID)
 	m.mu.Unlock()
 	m.samples.forget(sb.ID)
 	m.idle.ended(sb.ID)
-	m.auditLifecycle(ctx, sb, "remove", "info", why, nil)
+	m.inst.auditLifecycle(ctx, sb, "remove", "info", why, nil)
 	m.log.Info("sandbox removed", "sandbox", sb.ID, "why", why)
 	return nil
 }
@@ -350,7 +344,7 @@ func (m *Manager) SetTimeout(ctx context.Context, teamID, id string, d time.Dura
 	if err := m.update(ctx, teamID, id, func(sb *Sandbox) { sb.EndAt = time.Now().UTC().Add(d); out = clone(sb) }); err != nil {
 		return err
 	}
-	m.auditLifecycle(ctx, out, "update", audit.Allowed, "", map[string]any{"end_at": out.EndAt.Format(time.RFC3339)})
+	m.inst.auditLifecycle(ctx, out, "update", audit.Allowed, "", map[string]any{"end_at": out.EndAt.Format(time.RFC3339)})
 	return nil
 }
 

@@ -275,7 +275,7 @@ func (m *Manager) UpdateNetwork(ctx context.Context, teamID, id string, allowInt
 	if err := m.update(ctx, teamID, id, func(sb *Sandbox) { sb.AllowInternet, sb.Network = allowInternet, next }); err != nil {
 		return err
 	}
-	m.auditLifecycle(ctx, cur, "update", "allowed", "", map[string]any{"network_egress": map[string]any{
+	m.inst.auditLifecycle(ctx, cur, "update", "allowed", "", map[string]any{"network_egress": map[string]any{
 		"allow_internet": allowInternet, "allowed_destinations": next.AllowOut, "denied_destinations": next.DenyOut}})
 	return nil
 }

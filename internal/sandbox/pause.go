@@ -72,10 +72,10 @@ func pauseSteps() []pauseStep {
 // first and returns the step's error.
 func (m *Manager) runPause(ctx context.Context, steps []pauseStep, op *pauseOp) error {
 	for _, s := range steps {
-		c, span := m.traceStep(ctx, s.name)
+		c, span := m.inst.traceStep(ctx, s.name)
 		err := s.run(m, c, op)
-		if err == nil && m.stepHook != nil {
-			err = m.stepHook(pausePath, s.name)
+		if err == nil {
+			err = m.inst.stepDone(pausePath, s.name)
 		}
 		endSpan(span, nil, err)
 		if err != nil {
@@ -87,7 +87,7 @@ func (m *Manager) runPause(ctx context.Context, steps []pauseStep, op *pauseOp) 
 	}
 	op.undo.Release()
 	m.log.Info("sandbox paused", "sandbox", op.id, "took", time.Since(op.start).Round(time.Millisecond))
-	m.auditLifecycle(ctx, op.prev, "pause", "allowed", "", map[string]any{"memory": op.memory, "expired": op.expired})
+	m.inst.auditLifecycle(ctx, op.prev, "pause", "allowed", "", map[string]any{"memory": op.memory, "expired": op.expired})
 	return nil
 }
 
@@ -121,7 +121,7 @@ func (m *Manager) persistPausing(ctx context.Context, op *pauseOp) error {
 	}
 	op.prev = prev
 	op.undo.Add(StepPersistPausing, func(ctx context.Context) error { m.rollback(ctx, prev); return nil })
-	m.fault("pause:persisted")
+	m.inst.fault("pause:persisted")
 	return nil
 }
 
@@ -144,7 +144,7 @@ func (m *Manager) pauseCheckpoint(ctx context.Context, op *pauseOp) error {
 		return fmt.Errorf("sandbox %s: pause: %w", op.id, err)
 	}
 	op.undo.Release()
-	m.fault("pause:checkpointed")
+	m.inst.fault("pause:checkpointed")
 	return nil
 }
 
@@ -208,7 +208,7 @@ func (m *Manager) restoreMemory(ctx context.Context, b *build) error {
 	if err := ck.Restore(ctx, runtime.Spec{ID: id}, runtime.RestoreOptions{Lazy: lazyResume(b.sb.Metadata)}); err != nil {
 		return err
 	}
-	m.fault("resume:restored")
+	m.inst.fault("resume:restored")
 	b.undo.Add(StepStart, func(ctx context.Context) error {
 		return ck.Checkpoint(ctx, id, runtime.CheckpointOptions{})
 	})

@@ -174,7 +174,7 @@ func (m *Manager) run(ctx context.Context, p pipeline, b *build) (_ *Sandbox, er
 			f()
 		}
 	}()
-	ctx, span := m.traceRun(ctx, b) // trace.go; nil when not tracing
+	ctx, span := m.inst.traceRun(ctx, b) // trace.go; nil when not tracing
 	defer func() { endSpan(span, b, err) }()
 	start := time.Now()
 	sctx := context.WithoutCancel(ctx)
@@ -183,16 +183,16 @@ func (m *Manager) run(ctx context.Context, p pipeline, b *build) (_ *Sandbox, er
 		if s.name == StepReserve || s.name == StepResolve {
 			c = ctx
 		}
-		c, stepSpan := m.traceStep(c, s.name)
+		c, stepSpan := m.inst.traceStep(c, s.name)
 		t := time.Now()
 		err := s.run(m, c, b)
 		b.took[s.name] = time.Since(t)
-		if err == nil && m.stepHook != nil {
-			err = m.stepHook(b.path, s.name)
+		if err == nil {
+			err = m.inst.stepDone(b.path, s.name)
 		}
 		endSpan(stepSpan, nil, err)
 		if err == nil {
-			m.crashAfter(b.path, s.name) // crash.go
+			m.inst.crashAfter(b.path, s.name) // crash.go
 		}
 		if err != nil {
 			b.failed = s.name
@@ -200,8 +200,8 @@ func (m *Manager) run(ctx context.Context, p pipeline, b *build) (_ *Sandbox, er
 				m.log.Error("undo after failed "+b.path, "sandbox", b.sb.ID, "step", s.name, "err", uerr)
 			}
 			if !errors.Is(err, errNoClaim) {
-				m.auditLifecycle(sctx, b.sb, b.action, "denied", err.Error(), map[string]any{"path": b.path, "step": s.name})
-				m.obs.Created(b.path, b.sb.Isolation, b.sb.TemplateID, false, time.Since(start), b.took)
+				m.inst.auditLifecycle(sctx, b.sb, b.action, "denied", err.Error(), map[string]any{"path": b.path, "step": s.name})
+				m.inst.obs.Created(b.path, b.sb.Isolation, b.sb.TemplateID, false, time.Since(start), b.took)
 			}
 			return nil, err
 		}
@@ -212,8 +212,8 @@ func (m *Manager) run(ctx context.Context, p pipeline, b *build) (_ *Sandbox, er
 	if sb.BuildID != "" {
 		fields["build"] = sb.BuildID
 	}
-	m.auditLifecycle(sctx, sb, b.action, "allowed", "", fields)
-	m.obs.Created(b.path, sb.Isolation, sb.TemplateID, true, time.Since(start), b.took)
+	m.inst.auditLifecycle(sctx, sb, b.action, "allowed", "", fields)
+	m.inst.obs.Created(b.path, sb.Isolation, sb.TemplateID, true, time.Since(start), b.took)
 	m.log.Info("sandbox "+b.path, "sandbox", sb.ID, "template", sb.TemplateID, "ip", sb.IP, "team", sb.TeamID, "took", time.Since(start).Round(time.Millisecond),
 		"network", b.took[StepAttachNetwork].Round(time.Millisecond), "start", b.took[StepStart].Round(time.Millisecond),
 		"envd", (b.took[StepInitEnvd] + b.took[StepWaitReady]).Round(time.Millisecond))
@@ -465,7 +465,7 @@ func (m *Manager) persistCreating(ctx context.Context, b *build) error {
 	}
 	id := b.sb.ID
 	b.undo.Add(StepPersistCreating, func(ctx context.Context) error { return m.store.DeleteSandbox(ctx, id) })
-	m.fault("create:persisted")
+	m.inst.fault("create:persisted")
 	return nil
 }
 

@@ -185,7 +185,7 @@ func TestPipelineRollsBackAtEveryStep(t *testing.T) {
 				}
 				e.h.ResetCalls()
 				boom := errors.New("injected failure")
-				e.m.stepHook = func(path, step string) error {
+				e.m.inst.stepHook = func(path, step string) error {
 					if path == p.name && step == s.name {
 						return boom
 					}

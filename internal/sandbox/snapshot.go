@@ -265,7 +265,7 @@ func (m *Manager) CreateSnapshot(ctx context.Context, teamID, id, name string) (
 // snapshot captures sandbox id; memory false captures its files only.
 func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden, memory bool) (_ *Snapshot, err error) {
 	if !hidden { // a fork's own checkpoint counts as part of the fork
-		defer m.observe(opName("snapshot", memory), time.Now(), &err)
+		defer m.inst.observe(opName("snapshot", memory), time.Now(), &err)
 	}
 	snaps := m.life.snaps
 	if snaps == nil {
@@ -296,12 +296,12 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden,
 		if _, err := m.commit(ctx, id, func(sb *Sandbox) { sb.State = prev.State }); err != nil {
 			m.log.Error("persist state after snapshot", "sandbox", id, "err", err)
 		}
-		m.crashAfter("snapshot", SnapshotCommitted)
+		m.inst.crashAfter("snapshot", SnapshotCommitted)
 		if err == nil && !hidden {
-			m.auditLifecycle(ctx, prev, "snapshot", "allowed", "", map[string]any{"memory": memory, "name": name})
+			m.inst.auditLifecycle(ctx, prev, "snapshot", "allowed", "", map[string]any{"memory": memory, "name": name})
 		}
 	}()
-	m.fault("snapshot:persisted")
+	m.inst.fault("snapshot:persisted")
 	layers, err := m.baseLayers(ctx, src)
 	if err != nil {
 		return nil, err
@@ -339,7 +339,7 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden,
 	}); err != nil {
 		return nil, fmt.Errorf("sandbox %s: snapshot: %w", id, err)
 	}
-	m.fault("snapshot:captured")
+	m.inst.fault("snapshot:captured")
 	if err := sealLayers(tmp); err != nil {
 		return nil, fmt.Errorf("sandbox %s: snapshot: %w", id, err)
 	}
@@ -352,7 +352,7 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden,
 		return nil, err
 	}
 	ok = true
-	m.crashAfter("snapshot", SnapshotPublished)
+	m.inst.crashAfter("snapshot", SnapshotPublished)
 	m.log.Info("snapshot created", "sandbox", id, "snapshot", snap.ID, "name", name, "bytes", snap.SizeBytes, "took", time.Since(start).Round(time.Millisecond))
 	return snap, nil
 }
@@ -567,7 +567,7 @@ const MaxForks = 100
 // id and lifetime) and starts count copies of it, memory included, each
 // with its own writable layer, network namespace, address and token.
 func (m *Manager) Fork(ctx context.Context, teamID, id string, count int, timeout time.Duration) (_ []ForkResult, err error) {
-	defer m.observe("fork", time.Now(), &err)
+	defer m.inst.observe("fork", time.Now(), &err)
 	if count < 1 || count > MaxForks {
 		return nil, fmt.Errorf("count: must be from 1 to %d, got %d: %w", MaxForks, count, errdefs.ErrInvalidArgument)
 	}

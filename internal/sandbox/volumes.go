@@ -78,10 +78,8 @@ func (m *Manager) claimVolumes(ctx context.Context, b *build, mounts []VolumeMou
 	for i, c := range claimed {
 		b.sb.VolumeMounts[i] = VolumeMount{ID: c.ID, Name: c.Name, Path: mounts[i].Path}
 		b.volumes[i] = runtime.VolumeMount{Source: c.HostPath, Path: mounts[i].Path}
-		if m.audit != nil {
-			m.audit.Record(ctx, audit.Event{SandboxID: b.sb.ID, TeamID: b.sb.TeamID, APIKeyID: b.sb.APIKeyID, Kind: audit.KindLifecycle,
-				Action: "volume-mount", Fields: map[string]any{"volumeID": c.ID, "name": c.Name, "path": mounts[i].Path}})
-		}
+		m.inst.record(ctx, audit.Event{SandboxID: b.sb.ID, TeamID: b.sb.TeamID, APIKeyID: b.sb.APIKeyID, Kind: audit.KindLifecycle,
+			Action: "volume-mount", Fields: map[string]any{"volumeID": c.ID, "name": c.Name, "path": mounts[i].Path}})
 	}
 	return nil
 }
