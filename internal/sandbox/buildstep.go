@@ -35,7 +35,7 @@ func (m *Manager) RunSteps(ctx context.Context, req template.StepRequest) (err e
 	if err := checkStepRequest(req); err != nil {
 		return err
 	}
-	ck, err := m.checkpointer()
+	ck, err := checkpointer(m.rt)
 	if err != nil {
 		return fmt.Errorf("build %s: the writable layer of a build step cannot be captured: %w", req.BuildID, err)
 	}
@@ -162,7 +162,7 @@ func (m *Manager) resolveBuild(ctx context.Context, b *build) error {
 	m.fillFromRequest(sb, b.req, nil, limits, isolation, m.cfg.MaxCommandLifetime)
 	sb.DefaultUser, sb.DefaultWorkdir = "root", "/"
 	b.layers, b.limits = slices.Clone(req.Layers), limits
-	b.pol, err = m.policyOf(ctx, sb)
+	b.pol, err = m.policies.of(ctx, sb)
 	return err
 }
 

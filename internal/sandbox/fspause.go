@@ -45,7 +45,7 @@ func (m *Manager) resolvePaused(ctx context.Context, b *build) error {
 	b.sb = sb
 	b.startup, b.ready = m.templateCommands(ctx, sb)
 	var err error
-	b.pol, err = m.policyOf(ctx, sb)
+	b.pol, err = m.policies.of(ctx, sb)
 	return err
 }
 
@@ -69,7 +69,7 @@ func (m *Manager) persistResuming(ctx context.Context, b *build) error {
 // bootFiles boots the paused sandbox fresh, in place, on its writable
 // layer; a memory image, if any, is ignored (dropped once running).
 func (m *Manager) bootFiles(ctx context.Context, b *build) error {
-	ck, err := m.checkpointer()
+	ck, err := checkpointer(m.rt)
 	if err != nil {
 		return err
 	}

@@ -112,7 +112,7 @@ func (m *Manager) setHealth(ctx context.Context, id, reason string) {
 	}
 	snap := clone(sb)
 	m.mu.Unlock()
-	if err := m.save(ctx, snap); err != nil {
+	if err := m.rows.save(ctx, snap); err != nil {
 		m.log.Error("persist health", "sandbox", id, "err", err)
 	}
 	if reason != "" {

@@ -94,12 +94,14 @@ func (m *Manager) EnableLifecycle(cfg LifecycleConfig) error {
 	return nil
 }
 
-func (m *Manager) checkpointer() (runtime.Checkpointer, error) {
-	ck, ok := m.rt.(runtime.Checkpointer)
+// checkpointer is rt's pause and restore, if it has them and they work
+// on this host.
+func checkpointer(rt runtime.Runtime) (runtime.Checkpointer, error) {
+	ck, ok := rt.(runtime.Checkpointer)
 	if !ok {
 		return nil, fmt.Errorf("this runtime cannot pause sandboxes: %w", errdefs.ErrUnavailable)
 	}
-	if s, ok := m.rt.(runtime.CheckpointProber); ok {
+	if s, ok := rt.(runtime.CheckpointProber); ok {
 		if err := s.CheckpointSupported(); err != nil {
 			return nil, fmt.Errorf("pausing sandboxes: %w", err)
 		}
@@ -157,7 +159,7 @@ func (m *Manager) begin(ctx context.Context, teamID, id string, to State, from .
 	sb.State = to
 	rec := clone(sb)
 	m.mu.Unlock()
-	if err := m.save(ctx, rec); err != nil {
+	if err := m.rows.save(ctx, rec); err != nil {
 		m.rollback(ctx, prev)
 		return nil, nil, err
 	}
@@ -175,7 +177,7 @@ func (m *Manager) commit(ctx context.Context, id string, f func(*Sandbox)) (*San
 	f(sb)
 	rec := clone(sb)
 	m.mu.Unlock()
-	return rec, m.save(ctx, rec)
+	return rec, m.rows.save(ctx, rec)
 }
 
 // rollback puts a sandbox back to its record before a failed transition.
@@ -185,7 +187,7 @@ func (m *Manager) rollback(ctx context.Context, prev *Sandbox) {
 		*sb = *clone(prev)
 	}
 	m.mu.Unlock()
-	if err := m.save(ctx, prev); err != nil {
+	if err := m.rows.save(ctx, prev); err != nil {
 		m.log.Error("persist rollback", "sandbox", prev.ID, "err", err)
 	}
 }
@@ -195,7 +197,7 @@ func (m *Manager) thaw(ctx context.Context, id string) error {
 	if !m.idle.frozen(id) {
 		return nil
 	}
-	ck, err := m.checkpointer()
+	ck, err := checkpointer(m.rt)
 	if err != nil {
 		return err
 	}
@@ -266,7 +268,7 @@ func (m *Manager) resume(ctx context.Context, teamID, id string, timeout time.Du
 		}
 		break
 	}
-	ck, err := m.checkpointer()
+	ck, err := checkpointer(m.rt)
 	if err != nil {
 		return nil, false, err
 	}
@@ -435,7 +437,7 @@ func (m *Manager) reapLifecycle(ctx context.Context, now time.Time) {
 				m.mu.Unlock()
 				err = m.destroy(context.WithoutCancel(ctx), sb, "idle timeout")
 			case "freeze":
-				if ck, cerr := m.checkpointer(); cerr != nil {
+				if ck, cerr := checkpointer(m.rt); cerr != nil {
 					err = cerr
 				} else if err = ck.Freeze(ctx, a.id); err != nil {
 					m.idle.thawed(a.id)
@@ -454,7 +456,7 @@ func (m *Manager) reapLifecycle(ctx context.Context, now time.Time) {
 // it adopted or removed the sandbox itself; otherwise the record (possibly
 // rewritten to running) goes through the normal adoption.
 func (m *Manager) reconcileLifecycle(ctx context.Context, sb *Sandbox, adopted map[string]bool) bool {
-	ck, ckErr := m.checkpointer()
+	ck, ckErr := checkpointer(m.rt)
 	// The image first: its check settles a restore the crash interrupted
 	// (runtime.Checkpointer), which the state then reflects.
 	hasImage := false
@@ -506,7 +508,7 @@ func (m *Manager) reconcileLifecycle(ctx context.Context, sb *Sandbox, adopted m
 		default:
 			return false // neither: the normal path removes it
 		}
-		if err := m.save(ctx, sb); err != nil {
+		if err := m.rows.save(ctx, sb); err != nil {
 			m.log.Error("persist reconciled state", "sandbox", sb.ID, "err", err)
 		}
 		if sb.State == StateRunning {

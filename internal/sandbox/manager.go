@@ -63,6 +63,8 @@ type Manager struct {
 	cfg       Config
 	log       *slog.Logger
 	store     *store.Store
+	rows      rows     // the sandbox table of store
+	policies  policies // network settings to policies (network.go)
 	rt        runtime.Runtime
 	net       Network
 	templates Templates
@@ -97,7 +99,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 		}
 	}
 	m := &Manager{
-		cfg: cfg, log: log, store: st, rt: rt, net: nw, templates: tpl, inst: newInstruments(log),
+		cfg: cfg, log: log, store: st, rows: rows{st}, policies: policies{st}, rt: rt, net: nw, templates: tpl, inst: newInstruments(log),
 		envd:      &envdLink{client: envdclient.NewHTTPClient(), secret: secret, readyWait: cfg.EnvdReadyWait, net: nw},
 		sandboxes: map[string]*Sandbox{},
 		samples:   newSamples(),
@@ -122,13 +124,21 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 // Token returns the envd access token of sandbox id.
 func (m *Manager) Token(id string) string { return m.envd.token(id) }
 
-func (m *Manager) save(ctx context.Context, sb *Sandbox) error {
+// rows is the sandbox table of the store: one row per sandbox, written
+// before the host is touched so that Reconcile finds every sandbox.
+type rows struct{ st *store.Store }
+
+// save writes sb's row.
+func (r rows) save(ctx context.Context, sb *Sandbox) error {
 	doc, err := json.Marshal(sb)
 	if err != nil {
 		return err
 	}
-	return m.store.PutSandbox(ctx, store.Record{ID: sb.ID, TeamID: sb.TeamID, State: string(sb.State), StartedAt: sb.StartedAt, EndAt: sb.EndAt, Doc: doc})
+	return r.st.PutSandbox(ctx, store.Record{ID: sb.ID, TeamID: sb.TeamID, State: string(sb.State), StartedAt: sb.StartedAt, EndAt: sb.EndAt, Doc: doc})
 }
+
+// drop deletes sandbox id's row.
+func (r rows) drop(ctx context.Context, id string) error { return r.st.DeleteSandbox(ctx, id) }
 
 // Create starts a sandbox and returns once its envd answers and is
 // initialised: restored from one of the team's snapshots when req.Template
@@ -176,12 +186,13 @@ func (m *Manager) checkChosenID(id string) error {
 	return nil
 }
 
-func (m *Manager) checkTimeout(d time.Duration) error {
+// checkTimeout refuses a lifetime d that is negative or over limit.
+func checkTimeout(limit, d time.Duration) error {
 	if d < 0 {
 		return fmt.Errorf("timeout: must be 0 or more seconds: %w", errdefs.ErrInvalidArgument)
 	}
-	if d > m.cfg.MaxTimeout {
-		return fmt.Errorf("timeout: %s is over the maximum of %s; pass at most %d seconds: %w", d, m.cfg.MaxTimeout, int(m.cfg.MaxTimeout.Seconds()), errdefs.ErrInvalidArgument)
+	if d > limit {
+		return fmt.Errorf("timeout: %s is over the maximum of %s; pass at most %d seconds: %w", d, limit, int(limit.Seconds()), errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -304,7 +315,7 @@ func (m *Manager) Kill(ctx context.Context, teamID, id string) error {
 // adopted). Every step is idempotent, so an interrupted destroy is finished by
 // the next Reconcile.
 func (m *Manager) destroy(ctx context.Context, sb *Sandbox, why string) error {
-	if err := m.save(ctx, sb); err != nil {
+	if err := m.rows.save(ctx, sb); err != nil {
 		m.log.Error("persist killing", "sandbox", sb.ID, "err", err)
 	}
 	m.inst.crashAfter("kill", KillPersisted)
@@ -321,7 +332,7 @@ func (m *Manager) destroy(ctx context.Context, sb *Sandbox, why string) error {
 		m.log.Error("sandbox cleanup incomplete; will retry at next start", "sandbox", sb.ID, "err", err)
 		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
 	}
-	if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil {
+	if err := m.rows.drop(ctx, sb.ID); err != nil {
 		return err
 	}
 	m.inst.crashAfter("kill", KillRowDeleted)
@@ -337,7 +348,7 @@ func (m *Manager) destroy(ctx context.Context, sb *Sandbox, why string) error {
 
 // SetTimeout sets the sandbox to end d from now (it may shorten the life).
 func (m *Manager) SetTimeout(ctx context.Context, teamID, id string, d time.Duration) error {
-	if err := m.checkTimeout(d); err != nil {
+	if err := checkTimeout(m.cfg.MaxTimeout, d); err != nil {
 		return err
 	}
 	var out *Sandbox
@@ -350,7 +361,7 @@ func (m *Manager) SetTimeout(ctx context.Context, teamID, id string, d time.Dura
 
 // Extend makes the sandbox live at least d from now; it never shortens.
 func (m *Manager) Extend(ctx context.Context, teamID, id string, d time.Duration) (*Sandbox, error) {
-	if err := m.checkTimeout(d); err != nil {
+	if err := checkTimeout(m.cfg.MaxTimeout, d); err != nil {
 		return nil, err
 	}
 	var out *Sandbox
@@ -373,7 +384,7 @@ func (m *Manager) update(ctx context.Context, teamID, id string, f func(*Sandbox
 	f(sb)
 	snapshot := clone(sb)
 	m.mu.Unlock()
-	return m.save(ctx, snapshot)
+	return m.rows.save(ctx, snapshot)
 }
 
 // Reconcile makes the in-memory view, the database, the runtime and the

@@ -98,7 +98,7 @@ func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func
 	if snaps == nil {
 		return nil, fmt.Errorf("snapshots are not enabled on this server: %w", errdefs.ErrUnavailable)
 	}
-	if _, err := m.checkpointer(); err != nil {
+	if _, err := checkpointer(m.rt); err != nil {
 		return nil, err
 	}
 	sid := newSnapshotID()

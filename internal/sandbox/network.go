@@ -85,13 +85,23 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf(format+": %w", append(args, errdefs.ErrInvalidArgument)...)
 }
 
-// policyOf turns the sandbox's network settings into the network policy,
-// resolving secret references. Errors name the offending entry.
-func (m *Manager) policyOf(ctx context.Context, sb *Sandbox) (network.Policy, error) {
-	return m.policy(ctx, sb.TeamID, sb.APIKeyID, sb.AllowInternet, sb.Network)
+// policies turns sandboxes' network settings into network policies,
+// resolving the team's secret references. It is the one place a network
+// setting is validated, on create, update and restore alike.
+type policies struct{ secrets secretValues }
+
+// secretValues is the store's side of a policy: a team's secrets.
+type secretValues interface {
+	TeamSecretValue(ctx context.Context, teamID, name string) (string, error)
 }
 
-func (m *Manager) policy(ctx context.Context, teamID, keyID string, allowInternet bool, n *NetworkSpec) (network.Policy, error) {
+// of turns the sandbox's network settings into the network policy,
+// resolving secret references. Errors name the offending entry.
+func (ps policies) of(ctx context.Context, sb *Sandbox) (network.Policy, error) {
+	return ps.policy(ctx, sb.TeamID, sb.APIKeyID, sb.AllowInternet, sb.Network)
+}
+
+func (ps policies) policy(ctx context.Context, teamID, keyID string, allowInternet bool, n *NetworkSpec) (network.Policy, error) {
 	p := network.Policy{AllowInternet: allowInternet, TeamID: teamID, APIKeyID: keyID}
 	if n == nil {
 		return p, nil
@@ -157,7 +167,7 @@ func (m *Manager) policy(ctx context.Context, teamID, keyID string, allowInterne
 				if !httpguts.ValidHeaderFieldName(k) || slices.Contains(forbiddenHeaders, strings.ToLower(k)) {
 					return p, invalid("%s: not a header name a rule may set", hf)
 				}
-				val, err := m.resolveSecrets(ctx, teamID, hf, v)
+				val, err := ps.resolveSecrets(ctx, teamID, hf, v)
 				if err != nil {
 					return p, err
 				}
@@ -179,7 +189,7 @@ func (m *Manager) policy(ctx context.Context, teamID, keyID string, allowInterne
 	return p, nil
 }
 
-func (m *Manager) resolveSecrets(ctx context.Context, teamID, field, v string) (string, error) {
+func (ps policies) resolveSecrets(ctx context.Context, teamID, field, v string) (string, error) {
 	var firstErr error
 	out := secretRef.ReplaceAllStringFunc(v, func(ref string) string {
 		name := secretRef.FindStringSubmatch(ref)[1]
@@ -187,7 +197,7 @@ func (m *Manager) resolveSecrets(ctx context.Context, teamID, field, v string) (
 			firstErr = cmpErr(firstErr, invalid("%s: %q is not a valid secret name", field, name))
 			return ""
 		}
-		val, err := m.store.TeamSecretValue(ctx, teamID, name)
+		val, err := ps.secrets.TeamSecretValue(ctx, teamID, name)
 		if err != nil {
 			firstErr = cmpErr(firstErr, invalid("%s: secret %q does not exist; create it with POST /secrets", field, name))
 			return ""
@@ -239,7 +249,7 @@ func parseEgressProxy(ep *EgressProxy) (*network.UpstreamProxy, error) {
 // CheckNetwork validates a network configuration for a create or update
 // of teamID (secrets must exist) without applying it.
 func (m *Manager) CheckNetwork(ctx context.Context, teamID string, allowInternet bool, n *NetworkSpec) error {
-	_, err := m.policy(ctx, teamID, "", allowInternet, n)
+	_, err := m.policies.policy(ctx, teamID, "", allowInternet, n)
 	return err
 }
 
@@ -259,7 +269,7 @@ func (m *Manager) UpdateNetwork(ctx context.Context, teamID, id string, allowInt
 		next.AllowPublicTraffic, next.MaskRequestHost, next.HTTPSPorts = old.AllowPublicTraffic, old.MaskRequestHost, old.HTTPSPorts
 	}
 	cur.AllowInternet, cur.Network = allowInternet, next
-	pol, err := m.policyOf(ctx, cur)
+	pol, err := m.policies.of(ctx, cur)
 	if err != nil {
 		return err
 	}
@@ -282,11 +292,11 @@ func (m *Manager) UpdateNetwork(ctx context.Context, teamID, id string, allowInt
 
 // restorePolicy puts a re-adopted sandbox's policy back after a restart.
 func (m *Manager) restorePolicy(ctx context.Context, sb *Sandbox) error {
-	pol, err := m.policyOf(ctx, sb)
+	pol, err := m.policies.of(ctx, sb)
 	if err != nil {
 		// A secret was deleted meanwhile: keep the sandbox, without rules.
 		m.log.Warn("sandbox network rules no longer valid; applying them without header rules", "sandbox", sb.ID, "err", err)
-		pol, err = m.policy(ctx, sb.TeamID, sb.APIKeyID, sb.AllowInternet, withoutRules(sb.Network))
+		pol, err = m.policies.policy(ctx, sb.TeamID, sb.APIKeyID, sb.AllowInternet, withoutRules(sb.Network))
 		if err != nil {
 			return err
 		}

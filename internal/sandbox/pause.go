@@ -99,7 +99,7 @@ func (m *Manager) pauseCheck(ctx context.Context, op *pauseOp) error {
 			return err
 		}
 	}
-	ck, err := m.checkpointer()
+	ck, err := checkpointer(m.rt)
 	if err != nil {
 		return err
 	}
@@ -200,7 +200,7 @@ func (m *Manager) resolvePausedMemory(ctx context.Context, b *build) error {
 // restoreMemory restores the sandbox's processes from its pause image;
 // a later failure checkpoints them again, so it stays paused with memory.
 func (m *Manager) restoreMemory(ctx context.Context, b *build) error {
-	ck, err := m.checkpointer()
+	ck, err := checkpointer(m.rt)
 	if err != nil {
 		return err
 	}

@@ -272,7 +272,7 @@ func (m *Manager) resolveTemplate(ctx context.Context, b *build) error {
 		}
 		return err
 	}
-	if err := m.checkTimeout(req.Timeout); err != nil {
+	if err := checkTimeout(m.cfg.MaxTimeout, req.Timeout); err != nil {
 		return err
 	}
 	isolation, err := m.resolveIsolation(req, tpl)
@@ -302,7 +302,7 @@ func (m *Manager) resolveTemplate(ctx context.Context, b *build) error {
 	if err := m.claimVolumes(ctx, b, req.VolumeMounts, false); err != nil {
 		return err
 	}
-	b.pol, err = m.policyOf(ctx, sb)
+	b.pol, err = m.policies.of(ctx, sb)
 	return err
 }
 
@@ -322,11 +322,11 @@ func (m *Manager) fillFromRequest(sb *Sandbox, req CreateRequest, env map[string
 // for others is refused, naming the field. A filesystem-only snapshot boots
 // fresh, so the request's limits and tier apply as on a cold start.
 func (m *Manager) resolveSnapshot(ctx context.Context, b *build) error {
-	if _, err := m.checkpointer(); err != nil {
+	if _, err := checkpointer(m.rt); err != nil {
 		return err
 	}
 	req, snap := b.req, b.snap
-	if err := m.checkTimeout(req.Timeout); err != nil {
+	if err := checkTimeout(m.cfg.MaxTimeout, req.Timeout); err != nil {
 		return err
 	}
 	snapLimits := Limits{CPUCount: snap.CPUCount, MemoryMB: snap.MemoryMB, DiskMB: snap.DiskMB, PIDs: snap.PIDs, TmpMB: snap.TmpMB}
@@ -395,7 +395,7 @@ func (m *Manager) resolveSnapshot(ctx context.Context, b *build) error {
 			b.envdAuth = m.envd.token(snap.SandboxID)
 		}
 	}
-	b.pol, err = m.policyOf(ctx, sb)
+	b.pol, err = m.policies.of(ctx, sb)
 	return err
 }
 
@@ -460,11 +460,11 @@ func (m *Manager) templateCommands(ctx context.Context, sb *Sandbox) (start, rea
 // from here on is cleaned up by Reconcile, never leaked.
 func (m *Manager) persistCreating(ctx context.Context, b *build) error {
 	b.sb.State = StateCreating
-	if err := m.save(ctx, b.sb); err != nil {
+	if err := m.rows.save(ctx, b.sb); err != nil {
 		return err
 	}
 	id := b.sb.ID
-	b.undo.Add(StepPersistCreating, func(ctx context.Context) error { return m.store.DeleteSandbox(ctx, id) })
+	b.undo.Add(StepPersistCreating, func(ctx context.Context) error { return m.rows.drop(ctx, id) })
 	m.inst.fault("create:persisted")
 	return nil
 }
@@ -472,7 +472,7 @@ func (m *Manager) persistCreating(ctx context.Context, b *build) error {
 // persistRunning marks the sandbox running in the store.
 func (m *Manager) persistRunning(ctx context.Context, b *build) error {
 	b.sb.State = StateRunning
-	return m.save(ctx, b.sb)
+	return m.rows.save(ctx, b.sb)
 }
 
 // register makes the sandbox visible: the API, the gateway and the reaper
@@ -531,7 +531,7 @@ func (m *Manager) startContainer(ctx context.Context, b *build) error {
 // restoreImage starts the sandbox from the snapshot's image (memory, or a
 // fresh boot on its layers) in a new bundle and network namespace.
 func (m *Manager) restoreImage(ctx context.Context, b *build) error {
-	ck, err := m.checkpointer()
+	ck, err := checkpointer(m.rt)
 	if err != nil {
 		return err
 	}

@@ -602,25 +602,25 @@ func TestReconcileAfterCrash(t *testing.T) {
 	h := e.h
 	// A create that crashed after starting its container.
 	half := &Sandbox{ID: "ihalf", TeamID: e.team, State: StateCreating}
-	if err := e.m.save(ctx, half); err != nil {
+	if err := e.m.rows.save(ctx, half); err != nil {
 		t.Fatal(err)
 	}
 	_, _ = h.Network.Attach(ctx, half.ID, network.Policy{})
 	_ = h.Runtime.Create(ctx, runtimeSpec(half.ID))
 	// A kill that crashed before removing anything.
 	killing := &Sandbox{ID: "ikilling", TeamID: e.team, State: StateKilling}
-	_ = e.m.save(ctx, killing)
+	_ = e.m.rows.save(ctx, killing)
 	_, _ = h.Network.Attach(ctx, killing.ID, network.Policy{})
 	// Runtime and network state with no row at all.
 	_ = h.Runtime.Create(ctx, runtimeSpec("iorphan"))
 	_, _ = h.Network.Attach(ctx, "iorphan2", network.Policy{})
 	// A running sandbox whose container died while the server was down.
 	gone := &Sandbox{ID: "igone", TeamID: e.team, State: StateRunning}
-	_ = e.m.save(ctx, gone)
+	_ = e.m.rows.save(ctx, gone)
 	_, _ = h.Network.Attach(ctx, gone.ID, network.Policy{})
 	// A build step's sandbox: its build died with the server.
 	build := &Sandbox{ID: "ibuild", TeamID: e.team, State: StateRunning, BuildID: "b1"}
-	_ = e.m.save(ctx, build)
+	_ = e.m.rows.save(ctx, build)
 	_, _ = h.Network.Attach(ctx, build.ID, network.Policy{})
 	_ = h.Runtime.Create(ctx, runtimeSpec(build.ID))
 

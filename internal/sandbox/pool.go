@@ -388,7 +388,7 @@ func (m *Manager) resolvePooled(ctx context.Context, b *build) error {
 			break
 		}
 	}
-	if sb == nil || m.checkTimeout(req.Timeout) != nil {
+	if sb == nil || checkTimeout(m.cfg.MaxTimeout, req.Timeout) != nil {
 		m.pools.claimed(tpl.ID, req.TeamID, false)
 		m.mu.Unlock()
 		return errNoClaim
@@ -420,6 +420,6 @@ func (m *Manager) resolvePooled(ctx context.Context, b *build) error {
 	// Pooled sandboxes are made secure; their token is derived from the
 	// id, which the claimed sandbox keeps.
 	b.fresh, b.envdAuth = false, m.Token(c.ID)
-	b.pol, err = m.policyOf(ctx, c)
+	b.pol, err = m.policies.of(ctx, c)
 	return err
 }

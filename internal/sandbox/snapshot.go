@@ -274,7 +274,7 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden,
 	if err := m.admission.admitDisk("snapshot a sandbox"); err != nil {
 		return nil, err
 	}
-	ck, err := m.checkpointer()
+	ck, err := checkpointer(m.rt)
 	if err != nil {
 		return nil, err
 	}
@@ -571,7 +571,7 @@ func (m *Manager) Fork(ctx context.Context, teamID, id string, count int, timeou
 	if count < 1 || count > MaxForks {
 		return nil, fmt.Errorf("count: must be from 1 to %d, got %d: %w", MaxForks, count, errdefs.ErrInvalidArgument)
 	}
-	if err := m.checkTimeout(timeout); err != nil {
+	if err := checkTimeout(m.cfg.MaxTimeout, timeout); err != nil {
 		return nil, err
 	}
 	src, err := m.Get(ctx, teamID, id)
