@@ -42,22 +42,16 @@ func (m *Manager) RunSteps(ctx context.Context, req template.StepRequest) (err e
 	b := newBuild("build", CreateRequest{TeamID: req.TeamID, Timeout: m.cfg.MaxTimeout, Secure: true, AllowInternet: true})
 	b.step = &req
 	b.counts = !m.admission.buildAdmitted(req.TeamID, req.BuildID)
-	sb, err := m.run(ctx, buildStep(), b)
+	sb, err := m.start.run(ctx, buildStep(), b)
 	if err != nil {
 		return fmt.Errorf("build %s: step sandbox: %w", req.BuildID, err)
 	}
 	defer func() {
-		m.mu.Lock()
-		if live := m.sandboxes[sb.ID]; live != nil {
-			live.State = StateKilling
-		}
-		m.mu.Unlock()
-		sb.State = StateKilling
 		why := "template build steps done"
 		if err != nil {
 			why = "template build step failed"
 		}
-		if derr := m.destroy(context.WithoutCancel(ctx), sb, why); derr != nil {
+		if derr := m.discard(ctx, sb, why); derr != nil {
 			err = errors.Join(err, derr)
 		}
 	}()
@@ -142,7 +136,7 @@ func checkStepRequest(req template.StepRequest) error {
 // request asks (refused over the team's quota, naming the field), else what
 // a sandbox gets by default, capped at the team's quota, so a step never
 // has more than any sandbox of the team could.
-func (m *Manager) resolveBuild(ctx context.Context, b *build) error {
+func (s *starter) resolveBuild(ctx context.Context, b *build) error {
 	req := b.step
 	q := b.quota
 	defaults := &template.Template{
@@ -153,16 +147,16 @@ func (m *Manager) resolveBuild(ctx context.Context, b *build) error {
 	if err != nil {
 		return err
 	}
-	isolation, err := m.resolveIsolation(CreateRequest{}, defaults)
+	isolation, err := s.resolveIsolation(CreateRequest{}, defaults)
 	if err != nil {
 		return err
 	}
 	sb := b.sb
 	sb.BuildID = req.BuildID
-	m.fillFromRequest(sb, b.req, nil, limits, isolation, m.cfg.MaxCommandLifetime)
+	s.fillFromRequest(sb, b.req, nil, limits, isolation, s.cfg.MaxCommandLifetime)
 	sb.DefaultUser, sb.DefaultWorkdir = "root", "/"
 	b.layers, b.limits = slices.Clone(req.Layers), limits
-	b.pol, err = m.policies.of(ctx, sb)
+	b.pol, err = s.policies.of(ctx, sb)
 	return err
 }
 

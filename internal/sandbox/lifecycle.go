@@ -284,7 +284,7 @@ func (m *Manager) resume(ctx context.Context, teamID, id string, timeout time.Du
 	}
 	b := newBuild(path, CreateRequest{TeamID: teamID, Timeout: timeout})
 	b.action, b.counts, b.sb.ID = "resume", false, id
-	sb, err := m.run(ctx, p, b)
+	sb, err := m.start.run(ctx, p, b)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrConflict) { // someone else resumed it meanwhile
 			return m.resume(ctx, teamID, id, timeout, auto, memory)

@@ -70,7 +70,6 @@ type Manager struct {
 	templates Templates
 	envd      *envdLink  // every envd call and token (envd.go)
 	audit     *audit.Log // nil: no audit log
-	vols      Volumes    // nil: no volume mounts (volumes.go)
 	limits    *limits    // OOM/pids/disk counters, own lock (limits.go)
 	pools     *WarmPools // warm pools, own lock (pool.go)
 	admission *admission // quota, slots, disk guard; own lock (admission.go)
@@ -85,7 +84,8 @@ type Manager struct {
 	idle      *idleState // data-plane activity, own lock (idle.go)
 	life      lifecycle  // pause/resume, snapshots, forks, pools (lifecycle.go)
 
-	inst *instruments // audit, observer, tracer, step hook, crash point
+	inst  *instruments // audit, observer, tracer, step hook, crash point
+	start *starter     // the start pipelines (pipeline.go)
 }
 
 // New makes a manager. Call Reconcile before serving, then Run.
@@ -107,6 +107,10 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 	}
 	m.pools = newWarmPools(tpl, m.readyWarm)
 	m.admission = newAdmission(log, cfg.Quota, st, m.teamHeld)
+	m.start = &starter{
+		cfg: cfg, log: log, inst: m.inst, rt: rt, net: nw, templates: tpl, envd: m.envd, admission: m.admission,
+		policies: m.policies, rows: m.rows, snaps: func() *snapshotStore { return m.life.snaps }, recs: m,
+	}
 	m.limits = newLimits(log, rt, m.Audit, m.Running, m.admission.quotaOf)
 	m.snapshots = &snapshots{log: log, store: func() *snapshotStore { return m.life.snaps }, inUse: m.baseSnapshots}
 	m.metering = &metering{rt: rt, snaps: m.snapshots.store, each: func(f func(*Sandbox)) {
@@ -150,16 +154,16 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		if err := m.checkChosenID(req.ID); err != nil {
 			return nil, err
 		}
-		return m.run(ctx, coldStart(), newBuild("create", req))
+		return m.start.run(ctx, coldStart(), newBuild("create", req))
 	}
 	if snap, ok := m.snapshots.team(req.TeamID, req.Template); ok {
 		b := newBuild("restore", req)
 		b.snap, b.tplID = snap, snap.ID
-		return m.run(ctx, restoreSnapshot(), b)
+		return m.start.run(ctx, restoreSnapshot(), b)
 	}
 	if m.pools.fits(req) {
 		b := newBuild("claim", req)
-		sb, err := m.run(ctx, claimPooled(), b)
+		sb, err := m.start.run(ctx, claimPooled(), b)
 		switch {
 		case err == nil:
 			return sb, nil
@@ -169,7 +173,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 			m.log.Warn("warm sandbox claim failed; cold start instead", "sandbox", b.sb.ID, "err", err)
 		}
 	}
-	return m.run(ctx, coldStart(), newBuild("create", req))
+	return m.start.run(ctx, coldStart(), newBuild("create", req))
 }
 
 // checkChosenID refuses a caller-chosen id that is malformed or taken.
@@ -286,6 +290,29 @@ func cmpString(a, b string) int {
 		return 1
 	}
 	return 0
+}
+
+// register makes sb visible: the API, the gateway and the reaper see it
+// from now on (a build step's sandbox only the reaper).
+func (m *Manager) register(sb *Sandbox) {
+	m.mu.Lock()
+	m.sandboxes[sb.ID] = clone(sb)
+	m.mu.Unlock()
+	m.idle.touch(sb.ID)
+}
+
+// discard ends a sandbox no client holds (a failed warm claim, a build
+// step's sandbox once its commands ran): its live record, if any, is
+// marked killing, then it is destroyed.
+func (m *Manager) discard(ctx context.Context, sb *Sandbox, why string) error {
+	m.mu.Lock()
+	if live := m.sandboxes[sb.ID]; live != nil {
+		live.State = StateKilling
+	}
+	m.mu.Unlock()
+	c := clone(sb)
+	c.State = StateKilling
+	return m.destroy(context.WithoutCancel(ctx), c, why)
 }
 
 // Kill stops and removes the team's sandbox and everything it held.

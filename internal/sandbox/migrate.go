@@ -164,8 +164,8 @@ func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func
 	req.Template = tpl.ID
 	bd := newBuild("restore", req)
 	bd.snap, bd.tplID = &snap, tpl.ID
-	p := restoreSnapshot().swap(StepResolve, "moved image", func(m *Manager, ctx context.Context, b *build) error {
-		if err := m.resolveSnapshot(ctx, b); err != nil {
+	p := restoreSnapshot().swap(StepResolve, "moved image", func(s *starter, ctx context.Context, b *build) error {
+		if err := s.resolveSnapshot(ctx, b); err != nil {
 			return err
 		}
 		if snap.Secure {
@@ -173,5 +173,5 @@ func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func
 		}
 		return nil
 	})
-	return m.run(ctx, p, bd)
+	return m.start.run(ctx, p, bd)
 }

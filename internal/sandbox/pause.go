@@ -174,33 +174,31 @@ func (m *Manager) pauseForget(ctx context.Context, op *pauseOp) error {
 
 // resumeMemory restores a paused sandbox from its memory image, in place.
 func resumeMemory() pipeline {
-	kept := func(*Manager, context.Context, *build) error { return nil }
+	kept := func(*starter, context.Context, *build) error { return nil }
 	return coldStart().
 		swap(StepReserve, "none: the paused sandbox already counts", kept).
-		swap(StepResolve, "paused sandbox", (*Manager).resolvePausedMemory).
-		swap(StepPersistCreating, "row resuming", (*Manager).persistResuming).
+		swap(StepResolve, "paused sandbox", (*starter).resolvePausedMemory).
+		swap(StepPersistCreating, "row resuming", (*starter).persistResuming).
 		swap(StepAttachNetwork, "kept", kept).
-		swap(StepStart, "restore memory image", (*Manager).restoreMemory).
+		swap(StepStart, "restore memory image", (*starter).restoreMemory).
 		swap(StepInitEnvd, "kept", kept).
 		swap(StepWaitReady, "kept", kept)
 }
 
 // resolvePausedMemory finds the paused sandbox a memory resume restores.
-func (m *Manager) resolvePausedMemory(ctx context.Context, b *build) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	live, ok := m.sandboxes[b.sb.ID]
-	if !ok || !visibleTo(live, b.req.TeamID) {
-		return notFound(b.sb.ID)
+func (s *starter) resolvePausedMemory(ctx context.Context, b *build) error {
+	sb, err := s.recs.Get(ctx, b.req.TeamID, b.sb.ID)
+	if err != nil {
+		return err
 	}
-	b.sb = clone(live)
+	b.sb = sb
 	return nil
 }
 
 // restoreMemory restores the sandbox's processes from its pause image;
 // a later failure checkpoints them again, so it stays paused with memory.
-func (m *Manager) restoreMemory(ctx context.Context, b *build) error {
-	ck, err := checkpointer(m.rt)
+func (s *starter) restoreMemory(ctx context.Context, b *build) error {
+	ck, err := checkpointer(s.rt)
 	if err != nil {
 		return err
 	}
@@ -208,7 +206,7 @@ func (m *Manager) restoreMemory(ctx context.Context, b *build) error {
 	if err := ck.Restore(ctx, runtime.Spec{ID: id}, runtime.RestoreOptions{Lazy: lazyResume(b.sb.Metadata)}); err != nil {
 		return err
 	}
-	m.inst.fault("resume:restored")
+	s.inst.fault("resume:restored")
 	b.undo.Add(StepStart, func(ctx context.Context) error {
 		return ck.Checkpoint(ctx, id, runtime.CheckpointOptions{})
 	})

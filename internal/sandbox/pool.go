@@ -360,12 +360,40 @@ func (m *Manager) poolTick(ctx context.Context, now time.Time) {
 	}
 }
 
+// claimWarm hands a claimable warm sandbox of template tplID to teamID:
+// hidden from the pool and from other claims from here on, it is the
+// team's and creating. nil when the pool cannot serve the request (no
+// demand recorded, none ready, a timeout over the maximum), which counts
+// as a miss.
+func (m *Manager) claimWarm(tplID, teamID string, at time.Time, timeout time.Duration) *Sandbox {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.pools.demand(tplID, at) {
+		return nil
+	}
+	var sb *Sandbox
+	for _, c := range m.sandboxes {
+		if claimable(c) && c.TemplateID == tplID {
+			sb = c
+			break
+		}
+	}
+	if sb == nil || checkTimeout(m.cfg.MaxTimeout, timeout) != nil {
+		m.pools.claimed(tplID, teamID, false)
+		return nil
+	}
+	m.pools.claimed(tplID, teamID, true)
+	sb.State = StateCreating
+	sb.TeamID = teamID
+	return clone(sb)
+}
+
 // resolvePooled claims a warm sandbox of the requested template for the
 // request: it takes the request's team, env, metadata, network policy,
 // token and lifetime. errNoClaim on a miss (the create starts cold).
-func (m *Manager) resolvePooled(ctx context.Context, b *build) error {
+func (s *starter) resolvePooled(ctx context.Context, b *build) error {
 	req := b.req
-	tpl, err := m.templates.Get(ctx, req.TeamID, req.Template)
+	tpl, err := s.templates.Get(ctx, req.TeamID, req.Template)
 	if err != nil {
 		return errNoClaim
 	}
@@ -374,42 +402,17 @@ func (m *Manager) resolvePooled(ctx context.Context, b *build) error {
 	if _, err := resolveLimits(Limits{}, tpl, b.quota); err != nil {
 		return errNoClaim
 	}
-	m.mu.Lock()
 	// Demand counts when the request came, not when it got a create slot:
 	// a burst queues for slots, and the pool must see it as the burst it is.
-	if !m.pools.demand(tpl.ID, b.sb.StartedAt) {
-		m.mu.Unlock()
+	c := s.recs.claimWarm(tpl.ID, req.TeamID, b.sb.StartedAt, req.Timeout)
+	if c == nil {
 		return errNoClaim
 	}
-	var sb *Sandbox
-	for _, c := range m.sandboxes {
-		if claimable(c) && c.TemplateID == tpl.ID {
-			sb = c
-			break
-		}
-	}
-	if sb == nil || checkTimeout(m.cfg.MaxTimeout, req.Timeout) != nil {
-		m.pools.claimed(tpl.ID, req.TeamID, false)
-		m.mu.Unlock()
-		return errNoClaim
-	}
-	m.pools.claimed(tpl.ID, req.TeamID, true)
-	// Hidden from the pool and from other claims from here on.
-	sb.State = StateCreating
-	sb.TeamID = req.TeamID
-	c := clone(sb)
-	m.mu.Unlock()
 	// A claim that fails later leaves a sandbox that is neither warm nor
 	// the team's: it goes.
+	claimed := clone(c)
 	b.undo.Add(StepResolve, func(ctx context.Context) error {
-		c := clone(c)
-		c.State = StateKilling
-		m.mu.Lock()
-		if live := m.sandboxes[c.ID]; live != nil {
-			live.State = StateKilling
-		}
-		m.mu.Unlock()
-		go func() { _ = m.destroy(context.WithoutCancel(ctx), c, "warm claim failed") }()
+		go func() { _ = s.recs.discard(context.WithoutCancel(ctx), claimed, "warm claim failed") }()
 		return nil
 	})
 	now := time.Now().UTC()
@@ -419,7 +422,7 @@ func (m *Manager) resolvePooled(ctx context.Context, b *build) error {
 	b.sb = c
 	// Pooled sandboxes are made secure; their token is derived from the
 	// id, which the claimed sandbox keeps.
-	b.fresh, b.envdAuth = false, m.Token(c.ID)
-	b.pol, err = m.policies.of(ctx, c)
+	b.fresh, b.envdAuth = false, s.envd.token(c.ID)
+	b.pol, err = s.policies.of(ctx, c)
 	return err
 }

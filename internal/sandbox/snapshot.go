@@ -601,7 +601,7 @@ func (m *Manager) Fork(ctx context.Context, teamID, id string, count int, timeou
 			// others are made.
 			b := newBuild("fork", req)
 			b.snap, b.tplID = snap, src.TemplateID
-			sb, err := m.run(ctx, restoreSnapshot(), b)
+			sb, err := m.start.run(ctx, restoreSnapshot(), b)
 			out[i] = ForkResult{Sandbox: sb, Err: err}
 		})
 	}
