@@ -13,7 +13,7 @@ import (
 // id, token, env and files but none of the old processes. Traffic does not
 // resume such a sandbox; connect does.
 func (m *Manager) PauseFilesystem(ctx context.Context, teamID, id string) error {
-	return m.pause(ctx, teamID, id, false, false)
+	return m.pauser.pause(ctx, teamID, id, false, false)
 }
 
 // ResumeFromFiles resumes the team's paused sandbox from its files only

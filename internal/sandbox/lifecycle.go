@@ -212,16 +212,7 @@ func (m *Manager) thaw(ctx context.Context, id string) error {
 // processes stop, it holds no CPU or RAM, and Resume brings it back with the
 // same id, token, files, env and processes (pids included).
 func (m *Manager) Pause(ctx context.Context, teamID, id string) error {
-	return m.pause(ctx, teamID, id, false, true)
-}
-
-// pause is Pause; expired marks an auto-pause at the end of the lifetime,
-// which leaves no lifetime to keep (a resume gets the original one again);
-// memory false keeps only the files (see PauseFilesystem).
-func (m *Manager) pause(ctx context.Context, teamID, id string, expired, memory bool) (err error) {
-	defer m.inst.observe(opName("pause", memory), time.Now(), &err)
-	op := &pauseOp{teamID: teamID, id: id, expired: expired, memory: memory, start: time.Now()}
-	return m.runPause(context.WithoutCancel(ctx), pauseSteps(), op) // pause.go
+	return m.pauser.pause(ctx, teamID, id, false, true)
 }
 
 // Resume restores the team's paused sandbox and gives it at least timeout
@@ -421,7 +412,7 @@ func (m *Manager) reapLifecycle(ctx context.Context, now time.Time) {
 			var err error
 			switch a.what {
 			case "expire":
-				if err = m.pause(ctx, "", a.id, true, !a.fs); err != nil && !errors.Is(err, errdefs.ErrConflict) {
+				if err = m.pauser.pause(ctx, "", a.id, true, !a.fs); err != nil && !errors.Is(err, errdefs.ErrConflict) {
 					m.mu.Lock()
 					if sb := m.sandboxes[a.id]; sb != nil && sb.State == StateRunning {
 						sb.AutoPause = false // kill it at the next tick
@@ -430,7 +421,7 @@ func (m *Manager) reapLifecycle(ctx context.Context, now time.Time) {
 					m.mu.Unlock()
 				}
 			case "pause":
-				err = m.pause(ctx, "", a.id, false, !a.fs)
+				err = m.pauser.pause(ctx, "", a.id, false, !a.fs)
 			case "kill":
 				m.mu.Lock()
 				sb := clone(m.sandboxes[a.id])

@@ -84,8 +84,9 @@ type Manager struct {
 	idle      *idleState // data-plane activity, own lock (idle.go)
 	life      lifecycle  // pause/resume, snapshots, forks, pools (lifecycle.go)
 
-	inst  *instruments // audit, observer, tracer, step hook, crash point
-	start *starter     // the start pipelines (pipeline.go)
+	inst   *instruments // audit, observer, tracer, step hook, crash point
+	start  *starter     // the start pipelines (pipeline.go)
+	pauser *pauser      // pauses (pause.go)
 }
 
 // New makes a manager. Call Reconcile before serving, then Run.
@@ -120,6 +121,10 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 			f(sb)
 		}
 	}}
+	m.pauser = &pauser{
+		log: log, inst: m.inst, rt: rt, admission: m.admission, metering: m.metering, recs: m, thaw: m.thaw,
+		forget: func(id string) { m.samples.forget(id); m.idle.forget(id) },
+	}
 	m.sampler = &sampler{log: log, rt: rt, running: m.Running, samples: m.samples, metering: m.metering}
 	m.health = &health{rt: rt, interval: cfg.HealthInterval, limits: m.limits, running: m.Running, envd: m.envd.of, set: m.setHealth, dead: m.endIfDead}
 	return m, nil

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
@@ -37,6 +38,30 @@ const (
 	pausePath          = "pause"
 )
 
+// pauser runs pauses: the steps of pauseSteps are its methods. It
+// reaches the records through recs; the idle state and the metric samples
+// of a sandbox it reaches through thaw and forget.
+type pauser struct {
+	log       *slog.Logger
+	inst      *instruments
+	rt        runtime.Runtime
+	admission *admission
+	metering  *metering
+	recs      records
+	thaw      func(ctx context.Context, id string) error // undo an idle freeze
+	forget    func(id string)                            // drop samples and idle state
+}
+
+// pause checkpoints sandbox id of teamID ("" any): expired marks an
+// auto-pause at the end of the lifetime, which leaves no lifetime to keep
+// (a resume gets the original one again); memory false keeps only the
+// files.
+func (p *pauser) pause(ctx context.Context, teamID, id string, expired, memory bool) (err error) {
+	defer p.inst.observe(opName("pause", memory), time.Now(), &err)
+	op := &pauseOp{teamID: teamID, id: id, expired: expired, memory: memory, start: time.Now()}
+	return p.runPause(context.WithoutCancel(ctx), pauseSteps(), op)
+}
+
 // pauseOp is one pause: the request and what its steps found.
 type pauseOp struct {
 	teamID, id      string
@@ -52,61 +77,60 @@ type pauseOp struct {
 type pauseStep struct {
 	name string
 	what string
-	run  func(m *Manager, ctx context.Context, op *pauseOp) error
+	run  func(p *pauser, ctx context.Context, op *pauseOp) error
 }
 
 // pauseSteps is the pause, in order.
 func pauseSteps() []pauseStep {
 	return []pauseStep{
-		{StepPauseCheck, "checkpointer, not paused yet", (*Manager).pauseCheck},
-		{StepPersistPausing, "row pausing", (*Manager).persistPausing},
-		{StepMeter, "last usage", (*Manager).pauseMeter},
-		{StepThaw, "idle freeze off", (*Manager).pauseThaw},
-		{StepCheckpoint, "image to disk", (*Manager).pauseCheckpoint},
-		{StepPersistPaused, "row paused", (*Manager).persistPaused},
-		{StepForget, "samples and idle state", (*Manager).pauseForget},
+		{StepPauseCheck, "checkpointer, not paused yet", (*pauser).pauseCheck},
+		{StepPersistPausing, "row pausing", (*pauser).persistPausing},
+		{StepMeter, "last usage", (*pauser).pauseMeter},
+		{StepThaw, "idle freeze off", (*pauser).pauseThaw},
+		{StepCheckpoint, "image to disk", (*pauser).pauseCheckpoint},
+		{StepPersistPaused, "row paused", (*pauser).persistPaused},
+		{StepForget, "samples and idle state", (*pauser).pauseForget},
 	}
 }
 
 // runPause runs steps for op; a failing step runs the undo list newest
 // first and returns the step's error.
-func (m *Manager) runPause(ctx context.Context, steps []pauseStep, op *pauseOp) error {
+func (p *pauser) runPause(ctx context.Context, steps []pauseStep, op *pauseOp) error {
 	for _, s := range steps {
-		c, span := m.inst.traceStep(ctx, s.name)
-		err := s.run(m, c, op)
+		c, span := p.inst.traceStep(ctx, s.name)
+		err := s.run(p, c, op)
 		if err == nil {
-			err = m.inst.stepDone(pausePath, s.name)
+			err = p.inst.stepDone(pausePath, s.name)
 		}
 		endSpan(span, nil, err)
 		if err != nil {
 			if uerr := op.undo.Run(ctx); uerr != nil {
-				m.log.Error("undo after failed pause", "sandbox", op.id, "step", s.name, "err", uerr)
+				p.log.Error("undo after failed pause", "sandbox", op.id, "step", s.name, "err", uerr)
 			}
 			return err
 		}
 	}
 	op.undo.Release()
-	m.log.Info("sandbox paused", "sandbox", op.id, "took", time.Since(op.start).Round(time.Millisecond))
-	m.inst.auditLifecycle(ctx, op.prev, "pause", "allowed", "", map[string]any{"memory": op.memory, "expired": op.expired})
+	p.log.Info("sandbox paused", "sandbox", op.id, "took", time.Since(op.start).Round(time.Millisecond))
+	p.inst.auditLifecycle(ctx, op.prev, "pause", "allowed", "", map[string]any{"memory": op.memory, "expired": op.expired})
 	return nil
 }
 
 // pauseCheck refuses a pause of a sandbox already paused (or pausing), and
 // one that would write an image onto a full data disk.
-func (m *Manager) pauseCheck(ctx context.Context, op *pauseOp) error {
+func (p *pauser) pauseCheck(ctx context.Context, op *pauseOp) error {
 	if !op.expired { // an auto-pause tries anyway: refusing it would end the sandbox
-		if err := m.admission.admitDisk("pause a sandbox"); err != nil {
+		if err := p.admission.admitDisk("pause a sandbox"); err != nil {
 			return err
 		}
 	}
-	ck, err := checkpointer(m.rt)
+	ck, err := checkpointer(p.rt)
 	if err != nil {
 		return err
 	}
 	op.ck = ck
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if sb, ok := m.sandboxes[op.id]; ok && (sb.State == StatePaused || sb.State == StatePausing) && (op.teamID == "" || sb.TeamID == op.teamID) {
+	// Not found: persistPausing refuses it, naming it.
+	if sb, err := p.recs.Get(ctx, op.teamID, op.id); err == nil && (sb.State == StatePaused || sb.State == StatePausing) {
 		return fmt.Errorf("sandbox %q is already paused: %w", op.id, errdefs.ErrConflict)
 	}
 	return nil
@@ -114,45 +138,45 @@ func (m *Manager) pauseCheck(ctx context.Context, op *pauseOp) error {
 
 // persistPausing moves the running sandbox to pausing (persisted); a
 // failure before the image is complete puts it back to running.
-func (m *Manager) persistPausing(ctx context.Context, op *pauseOp) error {
-	_, prev, err := m.begin(ctx, op.teamID, op.id, StatePausing, StateRunning)
+func (p *pauser) persistPausing(ctx context.Context, op *pauseOp) error {
+	_, prev, err := p.recs.begin(ctx, op.teamID, op.id, StatePausing, StateRunning)
 	if err != nil {
 		return err
 	}
 	op.prev = prev
-	op.undo.Add(StepPersistPausing, func(ctx context.Context) error { m.rollback(ctx, prev); return nil })
-	m.inst.fault("pause:persisted")
+	op.undo.Add(StepPersistPausing, func(ctx context.Context) error { p.recs.rollback(ctx, prev); return nil })
+	p.inst.fault("pause:persisted")
 	return nil
 }
 
 // pauseMeter meters the usage up to the pause.
-func (m *Manager) pauseMeter(ctx context.Context, op *pauseOp) error {
-	m.metering.last(ctx, op.prev)
+func (p *pauser) pauseMeter(ctx context.Context, op *pauseOp) error {
+	p.metering.last(ctx, op.prev)
 	return nil
 }
 
 // pauseThaw unfreezes a sandbox the idle policy froze: the checkpoint
 // needs its processes runnable.
-func (m *Manager) pauseThaw(ctx context.Context, op *pauseOp) error { return m.thaw(ctx, op.id) }
+func (p *pauser) pauseThaw(ctx context.Context, op *pauseOp) error { return p.thaw(ctx, op.id) }
 
 // pauseCheckpoint writes the image (memory, or the files only). Once it
 // is complete the pause cannot be undone: a record still saying pausing
 // is finished by Reconcile, which finds the image.
-func (m *Manager) pauseCheckpoint(ctx context.Context, op *pauseOp) error {
+func (p *pauser) pauseCheckpoint(ctx context.Context, op *pauseOp) error {
 	if err := op.ck.Checkpoint(ctx, op.id, runtime.CheckpointOptions{FilesystemOnly: !op.memory}); err != nil {
-		m.log.Error("pause failed; sandbox keeps running", "sandbox", op.id, "err", err)
+		p.log.Error("pause failed; sandbox keeps running", "sandbox", op.id, "err", err)
 		return fmt.Errorf("sandbox %s: pause: %w", op.id, err)
 	}
 	op.undo.Release()
-	m.inst.fault("pause:checkpointed")
+	p.inst.fault("pause:checkpointed")
 	return nil
 }
 
 // persistPaused records the pause and the lifetime left to give back on
 // resume (none after an expiry pause: a resume gets the original one).
-func (m *Manager) persistPaused(ctx context.Context, op *pauseOp) error {
+func (p *pauser) persistPaused(ctx context.Context, op *pauseOp) error {
 	now := time.Now().UTC()
-	_, err := m.commit(ctx, op.id, func(sb *Sandbox) {
+	_, err := p.recs.commit(ctx, op.id, func(sb *Sandbox) {
 		sb.State = StatePaused
 		sb.PausedAt = now
 		sb.PausedFS = !op.memory
@@ -166,9 +190,8 @@ func (m *Manager) persistPaused(ctx context.Context, op *pauseOp) error {
 
 // pauseForget drops what only a running sandbox has: metric samples and
 // idle state.
-func (m *Manager) pauseForget(ctx context.Context, op *pauseOp) error {
-	m.samples.forget(op.id)
-	m.idle.forget(op.id)
+func (p *pauser) pauseForget(ctx context.Context, op *pauseOp) error {
+	p.forget(op.id)
 	return nil
 }
 

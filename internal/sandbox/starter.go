@@ -40,6 +40,8 @@ type records interface {
 	// puts back the record begin returned as prev.
 	begin(ctx context.Context, teamID, id string, to State, from ...State) (sb, prev *Sandbox, err error)
 	rollback(ctx context.Context, prev *Sandbox)
+	// commit applies f to the live record of sandbox id and persists it.
+	commit(ctx context.Context, id string, f func(*Sandbox)) (*Sandbox, error)
 	// claimWarm hands a warm sandbox of template tplID to teamID (nil: the
 	// pool cannot serve the request); discard ends one never handed out.
 	claimWarm(tplID, teamID string, at time.Time, timeout time.Duration) *Sandbox
