@@ -192,22 +192,6 @@ func (m *Manager) rollback(ctx context.Context, prev *Sandbox) {
 	}
 }
 
-// thaw unfreezes a sandbox frozen by the idle policy.
-func (m *Manager) thaw(ctx context.Context, id string) error {
-	if !m.idle.frozen(id) {
-		return nil
-	}
-	ck, err := checkpointer(m.rt)
-	if err != nil {
-		return err
-	}
-	if err := ck.Thaw(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-		return err
-	}
-	m.idle.thawed(id)
-	return nil
-}
-
 // Pause checkpoints the team's running sandbox to disk with its memory: its
 // processes stop, it holds no CPU or RAM, and Resume brings it back with the
 // same id, token, files, env and processes (pids included).
@@ -305,144 +289,6 @@ func resumed(sb *Sandbox, timeout time.Duration) {
 	sb.PausedAt, sb.TimeLeft, sb.PausedFS = time.Time{}, 0, false
 }
 
-// Wake is the gateway's lookup: it returns the running sandbox, thawing a
-// frozen one and resuming a paused one whose autoResume is on. live is ctx,
-// also cancelled when the sandbox is removed, so traffic to a killed
-// sandbox ends at once instead of waiting on a peer that can no longer
-// answer. done ends the request's activity (a sandbox with requests in
-// flight is not idle) and releases live.
-func (m *Manager) Wake(ctx context.Context, id string) (*Sandbox, context.Context, func(), bool) {
-	return m.WakeIf(ctx, id, nil)
-}
-
-// WakeIf is Wake for traffic that must pass check first: check sees the
-// sandbox's record in whatever state it is and runs before anything wakes
-// it, so a request the gateway refuses (a wrong access token) never
-// resumes or thaws a sandbox. A nil check passes everything.
-func (m *Manager) WakeIf(ctx context.Context, id string, check func(*Sandbox) bool) (*Sandbox, context.Context, func(), bool) {
-	sb, end, ok := m.wake(ctx, id, check)
-	if !ok {
-		return nil, nil, nil, false
-	}
-	m.mu.Lock()
-	if _, alive := m.sandboxes[id]; !alive {
-		m.mu.Unlock() // removed meanwhile: no life to tie the traffic to
-		end()
-		return nil, nil, nil, false
-	}
-	life := m.idle.life(id)
-	m.mu.Unlock()
-	live, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(life.ctx, cancel)
-	return sb, live, func() { stop(); cancel(); end() }, true
-}
-
-func (m *Manager) wake(ctx context.Context, id string, check func(*Sandbox) bool) (*Sandbox, func(), bool) {
-	m.mu.Lock()
-	sb, ok := m.sandboxes[id]
-	if !ok || sb.TeamID == poolTeam || sb.BuildID != "" {
-		m.mu.Unlock()
-		return nil, nil, false
-	}
-	st := sb.State
-	rec := clone(sb)
-	m.mu.Unlock()
-	if check != nil && !check(rec) {
-		return nil, nil, false
-	}
-	switch st {
-	case StateRunning:
-		if err := m.thaw(ctx, id); err != nil {
-			m.log.Warn("thaw on traffic", "sandbox", id, "err", err)
-			return nil, nil, false
-		}
-	case StatePaused, StatePausing, StateResuming:
-		if _, _, err := m.Resume(ctx, "", id, 0, true); err != nil {
-			return nil, nil, false
-		}
-	default:
-		return nil, nil, false
-	}
-	m.idle.touch(id)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	sb, ok = m.sandboxes[id]
-	if !ok || sb.State != StateRunning {
-		return nil, nil, false
-	}
-	// Counted under m.mu: the reaper decides an idle timeout under it.
-	return clone(sb), m.idle.request(id), true
-}
-
-// reapLifecycle runs every reap tick: auto-pause at the end of the
-// lifetime, idle timeouts, idle freezing, and the warm pools.
-func (m *Manager) reapLifecycle(ctx context.Context, now time.Time) {
-	type action struct {
-		id   string
-		what string
-		fs   bool // pause without memory
-	}
-	var todo []action
-	m.mu.Lock()
-	for id, sb := range m.sandboxes {
-		if sb.State != StateRunning || sb.TeamID == poolTeam || sb.BuildID != "" {
-			continue
-		}
-		idle, inflight := m.idle.idle(id, now)
-		switch {
-		case sb.AutoPause && now.After(sb.EndAt):
-			// Out of the kill loop's reach while the pause runs; a failed
-			// pause kills it at the next tick.
-			sb.EndAt = now.Add(time.Minute)
-			todo = append(todo, action{id, "expire", sb.AutoPauseFS})
-		case sb.IdleTimeout > 0 && !inflight && idle > sb.IdleTimeout:
-			if sb.AutoPause {
-				todo = append(todo, action{id, "pause", sb.AutoPauseFS})
-			} else {
-				sb.State = StateKilling
-				todo = append(todo, action{id, "kill", false})
-			}
-		case m.life.cfg.IdleFreeze > 0 && m.idle.freezeIfIdle(id, now, m.life.cfg.IdleFreeze):
-			todo = append(todo, action{id, "freeze", false})
-		}
-	}
-	m.mu.Unlock()
-	for _, a := range todo {
-		go func() {
-			var err error
-			switch a.what {
-			case "expire":
-				if err = m.pauser.pause(ctx, "", a.id, true, !a.fs); err != nil && !errors.Is(err, errdefs.ErrConflict) {
-					m.mu.Lock()
-					if sb := m.sandboxes[a.id]; sb != nil && sb.State == StateRunning {
-						sb.AutoPause = false // kill it at the next tick
-						sb.EndAt = time.Now()
-					}
-					m.mu.Unlock()
-				}
-			case "pause":
-				err = m.pauser.pause(ctx, "", a.id, false, !a.fs)
-			case "kill":
-				m.mu.Lock()
-				sb := clone(m.sandboxes[a.id])
-				m.mu.Unlock()
-				err = m.destroy(context.WithoutCancel(ctx), sb, "idle timeout")
-			case "freeze":
-				if ck, cerr := checkpointer(m.rt); cerr != nil {
-					err = cerr
-				} else if err = ck.Freeze(ctx, a.id); err != nil {
-					m.idle.thawed(a.id)
-				}
-			}
-			if err != nil && !errors.Is(err, errdefs.ErrConflict) {
-				m.log.Warn("lifecycle timeout action", "sandbox", a.id, "action", a.what, "err", err)
-			}
-		}()
-	}
-	m.poolTick(ctx, now)
-	m.snapshots.tick(ctx)
-}
-
 // reconcileLifecycle settles a record found at start. It returns true when
 // it adopted or removed the sandbox itself; otherwise the record (possibly
 // rewritten to running) goes through the normal adoption.
@@ -529,4 +375,16 @@ func (m *Manager) reconcileLifecycle(ctx context.Context, sb *Sandbox, adopted m
 		return true
 	}
 	return false
+}
+
+// WakeIf is the gateway's lookup: it returns the running sandbox, thawing a
+// frozen one and resuming a paused one whose autoResume is on. live is ctx,
+// also cancelled when the sandbox is removed, so traffic to a killed
+// sandbox ends at once instead of waiting on a peer that can no longer
+// answer. done ends the request's activity (a sandbox with requests in
+// flight is not idle) and releases live. check sees the sandbox's record in whatever state it is and runs before anything wakes
+// it, so a request the gateway refuses (a wrong access token) never
+// resumes or thaws a sandbox. A nil check passes everything.
+func (m *Manager) WakeIf(ctx context.Context, id string, check func(*Sandbox) bool) (*Sandbox, context.Context, func(), bool) {
+	return m.reaper.wakeIf(ctx, id, check)
 }

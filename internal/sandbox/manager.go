@@ -87,6 +87,7 @@ type Manager struct {
 	inst   *instruments // audit, observer, tracer, step hook, crash point
 	start  *starter     // the start pipelines (pipeline.go)
 	pauser *pauser      // pauses (pause.go)
+	reaper *reaper      // timeouts, idle handling, pools' tick; waking on traffic (reaper.go)
 }
 
 // New makes a manager. Call Reconcile before serving, then Run.
@@ -121,10 +122,16 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 			f(sb)
 		}
 	}}
+	m.reaper = &reaper{
+		log: log, rt: rt, mu: &m.mu, live: m.sandboxes, idle: m.idle, pools: m.pools, maxTimeout: cfg.MaxTimeout,
+		idleFreeze: func() time.Duration { return m.life.cfg.IdleFreeze },
+		resume:     m.Resume, create: m.Create, destroy: m.destroy, snapshotsTick: m.snapshots.tick,
+	}
 	m.pauser = &pauser{
-		log: log, inst: m.inst, rt: rt, admission: m.admission, metering: m.metering, recs: m, thaw: m.thaw,
+		log: log, inst: m.inst, rt: rt, admission: m.admission, metering: m.metering, recs: m, thaw: m.reaper.thaw,
 		forget: func(id string) { m.samples.forget(id); m.idle.forget(id) },
 	}
+	m.reaper.pauser = m.pauser
 	m.sampler = &sampler{log: log, rt: rt, running: m.Running, samples: m.samples, metering: m.metering}
 	m.health = &health{rt: rt, interval: cfg.HealthInterval, limits: m.limits, running: m.Running, envd: m.envd.of, set: m.setHealth, dead: m.endIfDead}
 	return m, nil
@@ -521,32 +528,9 @@ func (m *Manager) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-reap.C:
-			m.reap(ctx)
+			m.reaper.reap(ctx)
 		case <-sample.C:
 			m.sampler.tick(ctx)
 		}
-	}
-}
-
-func (m *Manager) reap(ctx context.Context) {
-	now := time.Now()
-	// Auto-pause and idle timeouts first: they take their sandboxes out of
-	// the running state before the kill loop below looks (lifecycle.go).
-	m.reapLifecycle(ctx, now)
-	var expired []*Sandbox
-	m.mu.Lock()
-	for _, sb := range m.sandboxes {
-		if sb.State == StateRunning && now.After(sb.EndAt) {
-			sb.State = StateKilling
-			expired = append(expired, clone(sb))
-		}
-	}
-	m.mu.Unlock()
-	for _, sb := range expired {
-		go func() {
-			if err := m.destroy(context.WithoutCancel(ctx), sb, "timeout expired"); err != nil {
-				m.log.Error("reap", "sandbox", sb.ID, "err", err)
-			}
-		}()
 	}
 }

@@ -514,7 +514,7 @@ func TestMaxSandboxesOnEveryPath(t *testing.T) {
 func TestWarmPoolClaim(t *testing.T) {
 	ctx := context.Background()
 	e := newFakeEnv(t, LifecycleConfig{Pools: map[string]int{"base": 1}})
-	e.m.poolTick(ctx, time.Now())
+	e.m.reaper.poolTick(ctx, time.Now())
 	deadline := time.Now().Add(5 * time.Second)
 	for len(e.m.Pools().List()) == 0 || e.m.Pools().List()[0].Ready < 1 {
 		if time.Now().After(deadline) {
@@ -575,7 +575,7 @@ func TestReapAndHealth(t *testing.T) {
 	r.Timeout = time.Millisecond
 	short := e.create(t, r)
 	time.Sleep(5 * time.Millisecond)
-	e.m.reap(ctx)
+	e.m.reaper.reap(ctx)
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		if _, err := e.m.Get(ctx, e.team, short.ID); errors.Is(err, errdefs.ErrNotFound) {
@@ -745,12 +745,12 @@ func TestWakeEndsWithTheSandbox(t *testing.T) {
 	e := newFakeEnv(t, LifecycleConfig{})
 	ctx := context.Background()
 	sb := e.create(t, e.req())
-	_, live, done, ok := e.m.Wake(ctx, sb.ID)
+	_, live, done, ok := e.m.WakeIf(ctx, sb.ID, nil)
 	if !ok {
 		t.Fatal("Wake of a running sandbox failed")
 	}
 	defer done()
-	_, other, otherDone, ok := e.m.Wake(ctx, sb.ID)
+	_, other, otherDone, ok := e.m.WakeIf(ctx, sb.ID, nil)
 	if !ok {
 		t.Fatal("second Wake failed")
 	}
@@ -769,7 +769,7 @@ func TestWakeEndsWithTheSandbox(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("traffic to a killed sandbox was not ended")
 	}
-	if _, _, _, ok := e.m.Wake(ctx, sb.ID); ok {
+	if _, _, _, ok := e.m.WakeIf(ctx, sb.ID, nil); ok {
 		t.Error("Wake found a killed sandbox")
 	}
 	e.m.mu.Lock()

@@ -297,69 +297,6 @@ func (m *Manager) readyWarm() map[string]int {
 	return ready
 }
 
-// poolTick resolves configured pools, resizes them to the create rate and
-// starts refills. Called from the reaper (m.mu not held).
-func (m *Manager) poolTick(ctx context.Context, now time.Time) {
-	if !m.pools.enabled() {
-		return
-	}
-	m.pools.resolve(ctx)
-
-	m.mu.Lock()
-	ready := map[string]int{}
-	var trim []*Sandbox
-	for _, sb := range m.sandboxes {
-		if sb.TeamID != poolTeam || sb.State != StateRunning {
-			continue
-		}
-		if sb.Health != "" {
-			// The health check found it broken: a claim would wait for
-			// it in vain. It goes, and the pool refills.
-			sb.State = StateKilling
-			trim = append(trim, clone(sb))
-			continue
-		}
-		ready[sb.TemplateID]++
-	}
-	fills, targets := m.pools.plan(now, ready)
-	for id, target := range targets {
-		// Demand fell: the surplus goes, a few at a time.
-		trimmed := 0
-		for _, sb := range m.sandboxes {
-			if trimmed >= poolTrimPerTick || ready[id] <= target {
-				break
-			}
-			if claimable(sb) && sb.TemplateID == id {
-				trimmed++
-				sb.State = StateKilling // hidden from claims from here on
-				ready[id]--
-				trim = append(trim, clone(sb))
-			}
-		}
-	}
-	m.mu.Unlock()
-	for _, sb := range trim {
-		go func() {
-			if err := m.destroy(context.WithoutCancel(ctx), sb, "warm pool above its size"); err != nil {
-				m.log.Warn("warm pool trim", "sandbox", sb.ID, "err", err)
-			}
-		}()
-	}
-	for _, f := range fills {
-		for range f.n {
-			go func() {
-				_, err := m.Create(context.WithoutCancel(ctx), CreateRequest{
-					TeamID: poolTeam, Template: f.templateID, Timeout: m.cfg.MaxTimeout, Secure: true, AllowInternet: true,
-				})
-				m.pools.filled(f.templateID)
-				if err != nil {
-					m.log.Warn("warm pool refill", "template", f.templateID, "err", err)
-				}
-			}()
-		}
-	}
-}
-
 // claimWarm hands a claimable warm sandbox of template tplID to teamID:
 // hidden from the pool and from other claims from here on, it is the
 // team's and creating. nil when the pool cannot serve the request (no

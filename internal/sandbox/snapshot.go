@@ -306,7 +306,7 @@ func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden,
 	if err != nil {
 		return nil, err
 	}
-	if err := m.thaw(ctx, id); err != nil {
+	if err := m.reaper.thaw(ctx, id); err != nil {
 		return nil, err
 	}
 	start := time.Now()
