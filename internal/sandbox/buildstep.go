@@ -76,7 +76,7 @@ func (m *Manager) RunSteps(ctx context.Context, req template.StepRequest) (err e
 			dir = "/"
 		}
 		code, rerr := c.Run(ctx, envdclient.Command{Cmd: cmd.Cmd, User: user, Workdir: dir, Env: cmd.Env}, out, out)
-		m.auditStep(ctx, sb, cmd, code, rerr, time.Since(start))
+		m.inst.auditStep(ctx, sb, cmd, code, rerr, time.Since(start))
 		var failed error
 		switch {
 		case rerr != nil:
@@ -86,7 +86,7 @@ func (m *Manager) RunSteps(ctx context.Context, req template.StepRequest) (err e
 		default:
 			continue
 		}
-		if why := m.stepLimitHit(context.WithoutCancel(ctx), sb, b.quota, lr, before); why != "" {
+		if why := stepLimitHit(context.WithoutCancel(ctx), m.rt, sb, b.quota, lr, before); why != "" {
 			failed = &template.LimitError{Msg: fmt.Sprintf("%s %q %s", stepWhere(cmd), cmd.Cmd, why), Err: failed}
 		}
 		return fmt.Errorf("%s: %w", stepWhere(cmd), failed)
@@ -180,7 +180,7 @@ func describeLimits(l Limits) string {
 // stepLimitHit says which limit a failed step command hit, if one: a
 // process killed for memory or a fork refused since before, or the disk
 // full. "" when none did (the command failed on its own).
-func (m *Manager) stepLimitHit(ctx context.Context, sb *Sandbox, q Quota, lr runtime.LimitReporter, before runtime.LimitCounters) string {
+func stepLimitHit(ctx context.Context, rt runtime.Runtime, sb *Sandbox, q Quota, lr runtime.LimitReporter, before runtime.LimitCounters) string {
 	if lr != nil {
 		if now, err := lr.LimitCounters(ctx, sb.ID); err == nil {
 			switch {
@@ -191,7 +191,7 @@ func (m *Manager) stepLimitHit(ctx context.Context, sb *Sandbox, q Quota, lr run
 			}
 		}
 	}
-	if st, err := m.rt.Stats(ctx, sb.ID); err == nil && diskFull(st) {
+	if st, err := rt.Stats(ctx, sb.ID); err == nil && diskFull(st) {
 		return "wrote more than " + limitOf("disk", "MiB", sb.DiskMB, q.DiskMB, "", "--disk-mb") + `; writes failed with "No space left on device"`
 	}
 	return ""
@@ -213,8 +213,8 @@ func limitOf(what, unit string, n, quota int, field, flag string) string {
 
 // auditStep records one build command like a process start in any sandbox
 // (the gateway records those; build steps do not pass through it).
-func (m *Manager) auditStep(ctx context.Context, sb *Sandbox, c template.StepCommand, code int, err error, took time.Duration) {
-	if m.inst.audit == nil {
+func (i *instruments) auditStep(ctx context.Context, sb *Sandbox, c template.StepCommand, code int, err error, took time.Duration) {
+	if i.audit == nil {
 		return
 	}
 	fields := map[string]any{"cmd": "/bin/sh", "args": []string{"-c", c.Cmd}, "build": sb.BuildID, "line": c.Line, "exitCode": code, "took_ms": took.Milliseconds()}
@@ -222,7 +222,7 @@ func (m *Manager) auditStep(ctx context.Context, sb *Sandbox, c template.StepCom
 	if err != nil {
 		decision, reason = audit.Denied, err.Error()
 	}
-	m.inst.audit.Record(ctx, audit.Event{SandboxID: sb.ID, TeamID: sb.TeamID, Kind: audit.KindProcess, Action: "start", Decision: decision, Reason: reason, Fields: fields})
+	i.audit.Record(ctx, audit.Event{SandboxID: sb.ID, TeamID: sb.TeamID, Kind: audit.KindProcess, Action: "start", Decision: decision, Reason: reason, Fields: fields})
 }
 
 var _ template.StepRunner = (*Manager)(nil)

@@ -19,7 +19,7 @@ func (m *Manager) PauseFilesystem(ctx context.Context, teamID, id string) error 
 // ResumeFromFiles resumes the team's paused sandbox from its files only
 // (E2B's connect with memory: false): a memory image, if any, is dropped.
 func (m *Manager) ResumeFromFiles(ctx context.Context, teamID, id string, timeout time.Duration) (*Sandbox, bool, error) {
-	return m.resume(ctx, teamID, id, timeout, false, false)
+	return m.pauser.resume(ctx, teamID, id, timeout, false, false)
 }
 
 // CreateFilesystemSnapshot snapshots the team's running sandbox's files

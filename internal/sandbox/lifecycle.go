@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -204,77 +203,7 @@ func (m *Manager) Pause(ctx context.Context, teamID, id string) error {
 // whether the sandbox was paused; a running one is returned as is. auto
 // marks a resume caused by traffic, which needs the sandbox's autoResume.
 func (m *Manager) Resume(ctx context.Context, teamID, id string, timeout time.Duration, auto bool) (*Sandbox, bool, error) {
-	return m.resume(ctx, teamID, id, timeout, auto, true)
-}
-
-// resume is Resume; memory false boots the sandbox fresh on its files even
-// when its pause kept the memory (which is then dropped).
-func (m *Manager) resume(ctx context.Context, teamID, id string, timeout time.Duration, auto, memory bool) (_ *Sandbox, didResume bool, err error) {
-	defer func(start time.Time) {
-		if didResume || err != nil { // a running sandbox is no resume
-			m.inst.observe(opName("resume", memory), start, &err)
-		}
-	}(time.Now())
-	ctx = context.WithoutCancel(ctx)
-	// A pause or resume in flight finishes first.
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		m.mu.Lock()
-		sb, ok := m.sandboxes[id]
-		if !ok || !visibleTo(sb, teamID) || sb.TeamID == poolTeam || sb.BuildID != "" || sb.State == StateKilling || sb.State == StateCreating {
-			m.mu.Unlock()
-			return nil, false, notFound(id)
-		}
-		st, autoOK := sb.State, sb.AutoResume && !sb.PausedFS
-		var out *Sandbox
-		if st == StateRunning {
-			out = clone(sb)
-		}
-		m.mu.Unlock()
-		switch {
-		case st == StateRunning:
-			return out, false, nil
-		case st == StatePaused && auto && !autoOK:
-			return nil, false, fmt.Errorf("sandbox %q is paused and has no autoResume: %w", id, errdefs.ErrNotFound)
-		case st == StatePaused:
-		case time.Now().After(deadline):
-			return nil, false, conflict(id, st)
-		default:
-			continue
-		}
-		break
-	}
-	ck, err := checkpointer(m.rt)
-	if err != nil {
-		return nil, false, err
-	}
-	start := time.Now()
-	m.mu.Lock()
-	fresh := !memory || (m.sandboxes[id] != nil && m.sandboxes[id].PausedFS)
-	m.mu.Unlock()
-	// Either way a resume is a sandbox start: the pipeline's resume paths,
-	// a fresh boot on the files (pipeline.go) or the memory image (pause.go).
-	p, path := resumeMemory(), "resume-memory"
-	if fresh {
-		p, path = resumeFiles(), "resume"
-	}
-	b := newBuild(path, CreateRequest{TeamID: teamID, Timeout: timeout})
-	b.action, b.counts, b.sb.ID = "resume", false, id
-	sb, err := m.start.run(ctx, p, b)
-	if err != nil {
-		if errors.Is(err, errdefs.ErrConflict) { // someone else resumed it meanwhile
-			return m.resume(ctx, teamID, id, timeout, auto, memory)
-		}
-		if errors.Is(err, errdefs.ErrNotFound) {
-			return nil, false, err
-		}
-		m.log.Error("resume failed; sandbox stays paused", "sandbox", id, "files", fresh, "err", err)
-		return nil, false, fmt.Errorf("sandbox %s: resume: %v: %w", id, err, errdefs.ErrUnavailable)
-	}
-	if err := ck.DropCheckpoint(ctx, id); err != nil {
-		m.log.Warn("remove pause image", "sandbox", id, "err", err)
-	}
-	m.log.Info("sandbox resumed", "sandbox", id, "auto", auto, "files", fresh, "took", time.Since(start).Round(time.Millisecond))
-	return sb, true, nil
+	return m.pauser.resume(ctx, teamID, id, timeout, auto, true)
 }
 
 // resumed sets a resumed sandbox's lifetime: at least timeout, or the

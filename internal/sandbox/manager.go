@@ -128,7 +128,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 		resume:     m.Resume, create: m.Create, destroy: m.destroy, snapshotsTick: m.snapshots.tick,
 	}
 	m.pauser = &pauser{
-		log: log, inst: m.inst, rt: rt, admission: m.admission, metering: m.metering, recs: m, thaw: m.reaper.thaw,
+		log: log, inst: m.inst, rt: rt, admission: m.admission, metering: m.metering, recs: m, start: m.start, thaw: m.reaper.thaw,
 		forget: func(id string) { m.samples.forget(id); m.idle.forget(id) },
 	}
 	m.reaper.pauser = m.pauser

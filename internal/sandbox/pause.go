@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -38,7 +39,8 @@ const (
 	pausePath          = "pause"
 )
 
-// pauser runs pauses: the steps of pauseSteps are its methods. It
+// pauser runs pauses and resumes: the steps of pauseSteps are its
+// methods; a resume runs one of the start pipeline's resume paths. It
 // reaches the records through recs; the idle state and the metric samples
 // of a sandbox it reaches through thaw and forget.
 type pauser struct {
@@ -48,6 +50,7 @@ type pauser struct {
 	admission *admission
 	metering  *metering
 	recs      records
+	start     *starter                                   // a resume is a start pipeline path
 	thaw      func(ctx context.Context, id string) error // undo an idle freeze
 	forget    func(id string)                            // drop samples and idle state
 }
@@ -60,6 +63,70 @@ func (p *pauser) pause(ctx context.Context, teamID, id string, expired, memory b
 	defer p.inst.observe(opName("pause", memory), time.Now(), &err)
 	op := &pauseOp{teamID: teamID, id: id, expired: expired, memory: memory, start: time.Now()}
 	return p.runPause(context.WithoutCancel(ctx), pauseSteps(), op)
+}
+
+// resume is Resume; memory false boots the sandbox fresh on its files even
+// when its pause kept the memory (which is then dropped).
+func (p *pauser) resume(ctx context.Context, teamID, id string, timeout time.Duration, auto, memory bool) (_ *Sandbox, didResume bool, err error) {
+	defer func(start time.Time) {
+		if didResume || err != nil { // a running sandbox is no resume
+			p.inst.observe(opName("resume", memory), start, &err)
+		}
+	}(time.Now())
+	ctx = context.WithoutCancel(ctx)
+	// A pause or resume in flight finishes first.
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		sb, err := p.recs.Get(ctx, teamID, id)
+		if err != nil || sb.TeamID == poolTeam || sb.BuildID != "" || sb.State == StateKilling || sb.State == StateCreating {
+			return nil, false, notFound(id)
+		}
+		st, autoOK := sb.State, sb.AutoResume && !sb.PausedFS
+		switch {
+		case st == StateRunning:
+			return sb, false, nil
+		case st == StatePaused && auto && !autoOK:
+			return nil, false, fmt.Errorf("sandbox %q is paused and has no autoResume: %w", id, errdefs.ErrNotFound)
+		case st == StatePaused:
+		case time.Now().After(deadline):
+			return nil, false, conflict(id, st)
+		default:
+			continue
+		}
+		break
+	}
+	ck, err := checkpointer(p.rt)
+	if err != nil {
+		return nil, false, err
+	}
+	start := time.Now()
+	fresh := !memory
+	if sb, err := p.recs.Get(ctx, teamID, id); err == nil && sb.PausedFS {
+		fresh = true
+	}
+	// Either way a resume is a sandbox start: the pipeline's resume paths,
+	// a fresh boot on the files (pipeline.go) or the memory image (pause.go).
+	steps, path := resumeMemory(), "resume-memory"
+	if fresh {
+		steps, path = resumeFiles(), "resume"
+	}
+	b := newBuild(path, CreateRequest{TeamID: teamID, Timeout: timeout})
+	b.action, b.counts, b.sb.ID = "resume", false, id
+	sb, err := p.start.run(ctx, steps, b)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrConflict) { // someone else resumed it meanwhile
+			return p.resume(ctx, teamID, id, timeout, auto, memory)
+		}
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil, false, err
+		}
+		p.log.Error("resume failed; sandbox stays paused", "sandbox", id, "files", fresh, "err", err)
+		return nil, false, fmt.Errorf("sandbox %s: resume: %v: %w", id, err, errdefs.ErrUnavailable)
+	}
+	if err := ck.DropCheckpoint(ctx, id); err != nil {
+		p.log.Warn("remove pause image", "sandbox", id, "err", err)
+	}
+	p.log.Info("sandbox resumed", "sandbox", id, "auto", auto, "files", fresh, "took", time.Since(start).Round(time.Millisecond))
+	return sb, true, nil
 }
 
 // pauseOp is one pause: the request and what its steps found.
