@@ -26,7 +26,7 @@ func (m *Manager) ResumeFromFiles(ctx context.Context, teamID, id string, timeou
 // only (its writable layer, copied while it is frozen for that instant).
 // Sandboxes created from it boot fresh: no memory, new processes.
 func (m *Manager) CreateFilesystemSnapshot(ctx context.Context, teamID, id, name string) (*Snapshot, error) {
-	return m.snapshot(ctx, teamID, id, name, false, false)
+	return m.snapshotter.snapshot(ctx, teamID, id, name, false, false)
 }
 
 // resolvePaused finds the paused sandbox a files-only resume boots, and

@@ -84,10 +84,11 @@ type Manager struct {
 	idle      *idleState // data-plane activity, own lock (idle.go)
 	life      lifecycle  // pause/resume, snapshots, forks, pools (lifecycle.go)
 
-	inst   *instruments // audit, observer, tracer, step hook, crash point
-	start  *starter     // the start pipelines (pipeline.go)
-	pauser *pauser      // pauses (pause.go)
-	reaper *reaper      // timeouts, idle handling, pools' tick; waking on traffic (reaper.go)
+	inst        *instruments // audit, observer, tracer, step hook, crash point
+	start       *starter     // the start pipelines (pipeline.go)
+	pauser      *pauser      // pauses (pause.go)
+	snapshotter *snapshotter // snapshots and forks (snapshotter.go)
+	reaper      *reaper      // timeouts, idle handling, pools' tick; waking on traffic (reaper.go)
 }
 
 // New makes a manager. Call Reconcile before serving, then Run.
@@ -132,6 +133,10 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 		forget: func(id string) { m.samples.forget(id); m.idle.forget(id) },
 	}
 	m.reaper.pauser = m.pauser
+	m.snapshotter = &snapshotter{
+		cfg: cfg, log: log, inst: m.inst, rt: rt, templates: tpl, admission: m.admission, envd: m.envd,
+		store: m.start.snaps, gc: m.snapshots.gc, recs: m, start: m.start, thaw: m.reaper.thaw,
+	}
 	m.sampler = &sampler{log: log, rt: rt, running: m.Running, samples: m.samples, metering: m.metering}
 	m.health = &health{rt: rt, interval: cfg.HealthInterval, limits: m.limits, running: m.Running, envd: m.envd.of, set: m.setHealth, dead: m.endIfDead}
 	return m, nil
@@ -511,7 +516,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	} else {
 		m.log.Error("list network namespaces", "err", err)
 	}
-	m.reconcileCrash(ctx) // crash.go
+	m.snapshotter.reconcile(ctx) // crash.go
 	return nil
 }
 
