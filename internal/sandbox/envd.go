@@ -142,7 +142,3 @@ func (c *capped) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
-
-// Envd is the client of sb's envd for the dashboard's terminal and file
-// browser; the caller has checked sb belongs to the calling team.
-func (m *Manager) Envd(sb *Sandbox) *envdclient.Client { return m.envd.of(sb) }

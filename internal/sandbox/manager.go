@@ -478,7 +478,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		}
 		// The nftables table is rebuilt at every start; put the sandbox's
 		// egress policy back before it is reachable again.
-		if err := m.restorePolicy(ctx, &sb); err != nil {
+		if err := m.policies.restore(ctx, m.net, m.log, &sb); err != nil {
 			m.log.Error("restore egress policy; removing sandbox", "sandbox", sb.ID, "err", err)
 			sb.State = StateKilling
 			_ = m.destroy(ctx, &sb, "could not restore its egress policy")

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"regexp"
@@ -290,18 +291,18 @@ func (m *Manager) UpdateNetwork(ctx context.Context, teamID, id string, allowInt
 	return nil
 }
 
-// restorePolicy puts a re-adopted sandbox's policy back after a restart.
-func (m *Manager) restorePolicy(ctx context.Context, sb *Sandbox) error {
-	pol, err := m.policies.of(ctx, sb)
+// restore puts a re-adopted sandbox's policy back after a restart.
+func (ps policies) restore(ctx context.Context, nw Network, log *slog.Logger, sb *Sandbox) error {
+	pol, err := ps.of(ctx, sb)
 	if err != nil {
 		// A secret was deleted meanwhile: keep the sandbox, without rules.
-		m.log.Warn("sandbox network rules no longer valid; applying them without header rules", "sandbox", sb.ID, "err", err)
-		pol, err = m.policies.policy(ctx, sb.TeamID, sb.APIKeyID, sb.AllowInternet, withoutRules(sb.Network))
+		log.Warn("sandbox network rules no longer valid; applying them without header rules", "sandbox", sb.ID, "err", err)
+		pol, err = ps.policy(ctx, sb.TeamID, sb.APIKeyID, sb.AllowInternet, withoutRules(sb.Network))
 		if err != nil {
 			return err
 		}
 	}
-	return m.net.SetPolicy(ctx, sb.ID, pol)
+	return nw.SetPolicy(ctx, sb.ID, pol)
 }
 
 func withoutRules(n *NetworkSpec) *NetworkSpec {
