@@ -249,8 +249,14 @@ func parseEgressProxy(ep *EgressProxy) (*network.UpstreamProxy, error) {
 
 // CheckNetwork validates a network configuration for a create or update
 // of teamID (secrets must exist) without applying it.
+// A nil manager checks all but secret references, which need the store
+// (the API's validation tests use one).
 func (m *Manager) CheckNetwork(ctx context.Context, teamID string, allowInternet bool, n *NetworkSpec) error {
-	_, err := m.policies.policy(ctx, teamID, "", allowInternet, n)
+	var ps policies
+	if m != nil {
+		ps = m.policies
+	}
+	_, err := ps.policy(ctx, teamID, "", allowInternet, n)
 	return err
 }
 
