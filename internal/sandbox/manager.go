@@ -69,7 +69,6 @@ type Manager struct {
 	net       Network
 	templates Templates
 	envd      *envdLink  // every envd call and token (envd.go)
-	audit     *audit.Log // nil: no audit log
 	limits    *limits    // OOM/pids/disk counters, own lock (limits.go)
 	pools     *WarmPools // warm pools, own lock (pool.go)
 	admission *admission // quota, slots, disk guard; own lock (admission.go)
@@ -86,7 +85,7 @@ type Manager struct {
 
 	inst        *instruments // audit, observer, tracer, step hook, crash point
 	start       *starter     // the start pipelines (pipeline.go)
-	pauser      *pauser      // pauses (pause.go)
+	pauser      *pauser      // pauses and resumes (pause.go)
 	snapshotter *snapshotter // snapshots and forks (snapshotter.go)
 	reaper      *reaper      // timeouts, idle handling, pools' tick; waking on traffic (reaper.go)
 }
