@@ -22,13 +22,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/crypto/acme"
 	"golang.org/x/crypto/acme/autocert"
+
+	"github.com/agentbox/agentbox/internal/porthost"
 )
 
 // ErrRefused wraps every host-policy refusal.
@@ -111,20 +112,13 @@ func (m *Manager) TLSConfig() *tls.Config {
 
 // sandboxOf returns the sandbox id of a port host under the domain.
 func (m *Manager) sandboxOf(host string) (string, bool) {
-	host = strings.TrimSuffix(strings.ToLower(host), ".")
-	label, rest, ok := strings.Cut(host, ".")
-	if !ok || rest != m.cfg.Domain {
+	// One name per port of a sandbox: 080-<id> gets no certificate of
+	// its own beside 80-<id>.
+	ph, ok, err := porthost.Parse(strings.TrimSuffix(host, "."))
+	if !ok || err != nil || !ph.Canonical || ph.Domain != m.cfg.Domain {
 		return "", false
 	}
-	port, id, ok := strings.Cut(label, "-")
-	if !ok || id == "" || len(id) > 64 || strings.Trim(id, "abcdefghijklmnopqrstuvwxyz0123456789") != "" {
-		return "", false
-	}
-	p, err := strconv.Atoi(port)
-	if err != nil || p < 1 || p > 65535 || strconv.Itoa(p) != port {
-		return "", false
-	}
-	return id, true
+	return ph.ID, true
 }
 
 // policy is autocert's host policy: it runs on every handshake before the

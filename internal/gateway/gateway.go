@@ -17,14 +17,13 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"regexp"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/agentbox/agentbox/internal/authlimit"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/httperr"
+	"github.com/agentbox/agentbox/internal/porthost"
 	"github.com/agentbox/agentbox/internal/sandbox"
 )
 
@@ -158,9 +157,6 @@ func badRequest(w http.ResponseWriter, msg string) {
 	httperr.WriteJSON(w, http.StatusBadRequest, map[string]any{"code": http.StatusBadRequest, "message": msg})
 }
 
-// hostRoute matches "<port>-<sandboxID>" as the first label of Host.
-var hostRoute = regexp.MustCompile(`^([0-9]{1,5})-([a-z0-9]{1,64})$`)
-
 // Handler dispatches between the data plane and api.
 func (g *Gateway) Handler(api http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -211,19 +207,14 @@ func Route(r *http.Request) (id string, port int, routed bool, errMsg string) {
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
-	label, _, ok := strings.Cut(strings.ToLower(host), ".")
-	if !ok {
+	ph, ok, err := porthost.Parse(host)
+	switch {
+	case !ok:
 		return "", 0, false, ""
-	}
-	m := hostRoute.FindStringSubmatch(label)
-	if m == nil {
-		return "", 0, false, ""
-	}
-	p, _ := strconv.Atoi(m[1])
-	if p < 1 || p > 65535 {
+	case err != nil:
 		return "", 0, false, "Invalid sandbox port"
 	}
-	return m[2], p, true, ""
+	return ph.ID, ph.Port, true, ""
 }
 
 // internalEnvdPaths are envd routes only the server itself may call.

@@ -35,29 +35,23 @@ func (m *Manager) RunSteps(ctx context.Context, req template.StepRequest) (err e
 	if err := checkStepRequest(req); err != nil {
 		return err
 	}
-	ck, err := m.checkpointer()
+	ck, err := checkpointer(m.rt)
 	if err != nil {
 		return fmt.Errorf("build %s: the writable layer of a build step cannot be captured: %w", req.BuildID, err)
 	}
 	b := newBuild("build", CreateRequest{TeamID: req.TeamID, Timeout: m.cfg.MaxTimeout, Secure: true, AllowInternet: true})
 	b.step = &req
 	b.counts = !m.admission.buildAdmitted(req.TeamID, req.BuildID)
-	sb, err := m.run(ctx, buildStep(), b)
+	sb, err := m.start.run(ctx, buildStep(), b)
 	if err != nil {
 		return fmt.Errorf("build %s: step sandbox: %w", req.BuildID, err)
 	}
 	defer func() {
-		m.mu.Lock()
-		if live := m.sandboxes[sb.ID]; live != nil {
-			live.State = StateKilling
-		}
-		m.mu.Unlock()
-		sb.State = StateKilling
 		why := "template build steps done"
 		if err != nil {
 			why = "template build step failed"
 		}
-		if derr := m.destroy(context.WithoutCancel(ctx), sb, why); derr != nil {
+		if derr := m.discard(ctx, sb, why); derr != nil {
 			err = errors.Join(err, derr)
 		}
 	}()
@@ -66,7 +60,7 @@ func (m *Manager) RunSteps(ctx context.Context, req template.StepRequest) (err e
 		out = io.Discard
 	}
 	fmt.Fprintf(out, "    step sandbox: %s\n", describeLimits(b.limits))
-	c := m.envdOf(sb)
+	c := m.envd.of(sb)
 	lr, _ := m.rt.(runtime.LimitReporter)
 	for _, cmd := range req.Commands {
 		var before runtime.LimitCounters
@@ -82,7 +76,7 @@ func (m *Manager) RunSteps(ctx context.Context, req template.StepRequest) (err e
 			dir = "/"
 		}
 		code, rerr := c.Run(ctx, envdclient.Command{Cmd: cmd.Cmd, User: user, Workdir: dir, Env: cmd.Env}, out, out)
-		m.auditStep(ctx, sb, cmd, code, rerr, time.Since(start))
+		m.inst.auditStep(ctx, sb, cmd, code, rerr, time.Since(start))
 		var failed error
 		switch {
 		case rerr != nil:
@@ -92,7 +86,7 @@ func (m *Manager) RunSteps(ctx context.Context, req template.StepRequest) (err e
 		default:
 			continue
 		}
-		if why := m.stepLimitHit(context.WithoutCancel(ctx), sb, b.quota, lr, before); why != "" {
+		if why := stepLimitHit(context.WithoutCancel(ctx), m.rt, sb, b.quota, lr, before); why != "" {
 			failed = &template.LimitError{Msg: fmt.Sprintf("%s %q %s", stepWhere(cmd), cmd.Cmd, why), Err: failed}
 		}
 		return fmt.Errorf("%s: %w", stepWhere(cmd), failed)
@@ -142,7 +136,7 @@ func checkStepRequest(req template.StepRequest) error {
 // request asks (refused over the team's quota, naming the field), else what
 // a sandbox gets by default, capped at the team's quota, so a step never
 // has more than any sandbox of the team could.
-func (m *Manager) resolveBuild(ctx context.Context, b *build) error {
+func (s *starter) resolveBuild(ctx context.Context, b *build) error {
 	req := b.step
 	q := b.quota
 	defaults := &template.Template{
@@ -153,16 +147,16 @@ func (m *Manager) resolveBuild(ctx context.Context, b *build) error {
 	if err != nil {
 		return err
 	}
-	isolation, err := m.resolveIsolation(CreateRequest{}, defaults)
+	isolation, err := s.resolveIsolation(CreateRequest{}, defaults)
 	if err != nil {
 		return err
 	}
 	sb := b.sb
 	sb.BuildID = req.BuildID
-	m.fillFromRequest(sb, b.req, nil, limits, isolation, m.cfg.MaxCommandLifetime)
+	s.fillFromRequest(sb, b.req, nil, limits, isolation, s.cfg.MaxCommandLifetime)
 	sb.DefaultUser, sb.DefaultWorkdir = "root", "/"
 	b.layers, b.limits = slices.Clone(req.Layers), limits
-	b.pol, err = m.policyOf(ctx, sb)
+	b.pol, err = s.policies.of(ctx, sb)
 	return err
 }
 
@@ -186,7 +180,7 @@ func describeLimits(l Limits) string {
 // stepLimitHit says which limit a failed step command hit, if one: a
 // process killed for memory or a fork refused since before, or the disk
 // full. "" when none did (the command failed on its own).
-func (m *Manager) stepLimitHit(ctx context.Context, sb *Sandbox, q Quota, lr runtime.LimitReporter, before runtime.LimitCounters) string {
+func stepLimitHit(ctx context.Context, rt runtime.Runtime, sb *Sandbox, q Quota, lr runtime.LimitReporter, before runtime.LimitCounters) string {
 	if lr != nil {
 		if now, err := lr.LimitCounters(ctx, sb.ID); err == nil {
 			switch {
@@ -197,7 +191,7 @@ func (m *Manager) stepLimitHit(ctx context.Context, sb *Sandbox, q Quota, lr run
 			}
 		}
 	}
-	if st, err := m.rt.Stats(ctx, sb.ID); err == nil && diskFull(st) {
+	if st, err := rt.Stats(ctx, sb.ID); err == nil && diskFull(st) {
 		return "wrote more than " + limitOf("disk", "MiB", sb.DiskMB, q.DiskMB, "", "--disk-mb") + `; writes failed with "No space left on device"`
 	}
 	return ""
@@ -219,8 +213,8 @@ func limitOf(what, unit string, n, quota int, field, flag string) string {
 
 // auditStep records one build command like a process start in any sandbox
 // (the gateway records those; build steps do not pass through it).
-func (m *Manager) auditStep(ctx context.Context, sb *Sandbox, c template.StepCommand, code int, err error, took time.Duration) {
-	if m.audit == nil {
+func (i *instruments) auditStep(ctx context.Context, sb *Sandbox, c template.StepCommand, code int, err error, took time.Duration) {
+	if i.audit == nil {
 		return
 	}
 	fields := map[string]any{"cmd": "/bin/sh", "args": []string{"-c", c.Cmd}, "build": sb.BuildID, "line": c.Line, "exitCode": code, "took_ms": took.Milliseconds()}
@@ -228,7 +222,7 @@ func (m *Manager) auditStep(ctx context.Context, sb *Sandbox, c template.StepCom
 	if err != nil {
 		decision, reason = audit.Denied, err.Error()
 	}
-	m.audit.Record(ctx, audit.Event{SandboxID: sb.ID, TeamID: sb.TeamID, Kind: audit.KindProcess, Action: "start", Decision: decision, Reason: reason, Fields: fields})
+	i.audit.Record(ctx, audit.Event{SandboxID: sb.ID, TeamID: sb.TeamID, Kind: audit.KindProcess, Action: "start", Decision: decision, Reason: reason, Fields: fields})
 }
 
 var _ template.StepRunner = (*Manager)(nil)

@@ -15,8 +15,8 @@ const DefaultMaxCommandLifetime = 24 * time.Hour
 
 // resolveCommandLifetime returns the command lifetime cap of a new sandbox:
 // the request's (which may only lower the server's), else the server's.
-func (m *Manager) resolveCommandLifetime(req time.Duration) (time.Duration, error) {
-	limit := m.cfg.MaxCommandLifetime
+func (s *starter) resolveCommandLifetime(req time.Duration) (time.Duration, error) {
+	limit := s.cfg.MaxCommandLifetime
 	switch {
 	case req < 0:
 		return 0, fmt.Errorf("maxCommandSeconds: %d is negative; omit it for the server's cap of %s: %w", int64(req/time.Second), limit, errdefs.ErrInvalidArgument)

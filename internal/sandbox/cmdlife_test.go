@@ -9,7 +9,7 @@ import (
 )
 
 func TestResolveCommandLifetime(t *testing.T) {
-	m := &Manager{cfg: Config{MaxCommandLifetime: time.Hour}}
+	m := &starter{cfg: Config{MaxCommandLifetime: time.Hour}}
 	for _, tc := range []struct {
 		name    string
 		req     time.Duration

@@ -1,13 +1,5 @@
 package sandbox
 
-import (
-	"context"
-	"os"
-	"path/filepath"
-
-	"github.com/agentbox/agentbox/internal/crashpoint"
-)
-
 // Crash points: every operation that changes state names its steps, and the
 // hidden serve flag --test-crash-after=<operation>/<step> kills the server
 // right after one of them (internal/crashpoint). The startup Reconcile must
@@ -72,37 +64,4 @@ func CrashSteps() []CrashStep {
 	add("resume", "persisted", "restored")
 	add("resume-memory", names(resumeMemory())...)
 	return out
-}
-
-// crashAfter kills the server when op/step is the configured crash point.
-func (m *Manager) crashAfter(op, step string) {
-	crashpoint.New(m.life.cfg.FaultStep, m.log).After(op, step)
-}
-
-// reconcileCrash removes, at start, what an operation the last server
-// died in left half-made beyond the sandbox records Reconcile handles: the
-// hidden snapshot of a fork the crash interrupted. No fork is in flight at
-// start, so each is done: it goes now if no copy was made, else with its
-// last copy.
-func (m *Manager) reconcileCrash(ctx context.Context) {
-	snaps := m.life.snaps
-	if snaps == nil {
-		return
-	}
-	for _, s := range snaps.list(true) {
-		if s.Hidden && !snaps.deleted(s.ID) {
-			m.forkDone(s)
-		}
-	}
-	m.snapshots.gc(ctx, 0)
-}
-
-// forkDone marks a fork's own snapshot deleted once every copy is made or
-// has failed: it is removed as soon as no copy runs on it, not after the
-// minimum age that protects forks in flight, so killing the copies leaves
-// nothing behind.
-func (m *Manager) forkDone(snap *Snapshot) {
-	if err := os.WriteFile(filepath.Join(m.life.snaps.path(snap.ID), snapshotGone), nil, 0o600); err != nil {
-		m.log.Warn("fork snapshot stays until its minimum age", "snapshot", snap.ID, "err", err)
-	}
 }

@@ -21,12 +21,12 @@ func caEnv() map[string]string {
 	}
 }
 
-// envdEnv is the environment envd gives every process of sb: its own
+// env is the environment envd gives every process of sb: its own
 // variables, plus caEnv when header rules make the egress proxy terminate
-// TLS (installEgressCA has then written the files it names). The sandbox's
+// TLS (installCA has then written the files it names). The sandbox's
 // own values win, so a user can still point a tool elsewhere.
-func (m *Manager) envdEnv(sb *Sandbox) map[string]string {
-	if _, ok := m.net.(egressCA); !ok || sb.Network == nil || len(sb.Network.Rules) == 0 {
+func (e *envdLink) env(sb *Sandbox) map[string]string {
+	if _, ok := e.net.(egressCA); !ok || sb.Network == nil || len(sb.Network.Rules) == 0 {
 		return sb.EnvVars
 	}
 	env := caEnv()
@@ -34,23 +34,23 @@ func (m *Manager) envdEnv(sb *Sandbox) map[string]string {
 	return env
 }
 
-// pushEnvdEnv hands envd sb's environment again, after a live network
+// push hands envd sb's environment again, after a live network
 // update added or removed header rules: processes started from then on get
 // the CA variables (running ones keep theirs, but the CA is also in the
 // system bundle they read).
-func (m *Manager) pushEnvdEnv(ctx context.Context, sb *Sandbox) error {
+func (e *envdLink) push(ctx context.Context, sb *Sandbox) error {
 	if sb.State != StateRunning {
 		return nil // a paused envd cannot answer; its env is what it was
 	}
 	// A running envd holds sb's token, which authorises the call; the
 	// absent token and user fields keep what it has.
-	return m.envdOf(sb).Init(ctx, envdclient.Init{EnvVars: m.envdEnv(sb)}, m.envdToken(sb))
+	return e.of(sb).Init(ctx, envdclient.Init{EnvVars: e.env(sb)}, e.held(sb))
 }
 
-// envdToken is the token sb's running envd holds ("" if not secure).
-func (m *Manager) envdToken(sb *Sandbox) string {
+// held is the token sb's running envd holds ("" if not secure).
+func (e *envdLink) held(sb *Sandbox) string {
 	if !sb.Secure {
 		return ""
 	}
-	return m.Token(sb.ID)
+	return e.token(sb.ID)
 }

@@ -6,7 +6,7 @@ import (
 )
 
 // withCA is a Network whose egress proxy has per-sandbox CAs; only
-// EgressCA is used by envdEnv.
+// EgressCA is used by envdLink.env.
 type withCA struct{ Network }
 
 func (withCA) EgressCA(string) ([]byte, error) { return nil, nil }
@@ -30,9 +30,9 @@ func TestEnvdEnv(t *testing.T) {
 		{"rules but no egress proxy", nil, Sandbox{Network: rules}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := &Manager{net: tc.net}
-			if got := m.envdEnv(&tc.sb); !maps.Equal(got, tc.want) {
-				t.Errorf("envdEnv = %v, want %v", got, tc.want)
+			e := &envdLink{net: tc.net}
+			if got := e.env(&tc.sb); !maps.Equal(got, tc.want) {
+				t.Errorf("env = %v, want %v", got, tc.want)
 			}
 		})
 	}

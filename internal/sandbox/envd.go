@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/http"
 	"strings"
 	"time"
 
@@ -13,30 +14,40 @@ import (
 	"github.com/agentbox/agentbox/internal/runtime"
 )
 
-// envdOf is the client of sb's envd, carrying sb's access token.
-func (m *Manager) envdOf(sb *Sandbox) *envdclient.Client {
-	token := ""
-	if sb.Secure {
-		token = m.Token(sb.ID)
-	}
-	return envdclient.New(m.client, sb.IP, token)
+// envdLink is how the server talks to sandboxes' envd: the HTTP client
+// (direct, not through the gateway), the secret access tokens derive from,
+// and what every /init hands a sandbox. It holds no records: callers pass
+// the sandbox they mean.
+type envdLink struct {
+	client    *http.Client
+	secret    []byte
+	readyWait time.Duration // the server's wait for envd after a start
+	net       Network       // its egress CA, when header rules need one
 }
 
-// initEnvd waits for a freshly booted envd's /health, then hands it the
+// token is sandbox id's envd access token.
+func (e *envdLink) token(id string) string { return AccessToken(e.secret, id) }
+
+// of is the client of sb's envd, carrying sb's access token.
+func (e *envdLink) of(sb *Sandbox) *envdclient.Client {
+	return envdclient.New(e.client, sb.IP, e.held(sb))
+}
+
+// init waits for a freshly booted envd's /health, then hands it the
 // sandbox's env vars, default user/workdir, command cap, the template's
 // start command (which envd starts in the background) and, for secure
 // sandboxes, its access token.
-func (m *Manager) initEnvd(ctx context.Context, sb *Sandbox, startCmd string, pol network.Policy) error {
-	c := m.envdOf(sb)
-	if err := c.WaitHealthy(ctx, m.envdReadyWait(sb)); err != nil {
+func (e *envdLink) init(ctx context.Context, sb *Sandbox, startCmd string, pol network.Policy) error {
+	c := e.of(sb)
+	if err := c.WaitHealthy(ctx, e.readyWaitOf(sb)); err != nil {
 		return err
 	}
 	// Before /init: the start command (the code interpreter's kernels)
 	// reads the CA files that envdEnv names when it starts.
-	if err := m.installEgressCA(ctx, sb, pol); err != nil {
+	if err := e.installCA(ctx, sb, pol); err != nil {
 		return err
 	}
-	body := m.initBody(sb)
+	body := e.initBody(sb)
 	body.StartCmd = startCmd
 	if !sb.Secure {
 		body.AccessToken = nil // a fresh envd has none; keep it so
@@ -44,36 +55,33 @@ func (m *Manager) initEnvd(ctx context.Context, sb *Sandbox, startCmd string, po
 	return c.Init(ctx, body, "")
 }
 
-// envdReadyWait is how long sb's envd may take to answer after its start:
+// readyWaitOf is how long sb's envd may take to answer after its start:
 // the server's wait, or more where the tier boots a kernel first.
-func (m *Manager) envdReadyWait(sb *Sandbox) time.Duration {
+func (e *envdLink) readyWaitOf(sb *Sandbox) time.Duration {
 	ti, _ := runtime.TierOf(sb.Isolation)
-	return max(m.cfg.EnvdReadyWait, ti.ReadyWait)
+	return max(e.readyWait, ti.ReadyWait)
 }
 
-// reinitEnvd hands a restored or claimed envd its new identity: env vars,
+// reinit hands a restored or claimed envd its new identity: env vars,
 // command cap, and the access token of the new sandbox. Its memory holds
 // the token of the sandbox it was checkpointed from (or made for), auth,
 // which authorises this call.
-func (m *Manager) reinitEnvd(ctx context.Context, sb *Sandbox, auth string, pol network.Policy) error {
-	c := envdclient.New(m.client, sb.IP, auth)
-	if err := c.WaitHealthy(ctx, m.envdReadyWait(sb)); err != nil {
+func (e *envdLink) reinit(ctx context.Context, sb *Sandbox, auth string, pol network.Policy) error {
+	c := envdclient.New(e.client, sb.IP, auth)
+	if err := c.WaitHealthy(ctx, e.readyWaitOf(sb)); err != nil {
 		return fmt.Errorf("restored envd: %w", err)
 	}
-	if err := m.installEgressCAWith(ctx, c, sb, pol); err != nil {
+	if err := e.installCAWith(ctx, c, sb, pol); err != nil {
 		return err
 	}
-	return c.Init(ctx, m.initBody(sb), auth)
+	return c.Init(ctx, e.initBody(sb), auth)
 }
 
 // initBody is sb's /init: everything envd must know of the sandbox.
-func (m *Manager) initBody(sb *Sandbox) envdclient.Init {
-	token := ""
-	if sb.Secure {
-		token = m.Token(sb.ID)
-	}
+func (e *envdLink) initBody(sb *Sandbox) envdclient.Init {
+	token := e.held(sb)
 	return envdclient.Init{
-		EnvVars: m.envdEnv(sb), AccessToken: &token,
+		EnvVars: e.env(sb), AccessToken: &token,
 		DefaultUser: sb.DefaultUser, DefaultWorkdir: sb.DefaultWorkdir,
 		MaxCommandSeconds: sb.MaxCommandSeconds,
 		Timestamp:         time.Now().UTC().Format(time.RFC3339Nano),
@@ -91,11 +99,11 @@ const (
 // waitReady runs the template's ready command in the sandbox until it exits
 // 0. On timeout it fails with the command's last output and exit code, so
 // the create call reports why the template never became ready.
-func (m *Manager) waitReady(ctx context.Context, sb *Sandbox, readyCmd string) error {
+func (e *envdLink) waitReady(ctx context.Context, sb *Sandbox, readyCmd string) error {
 	if strings.TrimSpace(readyCmd) == "" {
 		return nil
 	}
-	c := m.envdOf(sb)
+	c := e.of(sb)
 	deadline := time.Now().Add(readyTimeout)
 	var last string
 	for attempt := 1; ; attempt++ {
@@ -134,7 +142,3 @@ func (c *capped) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
-
-// Envd is the client of sb's envd for the dashboard's terminal and file
-// browser; the caller has checked sb belongs to the calling team.
-func (m *Manager) Envd(sb *Sandbox) *envdclient.Client { return m.envdOf(sb) }

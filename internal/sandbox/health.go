@@ -20,28 +20,10 @@ const limitInterval = 2 * time.Second
 
 // SetAudit makes the manager append lifecycle and limit events to l.
 // Call before Run.
-func (m *Manager) SetAudit(l *audit.Log) { m.audit = l }
+func (m *Manager) SetAudit(l *audit.Log) { m.inst.audit = l }
 
 // Audit returns the audit log (nil if none).
-func (m *Manager) Audit() *audit.Log { return m.audit }
-
-func (m *Manager) auditLifecycle(ctx context.Context, sb *Sandbox, action, decision, reason string, fields map[string]any) {
-	if m.audit == nil {
-		return
-	}
-	if fields == nil {
-		fields = map[string]any{}
-	}
-	fields["template"] = sb.TemplateID
-	if sb.BuildID != "" {
-		fields["build"] = sb.BuildID
-	}
-	if sb.Isolation != "" {
-		fields["isolation"] = sb.Isolation
-	}
-	m.audit.Record(ctx, audit.Event{SandboxID: sb.ID, TeamID: sb.TeamID, APIKeyID: sb.APIKeyID, Kind: audit.KindLifecycle,
-		Action: action, Decision: decision, Reason: reason, Fields: fields})
-}
+func (m *Manager) Audit() *audit.Log { return m.inst.audit }
 
 // health checks that every running sandbox's container runs and its envd
 // answers, and paces the limit checks (limits.go). What it needs of the
@@ -130,14 +112,14 @@ func (m *Manager) setHealth(ctx context.Context, id, reason string) {
 	}
 	snap := clone(sb)
 	m.mu.Unlock()
-	if err := m.save(ctx, snap); err != nil {
+	if err := m.rows.save(ctx, snap); err != nil {
 		m.log.Error("persist health", "sandbox", id, "err", err)
 	}
 	if reason != "" {
 		m.log.Warn("sandbox unhealthy", "sandbox", id, "reason", reason)
-		m.auditLifecycle(ctx, snap, "unhealthy", audit.Info, reason, nil)
+		m.inst.auditLifecycle(ctx, snap, "unhealthy", audit.Info, reason, nil)
 	} else {
 		m.log.Info("sandbox healthy again", "sandbox", id)
-		m.auditLifecycle(ctx, snap, "recovered", audit.Info, "health check passes again after: "+was, nil)
+		m.inst.auditLifecycle(ctx, snap, "recovered", audit.Info, "health check passes again after: "+was, nil)
 	}
 }

@@ -61,7 +61,7 @@ const (
 )
 
 // resolveIsolation picks the tier: request, then template, then container.
-func (m *Manager) resolveIsolation(req CreateRequest, tpl *template.Template) (string, error) {
+func (s *starter) resolveIsolation(req CreateRequest, tpl *template.Template) (string, error) {
 	iso := req.Isolation
 	if iso == "" {
 		iso = req.Metadata[MetadataIsolation]
@@ -75,7 +75,7 @@ func (m *Manager) resolveIsolation(req CreateRequest, tpl *template.Template) (s
 	if !slices.Contains(Isolations(), iso) {
 		return "", fmt.Errorf("isolation: %q is not a tier; use one of %s: %w", truncateID(iso), strings.Join(Isolations(), ", "), errdefs.ErrInvalidArgument)
 	}
-	if tc, ok := m.rt.(runtime.TierChecker); ok {
+	if tc, ok := s.rt.(runtime.TierChecker); ok {
 		if err := tc.TierAvailable(RuntimeTier(iso)); err != nil {
 			if errors.Is(err, errdefs.ErrUnavailable) {
 				// The client can act on it (pick another tier), so it is a 400.

@@ -44,7 +44,7 @@ func TestResolveLimits(t *testing.T) {
 }
 
 func TestResolveIsolation(t *testing.T) {
-	m := &Manager{} // no runtime: only the container tier exists
+	m := &starter{} // no runtime: only the container tier exists
 	tests := []struct {
 		name    string
 		req     CreateRequest

@@ -2,9 +2,7 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
@@ -83,6 +81,7 @@ func (m *Manager) EnableLifecycle(cfg LifecycleConfig) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.life.cfg = cfg
+	m.inst.faultStep = cfg.FaultStep
 	m.pools.configure(cfg.Pools, cfg.PoolMax)
 	if cfg.SnapshotDir != "" {
 		st, err := openSnapshotStore(cfg.SnapshotDir, m.log)
@@ -94,19 +93,14 @@ func (m *Manager) EnableLifecycle(cfg LifecycleConfig) error {
 	return nil
 }
 
-// fault exits the process at the configured step: a crash at exactly that
-// point, for the fault-injection tests.
-func (m *Manager) fault(step string) {
-	op, name, _ := strings.Cut(step, ":")
-	m.crashAfter(op, name)
-}
-
-func (m *Manager) checkpointer() (runtime.Checkpointer, error) {
-	ck, ok := m.rt.(runtime.Checkpointer)
+// checkpointer is rt's pause and restore, if it has them and they work
+// on this host.
+func checkpointer(rt runtime.Runtime) (runtime.Checkpointer, error) {
+	ck, ok := rt.(runtime.Checkpointer)
 	if !ok {
 		return nil, fmt.Errorf("this runtime cannot pause sandboxes: %w", errdefs.ErrUnavailable)
 	}
-	if s, ok := m.rt.(runtime.CheckpointProber); ok {
+	if s, ok := rt.(runtime.CheckpointProber); ok {
 		if err := s.CheckpointSupported(); err != nil {
 			return nil, fmt.Errorf("pausing sandboxes: %w", err)
 		}
@@ -164,7 +158,7 @@ func (m *Manager) begin(ctx context.Context, teamID, id string, to State, from .
 	sb.State = to
 	rec := clone(sb)
 	m.mu.Unlock()
-	if err := m.save(ctx, rec); err != nil {
+	if err := m.rows.save(ctx, rec); err != nil {
 		m.rollback(ctx, prev)
 		return nil, nil, err
 	}
@@ -182,7 +176,7 @@ func (m *Manager) commit(ctx context.Context, id string, f func(*Sandbox)) (*San
 	f(sb)
 	rec := clone(sb)
 	m.mu.Unlock()
-	return rec, m.save(ctx, rec)
+	return rec, m.rows.save(ctx, rec)
 }
 
 // rollback puts a sandbox back to its record before a failed transition.
@@ -192,41 +186,16 @@ func (m *Manager) rollback(ctx context.Context, prev *Sandbox) {
 		*sb = *clone(prev)
 	}
 	m.mu.Unlock()
-	if err := m.save(ctx, prev); err != nil {
+	if err := m.rows.save(ctx, prev); err != nil {
 		m.log.Error("persist rollback", "sandbox", prev.ID, "err", err)
 	}
-}
-
-// thaw unfreezes a sandbox frozen by the idle policy.
-func (m *Manager) thaw(ctx context.Context, id string) error {
-	if !m.idle.frozen(id) {
-		return nil
-	}
-	ck, err := m.checkpointer()
-	if err != nil {
-		return err
-	}
-	if err := ck.Thaw(ctx, id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-		return err
-	}
-	m.idle.thawed(id)
-	return nil
 }
 
 // Pause checkpoints the team's running sandbox to disk with its memory: its
 // processes stop, it holds no CPU or RAM, and Resume brings it back with the
 // same id, token, files, env and processes (pids included).
 func (m *Manager) Pause(ctx context.Context, teamID, id string) error {
-	return m.pause(ctx, teamID, id, false, true)
-}
-
-// pause is Pause; expired marks an auto-pause at the end of the lifetime,
-// which leaves no lifetime to keep (a resume gets the original one again);
-// memory false keeps only the files (see PauseFilesystem).
-func (m *Manager) pause(ctx context.Context, teamID, id string, expired, memory bool) (err error) {
-	defer m.observe(opName("pause", memory), time.Now(), &err)
-	op := &pauseOp{teamID: teamID, id: id, expired: expired, memory: memory, start: time.Now()}
-	return m.runPause(context.WithoutCancel(ctx), pauseSteps(), op) // pause.go
+	return m.pauser.pause(ctx, teamID, id, false, true)
 }
 
 // Resume restores the team's paused sandbox and gives it at least timeout
@@ -234,77 +203,7 @@ func (m *Manager) pause(ctx context.Context, teamID, id string, expired, memory 
 // whether the sandbox was paused; a running one is returned as is. auto
 // marks a resume caused by traffic, which needs the sandbox's autoResume.
 func (m *Manager) Resume(ctx context.Context, teamID, id string, timeout time.Duration, auto bool) (*Sandbox, bool, error) {
-	return m.resume(ctx, teamID, id, timeout, auto, true)
-}
-
-// resume is Resume; memory false boots the sandbox fresh on its files even
-// when its pause kept the memory (which is then dropped).
-func (m *Manager) resume(ctx context.Context, teamID, id string, timeout time.Duration, auto, memory bool) (_ *Sandbox, didResume bool, err error) {
-	defer func(start time.Time) {
-		if didResume || err != nil { // a running sandbox is no resume
-			m.observe(opName("resume", memory), start, &err)
-		}
-	}(time.Now())
-	ctx = context.WithoutCancel(ctx)
-	// A pause or resume in flight finishes first.
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		m.mu.Lock()
-		sb, ok := m.sandboxes[id]
-		if !ok || !visibleTo(sb, teamID) || sb.TeamID == poolTeam || sb.BuildID != "" || sb.State == StateKilling || sb.State == StateCreating {
-			m.mu.Unlock()
-			return nil, false, notFound(id)
-		}
-		st, autoOK := sb.State, sb.AutoResume && !sb.PausedFS
-		var out *Sandbox
-		if st == StateRunning {
-			out = clone(sb)
-		}
-		m.mu.Unlock()
-		switch {
-		case st == StateRunning:
-			return out, false, nil
-		case st == StatePaused && auto && !autoOK:
-			return nil, false, fmt.Errorf("sandbox %q is paused and has no autoResume: %w", id, errdefs.ErrNotFound)
-		case st == StatePaused:
-		case time.Now().After(deadline):
-			return nil, false, conflict(id, st)
-		default:
-			continue
-		}
-		break
-	}
-	ck, err := m.checkpointer()
-	if err != nil {
-		return nil, false, err
-	}
-	start := time.Now()
-	m.mu.Lock()
-	fresh := !memory || (m.sandboxes[id] != nil && m.sandboxes[id].PausedFS)
-	m.mu.Unlock()
-	// Either way a resume is a sandbox start: the pipeline's resume paths,
-	// a fresh boot on the files (pipeline.go) or the memory image (pause.go).
-	p, path := resumeMemory(), "resume-memory"
-	if fresh {
-		p, path = resumeFiles(), "resume"
-	}
-	b := newBuild(path, CreateRequest{TeamID: teamID, Timeout: timeout})
-	b.action, b.counts, b.sb.ID = "resume", false, id
-	sb, err := m.run(ctx, p, b)
-	if err != nil {
-		if errors.Is(err, errdefs.ErrConflict) { // someone else resumed it meanwhile
-			return m.resume(ctx, teamID, id, timeout, auto, memory)
-		}
-		if errors.Is(err, errdefs.ErrNotFound) {
-			return nil, false, err
-		}
-		m.log.Error("resume failed; sandbox stays paused", "sandbox", id, "files", fresh, "err", err)
-		return nil, false, fmt.Errorf("sandbox %s: resume: %v: %w", id, err, errdefs.ErrUnavailable)
-	}
-	if err := ck.DropCheckpoint(ctx, id); err != nil {
-		m.log.Warn("remove pause image", "sandbox", id, "err", err)
-	}
-	m.log.Info("sandbox resumed", "sandbox", id, "auto", auto, "files", fresh, "took", time.Since(start).Round(time.Millisecond))
-	return sb, true, nil
+	return m.pauser.resume(ctx, teamID, id, timeout, auto, true)
 }
 
 // resumed sets a resumed sandbox's lifetime: at least timeout, or the
@@ -319,149 +218,11 @@ func resumed(sb *Sandbox, timeout time.Duration) {
 	sb.PausedAt, sb.TimeLeft, sb.PausedFS = time.Time{}, 0, false
 }
 
-// Wake is the gateway's lookup: it returns the running sandbox, thawing a
-// frozen one and resuming a paused one whose autoResume is on. live is ctx,
-// also cancelled when the sandbox is removed, so traffic to a killed
-// sandbox ends at once instead of waiting on a peer that can no longer
-// answer. done ends the request's activity (a sandbox with requests in
-// flight is not idle) and releases live.
-func (m *Manager) Wake(ctx context.Context, id string) (*Sandbox, context.Context, func(), bool) {
-	return m.WakeIf(ctx, id, nil)
-}
-
-// WakeIf is Wake for traffic that must pass check first: check sees the
-// sandbox's record in whatever state it is and runs before anything wakes
-// it, so a request the gateway refuses (a wrong access token) never
-// resumes or thaws a sandbox. A nil check passes everything.
-func (m *Manager) WakeIf(ctx context.Context, id string, check func(*Sandbox) bool) (*Sandbox, context.Context, func(), bool) {
-	sb, end, ok := m.wake(ctx, id, check)
-	if !ok {
-		return nil, nil, nil, false
-	}
-	m.mu.Lock()
-	if _, alive := m.sandboxes[id]; !alive {
-		m.mu.Unlock() // removed meanwhile: no life to tie the traffic to
-		end()
-		return nil, nil, nil, false
-	}
-	life := m.idle.life(id)
-	m.mu.Unlock()
-	live, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(life.ctx, cancel)
-	return sb, live, func() { stop(); cancel(); end() }, true
-}
-
-func (m *Manager) wake(ctx context.Context, id string, check func(*Sandbox) bool) (*Sandbox, func(), bool) {
-	m.mu.Lock()
-	sb, ok := m.sandboxes[id]
-	if !ok || sb.TeamID == poolTeam || sb.BuildID != "" {
-		m.mu.Unlock()
-		return nil, nil, false
-	}
-	st := sb.State
-	rec := clone(sb)
-	m.mu.Unlock()
-	if check != nil && !check(rec) {
-		return nil, nil, false
-	}
-	switch st {
-	case StateRunning:
-		if err := m.thaw(ctx, id); err != nil {
-			m.log.Warn("thaw on traffic", "sandbox", id, "err", err)
-			return nil, nil, false
-		}
-	case StatePaused, StatePausing, StateResuming:
-		if _, _, err := m.Resume(ctx, "", id, 0, true); err != nil {
-			return nil, nil, false
-		}
-	default:
-		return nil, nil, false
-	}
-	m.idle.touch(id)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	sb, ok = m.sandboxes[id]
-	if !ok || sb.State != StateRunning {
-		return nil, nil, false
-	}
-	// Counted under m.mu: the reaper decides an idle timeout under it.
-	return clone(sb), m.idle.request(id), true
-}
-
-// reapLifecycle runs every reap tick: auto-pause at the end of the
-// lifetime, idle timeouts, idle freezing, and the warm pools.
-func (m *Manager) reapLifecycle(ctx context.Context, now time.Time) {
-	type action struct {
-		id   string
-		what string
-		fs   bool // pause without memory
-	}
-	var todo []action
-	m.mu.Lock()
-	for id, sb := range m.sandboxes {
-		if sb.State != StateRunning || sb.TeamID == poolTeam || sb.BuildID != "" {
-			continue
-		}
-		idle, inflight := m.idle.idle(id, now)
-		switch {
-		case sb.AutoPause && now.After(sb.EndAt):
-			// Out of the kill loop's reach while the pause runs; a failed
-			// pause kills it at the next tick.
-			sb.EndAt = now.Add(time.Minute)
-			todo = append(todo, action{id, "expire", sb.AutoPauseFS})
-		case sb.IdleTimeout > 0 && !inflight && idle > sb.IdleTimeout:
-			if sb.AutoPause {
-				todo = append(todo, action{id, "pause", sb.AutoPauseFS})
-			} else {
-				sb.State = StateKilling
-				todo = append(todo, action{id, "kill", false})
-			}
-		case m.life.cfg.IdleFreeze > 0 && m.idle.freezeIfIdle(id, now, m.life.cfg.IdleFreeze):
-			todo = append(todo, action{id, "freeze", false})
-		}
-	}
-	m.mu.Unlock()
-	for _, a := range todo {
-		go func() {
-			var err error
-			switch a.what {
-			case "expire":
-				if err = m.pause(ctx, "", a.id, true, !a.fs); err != nil && !errors.Is(err, errdefs.ErrConflict) {
-					m.mu.Lock()
-					if sb := m.sandboxes[a.id]; sb != nil && sb.State == StateRunning {
-						sb.AutoPause = false // kill it at the next tick
-						sb.EndAt = time.Now()
-					}
-					m.mu.Unlock()
-				}
-			case "pause":
-				err = m.pause(ctx, "", a.id, false, !a.fs)
-			case "kill":
-				m.mu.Lock()
-				sb := clone(m.sandboxes[a.id])
-				m.mu.Unlock()
-				err = m.destroy(context.WithoutCancel(ctx), sb, "idle timeout")
-			case "freeze":
-				if ck, cerr := m.checkpointer(); cerr != nil {
-					err = cerr
-				} else if err = ck.Freeze(ctx, a.id); err != nil {
-					m.idle.thawed(a.id)
-				}
-			}
-			if err != nil && !errors.Is(err, errdefs.ErrConflict) {
-				m.log.Warn("lifecycle timeout action", "sandbox", a.id, "action", a.what, "err", err)
-			}
-		}()
-	}
-	m.poolTick(ctx, now)
-	m.snapshots.tick(ctx)
-}
-
 // reconcileLifecycle settles a record found at start. It returns true when
 // it adopted or removed the sandbox itself; otherwise the record (possibly
 // rewritten to running) goes through the normal adoption.
 func (m *Manager) reconcileLifecycle(ctx context.Context, sb *Sandbox, adopted map[string]bool) bool {
-	ck, ckErr := m.checkpointer()
+	ck, ckErr := checkpointer(m.rt)
 	// The image first: its check settles a restore the crash interrupted
 	// (runtime.Checkpointer), which the state then reflects.
 	hasImage := false
@@ -513,7 +274,7 @@ func (m *Manager) reconcileLifecycle(ctx context.Context, sb *Sandbox, adopted m
 		default:
 			return false // neither: the normal path removes it
 		}
-		if err := m.save(ctx, sb); err != nil {
+		if err := m.rows.save(ctx, sb); err != nil {
 			m.log.Error("persist reconciled state", "sandbox", sb.ID, "err", err)
 		}
 		if sb.State == StateRunning {
@@ -543,4 +304,16 @@ func (m *Manager) reconcileLifecycle(ctx context.Context, sb *Sandbox, adopted m
 		return true
 	}
 	return false
+}
+
+// WakeIf is the gateway's lookup: it returns the running sandbox, thawing a
+// frozen one and resuming a paused one whose autoResume is on. live is ctx,
+// also cancelled when the sandbox is removed, so traffic to a killed
+// sandbox ends at once instead of waiting on a peer that can no longer
+// answer. done ends the request's activity (a sandbox with requests in
+// flight is not idle) and releases live. check sees the sandbox's record in whatever state it is and runs before anything wakes
+// it, so a request the gateway refuses (a wrong access token) never
+// resumes or thaws a sandbox. A nil check passes everything.
+func (m *Manager) WakeIf(ctx context.Context, id string, check func(*Sandbox) bool) (*Sandbox, context.Context, func(), bool) {
+	return m.reaper.wakeIf(ctx, id, check)
 }

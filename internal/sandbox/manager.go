@@ -7,12 +7,9 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net/http"
 	"slices"
 	"sync"
 	"time"
-
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/envdclient"
@@ -66,20 +63,19 @@ type Manager struct {
 	cfg       Config
 	log       *slog.Logger
 	store     *store.Store
+	rows      rows     // the sandbox table of store
+	policies  policies // network settings to policies (network.go)
 	rt        runtime.Runtime
 	net       Network
 	templates Templates
-	secret    []byte
-	client    *http.Client // every envd call (envd.go), directly, not through the gateway
-	audit     *audit.Log   // nil: no audit log
-	vols      Volumes      // nil: no volume mounts (volumes.go)
-	limits    *limits      // OOM/pids/disk counters, own lock (limits.go)
-	pools     *WarmPools   // warm pools, own lock (pool.go)
-	admission *admission   // quota, slots, disk guard; own lock (admission.go)
-	health    *health      // envd and container checks (health.go)
-	snapshots *snapshots   // the snapshot catalogue and its collection (snapshot.go)
-	metering  *metering    // usage to the meter (usage.go)
-	sampler   *sampler     // stats sampling at each tick (metrics.go)
+	envd      *envdLink  // every envd call and token (envd.go)
+	limits    *limits    // OOM/pids/disk counters, own lock (limits.go)
+	pools     *WarmPools // warm pools, own lock (pool.go)
+	admission *admission // quota, slots, disk guard; own lock (admission.go)
+	health    *health    // envd and container checks (health.go)
+	snapshots *snapshots // the snapshot catalogue and its collection (snapshot.go)
+	metering  *metering  // usage to the meter (usage.go)
+	sampler   *sampler   // stats sampling at each tick (metrics.go)
 
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
@@ -87,11 +83,11 @@ type Manager struct {
 	idle      *idleState // data-plane activity, own lock (idle.go)
 	life      lifecycle  // pause/resume, snapshots, forks, pools (lifecycle.go)
 
-	// stepHook, when set (tests), runs after each pipeline step succeeds;
-	// an error fails the build there, as if the step had failed.
-	stepHook func(path, step string) error
-	obs      Observer     // measurements (SetObserver); never nil
-	tracer   trace.Tracer // start pipelines (SetTracer); nil: not traced
+	inst        *instruments // audit, observer, tracer, step hook, crash point
+	start       *starter     // the start pipelines (pipeline.go)
+	pauser      *pauser      // pauses and resumes (pause.go)
+	snapshotter *snapshotter // snapshots and forks (snapshotter.go)
+	reaper      *reaper      // timeouts, idle handling, pools' tick; waking on traffic (reaper.go)
 }
 
 // New makes a manager. Call Reconcile before serving, then Run.
@@ -105,14 +101,18 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 		}
 	}
 	m := &Manager{
-		cfg: cfg, log: log, store: st, rt: rt, net: nw, templates: tpl, secret: secret, obs: noObserver{},
-		client:    envdclient.NewHTTPClient(),
+		cfg: cfg, log: log, store: st, rows: rows{st}, policies: policies{st}, rt: rt, net: nw, templates: tpl, inst: newInstruments(log),
+		envd:      &envdLink{client: envdclient.NewHTTPClient(), secret: secret, readyWait: cfg.EnvdReadyWait, net: nw},
 		sandboxes: map[string]*Sandbox{},
 		samples:   newSamples(),
 		idle:      newIdleState(),
 	}
 	m.pools = newWarmPools(tpl, m.readyWarm)
 	m.admission = newAdmission(log, cfg.Quota, st, m.teamHeld)
+	m.start = &starter{
+		cfg: cfg, log: log, inst: m.inst, rt: rt, net: nw, templates: tpl, envd: m.envd, admission: m.admission,
+		policies: m.policies, rows: m.rows, snaps: func() *snapshotStore { return m.life.snaps }, recs: m,
+	}
 	m.limits = newLimits(log, rt, m.Audit, m.Running, m.admission.quotaOf)
 	m.snapshots = &snapshots{log: log, store: func() *snapshotStore { return m.life.snaps }, inUse: m.baseSnapshots}
 	m.metering = &metering{rt: rt, snaps: m.snapshots.store, each: func(f func(*Sandbox)) {
@@ -122,21 +122,43 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 			f(sb)
 		}
 	}}
+	m.reaper = &reaper{
+		log: log, rt: rt, mu: &m.mu, live: m.sandboxes, idle: m.idle, pools: m.pools, maxTimeout: cfg.MaxTimeout,
+		idleFreeze: func() time.Duration { return m.life.cfg.IdleFreeze },
+		resume:     m.Resume, create: m.Create, destroy: m.destroy, snapshotsTick: m.snapshots.tick,
+	}
+	m.pauser = &pauser{
+		log: log, inst: m.inst, rt: rt, admission: m.admission, metering: m.metering, recs: m, start: m.start, thaw: m.reaper.thaw,
+		forget: func(id string) { m.samples.forget(id); m.idle.forget(id) },
+	}
+	m.reaper.pauser = m.pauser
+	m.snapshotter = &snapshotter{
+		cfg: cfg, log: log, inst: m.inst, rt: rt, templates: tpl, admission: m.admission, envd: m.envd,
+		store: m.start.snaps, gc: m.snapshots.gc, recs: m, start: m.start, thaw: m.reaper.thaw,
+	}
 	m.sampler = &sampler{log: log, rt: rt, running: m.Running, samples: m.samples, metering: m.metering}
-	m.health = &health{rt: rt, interval: cfg.HealthInterval, limits: m.limits, running: m.Running, envd: m.envdOf, set: m.setHealth, dead: m.endIfDead}
+	m.health = &health{rt: rt, interval: cfg.HealthInterval, limits: m.limits, running: m.Running, envd: m.envd.of, set: m.setHealth, dead: m.endIfDead}
 	return m, nil
 }
 
 // Token returns the envd access token of sandbox id.
-func (m *Manager) Token(id string) string { return AccessToken(m.secret, id) }
+func (m *Manager) Token(id string) string { return m.envd.token(id) }
 
-func (m *Manager) save(ctx context.Context, sb *Sandbox) error {
+// rows is the sandbox table of the store: one row per sandbox, written
+// before the host is touched so that Reconcile finds every sandbox.
+type rows struct{ st *store.Store }
+
+// save writes sb's row.
+func (r rows) save(ctx context.Context, sb *Sandbox) error {
 	doc, err := json.Marshal(sb)
 	if err != nil {
 		return err
 	}
-	return m.store.PutSandbox(ctx, store.Record{ID: sb.ID, TeamID: sb.TeamID, State: string(sb.State), StartedAt: sb.StartedAt, EndAt: sb.EndAt, Doc: doc})
+	return r.st.PutSandbox(ctx, store.Record{ID: sb.ID, TeamID: sb.TeamID, State: string(sb.State), StartedAt: sb.StartedAt, EndAt: sb.EndAt, Doc: doc})
 }
+
+// drop deletes sandbox id's row.
+func (r rows) drop(ctx context.Context, id string) error { return r.st.DeleteSandbox(ctx, id) }
 
 // Create starts a sandbox and returns once its envd answers and is
 // initialised: restored from one of the team's snapshots when req.Template
@@ -148,16 +170,16 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 		if err := m.checkChosenID(req.ID); err != nil {
 			return nil, err
 		}
-		return m.run(ctx, coldStart(), newBuild("create", req))
+		return m.start.run(ctx, coldStart(), newBuild("create", req))
 	}
 	if snap, ok := m.snapshots.team(req.TeamID, req.Template); ok {
 		b := newBuild("restore", req)
 		b.snap, b.tplID = snap, snap.ID
-		return m.run(ctx, restoreSnapshot(), b)
+		return m.start.run(ctx, restoreSnapshot(), b)
 	}
 	if m.pools.fits(req) {
 		b := newBuild("claim", req)
-		sb, err := m.run(ctx, claimPooled(), b)
+		sb, err := m.start.run(ctx, claimPooled(), b)
 		switch {
 		case err == nil:
 			return sb, nil
@@ -167,7 +189,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*Sandbox, erro
 			m.log.Warn("warm sandbox claim failed; cold start instead", "sandbox", b.sb.ID, "err", err)
 		}
 	}
-	return m.run(ctx, coldStart(), newBuild("create", req))
+	return m.start.run(ctx, coldStart(), newBuild("create", req))
 }
 
 // checkChosenID refuses a caller-chosen id that is malformed or taken.
@@ -184,12 +206,13 @@ func (m *Manager) checkChosenID(id string) error {
 	return nil
 }
 
-func (m *Manager) checkTimeout(d time.Duration) error {
+// checkTimeout refuses a lifetime d that is negative or over limit.
+func checkTimeout(limit, d time.Duration) error {
 	if d < 0 {
 		return fmt.Errorf("timeout: must be 0 or more seconds: %w", errdefs.ErrInvalidArgument)
 	}
-	if d > m.cfg.MaxTimeout {
-		return fmt.Errorf("timeout: %s is over the maximum of %s; pass at most %d seconds: %w", d, m.cfg.MaxTimeout, int(m.cfg.MaxTimeout.Seconds()), errdefs.ErrInvalidArgument)
+	if d > limit {
+		return fmt.Errorf("timeout: %s is over the maximum of %s; pass at most %d seconds: %w", d, limit, int(limit.Seconds()), errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
@@ -285,6 +308,29 @@ func cmpString(a, b string) int {
 	return 0
 }
 
+// register makes sb visible: the API, the gateway and the reaper see it
+// from now on (a build step's sandbox only the reaper).
+func (m *Manager) register(sb *Sandbox) {
+	m.mu.Lock()
+	m.sandboxes[sb.ID] = clone(sb)
+	m.mu.Unlock()
+	m.idle.touch(sb.ID)
+}
+
+// discard ends a sandbox no client holds (a failed warm claim, a build
+// step's sandbox once its commands ran): its live record, if any, is
+// marked killing, then it is destroyed.
+func (m *Manager) discard(ctx context.Context, sb *Sandbox, why string) error {
+	m.mu.Lock()
+	if live := m.sandboxes[sb.ID]; live != nil {
+		live.State = StateKilling
+	}
+	m.mu.Unlock()
+	c := clone(sb)
+	c.State = StateKilling
+	return m.destroy(context.WithoutCancel(ctx), c, why)
+}
+
 // Kill stops and removes the team's sandbox and everything it held.
 func (m *Manager) Kill(ctx context.Context, teamID, id string) error {
 	m.mu.Lock()
@@ -312,53 +358,53 @@ func (m *Manager) Kill(ctx context.Context, teamID, id string) error {
 // adopted). Every step is idempotent, so an interrupted destroy is finished by
 // the next Reconcile.
 func (m *Manager) destroy(ctx context.Context, sb *Sandbox, why string) error {
-	if err := m.save(ctx, sb); err != nil {
+	if err := m.rows.save(ctx, sb); err != nil {
 		m.log.Error("persist killing", "sandbox", sb.ID, "err", err)
 	}
-	m.crashAfter("kill", KillPersisted)
+	m.inst.crashAfter("kill", KillPersisted)
 	var errs []error
 	if err := m.rt.Delete(ctx, sb.ID); err != nil {
 		errs = append(errs, fmt.Errorf("container: %w", err))
 	}
-	m.crashAfter("kill", KillContainerGone)
+	m.inst.crashAfter("kill", KillContainerGone)
 	if err := m.net.Detach(ctx, sb.ID); err != nil {
 		errs = append(errs, fmt.Errorf("network: %w", err))
 	}
-	m.crashAfter("kill", KillNetworkDetached)
+	m.inst.crashAfter("kill", KillNetworkDetached)
 	if err := errors.Join(errs...); err != nil {
 		m.log.Error("sandbox cleanup incomplete; will retry at next start", "sandbox", sb.ID, "err", err)
 		return fmt.Errorf("sandbox %s: %w", sb.ID, err)
 	}
-	if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil {
+	if err := m.rows.drop(ctx, sb.ID); err != nil {
 		return err
 	}
-	m.crashAfter("kill", KillRowDeleted)
+	m.inst.crashAfter("kill", KillRowDeleted)
 	m.mu.Lock()
 	delete(m.sandboxes, sb.ID)
 	m.mu.Unlock()
 	m.samples.forget(sb.ID)
 	m.idle.ended(sb.ID)
-	m.auditLifecycle(ctx, sb, "remove", "info", why, nil)
+	m.inst.auditLifecycle(ctx, sb, "remove", "info", why, nil)
 	m.log.Info("sandbox removed", "sandbox", sb.ID, "why", why)
 	return nil
 }
 
 // SetTimeout sets the sandbox to end d from now (it may shorten the life).
 func (m *Manager) SetTimeout(ctx context.Context, teamID, id string, d time.Duration) error {
-	if err := m.checkTimeout(d); err != nil {
+	if err := checkTimeout(m.cfg.MaxTimeout, d); err != nil {
 		return err
 	}
 	var out *Sandbox
 	if err := m.update(ctx, teamID, id, func(sb *Sandbox) { sb.EndAt = time.Now().UTC().Add(d); out = clone(sb) }); err != nil {
 		return err
 	}
-	m.auditLifecycle(ctx, out, "update", audit.Allowed, "", map[string]any{"end_at": out.EndAt.Format(time.RFC3339)})
+	m.inst.auditLifecycle(ctx, out, "update", audit.Allowed, "", map[string]any{"end_at": out.EndAt.Format(time.RFC3339)})
 	return nil
 }
 
 // Extend makes the sandbox live at least d from now; it never shortens.
 func (m *Manager) Extend(ctx context.Context, teamID, id string, d time.Duration) (*Sandbox, error) {
-	if err := m.checkTimeout(d); err != nil {
+	if err := checkTimeout(m.cfg.MaxTimeout, d); err != nil {
 		return nil, err
 	}
 	var out *Sandbox
@@ -381,7 +427,7 @@ func (m *Manager) update(ctx context.Context, teamID, id string, f func(*Sandbox
 	f(sb)
 	snapshot := clone(sb)
 	m.mu.Unlock()
-	return m.save(ctx, snapshot)
+	return m.rows.save(ctx, snapshot)
 }
 
 // Reconcile makes the in-memory view, the database, the runtime and the
@@ -431,7 +477,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		}
 		// The nftables table is rebuilt at every start; put the sandbox's
 		// egress policy back before it is reachable again.
-		if err := m.restorePolicy(ctx, &sb); err != nil {
+		if err := m.policies.restore(ctx, m.net, m.log, &sb); err != nil {
 			m.log.Error("restore egress policy; removing sandbox", "sandbox", sb.ID, "err", err)
 			sb.State = StateKilling
 			_ = m.destroy(ctx, &sb, "could not restore its egress policy")
@@ -469,7 +515,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	} else {
 		m.log.Error("list network namespaces", "err", err)
 	}
-	m.reconcileCrash(ctx) // crash.go
+	m.snapshotter.reconcile(ctx) // crash.go
 	return nil
 }
 
@@ -486,32 +532,9 @@ func (m *Manager) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-reap.C:
-			m.reap(ctx)
+			m.reaper.reap(ctx)
 		case <-sample.C:
 			m.sampler.tick(ctx)
 		}
-	}
-}
-
-func (m *Manager) reap(ctx context.Context) {
-	now := time.Now()
-	// Auto-pause and idle timeouts first: they take their sandboxes out of
-	// the running state before the kill loop below looks (lifecycle.go).
-	m.reapLifecycle(ctx, now)
-	var expired []*Sandbox
-	m.mu.Lock()
-	for _, sb := range m.sandboxes {
-		if sb.State == StateRunning && now.After(sb.EndAt) {
-			sb.State = StateKilling
-			expired = append(expired, clone(sb))
-		}
-	}
-	m.mu.Unlock()
-	for _, sb := range expired {
-		go func() {
-			if err := m.destroy(context.WithoutCancel(ctx), sb, "timeout expired"); err != nil {
-				m.log.Error("reap", "sandbox", sb.ID, "err", err)
-			}
-		}()
 	}
 }

@@ -81,7 +81,7 @@ func (m *Manager) ExportPaused(ctx context.Context, teamID, id, dir string) (*Mo
 		AllowInternet: src.AllowInternet, CreatedAt: time.Now().UTC(), BootID: src.BootID,
 	}}
 	if src.Secure {
-		out.EnvdAuth = AccessToken(m.secret, src.ID)
+		out.EnvdAuth = m.envd.token(src.ID)
 	}
 	return out, nil
 }
@@ -98,7 +98,7 @@ func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func
 	if snaps == nil {
 		return nil, fmt.Errorf("snapshots are not enabled on this server: %w", errdefs.ErrUnavailable)
 	}
-	if _, err := m.checkpointer(); err != nil {
+	if _, err := checkpointer(m.rt); err != nil {
 		return nil, err
 	}
 	sid := newSnapshotID()
@@ -164,8 +164,8 @@ func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func
 	req.Template = tpl.ID
 	bd := newBuild("restore", req)
 	bd.snap, bd.tplID = &snap, tpl.ID
-	p := restoreSnapshot().swap(StepResolve, "moved image", func(m *Manager, ctx context.Context, b *build) error {
-		if err := m.resolveSnapshot(ctx, b); err != nil {
+	p := restoreSnapshot().swap(StepResolve, "moved image", func(s *starter, ctx context.Context, b *build) error {
+		if err := s.resolveSnapshot(ctx, b); err != nil {
 			return err
 		}
 		if snap.Secure {
@@ -173,5 +173,5 @@ func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func
 		}
 		return nil
 	})
-	return m.run(ctx, p, bd)
+	return m.start.run(ctx, p, bd)
 }

@@ -28,6 +28,6 @@ func CheckNetworkSpec(ctx context.Context, allowInternet bool, n *NetworkSpec) e
 	}
 	// Without secret references the policy reads no state.
 	var m *Manager
-	_, err := m.policy(ctx, "", "", allowInternet, n)
+	_, err := m.policies.policy(ctx, "", "", allowInternet, n)
 	return err
 }

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"regexp"
@@ -85,13 +86,23 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf(format+": %w", append(args, errdefs.ErrInvalidArgument)...)
 }
 
-// policyOf turns the sandbox's network settings into the network policy,
-// resolving secret references. Errors name the offending entry.
-func (m *Manager) policyOf(ctx context.Context, sb *Sandbox) (network.Policy, error) {
-	return m.policy(ctx, sb.TeamID, sb.APIKeyID, sb.AllowInternet, sb.Network)
+// policies turns sandboxes' network settings into network policies,
+// resolving the team's secret references. It is the one place a network
+// setting is validated, on create, update and restore alike.
+type policies struct{ secrets secretValues }
+
+// secretValues is the store's side of a policy: a team's secrets.
+type secretValues interface {
+	TeamSecretValue(ctx context.Context, teamID, name string) (string, error)
 }
 
-func (m *Manager) policy(ctx context.Context, teamID, keyID string, allowInternet bool, n *NetworkSpec) (network.Policy, error) {
+// of turns the sandbox's network settings into the network policy,
+// resolving secret references. Errors name the offending entry.
+func (ps policies) of(ctx context.Context, sb *Sandbox) (network.Policy, error) {
+	return ps.policy(ctx, sb.TeamID, sb.APIKeyID, sb.AllowInternet, sb.Network)
+}
+
+func (ps policies) policy(ctx context.Context, teamID, keyID string, allowInternet bool, n *NetworkSpec) (network.Policy, error) {
 	p := network.Policy{AllowInternet: allowInternet, TeamID: teamID, APIKeyID: keyID}
 	if n == nil {
 		return p, nil
@@ -157,7 +168,7 @@ func (m *Manager) policy(ctx context.Context, teamID, keyID string, allowInterne
 				if !httpguts.ValidHeaderFieldName(k) || slices.Contains(forbiddenHeaders, strings.ToLower(k)) {
 					return p, invalid("%s: not a header name a rule may set", hf)
 				}
-				val, err := m.resolveSecrets(ctx, teamID, hf, v)
+				val, err := ps.resolveSecrets(ctx, teamID, hf, v)
 				if err != nil {
 					return p, err
 				}
@@ -179,7 +190,7 @@ func (m *Manager) policy(ctx context.Context, teamID, keyID string, allowInterne
 	return p, nil
 }
 
-func (m *Manager) resolveSecrets(ctx context.Context, teamID, field, v string) (string, error) {
+func (ps policies) resolveSecrets(ctx context.Context, teamID, field, v string) (string, error) {
 	var firstErr error
 	out := secretRef.ReplaceAllStringFunc(v, func(ref string) string {
 		name := secretRef.FindStringSubmatch(ref)[1]
@@ -187,7 +198,7 @@ func (m *Manager) resolveSecrets(ctx context.Context, teamID, field, v string) (
 			firstErr = cmpErr(firstErr, invalid("%s: %q is not a valid secret name", field, name))
 			return ""
 		}
-		val, err := m.store.TeamSecretValue(ctx, teamID, name)
+		val, err := ps.secrets.TeamSecretValue(ctx, teamID, name)
 		if err != nil {
 			firstErr = cmpErr(firstErr, invalid("%s: secret %q does not exist; create it with POST /secrets", field, name))
 			return ""
@@ -238,8 +249,14 @@ func parseEgressProxy(ep *EgressProxy) (*network.UpstreamProxy, error) {
 
 // CheckNetwork validates a network configuration for a create or update
 // of teamID (secrets must exist) without applying it.
+// A nil manager checks all but secret references, which need the store
+// (the API's validation tests use one).
 func (m *Manager) CheckNetwork(ctx context.Context, teamID string, allowInternet bool, n *NetworkSpec) error {
-	_, err := m.policy(ctx, teamID, "", allowInternet, n)
+	var ps policies
+	if m != nil {
+		ps = m.policies
+	}
+	_, err := ps.policy(ctx, teamID, "", allowInternet, n)
 	return err
 }
 
@@ -259,39 +276,39 @@ func (m *Manager) UpdateNetwork(ctx context.Context, teamID, id string, allowInt
 		next.AllowPublicTraffic, next.MaskRequestHost, next.HTTPSPorts = old.AllowPublicTraffic, old.MaskRequestHost, old.HTTPSPorts
 	}
 	cur.AllowInternet, cur.Network = allowInternet, next
-	pol, err := m.policyOf(ctx, cur)
+	pol, err := m.policies.of(ctx, cur)
 	if err != nil {
 		return err
 	}
 	if err := m.net.SetPolicy(ctx, id, pol); err != nil {
 		return err
 	}
-	if err := m.installEgressCA(ctx, cur, pol); err != nil {
+	if err := m.envd.installCA(ctx, cur, pol); err != nil {
 		return err
 	}
-	if err := m.pushEnvdEnv(ctx, cur); err != nil {
+	if err := m.envd.push(ctx, cur); err != nil {
 		return err
 	}
 	if err := m.update(ctx, teamID, id, func(sb *Sandbox) { sb.AllowInternet, sb.Network = allowInternet, next }); err != nil {
 		return err
 	}
-	m.auditLifecycle(ctx, cur, "update", "allowed", "", map[string]any{"network_egress": map[string]any{
+	m.inst.auditLifecycle(ctx, cur, "update", "allowed", "", map[string]any{"network_egress": map[string]any{
 		"allow_internet": allowInternet, "allowed_destinations": next.AllowOut, "denied_destinations": next.DenyOut}})
 	return nil
 }
 
-// restorePolicy puts a re-adopted sandbox's policy back after a restart.
-func (m *Manager) restorePolicy(ctx context.Context, sb *Sandbox) error {
-	pol, err := m.policyOf(ctx, sb)
+// restore puts a re-adopted sandbox's policy back after a restart.
+func (ps policies) restore(ctx context.Context, nw Network, log *slog.Logger, sb *Sandbox) error {
+	pol, err := ps.of(ctx, sb)
 	if err != nil {
 		// A secret was deleted meanwhile: keep the sandbox, without rules.
-		m.log.Warn("sandbox network rules no longer valid; applying them without header rules", "sandbox", sb.ID, "err", err)
-		pol, err = m.policy(ctx, sb.TeamID, sb.APIKeyID, sb.AllowInternet, withoutRules(sb.Network))
+		log.Warn("sandbox network rules no longer valid; applying them without header rules", "sandbox", sb.ID, "err", err)
+		pol, err = ps.policy(ctx, sb.TeamID, sb.APIKeyID, sb.AllowInternet, withoutRules(sb.Network))
 		if err != nil {
 			return err
 		}
 	}
-	return m.net.SetPolicy(ctx, sb.ID, pol)
+	return nw.SetPolicy(ctx, sb.ID, pol)
 }
 
 func withoutRules(n *NetworkSpec) *NetworkSpec {
@@ -305,7 +322,7 @@ func withoutRules(n *NetworkSpec) *NetworkSpec {
 
 // TrafficToken is the e2b-traffic-access-token of a sandbox created with
 // allowPublicTraffic false: stable for its life, derived, never stored.
-func (m *Manager) TrafficToken(id string) string { return TrafficToken(m.secret, id) }
+func (m *Manager) TrafficToken(id string) string { return TrafficToken(m.envd.secret, id) }
 
 // TrafficToken derives sandbox id's traffic token from secret.
 func TrafficToken(secret []byte, id string) string {
@@ -327,21 +344,21 @@ const caPath = "/usr/local/share/ca-certificates/agentbox-egress.crt"
 // curl, Python's ssl and Go.
 const caBundle = "/etc/ssl/certs/ca-certificates.crt"
 
-// installEgressCA makes the sandbox trust its egress CA when header rules
+// installCA makes the sandbox trust its egress CA when header rules
 // make the proxy terminate TLS: it writes the certificate and appends it to
 // the system bundle, through envd. Doing it only when rules exist keeps the
 // proxy out of every other TLS session.
-func (m *Manager) installEgressCA(ctx context.Context, sb *Sandbox, pol network.Policy) error {
-	return m.installEgressCAWith(ctx, m.envdOf(sb), sb, pol)
+func (e *envdLink) installCA(ctx context.Context, sb *Sandbox, pol network.Policy) error {
+	return e.installCAWith(ctx, e.of(sb), sb, pol)
 }
 
-// installEgressCAWith is installEgressCA through c (a restored envd still
+// installCAWith is installCA through c (a restored envd still
 // holds the token of the sandbox it was checkpointed from).
-func (m *Manager) installEgressCAWith(ctx context.Context, c *envdclient.Client, sb *Sandbox, pol network.Policy) error {
+func (e *envdLink) installCAWith(ctx context.Context, c *envdclient.Client, sb *Sandbox, pol network.Policy) error {
 	if len(pol.Rules) == 0 {
 		return nil
 	}
-	src, ok := m.net.(egressCA)
+	src, ok := e.net.(egressCA)
 	if !ok {
 		return nil
 	}

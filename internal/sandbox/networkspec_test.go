@@ -29,7 +29,7 @@ func TestRuleSpec(t *testing.T) {
 		{name: "allowPlainHTTP without headers", rules: map[string][]NetworkRule{"api.example.com": {{AllowPlainHTTP: true}}}, wantErr: "allowPlainHTTP"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := (&Manager{}).policy(context.Background(), "team", "", true, &NetworkSpec{Rules: tc.rules})
+			p, err := policies{}.policy(context.Background(), "team", "", true, &NetworkSpec{Rules: tc.rules})
 			if tc.wantErr != "" {
 				if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err %v, want InvalidArgument naming %s", err, tc.wantErr)

@@ -20,13 +20,7 @@ func (noObserver) Created(string, string, string, bool, time.Duration, map[strin
 func (noObserver) Lifecycle(string, bool, time.Duration)                                         {}
 
 // SetObserver sends the manager's measurements to o. Call before serving.
-func (m *Manager) SetObserver(o Observer) { m.obs = o }
-
-// observe records one lifecycle call that started at start; deferred with
-// the call's named error.
-func (m *Manager) observe(op string, start time.Time, err *error) {
-	m.obs.Lifecycle(op, *err == nil, time.Since(start))
-}
+func (m *Manager) SetObserver(o Observer) { m.inst.obs = o }
 
 // StateCount is how many sandboxes are in one state on one tier.
 type StateCount struct {

@@ -82,7 +82,7 @@ func TestMemoryResumeRollsBackAtEveryStep(t *testing.T) {
 				t.Fatal(err)
 			}
 			boom := errors.New("injected failure")
-			e.m.stepHook = func(path, step string) error {
+			e.m.inst.stepHook = func(path, step string) error {
 				if path == "resume-memory" && step == s.name {
 					return boom
 				}
@@ -99,7 +99,7 @@ func TestMemoryResumeRollsBackAtEveryStep(t *testing.T) {
 			if denied := e.events(t, "resume", "denied"); len(denied) != 1 || denied[0].Fields["step"] != s.name {
 				t.Fatalf("failure audit events %+v; want one naming step %q", denied, s.name)
 			}
-			e.m.stepHook = nil
+			e.m.inst.stepHook = nil
 			if _, resumed, err := e.m.Resume(ctx, e.team, sb.ID, time.Minute, false); err != nil || !resumed {
 				t.Fatalf("resume after the failure: %v %v", resumed, err)
 			}
@@ -128,7 +128,7 @@ func TestPauseRollsBackAtEveryStep(t *testing.T) {
 			sb := e.create(t, e.req())
 			boom := errors.New("injected failure")
 			var seen []string
-			e.m.stepHook = func(path, step string) error {
+			e.m.inst.stepHook = func(path, step string) error {
 				if path == "pause" {
 					seen = append(seen, step)
 				}

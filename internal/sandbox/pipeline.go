@@ -52,7 +52,7 @@ const (
 type step struct {
 	name string // one of the Step names
 	what string // what this path does in it ("restore image"), for logs
-	run  func(m *Manager, ctx context.Context, b *build) error
+	run  func(s *starter, ctx context.Context, b *build) error
 }
 
 // pipeline is the ordered list of steps of one path.
@@ -60,7 +60,7 @@ type pipeline []step
 
 // swap returns a copy of p with the step called name replaced by s (a
 // different implementation of the same stage).
-func (p pipeline) swap(name string, what string, run func(m *Manager, ctx context.Context, b *build) error) pipeline {
+func (p pipeline) swap(name string, what string, run func(s *starter, ctx context.Context, b *build) error) pipeline {
 	out := slices.Clone(p)
 	for i := range out {
 		if out[i].name == name {
@@ -75,15 +75,15 @@ func (p pipeline) swap(name string, what string, run func(m *Manager, ctx contex
 // is it with steps swapped (below).
 func coldStart() pipeline {
 	return pipeline{
-		{StepReserve, "team quota and a create slot", (*Manager).reserve},
-		{StepResolve, "template", (*Manager).resolveTemplate},
-		{StepPersistCreating, "row creating", (*Manager).persistCreating},
-		{StepAttachNetwork, "netns, address, policy", (*Manager).attachNetwork},
-		{StepStart, "start container", (*Manager).startContainer},
-		{StepInitEnvd, "envd /init", (*Manager).initEnvdStep},
-		{StepWaitReady, "ready command", (*Manager).waitReadyStep},
-		{StepPersistRunning, "row running", (*Manager).persistRunning},
-		{StepRegister, "visible", (*Manager).register},
+		{StepReserve, "team quota and a create slot", (*starter).reserve},
+		{StepResolve, "template", (*starter).resolveTemplate},
+		{StepPersistCreating, "row creating", (*starter).persistCreating},
+		{StepAttachNetwork, "netns, address, policy", (*starter).attachNetwork},
+		{StepStart, "start container", (*starter).startContainer},
+		{StepInitEnvd, "envd /init", (*starter).initEnvdStep},
+		{StepWaitReady, "ready command", (*starter).waitReadyStep},
+		{StepPersistRunning, "row running", (*starter).persistRunning},
+		{StepRegister, "visible", (*starter).register},
 	}
 }
 
@@ -91,30 +91,30 @@ func coldStart() pipeline {
 // templateID names one of the team's snapshots, and each copy of a fork).
 func restoreSnapshot() pipeline {
 	return coldStart().
-		swap(StepResolve, "snapshot", (*Manager).resolveSnapshot).
-		swap(StepStart, "restore image", (*Manager).restoreImage)
+		swap(StepResolve, "snapshot", (*starter).resolveSnapshot).
+		swap(StepStart, "restore image", (*starter).restoreImage)
 }
 
 // claimPooled hands a warm sandbox to a create.
 func claimPooled() pipeline {
 	return coldStart().
-		swap(StepResolve, "pooled sandbox", (*Manager).resolvePooled).
-		swap(StepAttachNetwork, "set policy", (*Manager).setPolicy).
-		swap(StepStart, "claim pooled", (*Manager).checkPooled)
+		swap(StepResolve, "pooled sandbox", (*starter).resolvePooled).
+		swap(StepAttachNetwork, "set policy", (*starter).setPolicy).
+		swap(StepStart, "claim pooled", (*starter).checkPooled)
 }
 
 // resumeFiles boots a paused sandbox fresh on its files, in place.
 func resumeFiles() pipeline {
 	return coldStart().
-		swap(StepResolve, "paused sandbox", (*Manager).resolvePaused).
-		swap(StepPersistCreating, "row resuming", (*Manager).persistResuming).
-		swap(StepAttachNetwork, "kept", func(*Manager, context.Context, *build) error { return nil }).
-		swap(StepStart, "boot files", (*Manager).bootFiles)
+		swap(StepResolve, "paused sandbox", (*starter).resolvePaused).
+		swap(StepPersistCreating, "row resuming", (*starter).persistResuming).
+		swap(StepAttachNetwork, "kept", func(*starter, context.Context, *build) error { return nil }).
+		swap(StepStart, "boot files", (*starter).bootFiles)
 }
 
 // buildStep starts the hidden sandbox a template build's RUN steps run in.
 func buildStep() pipeline {
-	return coldStart().swap(StepResolve, "build layers", (*Manager).resolveBuild)
+	return coldStart().swap(StepResolve, "build layers", (*starter).resolveBuild)
 }
 
 // build is one sandbox being made: the request and what the steps found
@@ -168,40 +168,40 @@ var errNoClaim = errors.New("no warm sandbox for this request")
 
 // run runs p for b. On failure it undoes what the steps made, writes a
 // failure audit event naming the step, and returns the step's error.
-func (m *Manager) run(ctx context.Context, p pipeline, b *build) (_ *Sandbox, err error) {
+func (s *starter) run(ctx context.Context, p pipeline, b *build) (_ *Sandbox, err error) {
 	defer func() {
 		for _, f := range slices.Backward(b.release) {
 			f()
 		}
 	}()
-	ctx, span := m.traceRun(ctx, b) // trace.go; nil when not tracing
+	ctx, span := s.inst.traceRun(ctx, b) // trace.go; nil when not tracing
 	defer func() { endSpan(span, b, err) }()
 	start := time.Now()
 	sctx := context.WithoutCancel(ctx)
-	for _, s := range p {
+	for _, next := range p {
 		c := sctx
-		if s.name == StepReserve || s.name == StepResolve {
+		if next.name == StepReserve || next.name == StepResolve {
 			c = ctx
 		}
-		c, stepSpan := m.traceStep(c, s.name)
+		c, stepSpan := s.inst.traceStep(c, next.name)
 		t := time.Now()
-		err := s.run(m, c, b)
-		b.took[s.name] = time.Since(t)
-		if err == nil && m.stepHook != nil {
-			err = m.stepHook(b.path, s.name)
+		err := next.run(s, c, b)
+		b.took[next.name] = time.Since(t)
+		if err == nil {
+			err = s.inst.stepDone(b.path, next.name)
 		}
 		endSpan(stepSpan, nil, err)
 		if err == nil {
-			m.crashAfter(b.path, s.name) // crash.go
+			s.inst.crashAfter(b.path, next.name) // crash.go
 		}
 		if err != nil {
-			b.failed = s.name
+			b.failed = next.name
 			if uerr := b.undo.Run(sctx); uerr != nil {
-				m.log.Error("undo after failed "+b.path, "sandbox", b.sb.ID, "step", s.name, "err", uerr)
+				s.log.Error("undo after failed "+b.path, "sandbox", b.sb.ID, "step", next.name, "err", uerr)
 			}
 			if !errors.Is(err, errNoClaim) {
-				m.auditLifecycle(sctx, b.sb, b.action, "denied", err.Error(), map[string]any{"path": b.path, "step": s.name})
-				m.obs.Created(b.path, b.sb.Isolation, b.sb.TemplateID, false, time.Since(start), b.took)
+				s.inst.auditLifecycle(sctx, b.sb, b.action, "denied", err.Error(), map[string]any{"path": b.path, "step": next.name})
+				s.inst.obs.Created(b.path, b.sb.Isolation, b.sb.TemplateID, false, time.Since(start), b.took)
 			}
 			return nil, err
 		}
@@ -212,9 +212,9 @@ func (m *Manager) run(ctx context.Context, p pipeline, b *build) (_ *Sandbox, er
 	if sb.BuildID != "" {
 		fields["build"] = sb.BuildID
 	}
-	m.auditLifecycle(sctx, sb, b.action, "allowed", "", fields)
-	m.obs.Created(b.path, sb.Isolation, sb.TemplateID, true, time.Since(start), b.took)
-	m.log.Info("sandbox "+b.path, "sandbox", sb.ID, "template", sb.TemplateID, "ip", sb.IP, "team", sb.TeamID, "took", time.Since(start).Round(time.Millisecond),
+	s.inst.auditLifecycle(sctx, sb, b.action, "allowed", "", fields)
+	s.inst.obs.Created(b.path, sb.Isolation, sb.TemplateID, true, time.Since(start), b.took)
+	s.log.Info("sandbox "+b.path, "sandbox", sb.ID, "template", sb.TemplateID, "ip", sb.IP, "team", sb.TeamID, "took", time.Since(start).Round(time.Millisecond),
 		"network", b.took[StepAttachNetwork].Round(time.Millisecond), "start", b.took[StepStart].Round(time.Millisecond),
 		"envd", (b.took[StepInitEnvd] + b.took[StepWaitReady]).Round(time.Millisecond))
 	return clone(sb), nil
@@ -226,14 +226,14 @@ func (m *Manager) run(ctx context.Context, p pipeline, b *build) (_ *Sandbox, er
 // maxSandboxes (new sandboxes only) and waits for a create slot
 // (admission.go; not for a warm claim). Both are held until the build
 // ends.
-func (m *Manager) reserve(ctx context.Context, b *build) error {
-	q, err := m.admission.teamQuota(ctx, b.req.TeamID)
+func (s *starter) reserve(ctx context.Context, b *build) error {
+	q, err := s.admission.teamQuota(ctx, b.req.TeamID)
 	if err != nil {
 		return err
 	}
 	b.quota = q
 	if b.counts {
-		release, err := m.admission.reserveSandbox(b.req.TeamID, q)
+		release, err := s.admission.reserveSandbox(b.req.TeamID, q)
 		if err != nil {
 			return err
 		}
@@ -244,12 +244,12 @@ func (m *Manager) reserve(ctx context.Context, b *build) error {
 		// the cold starts (refills included) the slots pace.
 		return nil
 	}
-	if err := m.admission.admitStart(b.path); err != nil {
+	if err := s.admission.admitStart(b.path); err != nil {
 		return err
 	}
-	slot := m.admission.createSlot
+	slot := s.admission.createSlot
 	if b.path == "fork" {
-		slot = m.admission.forkSlot // forkslots.go
+		slot = s.admission.forkSlot // forkslots.go
 	}
 	release, err := slot(ctx)
 	if err != nil {
@@ -263,19 +263,19 @@ func (m *Manager) reserve(ctx context.Context, b *build) error {
 // or refused with the field's name ----
 
 // resolveTemplate makes the record of a cold start from req.Template.
-func (m *Manager) resolveTemplate(ctx context.Context, b *build) error {
+func (s *starter) resolveTemplate(ctx context.Context, b *build) error {
 	req := b.req
-	tpl, err := m.templates.Get(ctx, req.TeamID, req.Template)
+	tpl, err := s.templates.Get(ctx, req.TeamID, req.Template)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
 			return fmt.Errorf("templateID: template %q not found; list templates with GET /templates or `agentbox template ls`: %w", req.Template, errdefs.ErrInvalidArgument)
 		}
 		return err
 	}
-	if err := m.checkTimeout(req.Timeout); err != nil {
+	if err := checkTimeout(s.cfg.MaxTimeout, req.Timeout); err != nil {
 		return err
 	}
-	isolation, err := m.resolveIsolation(req, tpl)
+	isolation, err := s.resolveIsolation(req, tpl)
 	if err != nil {
 		return err
 	}
@@ -283,7 +283,7 @@ func (m *Manager) resolveTemplate(ctx context.Context, b *build) error {
 	if err != nil {
 		return err
 	}
-	cmdLife, err := m.resolveCommandLifetime(req.MaxCommand)
+	cmdLife, err := s.resolveCommandLifetime(req.MaxCommand)
 	if err != nil {
 		return err
 	}
@@ -292,22 +292,22 @@ func (m *Manager) resolveTemplate(ctx context.Context, b *build) error {
 	if len(tpl.Aliases) > 0 {
 		sb.Alias = tpl.Aliases[0]
 	}
-	m.fillFromRequest(sb, req, mergeEnv(tpl.Env, req.EnvVars), limits, isolation, cmdLife)
+	s.fillFromRequest(sb, req, mergeEnv(tpl.Env, req.EnvVars), limits, isolation, cmdLife)
 	sb.DefaultUser, sb.DefaultWorkdir = tpl.DefaultUser, tpl.DefaultWorkdir
 	if req.Workdir != "" {
 		sb.DefaultWorkdir = req.Workdir
 	}
 	b.layers, b.limits = tpl.Layers, limits
 	b.startup, b.ready = tpl.StartCmd, tpl.ReadyCmd
-	if err := m.claimVolumes(ctx, b, req.VolumeMounts, false); err != nil {
+	if err := s.claimVolumes(ctx, b, req.VolumeMounts, false); err != nil {
 		return err
 	}
-	b.pol, err = m.policyOf(ctx, sb)
+	b.pol, err = s.policies.of(ctx, sb)
 	return err
 }
 
 // fillFromRequest copies what every new sandbox takes from its request.
-func (m *Manager) fillFromRequest(sb *Sandbox, req CreateRequest, env map[string]string, l Limits, isolation string, cmdLife time.Duration) {
+func (s *starter) fillFromRequest(sb *Sandbox, req CreateRequest, env map[string]string, l Limits, isolation string, cmdLife time.Duration) {
 	sb.Secure, sb.AllowInternet, sb.Network = req.Secure, req.AllowInternet, req.Network
 	sb.Metadata, sb.EnvVars = req.Metadata, env
 	sb.CPUCount, sb.MemoryMB, sb.DiskMB, sb.PIDs, sb.TmpMB = l.CPUCount, l.MemoryMB, l.DiskMB, l.PIDs, l.TmpMB
@@ -321,12 +321,12 @@ func (m *Manager) fillFromRequest(sb *Sandbox, req CreateRequest, env map[string
 // memory image fixes the limits and the tier it was taken with: a request
 // for others is refused, naming the field. A filesystem-only snapshot boots
 // fresh, so the request's limits and tier apply as on a cold start.
-func (m *Manager) resolveSnapshot(ctx context.Context, b *build) error {
-	if _, err := m.checkpointer(); err != nil {
+func (s *starter) resolveSnapshot(ctx context.Context, b *build) error {
+	if _, err := checkpointer(s.rt); err != nil {
 		return err
 	}
 	req, snap := b.req, b.snap
-	if err := m.checkTimeout(req.Timeout); err != nil {
+	if err := checkTimeout(s.cfg.MaxTimeout, req.Timeout); err != nil {
 		return err
 	}
 	snapLimits := Limits{CPUCount: snap.CPUCount, MemoryMB: snap.MemoryMB, DiskMB: snap.DiskMB, PIDs: snap.PIDs, TmpMB: snap.TmpMB}
@@ -349,7 +349,7 @@ func (m *Manager) resolveSnapshot(ctx context.Context, b *build) error {
 		if limits, err = resolveLimits(merged, &template.Template{}, b.quota); err != nil {
 			return err
 		}
-		if isolation, err = m.resolveIsolation(req, isoTpl); err != nil {
+		if isolation, err = s.resolveIsolation(req, isoTpl); err != nil {
 			return err
 		}
 	} else {
@@ -362,17 +362,17 @@ func (m *Manager) resolveSnapshot(ctx context.Context, b *build) error {
 		}
 		limits = snapLimits
 		req.Isolation, req.Metadata = snap.Isolation, withoutIsolation(req.Metadata)
-		if isolation, err = m.resolveIsolation(req, isoTpl); err != nil {
+		if isolation, err = s.resolveIsolation(req, isoTpl); err != nil {
 			return err
 		}
 	}
-	cmdLife, err := m.resolveCommandLifetime(req.MaxCommand)
+	cmdLife, err := s.resolveCommandLifetime(req.MaxCommand)
 	if err != nil {
 		return err
 	}
 	sb := b.sb
 	sb.TemplateID, sb.Alias = b.tplID, snap.Alias
-	m.fillFromRequest(sb, req, mergeEnv(snap.EnvVars, req.EnvVars), limits, isolation, cmdLife)
+	s.fillFromRequest(sb, req, mergeEnv(snap.EnvVars, req.EnvVars), limits, isolation, cmdLife)
 	// After fillFromRequest, which sets the whole Lifecycle: the snapshot's
 	// layers stay while the sandbox lives (snapshots.gc).
 	sb.BaseSnapshot = snap.ID
@@ -384,18 +384,18 @@ func (m *Manager) resolveSnapshot(ctx context.Context, b *build) error {
 	if len(req.VolumeMounts) > 0 {
 		return fmt.Errorf("volumeMounts: snapshot %s mounts the volumes its sandbox had; omit volumeMounts: %w", snap.ID, errdefs.ErrInvalidArgument)
 	}
-	if err := m.claimVolumes(ctx, b, snap.VolumeMounts, true); err != nil {
+	if err := s.claimVolumes(ctx, b, snap.VolumeMounts, true); err != nil {
 		return fmt.Errorf("snapshot %s: %w", snap.ID, err)
 	}
 	if snap.FilesystemOnly {
-		b.startup, b.ready = m.templateCommands(ctx, sb)
+		b.startup, b.ready = s.templateCommands(ctx, sb)
 	} else {
 		b.fresh = false
 		if snap.Secure {
-			b.envdAuth = AccessToken(m.secret, snap.SandboxID)
+			b.envdAuth = s.envd.token(snap.SandboxID)
 		}
 	}
-	b.pol, err = m.policyOf(ctx, sb)
+	b.pol, err = s.policies.of(ctx, sb)
 	return err
 }
 
@@ -439,16 +439,16 @@ func withoutIsolation(md map[string]string) map[string]string {
 
 // templateCommands returns the start and ready commands of the template sb
 // was made from (through its snapshot), for a fresh boot.
-func (m *Manager) templateCommands(ctx context.Context, sb *Sandbox) (start, ready string) {
+func (s *starter) templateCommands(ctx context.Context, sb *Sandbox) (start, ready string) {
 	tplID := sb.TemplateID
-	if sb.BaseSnapshot != "" && m.life.snaps != nil {
-		if snap, err := m.life.snaps.load(sb.BaseSnapshot); err == nil {
+	if sb.BaseSnapshot != "" && s.snaps() != nil {
+		if snap, err := s.snaps().load(sb.BaseSnapshot); err == nil {
 			tplID = snap.TemplateID
 		}
 	}
-	tpl, err := m.templates.Get(ctx, sb.TeamID, tplID)
+	tpl, err := s.templates.Get(ctx, sb.TeamID, tplID)
 	if err != nil {
-		m.log.Warn("fresh boot without the template's start command", "sandbox", sb.ID, "template", tplID, "err", err)
+		s.log.Warn("fresh boot without the template's start command", "sandbox", sb.ID, "template", tplID, "err", err)
 		return "", ""
 	}
 	return tpl.StartCmd, tpl.ReadyCmd
@@ -458,51 +458,48 @@ func (m *Manager) templateCommands(ctx context.Context, sb *Sandbox) (start, rea
 
 // persistCreating writes the record before the host is touched: a crash
 // from here on is cleaned up by Reconcile, never leaked.
-func (m *Manager) persistCreating(ctx context.Context, b *build) error {
+func (s *starter) persistCreating(ctx context.Context, b *build) error {
 	b.sb.State = StateCreating
-	if err := m.save(ctx, b.sb); err != nil {
+	if err := s.rows.save(ctx, b.sb); err != nil {
 		return err
 	}
 	id := b.sb.ID
-	b.undo.Add(StepPersistCreating, func(ctx context.Context) error { return m.store.DeleteSandbox(ctx, id) })
-	m.fault("create:persisted")
+	b.undo.Add(StepPersistCreating, func(ctx context.Context) error { return s.rows.drop(ctx, id) })
+	s.inst.fault("create:persisted")
 	return nil
 }
 
 // persistRunning marks the sandbox running in the store.
-func (m *Manager) persistRunning(ctx context.Context, b *build) error {
+func (s *starter) persistRunning(ctx context.Context, b *build) error {
 	b.sb.State = StateRunning
-	return m.save(ctx, b.sb)
+	return s.rows.save(ctx, b.sb)
 }
 
 // register makes the sandbox visible: the API, the gateway and the reaper
 // see it from now on (a build step's sandbox only the reaper).
-func (m *Manager) register(ctx context.Context, b *build) error {
-	m.mu.Lock()
-	m.sandboxes[b.sb.ID] = clone(b.sb)
-	m.mu.Unlock()
-	m.idle.touch(b.sb.ID)
+func (s *starter) register(ctx context.Context, b *build) error {
+	s.recs.register(b.sb)
 	return nil
 }
 
 // ---- attach network ----
 
 // attachNetwork makes the sandbox's network namespace, address and policy.
-func (m *Manager) attachNetwork(ctx context.Context, b *build) error {
+func (s *starter) attachNetwork(ctx context.Context, b *build) error {
 	id := b.sb.ID
-	ep, err := m.net.Attach(ctx, id, b.pol)
+	ep, err := s.net.Attach(ctx, id, b.pol)
 	if err != nil {
 		return fmt.Errorf("sandbox %s: network: %w", id, err)
 	}
-	b.undo.Add(StepAttachNetwork, func(ctx context.Context) error { return m.net.Detach(ctx, id) })
+	b.undo.Add(StepAttachNetwork, func(ctx context.Context) error { return s.net.Detach(ctx, id) })
 	b.sb.IP, b.netns = ep.IP, ep.NetNSPath
 	return nil
 }
 
 // setPolicy gives a claimed warm sandbox the request's policy (its team,
 // key and internet access) on the network it already has.
-func (m *Manager) setPolicy(ctx context.Context, b *build) error {
-	if err := m.net.SetPolicy(ctx, b.sb.ID, b.pol); err != nil {
+func (s *starter) setPolicy(ctx context.Context, b *build) error {
+	if err := s.net.SetPolicy(ctx, b.sb.ID, b.pol); err != nil {
 		return fmt.Errorf("sandbox %s: network policy: %w", b.sb.ID, err)
 	}
 	return nil
@@ -510,28 +507,28 @@ func (m *Manager) setPolicy(ctx context.Context, b *build) error {
 
 // ---- start ----
 
-func (m *Manager) spec(b *build) runtime.Spec {
+func (s *starter) spec(b *build) runtime.Spec {
 	return runtime.Spec{
-		ID: b.sb.ID, Layers: b.layers, NetNSPath: b.netns, DNS: m.net.DNS(),
+		ID: b.sb.ID, Layers: b.layers, NetNSPath: b.netns, DNS: s.net.DNS(),
 		Resources: b.limits.resources(), Runtime: RuntimeTier(b.sb.Isolation), Volumes: b.volumes, BootID: b.sb.BootID,
 	}
 }
 
 // startContainer builds the bundle and starts envd as the sandbox's init.
-func (m *Manager) startContainer(ctx context.Context, b *build) error {
+func (s *starter) startContainer(ctx context.Context, b *build) error {
 	id := b.sb.ID
 	b.sb.BootID = runtime.NewBootID()
-	if err := m.rt.Create(ctx, m.spec(b)); err != nil {
+	if err := s.rt.Create(ctx, s.spec(b)); err != nil {
 		return fmt.Errorf("sandbox %s: start container: %w", id, err)
 	}
-	b.undo.Add(StepStart, func(ctx context.Context) error { return m.rt.Delete(ctx, id) })
+	b.undo.Add(StepStart, func(ctx context.Context) error { return s.rt.Delete(ctx, id) })
 	return nil
 }
 
 // restoreImage starts the sandbox from the snapshot's image (memory, or a
 // fresh boot on its layers) in a new bundle and network namespace.
-func (m *Manager) restoreImage(ctx context.Context, b *build) error {
-	ck, err := m.checkpointer()
+func (s *starter) restoreImage(ctx context.Context, b *build) error {
+	ck, err := checkpointer(s.rt)
 	if err != nil {
 		return err
 	}
@@ -541,17 +538,17 @@ func (m *Manager) restoreImage(ctx context.Context, b *build) error {
 	if b.snap.FilesystemOnly {
 		b.sb.BootID = runtime.NewBootID()
 	}
-	opts := runtime.RestoreOptions{ImageDir: m.life.snaps.image(b.snap.ID), NewNetwork: true, FilesystemOnly: b.snap.FilesystemOnly}
-	if err := ck.Restore(ctx, m.spec(b), opts); err != nil {
+	opts := runtime.RestoreOptions{ImageDir: s.snaps().image(b.snap.ID), NewNetwork: true, FilesystemOnly: b.snap.FilesystemOnly}
+	if err := ck.Restore(ctx, s.spec(b), opts); err != nil {
 		return fmt.Errorf("sandbox %s: restore snapshot %s: %w", id, b.snap.ID, err)
 	}
-	b.undo.Add(StepStart, func(ctx context.Context) error { return m.rt.Delete(ctx, id) })
+	b.undo.Add(StepStart, func(ctx context.Context) error { return s.rt.Delete(ctx, id) })
 	return nil
 }
 
 // checkPooled confirms the claimed warm sandbox's container still runs.
-func (m *Manager) checkPooled(ctx context.Context, b *build) error {
-	st, err := m.rt.State(ctx, b.sb.ID)
+func (s *starter) checkPooled(ctx context.Context, b *build) error {
+	st, err := s.rt.State(ctx, b.sb.ID)
 	if err != nil {
 		return fmt.Errorf("warm sandbox %s: %w", b.sb.ID, err)
 	}
@@ -567,22 +564,22 @@ func (m *Manager) checkPooled(ctx context.Context, b *build) error {
 // default user and workdir, command cap, token, and (on a fresh boot) the
 // template's start command. A restored or claimed envd proves the change
 // with the token it already holds.
-func (m *Manager) initEnvdStep(ctx context.Context, b *build) error {
+func (s *starter) initEnvdStep(ctx context.Context, b *build) error {
 	if b.fresh {
-		if err := m.initEnvd(ctx, b.sb, b.startup, b.pol); err != nil {
+		if err := s.envd.init(ctx, b.sb, b.startup, b.pol); err != nil {
 			return fmt.Errorf("sandbox %s: envd did not start: %w", b.sb.ID, err)
 		}
 		return nil
 	}
-	if err := m.reinitEnvd(ctx, b.sb, b.envdAuth, b.pol); err != nil {
+	if err := s.envd.reinit(ctx, b.sb, b.envdAuth, b.pol); err != nil {
 		return fmt.Errorf("sandbox %s: %w", b.sb.ID, err)
 	}
 	return nil
 }
 
 // waitReadyStep runs the template's ready command until it passes.
-func (m *Manager) waitReadyStep(ctx context.Context, b *build) error {
-	if err := m.waitReady(ctx, b.sb, b.ready); err != nil {
+func (s *starter) waitReadyStep(ctx context.Context, b *build) error {
+	if err := s.envd.waitReady(ctx, b.sb, b.ready); err != nil {
 		return fmt.Errorf("sandbox %s: template %s not ready: %w", b.sb.ID, b.sb.TemplateID, err)
 	}
 	return nil

@@ -49,7 +49,7 @@ func newFakeEnv(t *testing.T, lc LifecycleConfig) *fakeEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.client = h.Envd.Client()
+	m.envd.client = h.Envd.Client()
 	if lc.SnapshotDir == "" {
 		lc.SnapshotDir = filepath.Join(dir, "snapshots")
 	}
@@ -185,7 +185,7 @@ func TestPipelineRollsBackAtEveryStep(t *testing.T) {
 				}
 				e.h.ResetCalls()
 				boom := errors.New("injected failure")
-				e.m.stepHook = func(path, step string) error {
+				e.m.inst.stepHook = func(path, step string) error {
 					if path == p.name && step == s.name {
 						return boom
 					}
@@ -514,7 +514,7 @@ func TestMaxSandboxesOnEveryPath(t *testing.T) {
 func TestWarmPoolClaim(t *testing.T) {
 	ctx := context.Background()
 	e := newFakeEnv(t, LifecycleConfig{Pools: map[string]int{"base": 1}})
-	e.m.poolTick(ctx, time.Now())
+	e.m.reaper.poolTick(ctx, time.Now())
 	deadline := time.Now().Add(5 * time.Second)
 	for len(e.m.Pools().List()) == 0 || e.m.Pools().List()[0].Ready < 1 {
 		if time.Now().After(deadline) {
@@ -575,7 +575,7 @@ func TestReapAndHealth(t *testing.T) {
 	r.Timeout = time.Millisecond
 	short := e.create(t, r)
 	time.Sleep(5 * time.Millisecond)
-	e.m.reap(ctx)
+	e.m.reaper.reap(ctx)
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		if _, err := e.m.Get(ctx, e.team, short.ID); errors.Is(err, errdefs.ErrNotFound) {
@@ -602,25 +602,25 @@ func TestReconcileAfterCrash(t *testing.T) {
 	h := e.h
 	// A create that crashed after starting its container.
 	half := &Sandbox{ID: "ihalf", TeamID: e.team, State: StateCreating}
-	if err := e.m.save(ctx, half); err != nil {
+	if err := e.m.rows.save(ctx, half); err != nil {
 		t.Fatal(err)
 	}
 	_, _ = h.Network.Attach(ctx, half.ID, network.Policy{})
 	_ = h.Runtime.Create(ctx, runtimeSpec(half.ID))
 	// A kill that crashed before removing anything.
 	killing := &Sandbox{ID: "ikilling", TeamID: e.team, State: StateKilling}
-	_ = e.m.save(ctx, killing)
+	_ = e.m.rows.save(ctx, killing)
 	_, _ = h.Network.Attach(ctx, killing.ID, network.Policy{})
 	// Runtime and network state with no row at all.
 	_ = h.Runtime.Create(ctx, runtimeSpec("iorphan"))
 	_, _ = h.Network.Attach(ctx, "iorphan2", network.Policy{})
 	// A running sandbox whose container died while the server was down.
 	gone := &Sandbox{ID: "igone", TeamID: e.team, State: StateRunning}
-	_ = e.m.save(ctx, gone)
+	_ = e.m.rows.save(ctx, gone)
 	_, _ = h.Network.Attach(ctx, gone.ID, network.Policy{})
 	// A build step's sandbox: its build died with the server.
 	build := &Sandbox{ID: "ibuild", TeamID: e.team, State: StateRunning, BuildID: "b1"}
-	_ = e.m.save(ctx, build)
+	_ = e.m.rows.save(ctx, build)
 	_, _ = h.Network.Attach(ctx, build.ID, network.Policy{})
 	_ = h.Runtime.Create(ctx, runtimeSpec(build.ID))
 
@@ -628,7 +628,7 @@ func TestReconcileAfterCrash(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m2.client = h.Envd.Client()
+	m2.envd.client = h.Envd.Client()
 	if err := m2.EnableLifecycle(LifecycleConfig{SnapshotDir: t.TempDir()}); err != nil {
 		t.Fatal(err)
 	}
@@ -745,12 +745,12 @@ func TestWakeEndsWithTheSandbox(t *testing.T) {
 	e := newFakeEnv(t, LifecycleConfig{})
 	ctx := context.Background()
 	sb := e.create(t, e.req())
-	_, live, done, ok := e.m.Wake(ctx, sb.ID)
+	_, live, done, ok := e.m.WakeIf(ctx, sb.ID, nil)
 	if !ok {
 		t.Fatal("Wake of a running sandbox failed")
 	}
 	defer done()
-	_, other, otherDone, ok := e.m.Wake(ctx, sb.ID)
+	_, other, otherDone, ok := e.m.WakeIf(ctx, sb.ID, nil)
 	if !ok {
 		t.Fatal("second Wake failed")
 	}
@@ -769,7 +769,7 @@ func TestWakeEndsWithTheSandbox(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("traffic to a killed sandbox was not ended")
 	}
-	if _, _, _, ok := e.m.Wake(ctx, sb.ID); ok {
+	if _, _, _, ok := e.m.WakeIf(ctx, sb.ID, nil); ok {
 		t.Error("Wake found a killed sandbox")
 	}
 	e.m.mu.Lock()

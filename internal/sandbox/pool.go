@@ -297,75 +297,40 @@ func (m *Manager) readyWarm() map[string]int {
 	return ready
 }
 
-// poolTick resolves configured pools, resizes them to the create rate and
-// starts refills. Called from the reaper (m.mu not held).
-func (m *Manager) poolTick(ctx context.Context, now time.Time) {
-	if !m.pools.enabled() {
-		return
-	}
-	m.pools.resolve(ctx)
-
+// claimWarm hands a claimable warm sandbox of template tplID to teamID:
+// hidden from the pool and from other claims from here on, it is the
+// team's and creating. nil when the pool cannot serve the request (no
+// demand recorded, none ready, a timeout over the maximum), which counts
+// as a miss.
+func (m *Manager) claimWarm(tplID, teamID string, at time.Time, timeout time.Duration) *Sandbox {
 	m.mu.Lock()
-	ready := map[string]int{}
-	var trim []*Sandbox
-	for _, sb := range m.sandboxes {
-		if sb.TeamID != poolTeam || sb.State != StateRunning {
-			continue
-		}
-		if sb.Health != "" {
-			// The health check found it broken: a claim would wait for
-			// it in vain. It goes, and the pool refills.
-			sb.State = StateKilling
-			trim = append(trim, clone(sb))
-			continue
-		}
-		ready[sb.TemplateID]++
+	defer m.mu.Unlock()
+	if !m.pools.demand(tplID, at) {
+		return nil
 	}
-	fills, targets := m.pools.plan(now, ready)
-	for id, target := range targets {
-		// Demand fell: the surplus goes, a few at a time.
-		trimmed := 0
-		for _, sb := range m.sandboxes {
-			if trimmed >= poolTrimPerTick || ready[id] <= target {
-				break
-			}
-			if claimable(sb) && sb.TemplateID == id {
-				trimmed++
-				sb.State = StateKilling // hidden from claims from here on
-				ready[id]--
-				trim = append(trim, clone(sb))
-			}
+	var sb *Sandbox
+	for _, c := range m.sandboxes {
+		if claimable(c) && c.TemplateID == tplID {
+			sb = c
+			break
 		}
 	}
-	m.mu.Unlock()
-	for _, sb := range trim {
-		go func() {
-			if err := m.destroy(context.WithoutCancel(ctx), sb, "warm pool above its size"); err != nil {
-				m.log.Warn("warm pool trim", "sandbox", sb.ID, "err", err)
-			}
-		}()
+	if sb == nil || checkTimeout(m.cfg.MaxTimeout, timeout) != nil {
+		m.pools.claimed(tplID, teamID, false)
+		return nil
 	}
-	for _, f := range fills {
-		for range f.n {
-			go func() {
-				_, err := m.Create(context.WithoutCancel(ctx), CreateRequest{
-					TeamID: poolTeam, Template: f.templateID, Timeout: m.cfg.MaxTimeout, Secure: true, AllowInternet: true,
-				})
-				m.pools.filled(f.templateID)
-				if err != nil {
-					m.log.Warn("warm pool refill", "template", f.templateID, "err", err)
-				}
-			}()
-		}
-	}
+	m.pools.claimed(tplID, teamID, true)
+	sb.State = StateCreating
+	sb.TeamID = teamID
+	return clone(sb)
 }
 
 // resolvePooled claims a warm sandbox of the requested template for the
 // request: it takes the request's team, env, metadata, network policy,
 // token and lifetime. errNoClaim on a miss (the create starts cold).
-func (m *Manager) resolvePooled(ctx context.Context, b *build) error {
+func (s *starter) resolvePooled(ctx context.Context, b *build) error {
 	req := b.req
-	tpl, err := m.templates.Get(ctx, req.TeamID, req.Template)
+	tpl, err := s.templates.Get(ctx, req.TeamID, req.Template)
 	if err != nil {
 		return errNoClaim
 	}
@@ -374,42 +339,17 @@ func (m *Manager) resolvePooled(ctx context.Context, b *build) error {
 	if _, err := resolveLimits(Limits{}, tpl, b.quota); err != nil {
 		return errNoClaim
 	}
-	m.mu.Lock()
 	// Demand counts when the request came, not when it got a create slot:
 	// a burst queues for slots, and the pool must see it as the burst it is.
-	if !m.pools.demand(tpl.ID, b.sb.StartedAt) {
-		m.mu.Unlock()
+	c := s.recs.claimWarm(tpl.ID, req.TeamID, b.sb.StartedAt, req.Timeout)
+	if c == nil {
 		return errNoClaim
 	}
-	var sb *Sandbox
-	for _, c := range m.sandboxes {
-		if claimable(c) && c.TemplateID == tpl.ID {
-			sb = c
-			break
-		}
-	}
-	if sb == nil || m.checkTimeout(req.Timeout) != nil {
-		m.pools.claimed(tpl.ID, req.TeamID, false)
-		m.mu.Unlock()
-		return errNoClaim
-	}
-	m.pools.claimed(tpl.ID, req.TeamID, true)
-	// Hidden from the pool and from other claims from here on.
-	sb.State = StateCreating
-	sb.TeamID = req.TeamID
-	c := clone(sb)
-	m.mu.Unlock()
 	// A claim that fails later leaves a sandbox that is neither warm nor
 	// the team's: it goes.
+	claimed := clone(c)
 	b.undo.Add(StepResolve, func(ctx context.Context) error {
-		c := clone(c)
-		c.State = StateKilling
-		m.mu.Lock()
-		if live := m.sandboxes[c.ID]; live != nil {
-			live.State = StateKilling
-		}
-		m.mu.Unlock()
-		go func() { _ = m.destroy(context.WithoutCancel(ctx), c, "warm claim failed") }()
+		go func() { _ = s.recs.discard(context.WithoutCancel(ctx), claimed, "warm claim failed") }()
 		return nil
 	})
 	now := time.Now().UTC()
@@ -419,7 +359,7 @@ func (m *Manager) resolvePooled(ctx context.Context, b *build) error {
 	b.sb = c
 	// Pooled sandboxes are made secure; their token is derived from the
 	// id, which the claimed sandbox keeps.
-	b.fresh, b.envdAuth = false, m.Token(c.ID)
-	b.pol, err = m.policyOf(ctx, c)
+	b.fresh, b.envdAuth = false, s.envd.token(c.ID)
+	b.pol, err = s.policies.of(ctx, c)
 	return err
 }

@@ -67,7 +67,7 @@ func TestWarmPoolAdapts(t *testing.T) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			e.m.poolTick(ctx, now)
+			e.m.reaper.poolTick(ctx, now)
 			if p := pool(); p.Ready == want && p.Filling == 0 {
 				return
 			}
@@ -86,7 +86,7 @@ func TestWarmPoolAdapts(t *testing.T) {
 		wg.Wait()
 		return ids
 	}
-	e.m.poolTick(ctx, time.Now())
+	e.m.reaper.poolTick(ctx, time.Now())
 	fillTo(time.Now(), 1)
 
 	first := burst(10)
@@ -136,7 +136,7 @@ func TestWarmClaimTakesNoCreateSlot(t *testing.T) {
 	ctx := context.Background()
 	e := newFakeEnv(t, LifecycleConfig{Pools: map[string]int{"base": 1}})
 	deadline := time.Now().Add(5 * time.Second)
-	for e.m.poolTick(ctx, time.Now()); len(e.m.Pools().List()) == 0 || e.m.Pools().List()[0].Ready < 1; time.Sleep(5 * time.Millisecond) {
+	for e.m.reaper.poolTick(ctx, time.Now()); len(e.m.Pools().List()) == 0 || e.m.Pools().List()[0].Ready < 1; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("pool never filled: %+v", e.m.Pools().List())
 		}
@@ -169,7 +169,7 @@ func TestWarmPoolSkipsUnhealthy(t *testing.T) {
 		t.Helper()
 		deadline := time.Now().Add(5 * time.Second)
 		for {
-			e.m.poolTick(ctx, time.Now())
+			e.m.reaper.poolTick(ctx, time.Now())
 			e.m.mu.Lock()
 			for id, sb := range e.m.sandboxes {
 				if sb.TeamID == poolTeam && sb.State == StateRunning && sb.Health == "" {

@@ -23,7 +23,7 @@ func TestHealthEndsStreamsOfDeadSandbox(t *testing.T) {
 			ctx := context.Background()
 			e := newFakeEnv(t, LifecycleConfig{})
 			sb := e.create(t, e.req())
-			_, live, done, ok := e.m.Wake(ctx, sb.ID)
+			_, live, done, ok := e.m.WakeIf(ctx, sb.ID, nil)
 			if !ok {
 				t.Fatal("no traffic to a running sandbox")
 			}

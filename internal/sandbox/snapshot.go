@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,7 +18,6 @@ import (
 
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/hostkey"
-	"github.com/agentbox/agentbox/internal/runtime"
 )
 
 // Snapshot is a persistent image of a sandbox: its template's layers plus
@@ -239,122 +237,11 @@ func newSnapshotID() string {
 	return "snap" + string(b)
 }
 
-// baseLayers are the read-only layers sb runs on.
-func (m *Manager) baseLayers(ctx context.Context, sb *Sandbox) ([]string, error) {
-	if sb.BaseSnapshot != "" {
-		snap, err := m.life.snaps.load(sb.BaseSnapshot)
-		if err != nil {
-			return nil, err
-		}
-		return snap.Layers, nil
-	}
-	tpl, err := m.templates.Get(ctx, sb.TeamID, sb.TemplateID)
-	if err != nil {
-		return nil, fmt.Errorf("template %s of sandbox %s: %w", sb.TemplateID, sb.ID, err)
-	}
-	return tpl.Layers, nil
-}
-
 // CreateSnapshot captures the team's running sandbox (memory and writable
 // layer, one consistent instant while it is frozen) as a persistent
 // snapshot. The sandbox keeps running, with the same id and lifetime.
 func (m *Manager) CreateSnapshot(ctx context.Context, teamID, id, name string) (*Snapshot, error) {
-	return m.snapshot(ctx, teamID, id, name, false, true)
-}
-
-// snapshot captures sandbox id; memory false captures its files only.
-func (m *Manager) snapshot(ctx context.Context, teamID, id, name string, hidden, memory bool) (_ *Snapshot, err error) {
-	if !hidden { // a fork's own checkpoint counts as part of the fork
-		defer m.observe(opName("snapshot", memory), time.Now(), &err)
-	}
-	snaps := m.life.snaps
-	if snaps == nil {
-		return nil, fmt.Errorf("snapshots are not enabled on this server: %w", errdefs.ErrUnavailable)
-	}
-	if err := m.admission.admitDisk("snapshot a sandbox"); err != nil {
-		return nil, err
-	}
-	ck, err := m.checkpointer()
-	if err != nil {
-		return nil, err
-	}
-	ctx = context.WithoutCancel(ctx)
-	m.mu.Lock()
-	if sb, ok := m.sandboxes[id]; ok && (teamID == "" || sb.TeamID == teamID) && sb.State == StateKilling {
-		m.mu.Unlock()
-		return nil, conflict(id, StateKilling)
-	}
-	m.mu.Unlock()
-	src, prev, err := m.begin(ctx, teamID, id, StateSnapshotting, StateRunning)
-	if err != nil {
-		if errors.Is(err, errdefs.ErrConflict) {
-			return nil, fmt.Errorf("%w; snapshots and forks are taken of running sandboxes (resume a paused one first)", err)
-		}
-		return nil, err
-	}
-	defer func() {
-		if _, err := m.commit(ctx, id, func(sb *Sandbox) { sb.State = prev.State }); err != nil {
-			m.log.Error("persist state after snapshot", "sandbox", id, "err", err)
-		}
-		m.crashAfter("snapshot", SnapshotCommitted)
-		if err == nil && !hidden {
-			m.auditLifecycle(ctx, prev, "snapshot", "allowed", "", map[string]any{"memory": memory, "name": name})
-		}
-	}()
-	m.fault("snapshot:persisted")
-	layers, err := m.baseLayers(ctx, src)
-	if err != nil {
-		return nil, err
-	}
-	if err := m.thaw(ctx, id); err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	snap := &Snapshot{
-		ID: newSnapshotID(), Name: name, TeamID: src.TeamID, SandboxID: src.ID, TemplateID: src.TemplateID, Alias: src.Alias,
-		CPUCount: src.CPUCount, MemoryMB: src.MemoryMB, DiskMB: src.DiskMB, PIDs: src.PIDs, TmpMB: src.TmpMB,
-		Isolation: src.Isolation, VolumeMounts: slices.Clone(src.VolumeMounts), DefaultUser: src.DefaultUser,
-		DefaultWorkdir: src.DefaultWorkdir, EnvVars: maps.Clone(src.EnvVars), Secure: src.Secure,
-		AllowInternet: src.AllowInternet, Hidden: hidden, CreatedAt: time.Now().UTC(), FilesystemOnly: !memory,
-		BootID: src.BootID,
-	}
-	if src.BaseSnapshot != "" {
-		if base, err := snaps.load(src.BaseSnapshot); err == nil {
-			snap.TemplateID = base.TemplateID
-		}
-	}
-	snap.Layers = append(slices.Clone(layers), filepath.Join(snaps.path(snap.ID), "upper"))
-	tmp := snaps.tmpPath(snap.ID)
-	if err := os.Mkdir(tmp, 0o700); err != nil {
-		return nil, err
-	}
-	ok := false
-	defer func() {
-		if !ok {
-			_ = os.RemoveAll(tmp)
-		}
-	}()
-	if err := ck.Checkpoint(ctx, id, runtime.CheckpointOptions{
-		ImageDir: filepath.Join(tmp, "image"), LeaveRunning: true, UpperCopy: filepath.Join(tmp, "upper"), FilesystemOnly: !memory,
-	}); err != nil {
-		return nil, fmt.Errorf("sandbox %s: snapshot: %w", id, err)
-	}
-	m.fault("snapshot:captured")
-	if err := sealLayers(tmp); err != nil {
-		return nil, fmt.Errorf("sandbox %s: snapshot: %w", id, err)
-	}
-	snap.SizeBytes = dirSize(tmp)
-	b, _ := json.MarshalIndent(snap, "", "  ")
-	if err := os.WriteFile(filepath.Join(tmp, snapshotMeta), b, 0o600); err != nil {
-		return nil, err
-	}
-	if err := os.Rename(tmp, snaps.path(snap.ID)); err != nil {
-		return nil, err
-	}
-	ok = true
-	m.crashAfter("snapshot", SnapshotPublished)
-	m.log.Info("snapshot created", "sandbox", id, "snapshot", snap.ID, "name", name, "bytes", snap.SizeBytes, "took", time.Since(start).Round(time.Millisecond))
-	return snap, nil
+	return m.snapshotter.snapshot(ctx, teamID, id, name, false, true)
 }
 
 // sealLayers closes the captured layers of the snapshot in dir to every
@@ -566,46 +453,6 @@ const MaxForks = 100
 // Fork checkpoints the team's running sandbox once (it keeps running, same
 // id and lifetime) and starts count copies of it, memory included, each
 // with its own writable layer, network namespace, address and token.
-func (m *Manager) Fork(ctx context.Context, teamID, id string, count int, timeout time.Duration) (_ []ForkResult, err error) {
-	defer m.observe("fork", time.Now(), &err)
-	if count < 1 || count > MaxForks {
-		return nil, fmt.Errorf("count: must be from 1 to %d, got %d: %w", MaxForks, count, errdefs.ErrInvalidArgument)
-	}
-	if err := m.checkTimeout(timeout); err != nil {
-		return nil, err
-	}
-	src, err := m.Get(ctx, teamID, id)
-	if err != nil {
-		return nil, err
-	}
-	snap, err := m.snapshot(ctx, teamID, id, "", true, true)
-	if err != nil {
-		return nil, err
-	}
-	// Each copy is the source's twin: its team, key, env, metadata, egress
-	// policy, tier, command cap and lifecycle; the memory image fixes the
-	// limits.
-	req := CreateRequest{
-		TeamID: src.TeamID, APIKeyID: src.APIKeyID, Template: src.TemplateID, Timeout: timeout,
-		Metadata: maps.Clone(src.Metadata), EnvVars: maps.Clone(src.EnvVars), Secure: src.Secure, AllowInternet: src.AllowInternet,
-		Network: src.Network, Isolation: src.Isolation, MaxCommand: min(time.Duration(src.MaxCommandSeconds)*time.Second, m.cfg.MaxCommandLifetime),
-		Lifecycle: LifecycleRequest{AutoPause: src.AutoPause, AutoPauseFS: src.AutoPauseFS, AutoResume: src.AutoResume, IdleTimeout: src.IdleTimeout},
-	}
-	out := make([]ForkResult, count)
-	var wg sync.WaitGroup
-	for i := range out {
-		wg.Go(func() {
-			// The fork slots (forkslots.go) pace the copies' restores.
-			// Each copy is a new sandbox of the team (the pipeline's reserve
-			// step): the copies past maxSandboxes fail on their own, the
-			// others are made.
-			b := newBuild("fork", req)
-			b.snap, b.tplID = snap, src.TemplateID
-			sb, err := m.run(ctx, restoreSnapshot(), b)
-			out[i] = ForkResult{Sandbox: sb, Err: err}
-		})
-	}
-	wg.Wait()
-	m.forkDone(snap) // crash.go
-	return out, nil
+func (m *Manager) Fork(ctx context.Context, teamID, id string, count int, timeout time.Duration) ([]ForkResult, error) {
+	return m.snapshotter.fork(ctx, teamID, id, count, timeout)
 }

@@ -1,8 +1,6 @@
 package sandbox
 
 import (
-	"context"
-
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -11,24 +9,7 @@ import (
 // SetTracer traces every start pipeline with t: one span per run ("sandbox
 // <path>") with a child span per step, named for the step. nil, the
 // default, traces nothing at no cost. Call before serving.
-func (m *Manager) SetTracer(t trace.Tracer) { m.tracer = t }
-
-// traceRun opens the span of one pipeline run; nil without a tracer.
-func (m *Manager) traceRun(ctx context.Context, b *build) (context.Context, trace.Span) {
-	if m.tracer == nil {
-		return ctx, nil
-	}
-	return m.tracer.Start(ctx, "sandbox "+b.path, trace.WithAttributes(
-		attribute.String("agentbox.path", b.path), attribute.String("agentbox.team", b.sb.TeamID)))
-}
-
-// traceStep opens the span of one step under the run's.
-func (m *Manager) traceStep(ctx context.Context, step string) (context.Context, trace.Span) {
-	if m.tracer == nil {
-		return ctx, nil
-	}
-	return m.tracer.Start(ctx, step)
-}
+func (m *Manager) SetTracer(t trace.Tracer) { m.inst.tracer = t }
 
 // endSpan ends sp (nil: not tracing) with err's status; the run's span
 // also gets what the steps resolved (sandbox, template, tier).

@@ -28,7 +28,7 @@ type Volumes interface {
 }
 
 // SetVolumes enables volume mounts. Call before serving.
-func (m *Manager) SetVolumes(v Volumes) { m.vols = v }
+func (m *Manager) SetVolumes(v Volumes) { m.start.vols = v }
 
 // VolumeUsers returns the team's sandboxes that mount volume id, in any
 // state (a paused sandbox's mount stays in its bundle).
@@ -51,11 +51,11 @@ func (m *Manager) VolumeUsers(teamID, id string) []string {
 // claimVolumes resolves mounts for b (by name from a create, by id from a
 // snapshot), holds the volumes until the build ends and records them on
 // the sandbox and for the runtime.
-func (m *Manager) claimVolumes(ctx context.Context, b *build, mounts []VolumeMount, byID bool) error {
+func (s *starter) claimVolumes(ctx context.Context, b *build, mounts []VolumeMount, byID bool) error {
 	if len(mounts) == 0 {
 		return nil
 	}
-	if m.vols == nil {
+	if s.vols == nil {
 		return fmt.Errorf("volumeMounts: this server has no volumes: %w", errdefs.ErrInvalidArgument)
 	}
 	refs := make([]string, len(mounts))
@@ -65,7 +65,7 @@ func (m *Manager) claimVolumes(ctx context.Context, b *build, mounts []VolumeMou
 			refs[i] = v.ID
 		}
 	}
-	claimed, release, err := m.vols.Claim(ctx, b.sb.TeamID, refs, byID)
+	claimed, release, err := s.vols.Claim(ctx, b.sb.TeamID, refs, byID)
 	if err != nil {
 		if byID {
 			return fmt.Errorf("a volume the snapshot's sandbox mounted is gone: %w", err)
@@ -78,10 +78,8 @@ func (m *Manager) claimVolumes(ctx context.Context, b *build, mounts []VolumeMou
 	for i, c := range claimed {
 		b.sb.VolumeMounts[i] = VolumeMount{ID: c.ID, Name: c.Name, Path: mounts[i].Path}
 		b.volumes[i] = runtime.VolumeMount{Source: c.HostPath, Path: mounts[i].Path}
-		if m.audit != nil {
-			m.audit.Record(ctx, audit.Event{SandboxID: b.sb.ID, TeamID: b.sb.TeamID, APIKeyID: b.sb.APIKeyID, Kind: audit.KindLifecycle,
-				Action: "volume-mount", Fields: map[string]any{"volumeID": c.ID, "name": c.Name, "path": mounts[i].Path}})
-		}
+		s.inst.record(ctx, audit.Event{SandboxID: b.sb.ID, TeamID: b.sb.TeamID, APIKeyID: b.sb.APIKeyID, Kind: audit.KindLifecycle,
+			Action: "volume-mount", Fields: map[string]any{"volumeID": c.ID, "name": c.Name, "path": mounts[i].Path}})
 	}
 	return nil
 }
