@@ -23,7 +23,11 @@ import (
 // claimFinalizer holds a claim until its sandbox is deleted.
 const claimFinalizer = "extensions.agents.x-k8s.io/agentbox-claim"
 
-type claimReconciler struct{ reconcilerBase }
+type claimReconciler struct {
+	reconcilerBase
+	// taken covers the cache's lag behind this reconciler's adoptions.
+	taken *taken
+}
 
 // Reconcile gives a claim a ready sandbox: a ready member of its pool made
 // from the template's current blueprint, else a cold start.
@@ -36,26 +40,46 @@ func (r *claimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 		return ctrl.Result{}, nil
 	}
 	if !claim.DeletionTimestamp.IsZero() {
+		if claim.Status.SandboxStatus.Name == "" {
+			claim.Status.SandboxStatus.Name, _ = r.taken.get(claim.UID)
+		}
 		if err := r.release(ctx, &claim); err != nil {
 			return ctrl.Result{}, err
 		}
+		r.taken.forget(claim.UID)
 		return ctrl.Result{}, r.removeFinalizer(ctx, &claim, claimFinalizer)
 	}
+	// An update guarded by the cached resourceVersion that succeeds proves
+	// the cached claim, status included, was the API server's latest.
+	fresh := !controllerutil.ContainsFinalizer(&claim, claimFinalizer)
 	if err := r.addFinalizer(ctx, &claim, claimFinalizer); err != nil {
 		return ctrl.Result{}, err
 	}
-	if claim.Status.SandboxStatus.Name == "" {
+	before := claim.Status.DeepCopy()
+	if claim.Status.SandboxStatus.Name != "" {
+		r.taken.forget(claim.UID)
+	} else if took, written := r.taken.get(claim.UID); written {
+		// Its status write is on the way to the cache, whose event
+		// reconciles the claim again.
+		return ctrl.Result{}, nil
+	} else if took != "" {
+		// Taken here, but the status write failed: write it again.
+		claim.Status.SandboxStatus.Name = took
+	} else if !fresh {
 		// The cache may not hold this claim's last status write yet: a
 		// claim that already adopted a member must not adopt a second.
 		if err := r.api.Get(ctx, req.NamespacedName, &claim); err != nil {
 			return ctrl.Result{}, client.IgnoreNotFound(err)
 		}
+		before = claim.Status.DeepCopy()
 	}
-	before := claim.Status.DeepCopy()
 	res, err := r.reconcile(ctx, &claim)
 	if !claimStatusEqual(before, &claim.Status) {
 		if uerr := r.c.Status().Update(ctx, &claim); uerr != nil && !apierrors.IsNotFound(uerr) {
 			return ctrl.Result{}, uerr
+		}
+		if name := claim.Status.SandboxStatus.Name; name != "" {
+			r.taken.wrote(claim.UID, name)
 		}
 	}
 	return res, err
@@ -91,6 +115,7 @@ func (r *claimReconciler) reconcile(ctx context.Context, claim *extv1.SandboxCla
 		}
 		name = got
 		st.SandboxStatus.Name = name
+		r.taken.put(claim.UID, name)
 	}
 	var sb agentsv1.Sandbox
 	if err := r.c.Get(ctx, client.ObjectKey{Namespace: claim.Namespace, Name: name}, &sb); err != nil {
@@ -259,6 +284,7 @@ func (r *claimReconciler) coldStart(ctx context.Context, claim *extv1.SandboxCla
 		Name: claim.Name, Namespace: claim.Namespace,
 		Labels:      map[string]string{agentsv1.LabelLaunchType: "cold"},
 		Annotations: map[string]string{agentsv1.AnnotationTemplateRef: tpl.Name},
+		Finalizers:  []string{agentsv1.Finalizer},
 	}}
 	for k, v := range claim.Spec.AdditionalPodMetadata.Labels {
 		s.Labels[k] = v
