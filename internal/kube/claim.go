@@ -257,19 +257,26 @@ func (r *claimReconciler) adopt(ctx context.Context, claim *extv1.SandboxClaim, 
 		start = int(h.Sum32() % uint32(spread))
 	}
 	for i := range ready {
-		m := ready[(start+i)%len(ready)].DeepCopy()
+		pick := ready[(start+i)%len(ready)]
+		key := pick.Namespace + "/" + pick.Name
+		if !r.taken.reserve(key, pick.ResourceVersion) {
+			continue // another claim here has it
+		}
+		m := pick.DeepCopy()
 		delete(m.Labels, agentsv1.LabelWarmPool)
 		m.OwnerReferences = nil
 		for k, v := range claim.Spec.AdditionalPodMetadata.Labels {
 			m.Labels[k] = v
 		}
 		if err := controllerutil.SetControllerReference(claim, m, r.c.Scheme()); err != nil {
+			r.taken.unreserve(key)
 			return "", err
 		}
 		if err := r.c.Update(ctx, m); err != nil {
 			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 				continue // another claim took it, or the cache was behind
 			}
+			r.taken.unreserve(key)
 			return "", err
 		}
 		r.event(claim, false, "Adopted", "Claim", "adopted warm Sandbox %s (sandbox %s)", m.Name, m.Status.SandboxID)

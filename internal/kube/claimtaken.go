@@ -16,6 +16,49 @@ import (
 type taken struct {
 	mu     sync.Mutex
 	claims map[types.UID]takenBy
+	// members are the pool members this process adopted or is adopting,
+	// by namespace/name, while the cache may still list them as ready:
+	// claims reconciled at once, or from a cache that lags, skip them
+	// instead of each spending an update on a conflict.
+	members map[string]reserved
+}
+
+// reserved is a member reserved at the resourceVersion the cache showed.
+type reserved struct {
+	version string
+	at      time.Time
+}
+
+// reserve marks a pool member, as the cache shows it at version, as being
+// adopted; false when a claim here has reserved that version. A newer
+// version in the cache (still a pool member, so not adopted) is free again.
+func (t *taken) reserve(member, version string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := time.Now()
+	if r, ok := t.members[member]; ok && r.version == version && now.Sub(r.at) <= expectWindow {
+		return false
+	}
+	if t.members == nil {
+		t.members = map[string]reserved{}
+	}
+	t.members[member] = reserved{version, now}
+	if len(t.members) > 4096 {
+		for k, r := range t.members {
+			if now.Sub(r.at) > expectWindow {
+				delete(t.members, k)
+			}
+		}
+	}
+	return true
+}
+
+// unreserve gives back a member whose adoption failed for a reason other
+// than another claim having it.
+func (t *taken) unreserve(member string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.members, member)
 }
 
 type takenBy struct {

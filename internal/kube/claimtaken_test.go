@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -86,25 +87,41 @@ func newClaimFixture(t *testing.T) *claimFixture {
 	}
 	member.Status.SandboxID = "sbx1"
 	meta.SetStatusCondition(&member.Status.Conditions, metav1.Condition{Type: agentsv1.ConditionReady, Status: metav1.ConditionTrue, Reason: agentsv1.ReasonDependenciesReady})
+	other := member.DeepCopy()
+	other.Name = "pool-fghij"
+	other.CreationTimestamp = metav1.NewTime(time.Now().Add(time.Hour)) // the newer
 	claim := &extv1.SandboxClaim{ObjectMeta: metav1.ObjectMeta{Name: "c1", Namespace: ns, UID: "claim-uid"}}
 	claim.Spec.WarmPoolRef.Name = pool.Name
+	claim2 := &extv1.SandboxClaim{ObjectMeta: metav1.ObjectMeta{Name: "c2", Namespace: ns, UID: "claim2-uid"}}
+	claim2.Spec.WarmPoolRef.Name = pool.Name
 
 	f := &claimFixture{api: &calls{}, writes: &calls{}, member: member.Name}
 	server := fake.NewClientBuilder().WithScheme(scheme).
-		WithObjects(tpl, pool, member, claim).
+		WithObjects(tpl, pool, member, other, claim, claim2).
 		WithStatusSubresource(&agentsv1.Sandbox{}, &extv1.SandboxClaim{}, &extv1.SandboxWarmPool{}).
 		Build()
 	f.created = claim.DeepCopy()
 	if err := server.Get(context.Background(), client.ObjectKeyFromObject(claim), f.created); err != nil {
 		t.Fatal(err)
 	}
+	var members agentsv1.SandboxList
+	if err := server.List(context.Background(), &members, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
 	cached := interceptor.NewClient(server.(client.WithWatch), interceptor.Funcs{
 		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-			if cl, ok := obj.(*extv1.SandboxClaim); ok && f.stale {
+			if cl, ok := obj.(*extv1.SandboxClaim); ok && f.stale && key.Name == f.created.Name {
 				f.created.DeepCopyInto(cl)
 				return nil
 			}
 			return c.Get(ctx, key, obj, opts...)
+		},
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			if l, ok := list.(*agentsv1.SandboxList); ok && f.stale {
+				members.DeepCopyInto(l) // both still ready members of the pool
+				return nil
+			}
+			return c.List(ctx, list, opts...)
 		},
 		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
 			f.writes.add("update", obj)
@@ -133,9 +150,13 @@ func newClaimFixture(t *testing.T) *claimFixture {
 	return f
 }
 
-func (f *claimFixture) reconcile(t *testing.T) {
+func (f *claimFixture) reconcile(t *testing.T, claim ...string) {
 	t.Helper()
-	if _, err := f.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "team-a", Name: "c1"}}); err != nil {
+	name := "c1"
+	if len(claim) > 0 {
+		name = claim[0]
+	}
+	if _, err := f.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "team-a", Name: name}}); err != nil {
 		t.Fatalf("reconcile: %v", err)
 	}
 }
@@ -204,5 +225,41 @@ func TestClaimRewritesStatusAfterAFailedWrite(t *testing.T) {
 	}
 	if got := f.api.get("get claim"); got != 0 {
 		t.Errorf("read the API server %d times", got)
+	}
+}
+
+// TestClaimSkipsMemberTakenHere: a second claim reconciled while the cache
+// still lists the member the first one took as ready adopts the other
+// member with one update, not a conflict first; once the cache shows a
+// newer version of a reserved member still in the pool, it is free again.
+func TestClaimSkipsMemberTakenHere(t *testing.T) {
+	f := newClaimFixture(t)
+	f.reconcile(t, "c1")
+	f.stale = true
+	f.reconcile(t, "c2")
+	if got := f.writes.get("update sandbox"); got != 2 {
+		t.Errorf("%d Sandbox updates for two adoptions, want 2 (no conflict)", got)
+	}
+	f.stale = false
+	var c1, c2 extv1.SandboxClaim
+	for name, cl := range map[string]*extv1.SandboxClaim{"c1": &c1, "c2": &c2} {
+		if err := f.r.c.Get(context.Background(), types.NamespacedName{Namespace: "team-a", Name: name}, cl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c1.Status.SandboxStatus.Name == "" || c1.Status.SandboxStatus.Name == c2.Status.SandboxStatus.Name {
+		t.Errorf("claims hold %q and %q, want two distinct members", c1.Status.SandboxStatus.Name, c2.Status.SandboxStatus.Name)
+	}
+
+	var tk taken
+	if !tk.reserve("ns/m", "1") || tk.reserve("ns/m", "1") {
+		t.Error("a member reserved at a version was reserved again at that version")
+	}
+	if !tk.reserve("ns/m", "2") {
+		t.Error("a newer version of a reserved member stayed reserved")
+	}
+	tk.unreserve("ns/m")
+	if !tk.reserve("ns/m", "2") {
+		t.Error("an unreserved member stayed reserved")
 	}
 }
