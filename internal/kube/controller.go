@@ -17,6 +17,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -114,6 +115,8 @@ const (
 type Controller struct {
 	mgr  ctrl.Manager
 	base reconcilerBase
+	// again builds a fresh manager to stand for leader once more.
+	again func() (*Controller, error)
 }
 
 // Scheme returns a scheme with the core kinds and the agent-sandbox kinds.
@@ -145,6 +148,17 @@ func RESTConfig(kubeconfig string) (*rest.Config, error) {
 
 // New builds the controller against the cluster in cfg.Kubeconfig.
 func New(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger) (*Controller, error) {
+	c, err := build(cfg, sbs, host, logger, false)
+	if err != nil {
+		return nil, err
+	}
+	c.again = func() (*Controller, error) { return build(cfg, sbs, host, logger, true) }
+	return c, nil
+}
+
+// build makes the manager and its reconcilers; again is a rebuild after a
+// lost leader election (controller names are then in use already).
+func build(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger, again bool) (*Controller, error) {
 	if len(cfg.Teams) == 0 && cfg.LabelTeams == nil {
 		return nil, errors.New("--kube-team: bind at least one namespace to a team (NAMESPACE=TEAM), or let the agent list namespaces to bind those labelled agentbox.dev/team; the controller acts only in bound namespaces")
 	}
@@ -195,6 +209,7 @@ func New(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger) (*Controller
 		LeaderElection:          cfg.LeaderElection,
 		LeaderElectionID:        "agentbox-controller." + agentsv1.Group,
 		LeaderElectionNamespace: cfg.LeaderElectionNamespace,
+		Controller:              config.Controller{SkipNameValidation: new(again)},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kube: controller manager: %w", err)
@@ -256,7 +271,9 @@ func New(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger) (*Controller
 	return &Controller{mgr: mgr, base: base}, nil
 }
 
-// Run reconciles until ctx ends.
+// Run reconciles until ctx ends. A manager that loses the leader election
+// (an API server too loaded to renew its Lease in time) stops everything,
+// this node's own Sandboxes too: a fresh one stands again.
 func (c *Controller) Run(ctx context.Context) error {
 	// The Lease exists before this agent binds anything: placement only
 	// picks agents that have one.
@@ -265,10 +282,26 @@ func (c *Controller) Run(ctx context.Context) error {
 			return fmt.Errorf("kube controller: %w", err)
 		}
 	}
-	if err := c.mgr.Start(ctx); err != nil {
-		return fmt.Errorf("kube controller: %w", err)
+	for {
+		err := c.mgr.Start(ctx)
+		if err == nil || ctx.Err() != nil || !c.base.cfg.LeaderElection || c.again == nil {
+			if err != nil {
+				return fmt.Errorf("kube controller: %w", err)
+			}
+			return nil
+		}
+		c.base.log.Warn("kube controller stopped; standing for leader again", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+		next, berr := c.again()
+		if berr != nil {
+			return errors.Join(err, berr)
+		}
+		c.mgr, c.base = next.mgr, next.base
 	}
-	return nil
 }
 
 // poolsOfTemplate maps a template to the pools in its namespace that use
