@@ -49,19 +49,26 @@ func (r *claimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 		r.taken.forget(claim.UID)
 		return ctrl.Result{}, r.removeFinalizer(ctx, &claim, claimFinalizer)
 	}
+	fresh := !controllerutil.ContainsFinalizer(&claim, claimFinalizer)
+	took, written := r.taken.get(claim.UID)
+	if (fresh && r.taken.finalized(claim.UID)) || (written && claim.Status.SandboxStatus.Name == "") {
+		// The cache lags this process's own write, whose event reconciles
+		// the claim again: an update now would only conflict.
+		return ctrl.Result{}, nil
+	}
 	// An update guarded by the cached resourceVersion that succeeds proves
 	// the cached claim, status included, was the API server's latest.
-	fresh := !controllerutil.ContainsFinalizer(&claim, claimFinalizer)
 	if err := r.addFinalizer(ctx, &claim, claimFinalizer); err != nil {
 		return ctrl.Result{}, err
 	}
+	if fresh {
+		r.taken.finalize(claim.UID)
+	}
 	before := claim.Status.DeepCopy()
 	if claim.Status.SandboxStatus.Name != "" {
-		r.taken.forget(claim.UID)
-	} else if took, written := r.taken.get(claim.UID); written {
-		// Its status write is on the way to the cache, whose event
-		// reconciles the claim again.
-		return ctrl.Result{}, nil
+		if controllerutil.ContainsFinalizer(&claim, claimFinalizer) && !fresh {
+			r.taken.forget(claim.UID) // the cache shows every write
+		}
 	} else if took != "" {
 		// Taken here, but the status write failed: write it again.
 		claim.Status.SandboxStatus.Name = took

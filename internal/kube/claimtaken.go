@@ -64,23 +64,34 @@ func (t *taken) unreserve(member string) {
 type takenBy struct {
 	sandbox string
 	written bool
-	at      time.Time
+	// finalized: this process added the claim's finalizer.
+	finalized bool
+	at        time.Time
+}
+
+// finalize records that this process added claim's finalizer.
+func (t *taken) finalize(claim types.UID) {
+	t.set(claim, func(b *takenBy) { b.finalized = true })
 }
 
 // put records that claim took sandbox (its status not written yet).
-func (t *taken) put(claim types.UID, sandbox string) { t.set(claim, takenBy{sandbox: sandbox}) }
+func (t *taken) put(claim types.UID, sandbox string) {
+	t.set(claim, func(b *takenBy) { b.sandbox, b.written = sandbox, false })
+}
 
 // wrote records that claim's status names sandbox on the API server.
 func (t *taken) wrote(claim types.UID, sandbox string) {
-	t.set(claim, takenBy{sandbox: sandbox, written: true})
+	t.set(claim, func(b *takenBy) { b.sandbox, b.written = sandbox, true })
 }
 
-func (t *taken) set(claim types.UID, b takenBy) {
+func (t *taken) set(claim types.UID, edit func(*takenBy)) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.claims == nil {
 		t.claims = map[types.UID]takenBy{}
 	}
+	b := t.claims[claim]
+	edit(&b)
 	b.at = time.Now()
 	t.claims[claim] = b
 	if len(t.claims) > 4096 {
@@ -98,17 +109,26 @@ func (t *taken) set(claim types.UID, b takenBy) {
 // cache has caught up by then, or something else changed the claim: the
 // API server says).
 func (t *taken) get(claim types.UID) (sandbox string, written bool) {
+	b := t.record(claim)
+	return b.sandbox, b.written
+}
+
+// finalized says whether this process added claim's finalizer (within
+// expectWindow).
+func (t *taken) finalized(claim types.UID) bool { return t.record(claim).finalized }
+
+func (t *taken) record(claim types.UID) takenBy {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	b, ok := t.claims[claim]
 	if !ok {
-		return "", false
+		return takenBy{}
 	}
 	if time.Since(b.at) > expectWindow {
 		delete(t.claims, claim)
-		return "", false
+		return takenBy{}
 	}
-	return b.sandbox, b.written
+	return b
 }
 
 // forget drops the record once the cache shows it, or the claim is gone.

@@ -186,8 +186,15 @@ func TestClaimAdoptsWithoutReadingPastTheCache(t *testing.T) {
 		t.Errorf("a new claim read itself from the API server %d times: its finalizer write already proved the cache current", got)
 	}
 
-	// The cache lags: it shows the finalizer write, not the status write.
+	// The cache lags: it shows the claim as created, without the finalizer
+	// this process wrote; an update now would only conflict.
 	f.stale = true
+	f.reconcile(t)
+	if got := f.writes.get("update claim"); got != 1 {
+		t.Errorf("a reconcile from a cache lagging the finalizer write wrote the claim again (%d updates)", got)
+	}
+
+	// The cache shows the finalizer write, not the status write.
 	f.created.Finalizers = []string{claimFinalizer}
 	f.reconcile(t)
 	if got := f.writes.get("update sandbox"); got != 1 {
@@ -261,5 +268,28 @@ func TestClaimSkipsMemberTakenHere(t *testing.T) {
 	tk.unreserve("ns/m")
 	if !tk.reserve("ns/m", "2") {
 		t.Error("an unreserved member stayed reserved")
+	}
+}
+
+// TestClaimWaitsForItsFinalizerInTheCache: a claim that cannot be served
+// yet (no such pool) and is reconciled again from a cache that lags its
+// finalizer write does not write the claim again (a certain conflict).
+func TestClaimWaitsForItsFinalizerInTheCache(t *testing.T) {
+	f := newClaimFixture(t)
+	var claim extv1.SandboxClaim
+	key := types.NamespacedName{Namespace: "team-a", Name: "c1"}
+	if err := f.r.c.Get(context.Background(), key, &claim); err != nil {
+		t.Fatal(err)
+	}
+	claim.Spec.WarmPoolRef.Name = "no-such-pool"
+	if err := f.r.c.Update(context.Background(), &claim); err != nil {
+		t.Fatal(err)
+	}
+	claim.DeepCopyInto(f.created)
+	f.reconcile(t)
+	f.stale = true
+	f.reconcile(t)
+	if got := f.writes.get("update claim"); got != 2 {
+		t.Errorf("%d claim updates, want 2 (the test's, the finalizer's)", got)
 	}
 }
