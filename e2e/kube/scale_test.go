@@ -232,8 +232,8 @@ func TestKubeScaleKwok(t *testing.T) {
 				t.Errorf("claim %s: sandboxID %q, Sandbox %s has %q", cl.Name, cl.Status.SandboxStatus.SandboxID, name, sb.Status.SandboxID)
 			}
 		}
-		if len(seen) != n {
-			t.Errorf("%d claims hold %d Sandboxes, want %d", len(claims.Items), len(seen), n)
+		if len(seen) != len(phases)*n {
+			t.Errorf("%d claims hold %d Sandboxes, want %d", len(claims.Items), len(seen), len(phases)*n)
 		}
 	})
 
