@@ -201,6 +201,18 @@ func TestKubeScaleKwok(t *testing.T) {
 			t.Logf("%s: API server requests per claim, %s (every client: the test's create and watch, the controller, kwok): %.2f, writes %.2f\n\t%s",
 				ph.name, w.what, total, writes, strings.Join(lines, "\n\t"))
 		}
+		// What a claim and its replacement may cost: no read of the claim
+		// or the Leases past the cache, one update of the member (its
+		// adoption; it is born with its finalizer) and one of the claim
+		// (its finalizer), none spent on a conflict.
+		for _, k := range []struct {
+			key  string
+			most float64
+		}{{"GET sandboxclaims", 0.1}, {"LIST leases", 0.1}, {"PUT sandboxes", 1.1}, {"PUT sandboxclaims", 1.1}} {
+			if got := (refilled[k.key] - before[k.key]) / float64(n); got > k.most {
+				t.Errorf("%s: %.2f %s requests per claim, want at most %.1f", ph.name, got, k.key, k.most)
+			}
+		}
 	}
 
 	t.Run("each claim adopted a distinct warm member", func(t *testing.T) {
