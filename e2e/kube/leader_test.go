@@ -64,7 +64,7 @@ func TestKubeLeaderStandsAgain(t *testing.T) {
 		if err != nil {
 			return false, err.Error()
 		}
-		return strings.Contains(string(b), "standing for leader again"), "no log line saying it stands again"
+		return strings.Contains(string(b), "leader election lost"), "no log line saying it lost the election"
 	})
 
 	// Once the taken Lease ran out, a pool made now is reconciled.

@@ -282,7 +282,7 @@ func TestKubeScaleKwok(t *testing.T) {
 			got := countSandboxes(ctx, c)
 			return len(claims.Items) == 0 && got == n, fmt.Sprintf("%d claims, %d Sandboxes (want 0 and the %d pool members)", len(claims.Items), got, n)
 		})
-		t.Logf("%d claims and their Sandboxes deleted in %v", n, time.Since(t0).Round(time.Millisecond))
+		t.Logf("%d claims and their Sandboxes deleted in %v", len(phases)*n, time.Since(t0).Round(time.Millisecond))
 		for _, o := range []client.Object{&extv1.SandboxWarmPool{}, &extv1.SandboxTemplate{}} {
 			deleteAll(o)
 		}
