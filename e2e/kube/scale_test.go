@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -104,15 +105,24 @@ spec:
 
 // TestKubeScaleKwok measures the controller alone (`serve --kube-controller`
 // without --kube-node) against kwok-simulated node agents: warm pools hold
-// 1,000 ready members, 1,000 claims arrive at once, each must adopt a
-// distinct warm member, the pools must refill, and deleting everything must
-// leave nothing. It prints claim create → Ready latency; it asserts none.
+// 1,000 ready members; 1,000 claims arrive at a steady rate (agent-sandbox's
+// continuous burst), then, once the pools refilled, 1,000 more at once; each
+// must adopt a distinct warm member, the pools must refill, and deleting
+// everything must leave nothing. It prints claim create → Ready latency and
+// the API server's requests per claim; it asserts no timing.
 func TestKubeScaleKwok(t *testing.T) {
 	n := 1000
 	if v := os.Getenv("AGENTBOX_KUBE_SCALE_CLAIMS"); v != "" {
 		var err error
 		if n, err = strconv.Atoi(v); err != nil || n < scalePools {
 			t.Fatalf("AGENTBOX_KUBE_SCALE_CLAIMS=%q: want a number of claims, at least %d", v, scalePools)
+		}
+	}
+	rate := 75.0 // agent-sandbox's kwok presubmit: 75 claims/s
+	if v := os.Getenv("AGENTBOX_KUBE_SCALE_RATE"); v != "" {
+		var err error
+		if rate, err = strconv.ParseFloat(v, 64); err != nil || rate <= 0 {
+			t.Fatalf("AGENTBOX_KUBE_SCALE_RATE=%q: want claims per second of the continuous burst, more than 0", v)
 		}
 	}
 	kwok := os.Getenv("AGENTBOX_KWOK")
@@ -126,7 +136,7 @@ func TestKubeScaleKwok(t *testing.T) {
 		}
 		t.Skip(msg)
 	}
-	tctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	tctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	ctx, stop := context.WithCancelCause(tctx)
 	defer stop(nil)
@@ -162,44 +172,48 @@ func TestKubeScaleKwok(t *testing.T) {
 	waitPoolsFull(ctx, t, c, n)
 	t.Logf("warm pools filled: %d ready members in %v", n, time.Since(t0).Round(time.Millisecond))
 
-	// Watch before creating, so no Ready transition is missed.
-	ready := watchReady(ctx, t, kcPath, n)
-	created := make([]time.Time, n)
-	start := time.Now()
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 64)
-	errs := make(chan error, n)
-	for i := range n {
-		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			cl := &extv1.SandboxClaim{ObjectMeta: metav1.ObjectMeta{Name: claimName(i), Namespace: ns}}
-			cl.Spec.WarmPoolRef.Name = fmt.Sprintf("pool-%d", i%scalePools)
-			created[i] = time.Now()
-			if err := c.Create(ctx, cl); err != nil {
-				errs <- fmt.Errorf("create claim %s: %w", cl.Name, err)
+	// First the continuous burst of agent-sandbox's benchmark (claims at a
+	// steady rate against pools that hold one member per claim), then, once
+	// the pools refilled, all claims at once (64 in flight).
+	phases := []struct {
+		name, prefix string
+		rate         float64
+	}{{"continuous burst", "burst", rate}, {"all at once", "claim", 0}}
+	for _, ph := range phases {
+		before := scrapeRequests(ctx, t, kcPath)
+		lat, createdIn, wall := claimBurst(ctx, t, c, kcPath, ph.prefix, n, ph.rate)
+		atReady := scrapeRequests(ctx, t, kcPath)
+		how := "64 in flight"
+		if ph.rate > 0 {
+			how = fmt.Sprintf("%.0f/s", ph.rate)
+		}
+		t.Logf("%s: %d claims (%s) against warm pools: create → Ready p50 %v p99 %v max %v; created in %v; all Ready %v after the first create (%.1f× the floor)",
+			ph.name, n, how, pctl(lat, 50), pctl(lat, 99), pctl(lat, 100), createdIn.Round(time.Millisecond), wall.Round(time.Millisecond), float64(wall)/float64(floor))
+		t0 := time.Now()
+		waitPoolsFull(ctx, t, c, n)
+		refilled := scrapeRequests(ctx, t, kcPath)
+		t.Logf("%s: pools refilled %v after the last claim was Ready", ph.name, time.Since(t0).Round(time.Millisecond))
+		for _, w := range []struct {
+			what  string
+			after apiCounts
+		}{{"first create to all Ready", atReady}, {"first create to pools refilled", refilled}} {
+			lines, total, writes := w.after.perClaim(before, n)
+			t.Logf("%s: API server requests per claim, %s (every client: the test's create and watch, the controller, kwok): %.2f, writes %.2f\n\t%s",
+				ph.name, w.what, total, writes, strings.Join(lines, "\n\t"))
+		}
+		// What a claim and its replacement may cost: no read of the claim
+		// or the Leases past the cache, one update of the member (its
+		// adoption; it is born with its finalizer) and one of the claim
+		// (its finalizer), none spent on a conflict.
+		for _, k := range []struct {
+			key  string
+			most float64
+		}{{"GET sandboxclaims", 0.1}, {"LIST leases", 0.1}, {"PUT sandboxes", 1.1}, {"PUT sandboxclaims", 1.1}} {
+			if got := (refilled[k.key] - before[k.key]) / float64(n); got > k.most {
+				t.Errorf("%s: %.2f %s requests per claim, want at most %.1f", ph.name, got, k.key, k.most)
 			}
-		})
+		}
 	}
-	wg.Wait()
-	createdIn := time.Since(start)
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	got := <-ready
-	if got.err != nil {
-		t.Fatalf("waiting for every claim to be Ready: %v", got.err)
-	}
-	readyAt := got.at
-	wall := time.Duration(0)
-	lat := make([]time.Duration, n)
-	for i := range n {
-		lat[i] = readyAt[claimName(i)].Sub(created[i])
-		wall = max(wall, readyAt[claimName(i)].Sub(start))
-	}
-	t.Logf("%d claims against warm pools: create → Ready p50 %v p99 %v max %v; created in %v; all Ready %v after the first create (%.1f× the floor)",
-		n, pctl(lat, 50), pctl(lat, 99), pctl(lat, 100), createdIn.Round(time.Millisecond), wall.Round(time.Millisecond), float64(wall)/float64(floor))
 
 	t.Run("each claim adopted a distinct warm member", func(t *testing.T) {
 		var claims extv1.SandboxClaimList
@@ -230,19 +244,16 @@ func TestKubeScaleKwok(t *testing.T) {
 				t.Errorf("claim %s: sandboxID %q, Sandbox %s has %q", cl.Name, cl.Status.SandboxStatus.SandboxID, name, sb.Status.SandboxID)
 			}
 		}
-		if len(seen) != n {
-			t.Errorf("%d claims hold %d Sandboxes, want %d", len(claims.Items), len(seen), n)
+		if len(seen) != len(phases)*n {
+			t.Errorf("%d claims hold %d Sandboxes, want %d", len(claims.Items), len(seen), len(phases)*n)
 		}
 	})
 
 	t.Run("pools refill", func(t *testing.T) {
-		t0 := time.Now()
-		waitPoolsFull(ctx, t, c, n)
-		t.Logf("pools refilled %v after the last claim was Ready", time.Since(t0).Round(time.Millisecond))
 		// A full pool's status comes after its creates: the count is exact
 		// at once, and a claim that took a second member leaves one over.
-		if got := countSandboxes(ctx, c); got != 2*n {
-			t.Errorf("%d Sandboxes, want %d claimed plus %d pooled", got, n, n)
+		if got, want := countSandboxes(ctx, c), (len(phases)+1)*n; got != want {
+			t.Errorf("%d Sandboxes, want %d claimed plus %d pooled", got, len(phases)*n, n)
 		}
 	})
 
@@ -271,7 +282,7 @@ func TestKubeScaleKwok(t *testing.T) {
 			got := countSandboxes(ctx, c)
 			return len(claims.Items) == 0 && got == n, fmt.Sprintf("%d claims, %d Sandboxes (want 0 and the %d pool members)", len(claims.Items), got, n)
 		})
-		t.Logf("%d claims and their Sandboxes deleted in %v", n, time.Since(t0).Round(time.Millisecond))
+		t.Logf("%d claims and their Sandboxes deleted in %v", len(phases)*n, time.Since(t0).Round(time.Millisecond))
 		for _, o := range []client.Object{&extv1.SandboxWarmPool{}, &extv1.SandboxTemplate{}} {
 			deleteAll(o)
 		}
@@ -320,6 +331,54 @@ func createFloor(ctx context.Context, t *testing.T, c client.Client, n int) time
 }
 
 func claimName(i int) string { return fmt.Sprintf("claim-%04d", i) }
+
+// claimBurst creates n claims named PREFIX-NNNN spread over the pools, at
+// rate a second (0: 64 in flight at once), and waits until all are Ready. It
+// returns each claim's create → Ready latency, how long the creates took and
+// the time from the first create to the last Ready.
+func claimBurst(ctx context.Context, t *testing.T, c client.Client, kcPath, prefix string, n int, rate float64) (lat []time.Duration, createdIn, wall time.Duration) {
+	t.Helper()
+	name := func(i int) string { return fmt.Sprintf("%s-%04d", prefix, i) }
+	// Watch before creating, so no Ready transition is missed.
+	ready := watchReady(ctx, t, kcPath, prefix+"-", n)
+	created := make([]time.Time, n)
+	start := time.Now()
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 64)
+	errs := make(chan error, n)
+	for i := range n {
+		if rate > 0 {
+			// Paces the load as agent-sandbox's qpsLoad does.
+			time.Sleep(time.Until(start.Add(time.Duration(float64(i) / rate * float64(time.Second)))))
+		}
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			cl := &extv1.SandboxClaim{ObjectMeta: metav1.ObjectMeta{Name: name(i), Namespace: ns}}
+			cl.Spec.WarmPoolRef.Name = fmt.Sprintf("pool-%d", i%scalePools)
+			created[i] = time.Now()
+			if err := c.Create(ctx, cl); err != nil {
+				errs <- fmt.Errorf("create claim %s: %w", cl.Name, err)
+			}
+		})
+	}
+	wg.Wait()
+	createdIn = time.Since(start)
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	got := <-ready
+	if got.err != nil {
+		t.Fatalf("waiting for every claim to be Ready: %v", got.err)
+	}
+	lat = make([]time.Duration, n)
+	for i := range n {
+		lat[i] = got.at[name(i)].Sub(created[i])
+		wall = max(wall, got.at[name(i)].Sub(start))
+	}
+	return lat, createdIn, wall
+}
 
 func boolInt(b bool) int {
 	if b {
@@ -458,9 +517,9 @@ func countSandboxes(ctx context.Context, c client.Client) int {
 	return len(list.Items)
 }
 
-// watchReady records when each claim is first seen Ready; it sends the
-// times once n claims are Ready, or an error when ctx ends first.
-func watchReady(ctx context.Context, t *testing.T, kcPath string, n int) <-chan readyTimes {
+// watchReady records when each claim named prefix* is first seen Ready; it
+// sends the times once n claims are Ready, or an error when ctx ends first.
+func watchReady(ctx context.Context, t *testing.T, kcPath, prefix string, n int) <-chan readyTimes {
 	c := fastClient(t, kcPath)
 	out := make(chan readyTimes, 1)
 	started := make(chan struct{})
@@ -479,7 +538,7 @@ func watchReady(ctx context.Context, t *testing.T, kcPath string, n int) <-chan 
 				if !ok || (ev.Type != watch.Added && ev.Type != watch.Modified) {
 					continue
 				}
-				if _, seen := at[cl.Name]; !seen && meta.IsStatusConditionTrue(cl.Status.Conditions, agentsv1.ConditionReady) {
+				if _, seen := at[cl.Name]; !seen && strings.HasPrefix(cl.Name, prefix) && meta.IsStatusConditionTrue(cl.Status.Conditions, agentsv1.ConditionReady) {
 					at[cl.Name] = time.Now()
 					if len(at) == n {
 						w.Stop()

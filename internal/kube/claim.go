@@ -23,7 +23,11 @@ import (
 // claimFinalizer holds a claim until its sandbox is deleted.
 const claimFinalizer = "extensions.agents.x-k8s.io/agentbox-claim"
 
-type claimReconciler struct{ reconcilerBase }
+type claimReconciler struct {
+	reconcilerBase
+	// taken covers the cache's lag behind this reconciler's adoptions.
+	taken *taken
+}
 
 // Reconcile gives a claim a ready sandbox: a ready member of its pool made
 // from the template's current blueprint, else a cold start.
@@ -36,26 +40,53 @@ func (r *claimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 		return ctrl.Result{}, nil
 	}
 	if !claim.DeletionTimestamp.IsZero() {
+		if claim.Status.SandboxStatus.Name == "" {
+			claim.Status.SandboxStatus.Name, _ = r.taken.get(claim.UID)
+		}
 		if err := r.release(ctx, &claim); err != nil {
 			return ctrl.Result{}, err
 		}
+		r.taken.forget(claim.UID)
 		return ctrl.Result{}, r.removeFinalizer(ctx, &claim, claimFinalizer)
 	}
+	fresh := !controllerutil.ContainsFinalizer(&claim, claimFinalizer)
+	took, written := r.taken.get(claim.UID)
+	if (fresh && r.taken.finalized(claim.UID)) || (written && claim.Status.SandboxStatus.Name == "") {
+		// The cache lags this process's own write, whose event reconciles
+		// the claim again: an update now would only conflict.
+		return ctrl.Result{}, nil
+	}
+	// An update guarded by the cached resourceVersion that succeeds proves
+	// the cached claim, status included, was the API server's latest.
 	if err := r.addFinalizer(ctx, &claim, claimFinalizer); err != nil {
 		return ctrl.Result{}, err
 	}
-	if claim.Status.SandboxStatus.Name == "" {
+	if fresh {
+		r.taken.finalize(claim.UID)
+	}
+	before := claim.Status.DeepCopy()
+	if claim.Status.SandboxStatus.Name != "" {
+		if controllerutil.ContainsFinalizer(&claim, claimFinalizer) && !fresh {
+			r.taken.forget(claim.UID) // the cache shows every write
+		}
+	} else if took != "" {
+		// Taken here, but the status write failed: write it again.
+		claim.Status.SandboxStatus.Name = took
+	} else if !fresh {
 		// The cache may not hold this claim's last status write yet: a
 		// claim that already adopted a member must not adopt a second.
 		if err := r.api.Get(ctx, req.NamespacedName, &claim); err != nil {
 			return ctrl.Result{}, client.IgnoreNotFound(err)
 		}
+		before = claim.Status.DeepCopy()
 	}
-	before := claim.Status.DeepCopy()
 	res, err := r.reconcile(ctx, &claim)
 	if !claimStatusEqual(before, &claim.Status) {
 		if uerr := r.c.Status().Update(ctx, &claim); uerr != nil && !apierrors.IsNotFound(uerr) {
 			return ctrl.Result{}, uerr
+		}
+		if name := claim.Status.SandboxStatus.Name; name != "" {
+			r.taken.wrote(claim.UID, name)
 		}
 	}
 	return res, err
@@ -91,6 +122,7 @@ func (r *claimReconciler) reconcile(ctx context.Context, claim *extv1.SandboxCla
 		}
 		name = got
 		st.SandboxStatus.Name = name
+		r.taken.put(claim.UID, name)
 	}
 	var sb agentsv1.Sandbox
 	if err := r.c.Get(ctx, client.ObjectKey{Namespace: claim.Namespace, Name: name}, &sb); err != nil {
@@ -232,19 +264,26 @@ func (r *claimReconciler) adopt(ctx context.Context, claim *extv1.SandboxClaim, 
 		start = int(h.Sum32() % uint32(spread))
 	}
 	for i := range ready {
-		m := ready[(start+i)%len(ready)].DeepCopy()
+		pick := ready[(start+i)%len(ready)]
+		key := pick.Namespace + "/" + pick.Name
+		if !r.taken.reserve(key, pick.ResourceVersion) {
+			continue // another claim here has it
+		}
+		m := pick.DeepCopy()
 		delete(m.Labels, agentsv1.LabelWarmPool)
 		m.OwnerReferences = nil
 		for k, v := range claim.Spec.AdditionalPodMetadata.Labels {
 			m.Labels[k] = v
 		}
 		if err := controllerutil.SetControllerReference(claim, m, r.c.Scheme()); err != nil {
+			r.taken.unreserve(key)
 			return "", err
 		}
 		if err := r.c.Update(ctx, m); err != nil {
 			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 				continue // another claim took it, or the cache was behind
 			}
+			r.taken.unreserve(key)
 			return "", err
 		}
 		r.event(claim, false, "Adopted", "Claim", "adopted warm Sandbox %s (sandbox %s)", m.Name, m.Status.SandboxID)
@@ -259,6 +298,7 @@ func (r *claimReconciler) coldStart(ctx context.Context, claim *extv1.SandboxCla
 		Name: claim.Name, Namespace: claim.Namespace,
 		Labels:      map[string]string{agentsv1.LabelLaunchType: "cold"},
 		Annotations: map[string]string{agentsv1.AnnotationTemplateRef: tpl.Name},
+		Finalizers:  []string{agentsv1.Finalizer},
 	}}
 	for k, v := range claim.Spec.AdditionalPodMetadata.Labels {
 		s.Labels[k] = v

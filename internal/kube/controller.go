@@ -17,6 +17,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -98,19 +99,24 @@ type Config struct {
 	Workers int
 }
 
-// Client-side rate limits and workers when Config leaves them 0. client-go's
-// own default (5 requests/s, bursts of 10) makes a burst of claims queue for
-// minutes: each claim costs a few writes, each pool member several.
+// Client-side rate limits and workers when Config leaves them 0. A claim
+// and the member that replaces it cost the controller about eight requests,
+// so 200 requests/s held a continuous burst of 75 claims/s to 25/s and
+// queued the rest for minutes; the API server's own flow control, not the
+// client, is what should bound a burst. Each worker waits on about three
+// requests in a row per claim, so 64 keep pace with a loaded API server.
 const (
-	DefaultQPS     = 200
-	DefaultBurst   = 400
-	DefaultWorkers = 16
+	DefaultQPS     = 2000
+	DefaultBurst   = 4000
+	DefaultWorkers = 64
 )
 
 // Controller runs the reconcilers of the four kinds.
 type Controller struct {
 	mgr  ctrl.Manager
 	base reconcilerBase
+	// again builds a fresh manager to stand for leader once more.
+	again func() (*Controller, error)
 }
 
 // Scheme returns a scheme with the core kinds and the agent-sandbox kinds.
@@ -142,6 +148,17 @@ func RESTConfig(kubeconfig string) (*rest.Config, error) {
 
 // New builds the controller against the cluster in cfg.Kubeconfig.
 func New(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger) (*Controller, error) {
+	c, err := build(cfg, sbs, host, logger, false)
+	if err != nil {
+		return nil, err
+	}
+	c.again = func() (*Controller, error) { return build(cfg, sbs, host, logger, true) }
+	return c, nil
+}
+
+// build makes the manager and its reconcilers; again is a rebuild after a
+// lost leader election (controller names are then in use already).
+func build(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger, again bool) (*Controller, error) {
 	if len(cfg.Teams) == 0 && cfg.LabelTeams == nil {
 		return nil, errors.New("--kube-team: bind at least one namespace to a team (NAMESPACE=TEAM), or let the agent list namespaces to bind those labelled agentbox.dev/team; the controller acts only in bound namespaces")
 	}
@@ -186,12 +203,13 @@ func New(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger) (*Controller
 	}
 	mgr, err := ctrl.NewManager(rc, ctrl.Options{
 		Scheme:                  scheme,
-		Cache:                   cache.Options{DefaultNamespaces: nsCache},
+		Cache:                   cache.Options{DefaultNamespaces: nsCache, ByObject: leaseCache(cfg.LeaseNamespace)},
 		Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
 		HealthProbeBindAddress:  "0",
 		LeaderElection:          cfg.LeaderElection,
 		LeaderElectionID:        "agentbox-controller." + agentsv1.Group,
 		LeaderElectionNamespace: cfg.LeaderElectionNamespace,
+		Controller:              config.Controller{SkipNameValidation: new(again)},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kube: controller manager: %w", err)
@@ -228,7 +246,7 @@ func New(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger) (*Controller
 	if err := ctrl.NewControllerManagedBy(mgr).For(&extv1.SandboxClaim{}).Named("sandboxclaim").WithOptions(opts).
 		Owns(&agentsv1.Sandbox{}).
 		WatchesRawSource(source.Channel(wake[2], &handler.EnqueueRequestForObject{})).
-		Complete(&claimReconciler{base}); err != nil {
+		Complete(&claimReconciler{reconcilerBase: base, taken: &taken{}}); err != nil {
 		return nil, fmt.Errorf("kube: claim controller: %w", err)
 	}
 	if cfg.LabelTeams != nil {
@@ -253,7 +271,9 @@ func New(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger) (*Controller
 	return &Controller{mgr: mgr, base: base}, nil
 }
 
-// Run reconciles until ctx ends.
+// Run reconciles until ctx ends. A manager that loses the leader election
+// (an API server too loaded to renew its Lease in time) stops everything,
+// this node's own Sandboxes too: a fresh one stands again.
 func (c *Controller) Run(ctx context.Context) error {
 	// The Lease exists before this agent binds anything: placement only
 	// picks agents that have one.
@@ -262,10 +282,26 @@ func (c *Controller) Run(ctx context.Context) error {
 			return fmt.Errorf("kube controller: %w", err)
 		}
 	}
-	if err := c.mgr.Start(ctx); err != nil {
-		return fmt.Errorf("kube controller: %w", err)
+	for {
+		err := c.mgr.Start(ctx)
+		if err == nil || ctx.Err() != nil || !c.base.cfg.LeaderElection || c.again == nil {
+			if err != nil {
+				return fmt.Errorf("kube controller: %w", err)
+			}
+			return nil
+		}
+		c.base.log.Warn("kube controller stopped; standing for leader again", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+		next, berr := c.again()
+		if berr != nil {
+			return errors.Join(err, berr)
+		}
+		c.mgr, c.base = next.mgr, next.base
 	}
-	return nil
 }
 
 // poolsOfTemplate maps a template to the pools in its namespace that use

@@ -158,10 +158,16 @@ func (b reconcilerBase) renew(ctx context.Context) error {
 	return nil
 }
 
-// nodes reads every node agent's Lease.
+// nodes reads every node agent's Lease from the API server: a node is
+// declared lost on what it says, never on a cache that may lag.
 func (b reconcilerBase) nodes(ctx context.Context) ([]node, error) {
+	return b.nodesFrom(ctx, b.api)
+}
+
+// nodesFrom reads every node agent's Lease from rd.
+func (b reconcilerBase) nodesFrom(ctx context.Context, rd client.Reader) ([]node, error) {
 	var leases coordv1.LeaseList
-	if err := b.api.List(ctx, &leases, client.InNamespace(b.cfg.LeaseNamespace), client.MatchingLabels{LabelNodeAgent: "true"}); err != nil {
+	if err := rd.List(ctx, &leases, client.InNamespace(b.cfg.LeaseNamespace), client.MatchingLabels{LabelNodeAgent: "true"}); err != nil {
 		return nil, fmt.Errorf("list node agent leases in %s: %w", b.cfg.LeaseNamespace, err)
 	}
 	now := time.Now()
@@ -335,7 +341,10 @@ func (b reconcilerBase) placement(ctx context.Context, obj *agentsv1.Sandbox) (b
 	if err != nil {
 		return "", "", false, err
 	}
-	nodes, err := b.nodes(ctx)
+	// From the cache: a bind per Sandbox would otherwise list the Leases
+	// from the API server on every agent; a lagging view only ranks the
+	// nodes by a renewal-old status, as the Lease itself does.
+	nodes, err := b.nodesFrom(ctx, b.c)
 	if err != nil {
 		return "", "", false, err
 	}

@@ -179,6 +179,8 @@ func newMember(pool *extv1.SandboxWarmPool, tpl *extv1.SandboxTemplate, hash str
 			Namespace:    pool.Namespace,
 			Labels:       lbl,
 			Annotations:  map[string]string{agentsv1.AnnotationTemplateRef: tpl.Name},
+			// Born with the agent's finalizer: no update to add it later.
+			Finalizers: []string{agentsv1.Finalizer},
 		},
 	}
 	s.Spec.Blueprint = *tpl.Spec.Blueprint.DeepCopy()
