@@ -70,9 +70,11 @@ func (m *Manager) ExportPaused(ctx context.Context, teamID, id, dir string) (*Mo
 			return nil, fmt.Errorf("sandbox %s: copy base layer %s: %w: %s", id, l, err, strings.TrimSpace(string(out)))
 		}
 	}
+	m.crashAfter(OpMoveOut, MoveLayersCopied)
 	if err := ex.ExportPause(ctx, id, filepath.Join(dir, "image"), filepath.Join(dir, "upper")); err != nil {
 		return nil, err
 	}
+	m.crashAfter(OpMoveOut, MoveImageOut)
 	out := &MovedImage{BaseLayers: len(extra), Snapshot: Snapshot{
 		TeamID: src.TeamID, SandboxID: src.ID, TemplateID: tplID, Alias: src.Alias,
 		CPUCount: src.CPUCount, MemoryMB: src.MemoryMB, DiskMB: src.DiskMB, PIDs: src.PIDs, TmpMB: src.TmpMB,
@@ -120,6 +122,7 @@ func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func
 	if err := sealLayers(tmp); err != nil {
 		return nil, err
 	}
+	m.crashAfter(OpMoveIn, MoveImageFetched)
 	snap := img.Snapshot
 	if snap.FilesystemOnly || !ValidID(snap.SandboxID) {
 		return nil, fmt.Errorf("moved image of sandbox %q: not a memory image: %w", snap.SandboxID, errdefs.ErrInvalidArgument)
@@ -161,6 +164,7 @@ func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func
 	if err := os.Rename(tmp, final); err != nil {
 		return nil, err
 	}
+	m.crashAfter(OpMoveIn, MoveImagePlaced)
 	req.Template = tpl.ID
 	bd := newBuild("restore", req)
 	bd.snap, bd.tplID = &snap, tpl.ID
