@@ -177,5 +177,12 @@ func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func
 		}
 		return nil
 	})
-	return m.run(ctx, p, bd)
+	sb, err := m.run(ctx, p, bd)
+	if err == nil {
+		// The snapshot is this sandbox's alone: it goes as soon as the
+		// sandbox stops using it, not after the minimum age that protects
+		// snapshots forks are made from.
+		m.forkDone(&snap)
+	}
+	return sb, err
 }
