@@ -234,18 +234,22 @@ func (r *sandboxReconciler) dropStored(ctx context.Context, obj *agentsv1.Sandbo
 	return nil
 }
 
-// clearRecord removes the annotation of a stored image (kept on a Sandbox
-// being deleted) and says why in the ImageStored condition.
+// clearRecord says why the image goes in the ImageStored condition, then
+// removes its annotation (kept on a Sandbox being deleted). The status is
+// written first: an agent that dies in between finds the annotation and
+// does this again, while one that wrote only the annotation would leave
+// the condition saying the image is stored.
 func (r *sandboxReconciler) clearRecord(ctx context.Context, obj *agentsv1.Sandbox, reason, msg string) error {
-	if obj.DeletionTimestamp.IsZero() {
-		if err := r.setImage(ctx, obj, nil); err != nil {
-			return err
-		}
+	if !obj.DeletionTimestamp.IsZero() {
+		return nil
 	}
 	if reason != "" {
 		setCond(&obj.Status.Conditions, obj.Generation, ConditionImageStored, false, reason, msg)
+		if err := r.c.Status().Update(ctx, obj); err != nil {
+			return err
+		}
 	}
-	return nil
+	return r.setImage(ctx, obj, nil)
 }
 
 // restoreMoved handles a Sandbox bound to this agent whose image another
