@@ -103,7 +103,8 @@ func (s *Server) HostState(ctx context.Context) HostState {
 			h.add(KindNft, fam+" "+el)
 		}
 	}
-	for _, dir := range []string{"snapshots", "volumes", "uploads", "builds", "sandboxes"} {
+	// kube-export stages a node agent's image uploads (tenant memory).
+	for _, dir := range []string{"snapshots", "volumes", "uploads", "builds", "sandboxes", "kube-export"} {
 		ents, _ := os.ReadDir(filepath.Join(s.DataDir, dir))
 		for _, e := range ents {
 			h.add(KindFile, filepath.Join(dir, e.Name()))

@@ -111,9 +111,17 @@ func TestNetworkE2E(t *testing.T) {
 		t.Fatalf("node: %v", err)
 	}
 
-	// The sandbox sent one datagram from its own address and one with a
-	// forged source: only the first may reach the internet.
-	time.Sleep(200 * time.Millisecond)
+	// The sandbox sent one datagram from its own address and then one with
+	// a forged source: only the first may reach the internet. Wait for the
+	// first (UDP on a loaded host may lag), not for a fixed time.
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		sk.mu.Lock()
+		_, ok := sk.got["legit"]
+		sk.mu.Unlock()
+		if ok {
+			break
+		}
+	}
 	sk.mu.Lock()
 	defer sk.mu.Unlock()
 	if _, ok := sk.got["legit"]; !ok {

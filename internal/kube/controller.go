@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"github.com/agentbox/agentbox/internal/crashpoint"
 	abv1 "github.com/agentbox/agentbox/internal/kube/apis/agentbox/v1alpha1"
 	agentsv1 "github.com/agentbox/agentbox/internal/kube/apis/agents/v1beta1"
 	extv1 "github.com/agentbox/agentbox/internal/kube/apis/extensions/v1beta1"
@@ -97,6 +98,9 @@ type Config struct {
 	// Workers is how many objects of each kind reconcile at once (0 =
 	// DefaultWorkers).
 	Workers int
+	// Crash kills the agent right after a named step of a move (move.go;
+	// the hidden serve flag --test-crash-after). The zero Switch never does.
+	Crash crashpoint.Switch
 }
 
 // Client-side rate limits and workers when Config leaves them 0. A claim

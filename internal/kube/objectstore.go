@@ -112,17 +112,23 @@ func (b reconcilerBase) setImage(ctx context.Context, obj *agentsv1.Sandbox, img
 	return err
 }
 
-// storeImage uploads the image of the paused sandbox sb once per pause.
+// storeImage uploads the image of the paused sandbox sb once per pause:
+// the move-out steps (move.go).
 func (r *sandboxReconciler) storeImage(ctx context.Context, team string, obj *agentsv1.Sandbox, sb *sandbox.Sandbox) (ctrl.Result, error) {
 	im := r.cfg.Images
 	if im == nil || sb.PausedFS {
 		return ctrl.Result{}, nil
 	}
+	st, gen := &obj.Status, obj.Generation
 	old := imageOf(obj)
 	if old != nil && old.SandboxID == sb.ID && old.Node == r.cfg.Node {
+		// Stored on an earlier pass (an agent that crashed right after
+		// recording it had not written the condition yet).
+		if !meta.IsStatusConditionTrue(st.Conditions, ConditionImageStored) {
+			setCond(&st.Conditions, gen, ConditionImageStored, true, ReasonImageStored, storedMessage(old))
+		}
 		return ctrl.Result{}, nil
 	}
-	st, gen := &obj.Status, obj.Generation
 	fail := func(err error) (ctrl.Result, error) {
 		msg := "the image stays on node " + r.cfg.Node + " only: " + err.Error()
 		setCond(&st.Conditions, gen, ConditionImageStored, false, ReasonImageUploadFailed, msg)
@@ -135,34 +141,71 @@ func (r *sandboxReconciler) storeImage(ctx context.Context, team string, obj *ag
 	}
 	defer os.RemoveAll(dir)
 	start := time.Now()
-	moved, err := im.Mover.ExportPaused(ctx, team, sb.ID, dir)
-	if err != nil {
-		return fail(err)
-	}
-	rec, err := json.Marshal(moved)
-	if err != nil {
-		return fail(err)
-	}
-	img := &storedImage{Node: r.cfg.Node, SandboxID: sb.ID, Generation: gen, Prefix: objstore.ImagePrefix(obj.Namespace, sb.ID, gen)}
-	if err := im.Store.PutImage(ctx, img.Prefix, binding(obj), dir, objstore.Manifest{
-		SandboxID: sb.ID, Node: r.cfg.Node, Generation: gen, CreatedAt: time.Now().UTC(), Record: rec,
-	}); err != nil {
-		return fail(err)
-	}
-	if err := r.setImage(ctx, obj, img); err != nil {
-		// Not recorded: the objects are unreachable, so they go.
-		_ = im.Store.DeletePrefix(ctx, img.Prefix)
-		return ctrl.Result{}, err
-	}
-	if old != nil && old.Prefix != img.Prefix {
-		if err := im.Store.DeletePrefix(ctx, old.Prefix); err != nil {
-			r.log.Warn("delete an older stored image", "prefix", old.Prefix, "err", err)
+	run := &storeRun{team: team, obj: obj, sb: sb, dir: dir, old: old,
+		img: &storedImage{Node: r.cfg.Node, SandboxID: sb.ID, Generation: gen, Prefix: objstore.ImagePrefix(obj.Namespace, sb.ID, gen)}}
+	if err := r.runMove(ctx, sandbox.OpMoveOut, r.storeSteps(run)); err != nil {
+		if run.unrecorded {
+			return ctrl.Result{}, err
 		}
+		return fail(err)
 	}
-	msg := fmt.Sprintf("image of sandbox %s stored (sealed) under %s by node %s; any agent with the object store can resume it", sb.ID, img.Prefix, r.cfg.Node)
+	msg := storedMessage(run.img)
 	setCond(&st.Conditions, gen, ConditionImageStored, true, ReasonImageStored, msg)
 	r.event(obj, false, ReasonImageStored, "StoreImage", "%s in %s", msg, time.Since(start).Round(time.Millisecond))
 	return ctrl.Result{}, nil
+}
+
+func storedMessage(img *storedImage) string {
+	return fmt.Sprintf("image of sandbox %s stored (sealed) under %s by node %s; any agent with the object store can resume it", img.SandboxID, img.Prefix, img.Node)
+}
+
+// storeRun is what the move-out steps of one Sandbox share.
+type storeRun struct {
+	team     string
+	obj      *agentsv1.Sandbox
+	sb       *sandbox.Sandbox
+	dir      string // the staging dir
+	rec      []byte // the sandbox manager's record of the image
+	img, old *storedImage
+	// unrecorded: the annotation write failed (the objects went with it);
+	// the reconcile is retried at once rather than reported.
+	unrecorded bool
+}
+
+// storeSteps are the move-out steps after the sandbox manager's export.
+func (r *sandboxReconciler) storeSteps(s *storeRun) []moveStep {
+	return []moveStep{
+		{sandbox.MoveImageOut, func(ctx context.Context) error {
+			moved, err := r.cfg.Images.Mover.ExportPaused(ctx, s.team, s.sb.ID, s.dir)
+			if err != nil {
+				return err
+			}
+			s.rec, err = json.Marshal(moved)
+			return err
+		}},
+		{MoveUpload, func(ctx context.Context) error {
+			return r.cfg.Images.Store.PutImage(ctx, s.img.Prefix, binding(s.obj), s.dir, objstore.Manifest{
+				SandboxID: s.sb.ID, Node: r.cfg.Node, Generation: s.img.Generation, CreatedAt: time.Now().UTC(), Record: s.rec,
+			})
+		}},
+		{MoveRecord, func(ctx context.Context) error {
+			if err := r.setImage(ctx, s.obj, s.img); err != nil {
+				// Not recorded: the objects are unreachable, so they go.
+				_ = r.cfg.Images.Store.DeletePrefix(ctx, s.img.Prefix)
+				s.unrecorded = true
+				return err
+			}
+			return nil
+		}},
+		{MoveDropOlder, func(ctx context.Context) error {
+			if s.old != nil && s.old.Prefix != s.img.Prefix {
+				if err := r.cfg.Images.Store.DeletePrefix(ctx, s.old.Prefix); err != nil {
+					r.log.Warn("delete an older stored image", "prefix", s.old.Prefix, "err", err)
+				}
+			}
+			return nil
+		}},
+	}
 }
 
 // dropImage deletes a Sandbox's stored image (resumed in place, restored,
@@ -172,6 +215,14 @@ func (r *sandboxReconciler) dropImage(ctx context.Context, obj *agentsv1.Sandbox
 	if img == nil {
 		return nil
 	}
+	if err := r.dropStored(ctx, obj, img); err != nil {
+		return err
+	}
+	return r.clearRecord(ctx, obj, reason, msg)
+}
+
+// dropStored deletes the objects of a Sandbox's stored image.
+func (r *sandboxReconciler) dropStored(ctx context.Context, obj *agentsv1.Sandbox, img *storedImage) error {
 	if r.cfg.Images == nil {
 		// Not fatal: a delete must not wait for a flag this agent lacks.
 		r.event(obj, true, ReasonImageRestoreFailed, "DeleteImage", "the image stored under %s stays in the bucket: this agent (node %s) has no --kube-object-store", img.Prefix, r.cfg.Node)
@@ -180,21 +231,31 @@ func (r *sandboxReconciler) dropImage(ctx context.Context, obj *agentsv1.Sandbox
 	if err := r.cfg.Images.Store.DeletePrefix(ctx, img.Prefix); err != nil {
 		return fmt.Errorf("delete stored image %s: %w", img.Prefix, err)
 	}
-	if obj.DeletionTimestamp.IsZero() {
-		if err := r.setImage(ctx, obj, nil); err != nil {
-			return err
-		}
+	return nil
+}
+
+// clearRecord says why the image goes in the ImageStored condition, then
+// removes its annotation (kept on a Sandbox being deleted). The status is
+// written first: an agent that dies in between finds the annotation and
+// does this again, while one that wrote only the annotation would leave
+// the condition saying the image is stored.
+func (r *sandboxReconciler) clearRecord(ctx context.Context, obj *agentsv1.Sandbox, reason, msg string) error {
+	if !obj.DeletionTimestamp.IsZero() {
+		return nil
 	}
 	if reason != "" {
 		setCond(&obj.Status.Conditions, obj.Generation, ConditionImageStored, false, reason, msg)
+		if err := r.c.Status().Update(ctx, obj); err != nil {
+			return err
+		}
 	}
-	return nil
+	return r.setImage(ctx, obj, nil)
 }
 
 // restoreMoved handles a Sandbox bound to this agent whose image another
 // agent stored: kept suspended, or restored here (same sandbox id, a new
-// address, memory and files as they were) when set Running. done is false
-// when the Sandbox has no such image.
+// address, memory and files as they were) when set Running: the move-in
+// steps (move.go). done is false when the Sandbox has no such image.
 func (r *sandboxReconciler) restoreMoved(ctx context.Context, team string, obj *agentsv1.Sandbox) (done bool, res ctrl.Result, err error) {
 	img := imageOf(obj)
 	if img == nil || img.Node == r.cfg.Node {
@@ -204,13 +265,13 @@ func (r *sandboxReconciler) restoreMoved(ctx context.Context, team string, obj *
 	st.PodIPs = nil
 	// A restore whose status write was lost: the sandbox is here already.
 	// Any other local sandbox of this Sandbox is a stale copy.
-	var restored *sandbox.Sandbox
+	run := &restoreRun{team: team, obj: obj, img: img}
 	for _, sb := range r.sbs.List(ctx, team) {
 		if sb.Metadata[MetaUID] != string(obj.UID) {
 			continue
 		}
 		if sb.Metadata[MetaRestoredFrom] == img.Prefix {
-			restored = sb
+			run.restored = sb
 			continue
 		}
 		if !sb.State.Paused() {
@@ -220,59 +281,95 @@ func (r *sandboxReconciler) restoreMoved(ctx context.Context, team string, obj *
 			return true, ctrl.Result{}, err
 		}
 	}
-	if restored == nil && obj.Spec.OperatingMode == agentsv1.OperatingModeSuspended {
+	if run.restored == nil && obj.Spec.OperatingMode == agentsv1.OperatingModeSuspended {
 		setCond(&st.Conditions, gen, agentsv1.ConditionSuspended, true, agentsv1.ReasonPaused,
 			fmt.Sprintf("suspended; its image (stored by node %s) is restored on node %s when set Running", img.Node, r.cfg.Node))
 		setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, agentsv1.ReasonSuspended, "operatingMode is Suspended")
 		return true, ctrl.Result{}, nil
 	}
-	if restored == nil {
-		im := r.cfg.Images
-		if im == nil {
-			msg := fmt.Sprintf("its image is stored under %s by node %s, but this agent (node %s) has no --kube-object-store", img.Prefix, img.Node, r.cfg.Node)
-			setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, ReasonImageRestoreFailed, msg)
-			return true, ctrl.Result{}, nil
-		}
-		start := time.Now()
-		// The sandbox keeps its id (and so its label, its envd token and
-		// every client's handle on it); only its address changes.
-		req := sandbox.CreateRequest{TeamID: team, ID: img.SandboxID, Timeout: r.timeout(obj), Metadata: map[string]string{
-			MetaUID: string(obj.UID), MetaNamespace: obj.Namespace, MetaName: obj.Name, MetaRestoredFrom: img.Prefix,
-		}}
-		sb, err := im.Mover.ImportPaused(ctx, req, func(dir string) (*sandbox.MovedImage, error) {
-			m, err := im.Store.GetImage(ctx, img.Prefix, binding(obj), dir)
-			if err != nil {
-				return nil, err
-			}
-			if m.SandboxID != img.SandboxID || m.Generation != img.Generation {
-				return nil, fmt.Errorf("image under %s is of sandbox %s generation %d, want %s generation %d: %w", img.Prefix, m.SandboxID, m.Generation, img.SandboxID, img.Generation, objstore.ErrIntegrity)
-			}
-			var moved sandbox.MovedImage
-			if err := json.Unmarshal(m.Record, &moved); err != nil {
-				return nil, fmt.Errorf("image under %s: record: %w", img.Prefix, err)
-			}
-			return &moved, nil
-		})
-		if err != nil {
-			reason := ReasonImageRestoreFailed
-			if errors.Is(err, objstore.ErrIntegrity) {
-				reason = ReasonImageIntegrity
-			}
-			msg := fmt.Sprintf("restore of the image stored by node %s under %s failed; nothing was restored: %v", img.Node, img.Prefix, err)
-			setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, reason, msg)
-			r.event(obj, true, reason, "RestoreImage", "%s", msg)
-			return true, ctrl.Result{RequeueAfter: time.Minute}, nil
-		}
-		r.event(obj, false, ReasonImageRestored, "RestoreImage", "sandbox %s restored on node %s from the image node %s stored, in %s",
-			sb.ID, r.cfg.Node, img.Node, time.Since(start).Round(time.Millisecond))
-		restored = sb
+	if run.restored == nil && r.cfg.Images == nil {
+		msg := fmt.Sprintf("its image is stored under %s by node %s, but this agent (node %s) has no --kube-object-store", img.Prefix, img.Node, r.cfg.Node)
+		setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, ReasonImageRestoreFailed, msg)
+		return true, ctrl.Result{}, nil
 	}
-	st.SandboxID = restored.ID
-	if err := r.dropImage(ctx, obj, ReasonImageRestored, fmt.Sprintf("restored on node %s as sandbox %s; the stored image was deleted", r.cfg.Node, restored.ID)); err != nil {
-		return true, ctrl.Result{}, err
+	if err := r.runMove(ctx, sandbox.OpMoveIn, r.restoreSteps(run)); err != nil {
+		if run.restored != nil {
+			return true, ctrl.Result{}, err
+		}
+		reason := ReasonImageRestoreFailed
+		if errors.Is(err, objstore.ErrIntegrity) {
+			reason = ReasonImageIntegrity
+		}
+		msg := fmt.Sprintf("restore of the image stored by node %s under %s failed; nothing was restored: %v", img.Node, img.Prefix, err)
+		setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, reason, msg)
+		r.event(obj, true, reason, "RestoreImage", "%s", msg)
+		return true, ctrl.Result{RequeueAfter: time.Minute}, nil
 	}
-	res, err = r.converge(ctx, team, obj, restored)
+	res, err = r.converge(ctx, team, obj, run.restored)
 	return true, res, err
+}
+
+// restoreRun is what the move-in steps of one Sandbox share.
+type restoreRun struct {
+	team     string
+	obj      *agentsv1.Sandbox
+	img      *storedImage
+	restored *sandbox.Sandbox // found here, or restored by the restore step
+}
+
+// restoreSteps are the move-in steps around the sandbox manager's import.
+func (r *sandboxReconciler) restoreSteps(s *restoreRun) []moveStep {
+	return []moveStep{
+		{MoveRestore, func(ctx context.Context) error {
+			if s.restored != nil {
+				return nil
+			}
+			sb, err := r.importMoved(ctx, s.team, s.obj, s.img)
+			if err != nil {
+				return err
+			}
+			s.restored = sb
+			return nil
+		}},
+		{MoveDropImage, func(ctx context.Context) error {
+			s.obj.Status.SandboxID = s.restored.ID
+			return r.dropStored(ctx, s.obj, s.img)
+		}},
+		{MoveClearRecord, func(ctx context.Context) error {
+			return r.clearRecord(ctx, s.obj, ReasonImageRestored, fmt.Sprintf("restored on node %s as sandbox %s; the stored image was deleted", r.cfg.Node, s.restored.ID))
+		}},
+	}
+}
+
+// importMoved restores the image another agent stored, under the sandbox's
+// own id (and so its label, its envd token and every client's handle on
+// it); only its address changes.
+func (r *sandboxReconciler) importMoved(ctx context.Context, team string, obj *agentsv1.Sandbox, img *storedImage) (*sandbox.Sandbox, error) {
+	im := r.cfg.Images
+	start := time.Now()
+	req := sandbox.CreateRequest{TeamID: team, ID: img.SandboxID, Timeout: r.timeout(obj), Metadata: map[string]string{
+		MetaUID: string(obj.UID), MetaNamespace: obj.Namespace, MetaName: obj.Name, MetaRestoredFrom: img.Prefix,
+	}}
+	sb, err := im.Mover.ImportPaused(ctx, req, func(dir string) (*sandbox.MovedImage, error) {
+		m, err := im.Store.GetImage(ctx, img.Prefix, binding(obj), dir)
+		if err != nil {
+			return nil, err
+		}
+		if m.SandboxID != img.SandboxID || m.Generation != img.Generation {
+			return nil, fmt.Errorf("image under %s is of sandbox %s generation %d, want %s generation %d: %w", img.Prefix, m.SandboxID, m.Generation, img.SandboxID, img.Generation, objstore.ErrIntegrity)
+		}
+		var moved sandbox.MovedImage
+		if err := json.Unmarshal(m.Record, &moved); err != nil {
+			return nil, fmt.Errorf("image under %s: record: %w", img.Prefix, err)
+		}
+		return &moved, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.event(obj, false, ReasonImageRestored, "RestoreImage", "sandbox %s restored on node %s from the image node %s stored, in %s",
+		sb.ID, r.cfg.Node, img.Node, time.Since(start).Round(time.Millisecond))
+	return sb, nil
 }
 
 // releaseElsewhere removes this agent's copy of a Sandbox now bound to
@@ -315,12 +412,17 @@ func (b reconcilerBase) moveStored(ctx context.Context, obj *agentsv1.Sandbox, l
 		lost.Node, lost.renewed.UTC().Format(time.RFC3339), lost.Node, best)
 	obj.Status.NodeName = best
 	setCond(&obj.Status.Conditions, obj.Generation, agentsv1.ConditionReady, false, ReasonMoved, msg)
-	if err := b.c.Status().Update(ctx, obj); err != nil {
-		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-			return true, nil // changed meanwhile: the next pass looks again
+	// One step, on the controller side: the new node's agent restores the
+	// image (move-in) once the Sandbox is set Running.
+	err = b.runMove(ctx, OpMove, []moveStep{{MoveRebind, func(ctx context.Context) error {
+		if err := b.c.Status().Update(ctx, obj); err != nil {
+			return err
 		}
-		return true, err
+		b.event(obj, true, ReasonMoved, "Move", "%s", msg)
+		return nil
+	}}})
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		return true, nil // changed meanwhile: the next pass looks again
 	}
-	b.event(obj, true, ReasonMoved, "Move", "%s", msg)
-	return true, nil
+	return true, err
 }

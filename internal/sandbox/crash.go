@@ -26,6 +26,34 @@ const (
 	SnapshotCommitted = "committed" // row back to "running"
 )
 
+// Steps of a cluster move on this server's side (migrate.go): the node
+// agent exporting a paused sandbox ("move-out") and the one importing it
+// ("move-in"), whose restore then runs the "restore" pipeline. The node
+// agents' own steps around them are in internal/kube (move.go).
+const (
+	OpMoveOut        = "move-out"
+	OpMoveIn         = "move-in"
+	MoveLayersCopied = "copy layers"  // base layers in the staging dir
+	MoveImageOut     = "export image" // memory image and writable layer staged
+	MoveImageFetched = "fetch image"  // the image downloaded, checked and sealed in a temporary dir
+	MoveImagePlaced  = "place image"  // renamed into place as the sandbox's hidden snapshot
+)
+
+// MoveOutSteps and MoveInSteps list the crash points of the manager's side
+// of a move, in order; a move-in continues with the restore pipeline's.
+func MoveOutSteps() []CrashStep {
+	return []CrashStep{{OpMoveOut, MoveLayersCopied}, {OpMoveOut, MoveImageOut}}
+}
+
+// MoveInSteps: see MoveOutSteps.
+func MoveInSteps() []CrashStep {
+	out := []CrashStep{{OpMoveIn, MoveImageFetched}, {OpMoveIn, MoveImagePlaced}}
+	for _, s := range restoreSnapshot() {
+		out = append(out, CrashStep{"restore", s.name})
+	}
+	return out
+}
+
 // CrashStep is one point a crash-safety test can crash the server at.
 type CrashStep struct {
 	Op   string // operation (a pipeline's path, or kill, snapshot, pause, resume)

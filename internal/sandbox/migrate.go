@@ -70,9 +70,11 @@ func (m *Manager) ExportPaused(ctx context.Context, teamID, id, dir string) (*Mo
 			return nil, fmt.Errorf("sandbox %s: copy base layer %s: %w: %s", id, l, err, strings.TrimSpace(string(out)))
 		}
 	}
+	m.inst.crashAfter(OpMoveOut, MoveLayersCopied)
 	if err := ex.ExportPause(ctx, id, filepath.Join(dir, "image"), filepath.Join(dir, "upper")); err != nil {
 		return nil, err
 	}
+	m.inst.crashAfter(OpMoveOut, MoveImageOut)
 	out := &MovedImage{BaseLayers: len(extra), Snapshot: Snapshot{
 		TeamID: src.TeamID, SandboxID: src.ID, TemplateID: tplID, Alias: src.Alias,
 		CPUCount: src.CPUCount, MemoryMB: src.MemoryMB, DiskMB: src.DiskMB, PIDs: src.PIDs, TmpMB: src.TmpMB,
@@ -120,6 +122,7 @@ func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func
 	if err := sealLayers(tmp); err != nil {
 		return nil, err
 	}
+	m.inst.crashAfter(OpMoveIn, MoveImageFetched)
 	snap := img.Snapshot
 	if snap.FilesystemOnly || !ValidID(snap.SandboxID) {
 		return nil, fmt.Errorf("moved image of sandbox %q: not a memory image: %w", snap.SandboxID, errdefs.ErrInvalidArgument)
@@ -161,6 +164,7 @@ func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func
 	if err := os.Rename(tmp, final); err != nil {
 		return nil, err
 	}
+	m.inst.crashAfter(OpMoveIn, MoveImagePlaced)
 	req.Template = tpl.ID
 	bd := newBuild("restore", req)
 	bd.snap, bd.tplID = &snap, tpl.ID
@@ -173,5 +177,12 @@ func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func
 		}
 		return nil
 	})
-	return m.start.run(ctx, p, bd)
+	sb, err := m.start.run(ctx, p, bd)
+	if err == nil {
+		// The snapshot is this sandbox's alone: it goes as soon as the
+		// sandbox stops using it, not after the minimum age that protects
+		// snapshots forks are made from.
+		m.snapshotter.forkDone(&snap)
+	}
+	return sb, err
 }
