@@ -112,6 +112,9 @@ func serveKubeAPI(ctx context.Context, c serveConfig, log *slog.Logger) error {
 	if err := srv.Start(ctx); err != nil {
 		return err
 	}
+	if err := startKubeAPIEvents(ctx, c, srv, secret, log); err != nil { // serve_kubeevents.go
+		return err
+	}
 	ln, err := listen(ctx, c.Listen)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
