@@ -541,6 +541,9 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	if err := startEvents(runCtx, c.Events, st, mgr, fetchPolicy, apiSrv, log); err != nil { // serve_events.go
 		return err
 	}
+	if err := startWebhookMirror(runCtx, c, st, log); err != nil { // serve_kubeevents.go
+		return err
+	}
 	applyBounds(c.Bounds, apiSrv, templates, gw)
 	go sweepUploads(runCtx, templates, c.Bounds.UploadTTL, log)
 	// Build steps run as sandboxes of the team that asked, through the
@@ -572,7 +575,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	// The dashboard's terminal and files go through the gateway like any
 	// client's sandbox traffic.
 	apiSrv.SetDataPlane(gw.Handler(http.NotFoundHandler()))
-	handler := gw.Handler(apiSrv.Handler())
+	handler := gw.Handler(clusterFeed(c, tokenSecret, st, apiSrv.Handler(), log)) // serve_kubeevents.go
 	servers := []*http.Server{{Handler: handler, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 640 * time.Second}}
 	listeners := []net.Listener{ln}
 	if c.DataPlaneListen != "" {

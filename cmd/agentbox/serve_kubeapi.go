@@ -34,7 +34,7 @@ func addKubeAPIFlags(f *pflag.FlagSet, k *kubeAPIFlags) {
 	f.BoolVar(&k.Enabled, "kubernetes", false, "serve the E2B API and data plane of a whole Kubernetes cluster from its agent-sandbox objects, keeping no state (no store, no sandboxes here, runs unprivileged; several replicas may run): creates become Sandboxes or SandboxClaims run by the node agents (serve --kube-controller), sandbox traffic goes to the agent of the sandbox's node (docs/kubernetes.md)")
 	f.StringVar(&k.TokenSecretFile, "token-secret-file", "", "file holding the HMAC secret (at least 32 bytes, mode 0600 or 0400) of sandbox envd access and traffic tokens; give node agents and --kubernetes replicas the same file so the API tier hands out tokens the agents accept (default: a secret of this server's own store)")
 	f.StringVar(&k.AdvertiseAddress, "kube-advertise-address", "", "host:port where serve --kubernetes replicas reach this node agent's gateway, reported on its Lease (default: $POD_IP, else the --listen host, with the --listen port)")
-	f.StringVar(&k.KeysNamespace, "kube-keys-namespace", "agentbox-system", "with --kubernetes: namespace of the API key Secrets (type agentbox.dev/api-key, label agentbox.dev/team=TEAM, data sha256 = hex SHA-256 of the key)")
+	f.StringVar(&k.KeysNamespace, "kube-keys-namespace", "agentbox-system", "with --kubernetes: namespace of the API key Secrets (type agentbox.dev/api-key, label agentbox.dev/team=TEAM, data sha256 = hex SHA-256 of the key) and of the webhooks teams register (type agentbox.dev/webhook); with --kube-controller: where the node agent reads those webhooks to deliver the events it makes")
 }
 
 // readTokenSecret reads --token-secret-file: private to the server and long
@@ -110,6 +110,9 @@ func serveKubeAPI(ctx context.Context, c serveConfig, log *slog.Logger) error {
 		return err
 	}
 	if err := srv.Start(ctx); err != nil {
+		return err
+	}
+	if err := startKubeAPIEvents(ctx, c, srv, secret, log); err != nil { // serve_kubeevents.go
 		return err
 	}
 	ln, err := listen(ctx, c.Listen)

@@ -59,8 +59,9 @@ type apiReplica struct {
 }
 
 // startReplica runs serve --kubernetes as nobody (it needs no privilege):
-// its kubeconfig and token secret are copied into a directory of its own.
-func startReplica(t *testing.T, bin, kubeconfig, secret string) *apiReplica {
+// its kubeconfig and token secret are copied into a directory of its own;
+// extra are further serve flags.
+func startReplica(t *testing.T, bin, kubeconfig, secret string, extra ...string) *apiReplica {
 	t.Helper()
 	// Traversable by nobody (t.TempDir's parent is private to root).
 	dir, err := os.MkdirTemp("", "agentbox-e2e-replica-")
@@ -102,9 +103,9 @@ func startReplica(t *testing.T, bin, kubeconfig, secret string) *apiReplica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.cmd = exec.Command(bin, "serve", "--kubernetes", "--kubeconfig", filepath.Join(home, "kubeconfig"),
+	r.cmd = exec.Command(bin, append([]string{"serve", "--kubernetes", "--kubeconfig", filepath.Join(home, "kubeconfig"),
 		"--token-secret-file", filepath.Join(home, "token-secret"), "--listen", addr,
-		"--kube-lease-namespace", "agentbox-system", "--kube-keys-namespace", "agentbox-system")
+		"--kube-lease-namespace", "agentbox-system", "--kube-keys-namespace", "agentbox-system"}, extra...)...)
 	r.cmd.Stdout, r.cmd.Stderr = logf, logf
 	r.cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home}
 	r.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}

@@ -128,6 +128,9 @@ func (s *Server) Handler() http.Handler {
 	s.sandboxRoutes(auth)
 	if !s.local {
 		auth("DELETE /templates/{id}", s.deleteSnapshotOnly)
+		if s.events != nil { // a cluster's events, when its backend serves them
+			s.eventsRoutes(auth)
+		}
 		mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 			httperr.Write(w, fmt.Errorf("no route %s %s (%s): %w", r.Method, r.URL.Path, s.notServed, errdefs.ErrNotFound))
 		})

@@ -82,6 +82,7 @@ type Server struct {
 	cache   cache.Cache
 	log     *slog.Logger
 	guesses *authlimit.Limiter
+	events  api.EventRoutes // events.go
 }
 
 // New connects to the cluster; call Start before serving.
@@ -289,6 +290,9 @@ const notServed = "`agentbox serve --kubernetes` serves sandbox lifecycle, snaps
 func (s *Server) Handler() http.Handler {
 	a := api.NewE2B(s.log, s, s, notServed)
 	a.SetAuthLimiter(s.guesses)
+	if s.events != nil {
+		a.SetEvents(s.events)
+	}
 	return s.dataPlane(a.Handler())
 }
 
