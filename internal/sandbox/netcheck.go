@@ -26,8 +26,9 @@ func CheckNetworkSpec(ctx context.Context, allowInternet bool, n *NetworkSpec) e
 			}
 		}
 	}
-	// Without secret references the policy reads no state.
-	var m *Manager
-	_, err := m.policies.policy(ctx, "", "", allowInternet, n)
+	// Without secret references the policy reads no state: a policies
+	// value with no secret store answers like the manager's.
+	var ps policies
+	_, err := ps.policy(ctx, "", "", allowInternet, n)
 	return err
 }
