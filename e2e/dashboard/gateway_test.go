@@ -43,8 +43,14 @@ func TestTerminalThroughGateway(t *testing.T) {
 	}
 	ws.Close(websocket.StatusNormalClosure, "")
 
-	// The same through the SDK.
+	// The same through the SDK. The terminal's slot is given back once
+	// the gateway sees its connection end, a moment after our close: wait
+	// for that, not for a fixed time.
 	pty, err := sbx.PTY.Create(ctx, agentbox.PTYOptions{})
+	for deadline := time.Now().Add(30 * time.Second); err != nil && strings.Contains(err.Error(), "503") && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+		pty, err = sbx.PTY.Create(ctx, agentbox.PTYOptions{})
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
