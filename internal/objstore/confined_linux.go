@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"os/exec"
 	"strings"
@@ -105,37 +104,14 @@ func unpackConfined(ctx context.Context, self string, r io.Reader, dir string, l
 		}
 		return errors.New(res.Error)
 	}
-	return markOpaque(dir, res.Opaque)
-}
-
-// markOpaque sets the overlay opaque marker on the directories the child
-// named, resolved inside dir without following a final symlink.
-func markOpaque(dir string, names []string) error {
-	if len(names) == 0 {
-		return nil
-	}
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return err
-	}
-	defer root.Close()
-	for _, n := range names {
+	if err := confine.MarkOpaque(dir, res.Opaque, func(n string) (string, bool) {
 		name, ok := cleanName(n)
-		if !ok || name == "." {
-			return fmt.Errorf("unpack: the confined unpacker named %s: %w", quote(n), ErrUnsafeImage)
+		return name, ok && name != "." // the image's root is never opaque
+	}); err != nil {
+		if errors.Is(err, confine.ErrNamedOutside) {
+			return fmt.Errorf("unpack: %w: %w", err, ErrUnsafeImage)
 		}
-		f, err := root.OpenFile(name, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
-		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("opaque marker %s: %w", quote(name), err)
-		}
-		err = unix.Fsetxattr(int(f.Fd()), opaqueXattr, []byte("y"), 0)
-		f.Close()
-		if err != nil {
-			return fmt.Errorf("opaque marker %s: %w", quote(name), err)
-		}
+		return err
 	}
 	return nil
 }

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"os/exec"
 	"strings"
@@ -143,43 +142,10 @@ func confinedUnpack(ctx context.Context, self string, r io.Reader, dir string, l
 		}
 		return st, errors.New(res.Error)
 	}
-	if err := markOpaque(dir, opaque); err != nil {
+	if err := confine.MarkOpaque(dir, opaque, cleanEntryName); err != nil {
 		return st, err
 	}
 	return st, nil
-}
-
-// markOpaque sets the overlay opaque marker on the directories the
-// confined unpacker named, resolved inside dir (a name that is no longer
-// a directory there is skipped: a later entry replaced it).
-func markOpaque(dir string, names []string) error {
-	if len(names) == 0 {
-		return nil
-	}
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return err
-	}
-	defer root.Close()
-	for _, n := range names {
-		name, ok := cleanEntryName(n)
-		if !ok {
-			return fmt.Errorf("unpack: the confined unpacker named %q, outside the layer", n)
-		}
-		f, err := root.OpenFile(name, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
-		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("opaque whiteout %s: %w", name, err)
-		}
-		err = unix.Fsetxattr(int(f.Fd()), "trusted.overlay.opaque", []byte("y"), 0)
-		f.Close()
-		if err != nil {
-			return fmt.Errorf("opaque whiteout %s: %w", name, err)
-		}
-	}
-	return nil
 }
 
 // RunUnpackHook is the child's side of confinedUnpack.
