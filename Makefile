@@ -78,4 +78,6 @@ up:
 # other flag of `go run ./bench --help`.
 BENCH_DENSITY ?= 1000,300
 bench: build
+	@# the large-file rows drive the official e2b SDK from e2e/js's pinned packages
+	@cd e2e/js && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund --loglevel=error; }
 	go run ./bench --scenario all --api-url "$(BENCH_API_URL)" --api-key "$(BENCH_API_KEY)" --all-density $(BENCH_DENSITY) $(BENCH_FLAGS)

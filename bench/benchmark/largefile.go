@@ -78,7 +78,7 @@ func LargeFile(ctx context.Context, cfg LargeFileConfig) (LargeFileResult, error
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
-			return res, fmt.Errorf("node largefile.mjs: %w: %s", err, lastLine(string(ee.Stderr)))
+			return res, fmt.Errorf("node largefile.mjs: %w: %s", err, nodeError(string(ee.Stderr)))
 		}
 		return res, fmt.Errorf("node largefile.mjs: %w", err)
 	}
@@ -167,4 +167,17 @@ func lastLine(s string) string {
 		return s[i+1:]
 	}
 	return s
+}
+
+// nodeError is the line of node's stderr that says what failed: node ends
+// an uncaught error with its own version line, which says nothing.
+func nodeError(stderr string) string {
+	lines := strings.Split(strings.TrimSpace(stderr), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := strings.TrimSpace(lines[i])
+		if l != "" && !strings.HasPrefix(l, "Node.js v") && !strings.HasPrefix(l, "at ") && !strings.HasPrefix(l, "}") {
+			return l
+		}
+	}
+	return lastLine(stderr)
 }
