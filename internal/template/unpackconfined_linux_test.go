@@ -30,15 +30,6 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func selfBinary(t *testing.T) string {
-	t.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return self
-}
-
 // TestConfinedUnpackMatches: the confined unpacker makes what the
 // in-process one makes (owners, modes, links, whiteouts, opaque markers)
 // and refuses the same way, with the same errors.
@@ -56,7 +47,10 @@ func TestConfinedUnpackMatches(t *testing.T) {
 		{name: "opq/.wh..wh..opq", body: ""},
 		{name: "opq/kept", body: "k"},
 	})
-	self := selfBinary(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
 	wantDir := t.TempDir()
 	wst, err := unpackArchive(context.Background(), bytes.NewReader(layer), wantDir, untar.Limits{})
 	if err != nil {
