@@ -89,6 +89,7 @@ type serveConfig struct {
 	LazyResumeMB         int           // runc.Config.LazyResumeMB
 	VolumeTeamMaxTotalMB int           // volume.Config.MaxTotalMBPerTeam
 	Bounds               boundsFlags   // serve_bounds.go
+	Unpack               unpackFlags   // serve_unpack.go
 	Kube                 kubeFlags     // serve_kube.go
 	KubeAPI              kubeAPIFlags  // serve_kubeapi.go
 }
@@ -174,6 +175,7 @@ which wins over the file.`,
 	addEventsFlags(f, &c.Events)
 	addAuditFlags(f, &c.Audit)
 	addBoundsFlags(f, &c.Bounds)
+	addUnpackFlags(f, &c.Unpack)
 	addKubeFlags(f, &c.Kube)
 	addKubeAPIFlags(f, &c.KubeAPI)
 	return cmd
@@ -425,6 +427,13 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		return err
 	}
 	templates.SetFetchPolicy(fetchPolicy)
+	// Layers, build contexts and restored images unpack within one set of
+	// limits (serve_unpack.go).
+	unpackLimits, err := c.Unpack.limits()
+	if err != nil {
+		return err
+	}
+	templates.SetUnpackLimits(unpackLimits)
 	disk, err := c.diskGuard() // serve_disk.go
 	if err != nil {
 		return err

@@ -52,6 +52,9 @@ func openImages(ctx context.Context, o objectStoreFlags, mgr *sandbox.Manager, c
 	if err != nil {
 		return nil, err
 	}
+	if st.Limits, err = c.Unpack.limits(); err != nil { // serve_unpack.go
+		return nil, err
+	}
 	// Restored images are a sandbox's writing: they unpack in a confined
 	// child of this binary.
 	if st.Self, err = os.Executable(); err != nil {

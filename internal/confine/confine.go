@@ -113,7 +113,7 @@ func (t Tool) Run(ctx context.Context) ([]byte, error) {
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"}
 	cmd.Dir = "/"
 	cmd.Stdin = t.Stdin
-	out := &capped{max: maxOutput}
+	out := &Capped{Max: maxOutput}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.ExtraFiles = append(slices.Clone(t.Files), t.Dirs...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{
@@ -137,17 +137,25 @@ func firstOr(argv []string) string {
 	return argv[0]
 }
 
-// capped keeps the first max bytes written to it and drops the rest.
-type capped struct {
+// Capped keeps the first Max bytes written to it and notes (Over) that
+// more came: a confined child's output, which the server reads whole and
+// must not let the child grow without bound.
+type Capped struct {
 	bytes.Buffer
-	max int
+	Max  int
+	Over bool
 }
 
-func (c *capped) Write(p []byte) (int, error) {
-	if room := c.max - c.Len(); room > 0 {
-		c.Buffer.Write(p[:min(len(p), room)])
+// Write keeps what fits and never fails, so the child is never stopped by
+// a full pipe.
+func (c *Capped) Write(p []byte) (int, error) {
+	n := len(p)
+	if room := c.Max - c.Len(); n > room {
+		c.Over = true
+		p = p[:max(room, 0)]
 	}
-	return len(p), nil
+	c.Buffer.Write(p)
+	return n, nil
 }
 
 // errBadSpec is a hook argument the server did not make.

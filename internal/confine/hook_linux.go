@@ -47,11 +47,12 @@ func RunHook(arg string) error {
 		rules = append(rules, landlock.PathAccess(landlock.AccessFSSet(ll.AccessFSReadFile|ll.AccessFSReadDir), FD(sp.Files+i)))
 	}
 	runtime.LockOSThread()
-	if err := landlock.V7.BestEffort().RestrictPaths(rules...); err != nil {
+	// One layer for paths and scopes, as SelfJail's: a second layer adds
+	// nothing the first cannot say, and each layer is one more ruleset the
+	// kernel checks on every access.
+	jail := landlock.Config{HandledAccessFS: landlock.V7.HandledAccessFS, Scoped: landlock.V7.Scoped}
+	if err := jail.BestEffort().Restrict(rules...); err != nil {
 		return fmt.Errorf("confine: landlock: %w", err)
-	}
-	if err := landlock.V7.BestEffort().RestrictScoped(); err != nil {
-		return fmt.Errorf("confine: landlock scopes: %w", err)
 	}
 	// A tree copier keeps its one capability through the uid change.
 	if sp.ReadAll {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"testing"
+
+	"github.com/agentbox/agentbox/internal/untar"
 )
 
 // The test binary is the store's Self: it runs `__hook image-unpack`.
@@ -22,16 +24,16 @@ func TestMain(m *testing.M) {
 
 // unpackers are the two ways an image is unpacked: in this process, and
 // in the confined child the server uses.
-func unpackers(t *testing.T) map[string]func(raw []byte, dir string, lim UnpackLimits) error {
+func unpackers(t *testing.T) map[string]func(raw []byte, dir string, lim untar.Limits) error {
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return map[string]func([]byte, string, UnpackLimits) error{
-		"in-process": func(raw []byte, dir string, lim UnpackLimits) error {
+	return map[string]func([]byte, string, untar.Limits) error{
+		"in-process": func(raw []byte, dir string, lim untar.Limits) error {
 			return Unpack(context.Background(), bytes.NewReader(raw), dir, lim)
 		},
-		"confined": func(raw []byte, dir string, lim UnpackLimits) error {
+		"confined": func(raw []byte, dir string, lim untar.Limits) error {
 			return unpackConfined(context.Background(), self, bytes.NewReader(raw), dir, lim)
 		},
 	}

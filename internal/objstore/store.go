@@ -18,6 +18,8 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/agentbox/agentbox/internal/untar"
 )
 
 // Config says where the bucket is and how to reach it.
@@ -37,7 +39,7 @@ type Store struct {
 	prefix string
 	key    []byte
 	// Limits bound what an image unpacks to (zero: the defaults).
-	Limits UnpackLimits
+	Limits untar.Limits
 	// Self is the server's binary, which unpacks images confined
 	// (UnpackHook); "" unpacks them in this process.
 	Self string

@@ -14,61 +14,23 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentbox/agentbox/internal/untar"
 )
 
 // ErrUnsafeImage marks an image tar that Unpack refused: an entry that
 // would leave the directory, go through a link, or is not something a
-// snapshot holds, or one past UnpackLimits.
+// snapshot holds, or one past its limits (untar.Limits).
 var ErrUnsafeImage = errors.New("unsafe image")
 
-// UnpackLimits bound what one image may unpack to. Zero fields take the
-// defaults of DefaultUnpackLimits.
-type UnpackLimits struct {
-	// MaxBytes bounds the files' sizes together, holes of sparse files
-	// included (they are kept sparse, but a later copy may fill them).
-	MaxBytes int64
-	// MaxEntryBytes bounds one file's size, holes included.
-	MaxEntryBytes int64
-	// MaxEntries bounds the entries (files, directories, links, nodes).
-	MaxEntries int
-	// MaxPathBytes bounds an entry's name and a symlink's target.
-	MaxPathBytes int
-	// MaxPathDepth bounds the directories in an entry's name.
-	MaxPathDepth int
-	// MaxXattrBytes bounds one entry's extended attributes together.
-	MaxXattrBytes int
-}
-
 // DefaultUnpackLimits hold a sandbox's memory image and writable layer
-// (a microVM's disk copies are sparse files of the sandbox's disk size).
-func DefaultUnpackLimits() UnpackLimits {
-	return UnpackLimits{
+// (a microVM's disk copies are sparse files of the sandbox's disk size);
+// they fill the zero fields of Store.Limits.
+func DefaultUnpackLimits() untar.Limits {
+	return untar.Limits{
 		MaxBytes: 512 << 30, MaxEntryBytes: 256 << 30, MaxEntries: 2_000_000,
 		MaxPathBytes: 4096, MaxPathDepth: 256, MaxXattrBytes: 64 << 10,
 	}
-}
-
-func (l UnpackLimits) withDefaults() UnpackLimits {
-	d := DefaultUnpackLimits()
-	if l.MaxBytes <= 0 {
-		l.MaxBytes = d.MaxBytes
-	}
-	if l.MaxEntryBytes <= 0 {
-		l.MaxEntryBytes = d.MaxEntryBytes
-	}
-	if l.MaxEntries <= 0 {
-		l.MaxEntries = d.MaxEntries
-	}
-	if l.MaxPathBytes <= 0 {
-		l.MaxPathBytes = d.MaxPathBytes
-	}
-	if l.MaxPathDepth <= 0 {
-		l.MaxPathDepth = d.MaxPathDepth
-	}
-	if l.MaxXattrBytes <= 0 {
-		l.MaxXattrBytes = d.MaxXattrBytes
-	}
-	return l
 }
 
 // xattrPrefix is how tar keeps extended attributes in PAX records.
@@ -94,7 +56,7 @@ const opaqueXattr = "trusted.overlay.opaque"
 // opaque markers (the others are dropped); sparse files stay sparse. Anything refused or past lim
 // stops the unpack with an error wrapping ErrUnsafeImage that names the
 // entry; the caller removes dir.
-func Unpack(ctx context.Context, r io.Reader, dir string, lim UnpackLimits) error {
+func Unpack(ctx context.Context, r io.Reader, dir string, lim untar.Limits) error {
 	_, err := unpack(ctx, r, dir, lim, false)
 	return err
 }
@@ -102,8 +64,8 @@ func Unpack(ctx context.Context, r io.Reader, dir string, lim UnpackLimits) erro
 // unpack is Unpack; with deferOpaque it leaves the overlay opaque markers
 // (trusted.* attributes, which need CAP_SYS_ADMIN) to its caller and
 // returns the directories that want one.
-func unpack(ctx context.Context, r io.Reader, dir string, lim UnpackLimits, deferOpaque bool) ([]string, error) {
-	lim = lim.withDefaults()
+func unpack(ctx context.Context, r io.Reader, dir string, lim untar.Limits, deferOpaque bool) ([]string, error) {
+	lim = lim.Or(DefaultUnpackLimits())
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return nil, fmt.Errorf("unpack into %s: %w", dir, err)
@@ -146,7 +108,7 @@ type dirTime struct {
 
 type unpacker struct {
 	root    *os.Root
-	lim     UnpackLimits
+	lim     untar.Limits
 	seen    map[string]byte // entries made, by name: their tar type
 	dirs    []dirTime
 	entries int

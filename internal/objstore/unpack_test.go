@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agentbox/agentbox/internal/untar"
 )
 
 func requireRoot(t *testing.T) {
@@ -112,12 +114,12 @@ func TestUnpackRefuses(t *testing.T) {
 	zw := gzip.NewWriter(&gz)
 	zw.Write(craft(t, entry{name: "zeros", body: strings.Repeat("\x00", 8<<20)}))
 	zw.Close()
-	small := UnpackLimits{MaxEntryBytes: 1 << 30, MaxBytes: 3 << 20, MaxEntries: 50}
+	small := untar.Limits{MaxEntryBytes: 1 << 30, MaxBytes: 3 << 20, MaxEntries: 50}
 
 	for _, tc := range []struct {
 		name   string
 		tar    []byte
-		lim    UnpackLimits
+		lim    untar.Limits
 		unsafe bool // wants ErrUnsafeImage (else any error)
 	}{
 		{"dot-dot name", craft(t, entry{name: up + "/escape", body: "x"}), small, true},
@@ -154,7 +156,7 @@ func TestUnpackRefuses(t *testing.T) {
 			}
 			return es
 		}()...), small, true},
-		{"decompression bomb", gz.Bytes(), UnpackLimits{}, true},
+		{"decompression bomb", gz.Bytes(), untar.Limits{}, true},
 	} {
 		for how, unpack := range unpackers(t) {
 			t.Run(how+"/"+tc.name, func(t *testing.T) {
@@ -217,7 +219,7 @@ func TestUnpackRoundTrip(t *testing.T) {
 	}
 }
 
-func checkRoundTrip(t *testing.T, src string, unpack func([]byte, string, UnpackLimits) error) {
+func checkRoundTrip(t *testing.T, src string, unpack func([]byte, string, untar.Limits) error) {
 	must := func(err error) {
 		t.Helper()
 		if err != nil {
@@ -227,13 +229,13 @@ func checkRoundTrip(t *testing.T, src string, unpack func([]byte, string, Unpack
 	p := func(n string) string { return filepath.Join(src, n) }
 	// GNU's old sparse entries ('S') unpack as files too.
 	old := t.TempDir()
-	must(unpack(oldSparseTar(t, src), old, UnpackLimits{}))
+	must(unpack(oldSparseTar(t, src), old, untar.Limits{}))
 	if b, err := os.ReadFile(filepath.Join(old, "image.raw")); err != nil || len(b) != 64<<20 || string(b[32<<20:32<<20+4]) != "data" {
 		t.Fatalf("image.raw from the GNU format differs: %v", err)
 	}
 
 	dst := t.TempDir()
-	must(unpack(gnuTar(t, src), dst, UnpackLimits{}))
+	must(unpack(gnuTar(t, src), dst, untar.Limits{}))
 
 	for _, n := range []string{"upper", "upper/etc", "upper/etc/sub", "upper/etc/shadow", "upper/su", "upper/abs", "upper/gone", "upper/fifo", "image.raw"} {
 		a, err := os.Lstat(p(n))
@@ -297,7 +299,7 @@ func TestUnpackXattrs(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			tr := craft(t, entry{name: "f", body: "1", pax: map[string]string{xattrPrefix + tc.xattr: tc.value}})
-			if err := Unpack(context.Background(), bytes.NewReader(tr), dir, UnpackLimits{}); err != nil {
+			if err := Unpack(context.Background(), bytes.NewReader(tr), dir, untar.Limits{}); err != nil {
 				t.Fatal(err)
 			}
 			buf := make([]byte, 256)

@@ -28,6 +28,7 @@ import (
 	"github.com/agentbox/agentbox/internal/destpolicy"
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/testutil"
+	"github.com/agentbox/agentbox/internal/untar"
 )
 
 // tarEntry is one entry of a test layer.
@@ -253,7 +254,7 @@ func TestHostileLayerNeutralised(t *testing.T) {
 	}{
 		{"in process", func(r io.Reader, dir string) (unpackStats, error) { return unpackLayer(context.Background(), r, dir) }},
 		{"confined", func(r io.Reader, dir string) (unpackStats, error) {
-			return confinedUnpack(context.Background(), self, r, dir, UnpackLimits{})
+			return confinedUnpack(context.Background(), self, r, dir, untar.Limits{})
 		}},
 	} {
 		t.Run(u.name, func(t *testing.T) { testHostileLayer(t, u.unpack) })

@@ -131,16 +131,16 @@ func (s *Store) importImage(ctx context.Context, src string, auth *RegistryAuth,
 	}
 	st := &buildState{}
 	// One budget of unpacked bytes and files for the whole image.
-	budget := s.unpack.withDefaults()
+	budget := s.unpack.Or(DefaultUnpackLimits())
 	for i, l := range layers {
 		diff, err := l.DiffID()
 		if err != nil {
 			return nil, fmt.Errorf("image %s: layer %d: %w", src, i+1, fetchErr(err))
 		}
-		if budget.MaxBytes <= 0 || budget.MaxFiles <= 0 {
-			lim := s.unpack.withDefaults()
+		if budget.MaxBytes <= 0 || budget.MaxEntries <= 0 {
+			lim := s.unpack.Or(DefaultUnpackLimits())
 			return nil, fmt.Errorf("image %s: layer %d: the layers before it used up the limits of %s and %d files unpacked per image: %w",
-				src, i+1, sizeName(lim.MaxBytes), lim.MaxFiles, errdefs.ErrTooLarge)
+				src, i+1, sizeName(lim.MaxBytes), lim.MaxEntries, errdefs.ErrTooLarge)
 		}
 		id := LayerKey("oci-diff", diff.String())
 		var stats unpackStats
@@ -174,7 +174,7 @@ func (s *Store) importImage(ctx context.Context, src string, auth *RegistryAuth,
 			fmt.Fprintf(progress, "    layer %d/%d %s: cached\n", i+1, len(layers), diff.Hex[:12])
 		} else {
 			budget.MaxBytes -= stats.Bytes
-			budget.MaxFiles -= stats.Entries
+			budget.MaxEntries -= stats.Entries
 			fmt.Fprintf(progress, "    layer %d/%d %s: %d entries, %d whiteouts\n", i+1, len(layers), diff.Hex[:12], stats.Entries, stats.Whiteouts)
 			if stats.SetuidStripped > 0 {
 				fmt.Fprintf(progress, "    layer %d: dropped setuid/setgid bits of %d files\n", i+1, stats.SetuidStripped)

@@ -21,6 +21,7 @@ import (
 	"github.com/agentbox/agentbox/internal/crashpoint"
 	"github.com/agentbox/agentbox/internal/destpolicy"
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/untar"
 )
 
 const (
@@ -49,7 +50,7 @@ type Store struct {
 	// names (registry pulls): the destination policy's transport, the
 	// package's only way out to such hosts.
 	fetch  http.RoundTripper
-	unpack UnpackLimits // image layers
+	unpack untar.Limits // image layers
 	// self is the server's binary, which runs the confined unpacker
 	// (`self __hook unpack`); a test binary must dispatch that hook.
 	self     string
@@ -84,7 +85,7 @@ func NewStore(dir string, log *slog.Logger) (*Store, error) {
 // unpackArchive is how the store unpacks an archive a tenant wrote (an
 // image layer, an uploaded build context): confined, in a child (see
 // UnpackHook), never in the server's own process.
-func (s *Store) unpackArchive(ctx context.Context, r io.Reader, dir string, lim UnpackLimits) (unpackStats, error) {
+func (s *Store) unpackArchive(ctx context.Context, r io.Reader, dir string, lim untar.Limits) (unpackStats, error) {
 	return confinedUnpack(ctx, s.self, r, dir, lim)
 }
 
@@ -95,7 +96,7 @@ func (s *Store) SetFetchPolicy(p *destpolicy.Policy) { s.fetch = p.Transport() }
 
 // SetUnpackLimits sets the limits image layers unpack within (zero fields:
 // the defaults). Call it before builds start.
-func (s *Store) SetUnpackLimits(l UnpackLimits) { s.unpack = l }
+func (s *Store) SetUnpackLimits(l untar.Limits) { s.unpack = l }
 
 // privateStore creates dir and keeps other host users out of it: the
 // directory may be searched, not listed (0711, so a build's sandbox, whose

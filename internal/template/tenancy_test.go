@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentbox/agentbox/internal/errdefs"
 	"github.com/agentbox/agentbox/internal/testutil"
+	"github.com/agentbox/agentbox/internal/untar"
 )
 
 // TestTemplateTenancy attacks template names from another team: every
@@ -270,7 +271,7 @@ func TestHostileUploads(t *testing.T) {
 	// A gzip bomb stops at the limit.
 	dst := t.TempDir()
 	big := tarOf(t, []tarEntry{{name: "big", body: strings.Repeat("0", 1<<20)}})
-	if _, err := unpackArchive(ctx, bytes.NewReader(big), dst, UnpackLimits{MaxBytes: 1 << 10}); !errors.Is(err, errdefs.ErrTooLarge) {
+	if _, err := unpackArchive(ctx, bytes.NewReader(big), dst, untar.Limits{MaxBytes: 1 << 10}); !errors.Is(err, errdefs.ErrTooLarge) {
 		t.Errorf("oversized context: %v", err)
 	}
 }

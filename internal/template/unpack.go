@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/untar"
 )
 
 // OCI whiteout names (image-spec layer.md).
@@ -54,9 +55,9 @@ func (u *unpackStats) reject(name, why string) {
 //     markers become the trusted.overlay.opaque xattr, so the layer stacks
 //     as an overlay lower dir.
 //
-// It unpacks within the default UnpackLimits.
+// It unpacks within DefaultUnpackLimits.
 func unpackLayer(ctx context.Context, r io.Reader, dir string) (unpackStats, error) {
-	return unpackArchive(ctx, r, dir, UnpackLimits{})
+	return unpackArchive(ctx, r, dir, untar.Limits{})
 }
 
 // unpackLimited unpacks the tar stream r within lim (defaults applied):
@@ -65,8 +66,8 @@ func unpackLayer(ctx context.Context, r io.Reader, dir string) (unpackStats, err
 // limit.
 //
 // deferOpaque leaves the opaque markers to the caller (unpackStats.Opaque).
-func unpackLimited(ctx context.Context, r io.Reader, dir string, lim UnpackLimits, archive func() int64, deferOpaque bool) (unpackStats, error) {
-	lim = lim.withDefaults()
+func unpackLimited(ctx context.Context, r io.Reader, dir string, lim untar.Limits, archive func() int64, deferOpaque bool) (unpackStats, error) {
+	lim = lim.Or(DefaultUnpackLimits())
 	var st unpackStats
 	written := &st.Bytes
 	root, err := os.OpenRoot(dir)
@@ -92,19 +93,19 @@ func unpackLimited(ctx context.Context, r io.Reader, dir string, lim UnpackLimit
 			return st, fmt.Errorf("read layer tar: %w", err)
 		}
 		st.Entries++
-		if st.Entries > lim.MaxFiles {
-			return st, fmt.Errorf("more than %d entries (limit: %d files unpacked): %w", lim.MaxFiles, lim.MaxFiles, errdefs.ErrTooLarge)
+		if st.Entries > lim.MaxEntries {
+			return st, fmt.Errorf("more than %d entries (limit: %d files unpacked): %w", lim.MaxEntries, lim.MaxEntries, errdefs.ErrTooLarge)
 		}
 		name, ok := cleanEntryName(hdr.Name)
 		if !ok {
 			st.reject(hdr.Name, "path leaves the layer")
 			continue
 		}
-		if err := lim.checkPath("entry", name); err != nil {
+		if err := checkPath(lim, "entry", name); err != nil {
 			return st, err
 		}
 		if hdr.Typeflag == tar.TypeSymlink || hdr.Typeflag == tar.TypeLink {
-			if err := lim.checkPath("link target of "+name, hdr.Linkname); err != nil {
+			if err := checkPath(lim, "link target of "+name, hdr.Linkname); err != nil {
 				return st, err
 			}
 		}
@@ -177,6 +178,10 @@ func unpackLimited(ctx context.Context, r io.Reader, dir string, lim UnpackLimit
 		case tar.TypeReg, tar.TypeRegA: //nolint:staticcheck // old tars use TypeRegA
 			// The declared size (a sparse entry's holes included) must fit
 			// before anything is written.
+			if hdr.Size > lim.MaxEntryBytes {
+				return st, fmt.Errorf("%s declares %d bytes, more than the limit of %s per file: %w",
+					shortName(name), hdr.Size, sizeName(lim.MaxEntryBytes), errdefs.ErrTooLarge)
+			}
 			if hdr.Size > lim.MaxBytes-*written {
 				return st, fmt.Errorf("%s declares %d bytes, more than the %d bytes left of the limit of %s unpacked: %w",
 					shortName(name), hdr.Size, lim.MaxBytes-*written, sizeName(lim.MaxBytes), errdefs.ErrTooLarge)

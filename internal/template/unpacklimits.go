@@ -16,59 +16,15 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/untar"
 )
 
-// UnpackLimits bound what one archive (an image layer, an uploaded build
-// context) may unpack to. Zero fields take the defaults. Each refusal names
-// its limit and wraps errdefs.ErrTooLarge.
-type UnpackLimits struct {
-	// MaxBytes bounds the file content unpacked, a sparse file counted at
-	// its full size (its holes are written). Across the layers of one
-	// image it is one budget. Default 10 GiB.
-	MaxBytes int64
-	// MaxFiles bounds the entries (files, directories, links, whiteouts).
-	// Default 1,000,000.
-	MaxFiles int
-	// MaxRatio bounds the bytes unpacked per byte of the archive as it was
-	// received (a gzip bomb, a sparse entry declaring terabytes), once
-	// RatioGrace bytes are unpacked. Default 100.
-	MaxRatio int64
-	// RatioGrace is what any archive may unpack to before MaxRatio
-	// applies. Default 64 MiB.
-	RatioGrace int64
-	// MaxPathBytes bounds an entry's path and a link's target. Default
-	// 4096 (PATH_MAX).
-	MaxPathBytes int
-	// MaxPathDepth bounds the directories in an entry's path. Default 256.
-	MaxPathDepth int
-}
-
-// DefaultUnpackLimits are the limits of image layers.
-func DefaultUnpackLimits() UnpackLimits {
-	return UnpackLimits{MaxBytes: 10 << 30, MaxFiles: 1_000_000, MaxRatio: 100, RatioGrace: 64 << 20, MaxPathBytes: 4096, MaxPathDepth: 256}
-}
-
-func (l UnpackLimits) withDefaults() UnpackLimits {
-	d := DefaultUnpackLimits()
-	if l.MaxBytes <= 0 {
-		l.MaxBytes = d.MaxBytes
-	}
-	if l.MaxFiles <= 0 {
-		l.MaxFiles = d.MaxFiles
-	}
-	if l.MaxRatio <= 0 {
-		l.MaxRatio = d.MaxRatio
-	}
-	if l.RatioGrace <= 0 {
-		l.RatioGrace = d.RatioGrace
-	}
-	if l.MaxPathBytes <= 0 {
-		l.MaxPathBytes = d.MaxPathBytes
-	}
-	if l.MaxPathDepth <= 0 {
-		l.MaxPathDepth = d.MaxPathDepth
-	}
-	return l
+// DefaultUnpackLimits are the limits of image layers (Store.SetUnpackLimits
+// fills their zero fields from them): 10 GiB of files, holes of sparse
+// files counted (they are written), 1,000,000 entries, a decompression
+// ratio of 100:1 past the first 64 MiB, paths of 4096 bytes and 256 levels.
+func DefaultUnpackLimits() untar.Limits {
+	return untar.Limits{MaxBytes: 10 << 30, MaxEntryBytes: 10 << 30, MaxEntries: 1_000_000, MaxRatio: 100, RatioGrace: 64 << 20, MaxPathBytes: 4096, MaxPathDepth: 256}
 }
 
 func tooLarge(format string, args ...any) error {
@@ -97,7 +53,7 @@ func shortName(p string) string {
 }
 
 // checkPath refuses an entry name or link target past the path limits.
-func (l UnpackLimits) checkPath(what, p string) error {
+func checkPath(l untar.Limits, what, p string) error {
 	if len(p) > l.MaxPathBytes {
 		return tooLarge("%s %s: %d bytes long, more than the limit of %d bytes per path", what, shortName(p), len(p), l.MaxPathBytes)
 	}
@@ -109,7 +65,7 @@ func (l UnpackLimits) checkPath(what, p string) error {
 
 // checkRatio refuses unpacked bytes out of proportion to the archive bytes
 // received so far.
-func (l UnpackLimits) checkRatio(unpacked, archive int64) error {
+func checkRatio(l untar.Limits, unpacked, archive int64) error {
 	if unpacked > l.RatioGrace && unpacked/l.MaxRatio > archive {
 		return tooLarge("the archive unpacks to more than %d times its size (%d bytes from %d received; limit: decompression ratio %d:1 past the first %s)",
 			l.MaxRatio, unpacked, archive, l.MaxRatio, sizeName(l.RatioGrace))
@@ -137,11 +93,11 @@ type archiveStream struct {
 	r      io.Reader       // the tar stream
 	h      hash.Hash
 	n      int64 // tar stream bytes
-	lim    UnpackLimits
+	lim    untar.Limits
 	closer func()
 }
 
-func newArchiveStream(r io.Reader, lim UnpackLimits) (*archiveStream, error) {
+func newArchiveStream(r io.Reader, lim untar.Limits) (*archiveStream, error) {
 	s := &archiveStream{in: &countingReader{r: r}, h: sha256.New(), lim: lim, closer: func() {}}
 	br := bufio.NewReader(s.in)
 	magic, _ := br.Peek(4)
@@ -169,7 +125,7 @@ func (s *archiveStream) Read(p []byte) (int, error) {
 	n, err := s.r.Read(p)
 	s.n += int64(n)
 	s.h.Write(p[:n])
-	if lerr := s.lim.checkRatio(s.n, s.in.n); lerr != nil {
+	if lerr := checkRatio(s.lim, s.n, s.in.n); lerr != nil {
 		return n, lerr
 	}
 	return n, err
@@ -181,12 +137,12 @@ func (s *archiveStream) digest() string { return "sha256:" + hex.EncodeToString(
 // unpackArchive unpacks the archive r (a tar, gzipped or zstd-compressed
 // or not, as received) into dir with unpackLimited, reads the stream to its
 // end and returns the digest of the tar stream in the stats.
-func unpackArchive(ctx context.Context, r io.Reader, dir string, lim UnpackLimits) (unpackStats, error) {
+func unpackArchive(ctx context.Context, r io.Reader, dir string, lim untar.Limits) (unpackStats, error) {
 	return unpackArchiveTo(ctx, r, dir, lim, false)
 }
 
-func unpackArchiveTo(ctx context.Context, r io.Reader, dir string, lim UnpackLimits, deferOpaque bool) (unpackStats, error) {
-	lim = lim.withDefaults()
+func unpackArchiveTo(ctx context.Context, r io.Reader, dir string, lim untar.Limits, deferOpaque bool) (unpackStats, error) {
+	lim = lim.Or(DefaultUnpackLimits())
 	s, err := newArchiveStream(r, lim)
 	if err != nil {
 		return unpackStats{}, err
@@ -211,7 +167,7 @@ type limitedWriter struct {
 	name    string
 	written *int64
 	archive func() int64
-	lim     UnpackLimits
+	lim     untar.Limits
 }
 
 func (w *limitedWriter) Write(p []byte) (int, error) {
@@ -220,7 +176,7 @@ func (w *limitedWriter) Write(p []byte) (int, error) {
 		return 0, tooLarge("%s: the files unpack to more than the limit of %s", shortName(w.name), sizeName(w.lim.MaxBytes))
 	}
 	if w.archive != nil {
-		if err := w.lim.checkRatio(*w.written, w.archive()); err != nil {
+		if err := checkRatio(w.lim, *w.written, w.archive()); err != nil {
 			return 0, fmt.Errorf("%s: %w", shortName(w.name), err)
 		}
 	}

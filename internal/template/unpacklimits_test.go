@@ -17,6 +17,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/untar"
 )
 
 func gzipped(t *testing.T, b []byte) []byte {
@@ -96,23 +97,24 @@ func TestUnpackLimits(t *testing.T) {
 	for i := range many {
 		many[i] = tarEntry{name: fmt.Sprintf("f%d", i), body: "x"}
 	}
-	small := UnpackLimits{RatioGrace: 1 << 20}
+	small := untar.Limits{RatioGrace: 1 << 20}
 	for _, tc := range []struct {
 		name    string
 		archive []byte
-		lim     UnpackLimits
+		lim     untar.Limits
 		want    string // in the refusal
 	}{
 		{"gzip bomb", gzipped(t, layerTar(t, []tarEntry{{name: "zeros", body: zeros(16 << 20)}})), small, "decompression ratio 100:1 past the first 1 MiB"},
 		{"bomb after the tar's end", gzipped(t, append(layerTar(t, []tarEntry{{name: "a", body: "x"}}), zeros(16<<20)...)), small, "ratio 100:1"},
-		{"too many files", layerTar(t, many), UnpackLimits{MaxFiles: 10}, "limit: 10 files unpacked"},
-		{"too many bytes", layerTar(t, []tarEntry{{name: "a", body: zeros(3 << 10)}}), UnpackLimits{MaxBytes: 2 << 10}, "declares 3072 bytes"},
-		{"huge declared entry", append(rawTarHeader("huge", '0', 0o77777777777), make([]byte, 4096)...), UnpackLimits{MaxBytes: 1 << 30}, "declares 8589934591 bytes"},
+		{"too many files", layerTar(t, many), untar.Limits{MaxEntries: 10}, "limit: 10 files unpacked"},
+		{"too many bytes", layerTar(t, []tarEntry{{name: "a", body: zeros(3 << 10)}}), untar.Limits{MaxBytes: 2 << 10}, "declares 3072 bytes"},
+		{"file past the per-file limit", layerTar(t, []tarEntry{{name: "a", body: zeros(3 << 10)}}), untar.Limits{MaxEntryBytes: 2 << 10}, "more than the limit of 2 KiB per file"},
+		{"huge declared entry", append(rawTarHeader("huge", '0', 0o77777777777), make([]byte, 4096)...), untar.Limits{MaxBytes: 1 << 30}, "declares 8589934591 bytes"},
 		{"huge sparse entry", sparseTar(5 << 30), small, "ratio 100:1"},
-		{"sparse entry past the byte limit", sparseTar(5 << 30), UnpackLimits{MaxBytes: 1 << 30}, "declares 5368709120 bytes"},
-		{"path too long", layerTar(t, []tarEntry{{name: strings.Repeat("n", 300), body: "x"}}), UnpackLimits{MaxPathBytes: 200}, "limit of 200 bytes per path"},
-		{"path too deep", layerTar(t, []tarEntry{{name: strings.Repeat("d/", 20) + "f", body: "x"}}), UnpackLimits{MaxPathDepth: 10}, "21 levels deep, more than the limit of 10 levels"},
-		{"link target too long", layerTar(t, []tarEntry{{name: "l", typ: tar.TypeSymlink, link: strings.Repeat("t", 300)}}), UnpackLimits{MaxPathBytes: 200}, "limit of 200 bytes per path"},
+		{"sparse entry past the byte limit", sparseTar(5 << 30), untar.Limits{MaxBytes: 1 << 30}, "declares 5368709120 bytes"},
+		{"path too long", layerTar(t, []tarEntry{{name: strings.Repeat("n", 300), body: "x"}}), untar.Limits{MaxPathBytes: 200}, "limit of 200 bytes per path"},
+		{"path too deep", layerTar(t, []tarEntry{{name: strings.Repeat("d/", 20) + "f", body: "x"}}), untar.Limits{MaxPathDepth: 10}, "21 levels deep, more than the limit of 10 levels"},
+		{"link target too long", layerTar(t, []tarEntry{{name: "l", typ: tar.TypeSymlink, link: strings.Repeat("t", 300)}}), untar.Limits{MaxPathBytes: 200}, "limit of 200 bytes per path"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -142,7 +144,7 @@ func TestUnpackWithinLimits(t *testing.T) {
 	for name, archive := range map[string][]byte{"plain": plain, "gzip": gzipped(t, plain), "zstd": zbuf.Bytes()} {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
-			st, err := unpackArchive(ctx, bytes.NewReader(archive), dir, UnpackLimits{})
+			st, err := unpackArchive(ctx, bytes.NewReader(archive), dir, untar.Limits{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -155,7 +157,7 @@ func TestUnpackWithinLimits(t *testing.T) {
 		})
 	}
 	d := DefaultUnpackLimits()
-	if d.MaxBytes != 10<<30 || d.MaxFiles != 1_000_000 || d.MaxRatio != 100 || d.RatioGrace != 64<<20 {
+	if d.MaxBytes != 10<<30 || d.MaxEntryBytes != 10<<30 || d.MaxEntries != 1_000_000 || d.MaxRatio != 100 || d.RatioGrace != 64<<20 {
 		t.Errorf("defaults %+v", d)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
+	"github.com/agentbox/agentbox/internal/untar"
 )
 
 // Uploaded COPY contexts (E2B build API) live per team:
@@ -33,8 +34,14 @@ const uploadsDir = ".uploads"
 const MaxUploadBytes = 1 << 30
 
 // contextLimits bound what one uploaded context unpacks to (a gzip bomb
-// stops at the first limit it meets).
-func contextLimits() UnpackLimits { return UnpackLimits{MaxBytes: 4 << 30, MaxFiles: 200000} }
+// stops at the first limit it meets): the store's limits, within 4 GiB
+// and 200,000 entries.
+func (s *Store) contextLimits() untar.Limits {
+	l := s.unpack.Or(DefaultUnpackLimits())
+	l.MaxBytes = min(l.MaxBytes, 4<<30)
+	l.MaxEntries = min(l.MaxEntries, 200000)
+	return l
+}
 
 // Upload describes an uploaded context.
 type Upload struct {
@@ -172,7 +179,7 @@ func (s *Store) extractUpload(ctx context.Context, team, hash, dir string) error
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	st, err := s.unpackArchive(ctx, f, dir, contextLimits())
+	st, err := s.unpackArchive(ctx, f, dir, s.contextLimits())
 	if err != nil {
 		return fmt.Errorf("upload %s: %w", hash[:12], err)
 	}
