@@ -3,6 +3,7 @@ package benchmark
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -199,7 +200,9 @@ func RunIsolation(ctx context.Context, cfg IsolationConfig, w io.Writer, log *sl
 			// how soon its next command runs once it killed a fork bomb
 			// that held the sandbox's process limit.
 			value, note := "-", "from the owner's kill (through envd) of a fork bomb at the pids limit to its first successful `echo`"
-			if d, err := RecoverFromForkBomb(ctx, c, idle[1], 60*time.Second, perCall); err != nil {
+			if d, err := RecoverFromForkBomb(ctx, c, idle[1], 60*time.Second, perCall); errors.Is(err, ErrNeverBlocked) {
+				value, note = "0s", firstLine(err.Error())
+			} else if err != nil {
 				note = firstLine(err.Error())
 			} else {
 				value = round(d).String()

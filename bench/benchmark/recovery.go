@@ -2,6 +2,7 @@ package benchmark
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -59,6 +60,11 @@ const parallelReads = 32
 // command runs until its owner kills it.
 const ForkBomb = `:(){ :|:& };:; exec sleep 3600`
 
+// ErrNeverBlocked is RecoverFromForkBomb's answer when the owner's commands
+// kept running for the whole bomb (gVisor's Sentry, for one, never lets the
+// bomb fill the limit): there was nothing to recover from.
+var ErrNeverBlocked = errors.New("the fork bomb never kept the owner from running a command")
+
 // RecoverFromForkBomb starts ForkBomb in sb as root and waits until it holds
 // the sandbox's process limit (the owner's `echo` fails: nothing new can
 // start); then the owner kills it through envd (SIGKILL ends the command's
@@ -100,7 +106,7 @@ func RecoverFromForkBomb(ctx context.Context, c *wire.Client, sb *wire.Sandbox, 
 			break // the bomb holds every process slot the owner's command could take
 		}
 		if time.Since(start) > deadline {
-			return 0, fmt.Errorf("the fork bomb did not fill the sandbox's process limit within %s", deadline)
+			return 0, fmt.Errorf("%w: its echo answered throughout %s of the bomb", ErrNeverBlocked, deadline)
 		}
 		if err := pace(); err != nil {
 			return 0, err
