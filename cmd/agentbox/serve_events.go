@@ -10,6 +10,7 @@ import (
 	"github.com/agentbox/agentbox/internal/api"
 	"github.com/agentbox/agentbox/internal/destpolicy"
 	"github.com/agentbox/agentbox/internal/events"
+	"github.com/agentbox/agentbox/internal/kube"
 	"github.com/agentbox/agentbox/internal/sandbox"
 	"github.com/agentbox/agentbox/internal/store"
 )
@@ -43,7 +44,18 @@ func (s sandboxInfo) Info(id string) (events.Info, bool) {
 	if !ok {
 		return events.Info{}, false
 	}
-	return events.Info{TemplateID: sb.TemplateID, Metadata: sb.Metadata, StartedAt: sb.StartedAt,
+	md := sb.Metadata
+	if sb.Metadata[kube.MetaUID] != "" {
+		// A sandbox of a Kubernetes object: its events carry the caller's
+		// metadata, as the cluster's API shows it, not agentbox's keys.
+		md = map[string]string{}
+		for k, v := range sb.Metadata {
+			if !kube.Bookkeeping(k) {
+				md[k] = v
+			}
+		}
+	}
+	return events.Info{TemplateID: sb.TemplateID, Metadata: md, StartedAt: sb.StartedAt,
 		CPUCount: sb.CPUCount, MemoryMB: sb.MemoryMB}, true
 }
 

@@ -28,13 +28,27 @@ type kubeAPIFlags struct {
 	TokenSecretFile  string
 	AdvertiseAddress string
 	KeysNamespace    string
+	WebhooksNS       string
 }
 
 func addKubeAPIFlags(f *pflag.FlagSet, k *kubeAPIFlags) {
 	f.BoolVar(&k.Enabled, "kubernetes", false, "serve the E2B API and data plane of a whole Kubernetes cluster from its agent-sandbox objects, keeping no state (no store, no sandboxes here, runs unprivileged; several replicas may run): creates become Sandboxes or SandboxClaims run by the node agents (serve --kube-controller), sandbox traffic goes to the agent of the sandbox's node (docs/kubernetes.md)")
 	f.StringVar(&k.TokenSecretFile, "token-secret-file", "", "file holding the HMAC secret (at least 32 bytes, mode 0600 or 0400) of sandbox envd access and traffic tokens; give node agents and --kubernetes replicas the same file so the API tier hands out tokens the agents accept (default: a secret of this server's own store)")
 	f.StringVar(&k.AdvertiseAddress, "kube-advertise-address", "", "host:port where serve --kubernetes replicas reach this node agent's gateway, reported on its Lease (default: $POD_IP, else the --listen host, with the --listen port)")
-	f.StringVar(&k.KeysNamespace, "kube-keys-namespace", "agentbox-system", "with --kubernetes: namespace of the API key Secrets (type agentbox.dev/api-key, label agentbox.dev/team=TEAM, data sha256 = hex SHA-256 of the key) and of the webhooks teams register (type agentbox.dev/webhook); with --kube-controller: where the node agent reads those webhooks to deliver the events it makes")
+	f.StringVar(&k.KeysNamespace, "kube-keys-namespace", "agentbox-system", "with --kubernetes: namespace of the API key Secrets (type agentbox.dev/api-key, label agentbox.dev/team=TEAM, data sha256 = hex SHA-256 of the key)")
+	f.StringVar(&k.WebhooksNS, "kube-webhooks-namespace", "agentbox-webhooks", "namespace of the webhooks teams register on the cluster tier (Secrets of type agentbox.dev/webhook), and nothing else: serve --kubernetes writes them there, node agents (--kube-controller) read them to deliver the events they make; must differ from --kube-keys-namespace, since node agents may read every Secret in it")
+}
+
+// checkWebhooksNamespace refuses a webhooks namespace the API keys share:
+// node agents read every Secret of the webhooks namespace.
+func checkWebhooksNamespace(k kubeAPIFlags) error {
+	if k.WebhooksNS == "" {
+		return errors.New("--kube-webhooks-namespace: name the namespace of the cluster's webhook Secrets (default agentbox-webhooks)")
+	}
+	if k.WebhooksNS == k.KeysNamespace {
+		return fmt.Errorf("--kube-webhooks-namespace %s is --kube-keys-namespace too: node agents read every Secret of the webhooks namespace, so it must hold nothing else; give it a namespace of its own (default agentbox-webhooks)", k.WebhooksNS)
+	}
+	return nil
 }
 
 // readTokenSecret reads --token-secret-file: private to the server and long

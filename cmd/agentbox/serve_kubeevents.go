@@ -37,9 +37,12 @@ func kubeClient(kubeconfig string) (client.Client, error) {
 }
 
 // startKubeAPIEvents serves lifecycle events and webhooks on the API tier:
-// events read from the node agents, webhooks kept as Secrets in the keys
-// namespace (internal/kubeevents). The node agents derive and deliver.
+// events read from the node agents, webhooks kept as Secrets in the
+// webhooks namespace (internal/kubeevents). The node agents derive and deliver.
 func startKubeAPIEvents(ctx context.Context, c serveConfig, srv *kubeapi.Server, secret []byte, log *slog.Logger) error {
+	if err := checkWebhooksNamespace(c.KubeAPI); err != nil {
+		return err
+	}
 	kc, err := kubeClient(c.Kube.Kubeconfig)
 	if err != nil {
 		return err
@@ -51,7 +54,7 @@ func startKubeAPIEvents(ctx context.Context, c serveConfig, srv *kubeapi.Server,
 	if err != nil {
 		return err
 	}
-	st := kubeevents.NewStore(kc, c.KubeAPI.KeysNamespace, c.Kube.LeaseNS, secret, log.With("component", "events"))
+	st := kubeevents.NewStore(kc, c.KubeAPI.WebhooksNS, c.Kube.LeaseNS, secret, log.With("component", "events"))
 	svc, err := events.New(ctx, events.Config{MaxAge: c.Events.MaxAge, MaxWebhooks: c.Events.MaxWebhooks}, st, nil, nil, policy, log)
 	if err != nil {
 		return err
@@ -75,17 +78,21 @@ func startWebhookMirror(ctx context.Context, c serveConfig, st *store.Store, log
 	if !c.Kube.Controller {
 		return nil
 	}
+	if err := checkWebhooksNamespace(c.KubeAPI); err != nil {
+		return err
+	}
 	kc, err := kubeClient(c.Kube.Kubeconfig)
 	if err != nil {
 		return err
 	}
+	ns := c.KubeAPI.WebhooksNS
 	log = log.With("component", "webhook-mirror")
 	var probe corev1.SecretList
-	if err := kc.List(ctx, &probe, client.InNamespace(c.KubeAPI.KeysNamespace), client.HasLabels{kubeevents.LabelWebhookID}, client.Limit(1)); apierrors.IsForbidden(err) {
-		log.Warn("cannot list Secrets: webhooks registered through serve --kubernetes are not delivered from this node (grant list on secrets in the keys namespace)", "namespace", c.KubeAPI.KeysNamespace, "err", err)
+	if err := kc.List(ctx, &probe, client.InNamespace(ns), client.HasLabels{kubeevents.LabelWebhookID}, client.Limit(1)); apierrors.IsForbidden(err) {
+		log.Warn("cannot list Secrets: webhooks registered through serve --kubernetes are not delivered from this node (grant get, list and watch on secrets in --kube-webhooks-namespace: deploy/k8s/rbac.yaml's Role agentbox-webhook-reader)", "namespace", ns, "err", err)
 		return nil
 	}
-	m := kubeevents.NewMirror(kc, c.KubeAPI.KeysNamespace, st, filepath.Join(c.DataDir, "kube-webhooks.json"), log)
+	m := kubeevents.NewMirror(kc, ns, st, filepath.Join(c.DataDir, "kube-webhooks.json"), log)
 	go m.Run(ctx, kubeevents.DefaultMirrorInterval)
 	return nil
 }

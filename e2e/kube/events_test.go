@@ -17,9 +17,29 @@ import (
 	"testing"
 	"time"
 
+	coordv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/agentbox/agentbox/e2e/harness"
 	"github.com/agentbox/agentbox/internal/kubeevents"
 )
+
+// getEvents is one events request: status, headers and body.
+func getEvents(ctx context.Context, t *testing.T, base, key, path string) (int, http.Header, []byte) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, "GET", base+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-API-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, b
+}
 
 // hookEvent is what a webhook receiver and the events API read of an event.
 type hookEvent struct {
@@ -38,8 +58,12 @@ type hookReceiver struct {
 	addr, secret string
 	mu           sync.Mutex
 	bad          int
+	refusing     bool // answer 503 to every delivery
 	got          []hookEvent
 }
+
+// refuse makes the receiver answer 503 (or 2xx again).
+func (rc *hookReceiver) refuse(on bool) { rc.mu.Lock(); rc.refusing = on; rc.mu.Unlock() }
 
 func startHookReceiver(t *testing.T, secret string) *hookReceiver {
 	t.Helper()
@@ -54,6 +78,10 @@ func startHookReceiver(t *testing.T, secret string) *hookReceiver {
 		want := strings.TrimRight(strings.NewReplacer("+", "-", "/", "_").Replace(base64.StdEncoding.EncodeToString(h[:])), "=")
 		rc.mu.Lock()
 		defer rc.mu.Unlock()
+		if rc.refusing {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
 		if r.Header.Get("e2b-signature") != want {
 			rc.bad++
 			w.WriteHeader(http.StatusUnauthorized)
@@ -85,20 +113,26 @@ func (rc *hookReceiver) missing(id string, types ...string) []string {
 // --kubernetes) and checks its lifecycle events: served by the cluster API
 // from the node agent that ran it, scoped to the team, paged like the local
 // tier, and delivered, signed, to a webhook registered through the cluster
-// API (kept as a Secret, mirrored by the agent, delivered through its
-// destination policy). The agent's events feed answers only the token the
-// replicas hold.
+// API (kept as a Secret in the webhooks namespace, mirrored by the agent,
+// delivered through its destination policy), with the deliveries it is
+// owed counted on the cluster API. The agent and the replica run with the
+// RBAC of deploy/k8s's ServiceAccounts. The agent's events feed answers
+// only the token the replicas hold; an agent whose Lease ran out leaves
+// the answer marked incomplete, not failed.
 func TestKubeEvents(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	c, kcPath, secret := teamCluster(ctx, t)
+	applyShippedRBAC(ctx, t, c)
+	agentKC := serviceAccountKubeconfig(ctx, t, c, kcPath, "agentbox-system", "agentbox")
+	apiKC := serviceAccountKubeconfig(ctx, t, c, kcPath, "agentbox-system", "agentbox-api")
 	const hookSecret = "kube-webhook-secret-5e1d"
 	rc := startHookReceiver(t, hookSecret)
-	agent := harness.Start(t, harness.Args("--kube-controller", "--kubeconfig", kcPath,
+	agent := harness.Start(t, harness.Args("--kube-controller", "--kubeconfig", agentKC,
 		"--kube-node", "node-a", "--kube-lease-namespace", "agentbox-system", "--token-secret-file", secret,
-		"--fetch-allow", rc.addr))
+		"--fetch-allow", rc.addr, "--webhook-retry-base", "500ms", "--webhook-retry-max", "2s", "--webhook-attempts", "200"))
 	t.Cleanup(func() { drainTeamNamespaces(t, c, "team-a", "team-b") })
-	rep := startReplica(t, agent.Bin, kcPath, secret, "--fetch-allow", rc.addr)
+	rep := startReplica(t, agent.Bin, apiKC, secret, "--fetch-allow", rc.addr)
 	keyA, keyB := mintKubeKey(t, agent.Bin, kcPath, "team-a"), mintKubeKey(t, agent.Bin, kcPath, "team-b")
 	do := func(key, method, path, body string, want ...int) []byte {
 		t.Helper()
@@ -130,6 +164,9 @@ func TestKubeEvents(t *testing.T) {
 	if b := do(keyB, "GET", "/events/webhooks", "", http.StatusOK); strings.Contains(string(b), hook.ID) {
 		t.Errorf("team B lists team A's webhook: %s", b)
 	}
+
+	// The receiver is down at first: what it is owed piles up on the agent.
+	rc.refuse(true)
 
 	// A sandbox's life through the cluster API.
 	var sbx struct {
@@ -189,6 +226,24 @@ func TestKubeEvents(t *testing.T) {
 		t.Errorf("team B's event feed holds team A's sandbox: %s", b)
 	}
 
+	// What the receiver is owed, as the agent counts it, on the cluster API.
+	var view struct {
+		Pending int `json:"pendingDeliveries"`
+	}
+	waitFor(ctx, t, "pendingDeliveries on the cluster API", func() (bool, string) {
+		b := do(keyA, "GET", "/events/webhooks/"+hook.ID, "", http.StatusOK)
+		_ = json.Unmarshal(b, &view)
+		return view.Pending >= len(types), string(b)
+	})
+	var list []struct {
+		ID      string `json:"id"`
+		Pending int    `json:"pendingDeliveries"`
+	}
+	if err := json.Unmarshal(do(keyA, "GET", "/events/webhooks", "", http.StatusOK), &list); err != nil || len(list) != 1 || list[0].Pending < len(types) {
+		t.Errorf("webhook list: %+v %v, want the webhook with %d or more deliveries owed", list, err, len(types))
+	}
+	rc.refuse(false)
+
 	// Delivered, signed, to the receiver.
 	waitFor(ctx, t, "the webhook deliveries", func() (bool, string) {
 		m := rc.missing(id, types...)
@@ -199,6 +254,35 @@ func TestKubeEvents(t *testing.T) {
 		t.Errorf("%d deliveries did not verify", rc.bad)
 	}
 	rc.mu.Unlock()
+	waitFor(ctx, t, "nothing owed on the cluster API", func() (bool, string) {
+		b := do(keyA, "GET", "/events/webhooks/"+hook.ID, "", http.StatusOK)
+		_ = json.Unmarshal(b, &view)
+		return view.Pending == 0, string(b)
+	})
+
+	// A node agent whose Lease ran out an hour ago (gone, or cut off from
+	// the cluster): the events of the others, marked incomplete.
+	st, _ := json.Marshal(map[string]string{"node": "node-gone", "address": "127.0.0.1:1"})
+	renewed := metav1.NewMicroTime(time.Now().Add(-time.Hour))
+	gone := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: "agentbox-system", Name: "agentbox-node-node-gone",
+		Labels: map[string]string{"agentbox.dev/node-agent": "true"}, Annotations: map[string]string{"agentbox.dev/node-status": string(st)}},
+		Spec: coordv1.LeaseSpec{RenewTime: &renewed, LeaseDurationSeconds: new(int32(15))}}
+	if err := c.Create(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	status, hdr, body := getEvents(ctx, t, rep.URL, keyA, "/events/sandboxes/"+id+"?orderAsc=true&limit=100")
+	if status != http.StatusOK || !strings.Contains(string(body), evs[0].ID) {
+		t.Errorf("events with a node agent gone: %d %s, want 200 and node-a's events", status, body)
+	}
+	if h := hdr.Get("Agentbox-Events-Incomplete"); !strings.HasPrefix(h, "1 of 2 node agents not read (1 Lease expired)") {
+		t.Errorf("Agentbox-Events-Incomplete %q, want it to say one agent's Lease expired", h)
+	}
+	if err := c.Delete(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	if _, hdr, _ := getEvents(ctx, t, rep.URL, keyA, "/events/sandboxes/"+id); hdr.Get("Agentbox-Events-Incomplete") != "" {
+		t.Errorf("Agentbox-Events-Incomplete %q with every agent read", hdr.Get("Agentbox-Events-Incomplete"))
+	}
 
 	// The agent's feed: only with the replicas' token.
 	feed := agent.URL + kubeevents.FeedPath + "?team=team-a&limit=10"

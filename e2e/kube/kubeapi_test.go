@@ -327,12 +327,14 @@ func TestKubeAPIConformance(t *testing.T) {
 	})
 }
 
-// teamCluster is a cluster with the keys namespace agentbox-system, team
+// teamCluster is a cluster with the keys namespace agentbox-system, the
+// webhooks namespace agentbox-webhooks, team
 // namespaces team-a and team-b, and a token secret file for the agents and
 // the API replica.
 func teamCluster(ctx context.Context, t *testing.T) (c client.Client, kubeconfig, secret string) {
 	c, kubeconfig = cluster(ctx, t)
 	createTeamNamespace(ctx, t, c, "agentbox-system", nil)
+	createTeamNamespace(ctx, t, c, "agentbox-webhooks", nil)
 	createTeamNamespace(ctx, t, c, "team-a", map[string]any{"agentbox.dev/team": "team-a"})
 	createTeamNamespace(ctx, t, c, "team-b", map[string]any{"agentbox.dev/team": "team-b"})
 	secret = filepath.Join(t.TempDir(), "token-secret")

@@ -2,6 +2,7 @@ package kube
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -17,13 +18,17 @@ import (
 
 // parityStep is one request of the parity table. Paths and bodies name
 // sandboxes by the placeholders of earlier steps ({A}: the caller's,
-// {B}: another team's, {M}: an id nobody has).
+// {B}: another team's, {M}: an id nobody has; {W}: the caller's webhook,
+// {MW}: a webhook id nobody has).
 type parityStep struct {
 	name, method, path, body string
 	other                    bool   // sent with the other team's key
 	noKey                    bool   // sent without a key
-	save                     string // the answer's sandboxID becomes this placeholder
+	save                     string // the answer's sandboxID (or saveField) becomes this placeholder
+	saveField                string // the field save reads, if not sandboxID
+	saveTeam                 bool   // the answer's teamID is the caller's team ({T})
 	wait                     bool   // the answer may be a transition's: retry on 409 a while
+	events                   bool   // the answer is events: retry while it is [] a while (they are derived after the fact)
 }
 
 // parityTable is what both server modes must answer alike: valid and
@@ -125,6 +130,54 @@ func parityTable() []parityStep {
 		{name: "info killed", method: "GET", path: "/sandboxes/{A}"},
 		{name: "kill (other team)", method: "DELETE", path: "/sandboxes/{B}", other: true},
 		{name: "no key", method: "GET", path: "/v2/sandboxes", noKey: true},
+
+		// Lifecycle events (GET /events/sandboxes), after the sandbox's life.
+		{name: "events: created", method: "GET", path: "/events/sandboxes/{A}?types=sandbox.lifecycle.created", events: true},
+		{name: "events: paused, oldest first", method: "GET", path: "/events/sandboxes/{A}?types=sandbox.lifecycle.paused&orderAsc=true", events: true},
+		{name: "events: killed", method: "GET", path: "/events/sandboxes/{A}?types=sandbox.lifecycle.killed", events: true},
+		{name: "events: the team's newest killed", method: "GET", path: "/events/sandboxes?types=sandbox.lifecycle.killed&limit=1", events: true},
+		{name: "events: types comma-separated", method: "GET", path: "/events/sandboxes/{A}?types=sandbox.lifecycle.created,sandbox.lifecycle.killed&orderAsc=true", events: true},
+		{name: "events: past the end", method: "GET", path: "/events/sandboxes/{A}?offset=1000&limit=1"},
+		{name: "events: missing sandbox", method: "GET", path: "/events/sandboxes/{M}"},
+		{name: "events: foreign sandbox", method: "GET", path: "/events/sandboxes/{B}"},
+		{name: "events: limit 0", method: "GET", path: "/events/sandboxes/{A}?limit=0"},
+		{name: "events: limit over 100", method: "GET", path: "/events/sandboxes?limit=101"},
+		{name: "events: negative offset", method: "GET", path: "/events/sandboxes?offset=-1"},
+		{name: "events: orderAsc not a boolean", method: "GET", path: "/events/sandboxes?orderAsc=sideways"},
+		{name: "events: unknown type", method: "GET", path: "/events/sandboxes?types=sandbox.lifecycle.exploded"},
+		{name: "events: no key", method: "GET", path: "/events/sandboxes", noKey: true},
+
+		// Webhooks (/events/webhooks). The address is never resolved here
+		// (checked again at delivery), and the webhook hears only snapshots,
+		// of which there are no more: nothing is owed to it.
+		{name: "webhook create", method: "POST", path: "/events/webhooks", body: `{"name":"parity","url":"https://hooks.example.com/parity","events":["sandbox.lifecycle.checkpointed","sandbox.lifecycle.checkpointed"],"signatureSecret":"parity-secret-1"}`,
+			save: "W", saveField: "id", saveTeam: true},
+		{name: "webhook create: no url", method: "POST", path: "/events/webhooks", body: `{"events":["sandbox.lifecycle.killed"],"signatureSecret":"parity-secret-1"}`},
+		{name: "webhook create: no events", method: "POST", path: "/events/webhooks", body: `{"url":"https://hooks.example.com/p","signatureSecret":"parity-secret-1"}`},
+		{name: "webhook create: unknown event", method: "POST", path: "/events/webhooks", body: `{"url":"https://hooks.example.com/p","events":["sandbox.lifecycle.exploded"],"signatureSecret":"parity-secret-1"}`},
+		{name: "webhook create: short secret", method: "POST", path: "/events/webhooks", body: `{"url":"https://hooks.example.com/p","events":["sandbox.lifecycle.killed"],"signatureSecret":"short"}`},
+		{name: "webhook create: unknown field", method: "POST", path: "/events/webhooks", body: `{"url":"https://hooks.example.com/p","events":["sandbox.lifecycle.killed"],"signatureSecret":"parity-secret-1","secret":"x"}`},
+		{name: "webhook create: not http", method: "POST", path: "/events/webhooks", body: `{"url":"ftp://hooks.example.com/p","events":["sandbox.lifecycle.killed"],"signatureSecret":"parity-secret-1"}`},
+		{name: "webhook create: loopback address", method: "POST", path: "/events/webhooks", body: `{"url":"http://127.0.0.1:9/hook","events":["sandbox.lifecycle.killed"],"signatureSecret":"parity-secret-1"}`},
+		{name: "webhook create: metadata address", method: "POST", path: "/events/webhooks", body: `{"url":"http://169.254.169.254/latest","events":["sandbox.lifecycle.killed"],"signatureSecret":"parity-secret-1"}`},
+		{name: "webhook create: not JSON", method: "POST", path: "/events/webhooks", body: `nope`},
+		{name: "webhook list", method: "GET", path: "/events/webhooks"},
+		{name: "webhook get", method: "GET", path: "/events/webhooks/{W}"},
+		{name: "webhook get missing", method: "GET", path: "/events/webhooks/{MW}"},
+		{name: "webhook get (other team)", method: "GET", path: "/events/webhooks/{W}", other: true},
+		{name: "webhook list (other team)", method: "GET", path: "/events/webhooks", other: true},
+		{name: "webhook patch", method: "PATCH", path: "/events/webhooks/{W}", body: `{"name":"renamed","enabled":false}`},
+		{name: "webhook patch: no events", method: "PATCH", path: "/events/webhooks/{W}", body: `{"events":[]}`},
+		{name: "webhook patch: loopback address", method: "PATCH", path: "/events/webhooks/{W}", body: `{"url":"http://localhost:9/x"}`},
+		{name: "webhook patch (other team)", method: "PATCH", path: "/events/webhooks/{W}", body: `{"name":"stolen"}`, other: true},
+		{name: "webhook patch missing", method: "PATCH", path: "/events/webhooks/{MW}", body: `{"name":"x"}`},
+		{name: "webhook get after the patch", method: "GET", path: "/events/webhooks/{W}"},
+		{name: "webhook delete (other team)", method: "DELETE", path: "/events/webhooks/{W}", other: true},
+		{name: "webhook delete missing", method: "DELETE", path: "/events/webhooks/{MW}"},
+		{name: "webhook delete", method: "DELETE", path: "/events/webhooks/{W}"},
+		{name: "webhook get after the delete", method: "GET", path: "/events/webhooks/{W}"},
+		{name: "webhook list after the delete", method: "GET", path: "/events/webhooks"},
+		{name: "webhook: no key", method: "GET", path: "/events/webhooks", noKey: true},
 	}
 }
 
@@ -142,13 +195,18 @@ type parityAnswer struct {
 var (
 	parityTime  = regexp.MustCompile(`"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z"`)
 	parityToken = regexp.MustCompile(`"(envdAccessToken|trafficAccessToken)":"[^"]*"`)
+	// An event's own id and execution id are fresh UUIDs, and how long
+	// the sandbox ran differs by a few milliseconds.
+	parityEventID  = regexp.MustCompile(`"(id|sandboxExecutionId)":"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"`)
+	parityExecTime = regexp.MustCompile(`"execution_time":\d+`)
 )
 
 // runParity sends the table to target and returns the answers with ids,
 // times and tokens replaced by placeholders.
 func runParity(ctx context.Context, t *testing.T, target parityTarget) []parityAnswer {
 	t.Helper()
-	ids := map[string]string{"M": "imissingsandbox00000"}
+	ids := map[string]string{"M": "imissingsandbox00000", "MW": "00000000-0000-4000-8000-000000000000"}
+	team := ""
 	sub := func(s string) string {
 		for k, v := range ids {
 			s = strings.ReplaceAll(s, "{"+k+"}", v)
@@ -156,7 +214,8 @@ func runParity(ctx context.Context, t *testing.T, target parityTarget) []parityA
 		return s
 	}
 	var out []parityAnswer
-	for _, st := range parityTable() {
+	table := parityTable()
+	for _, st := range table {
 		key := target.key
 		if st.other {
 			key = target.otherKey
@@ -168,30 +227,49 @@ func runParity(ctx context.Context, t *testing.T, target parityTarget) []parityA
 		var body []byte
 		for deadline := time.Now().Add(time.Minute); ; {
 			status, body = parityDo(ctx, t, target.url, key, st.method, sub(st.path), sub(st.body))
-			if !st.wait || status != http.StatusConflict || time.Now().After(deadline) {
+			retry := (st.wait && status == http.StatusConflict) || (st.events && status == http.StatusOK && string(body) == "[]")
+			if !retry || time.Now().After(deadline) {
 				break
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
+		var got map[string]any
+		_ = json.Unmarshal(body, &got)
 		if st.save != "" {
-			var got struct {
-				SandboxID string `json:"sandboxID"`
-			}
-			_ = json.Unmarshal(body, &got)
-			ids[st.save] = got.SandboxID
-			if got.SandboxID == "" {
+			field := cmp.Or(st.saveField, "sandboxID")
+			id, _ := got[field].(string)
+			ids[st.save] = id
+			if id == "" {
 				ids[st.save] = "inosandbox" + st.save
 			}
 		}
-		norm := string(body)
+		if st.saveTeam {
+			team, _ = got["teamID"].(string)
+		}
+		out = append(out, parityAnswer{Status: status, Body: string(body)})
+	}
+	// Normalised once every placeholder is known (the team is learnt late).
+	var teamField *regexp.Regexp
+	if team != "" {
+		teamField = regexp.MustCompile(`"(teamID|sandboxTeamId)":"` + regexp.QuoteMeta(team) + `"`)
+	}
+	for i := range out {
+		norm := out[i].Body
 		for k, v := range ids {
 			if v != "" {
 				norm = strings.ReplaceAll(norm, v, "{"+k+"}")
 			}
 		}
+		if teamField != nil {
+			norm = teamField.ReplaceAllString(norm, `"$1":"{T}"`)
+		}
 		norm = parityTime.ReplaceAllString(norm, `"<time>"`)
 		norm = parityToken.ReplaceAllString(norm, `"$1":"<token>"`)
-		out = append(out, parityAnswer{Status: status, Body: norm})
+		if table[i].events {
+			norm = parityEventID.ReplaceAllString(norm, `"$1":"<uuid>"`)
+			norm = parityExecTime.ReplaceAllString(norm, `"execution_time":"<ms>"`)
+		}
+		out[i].Body = norm
 	}
 	return out
 }

@@ -3,6 +3,7 @@ package events
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -110,7 +111,10 @@ func (s *Service) listEvents(w http.ResponseWriter, r *http.Request, team, sandb
 	}
 	bodies, err := s.st.ListEvents(r.Context(), store.EventFilter{TeamID: team, SandboxID: sandboxID, Types: q.Types,
 		Since: s.now().Add(-s.cfg.MaxAge), Offset: q.Offset, Limit: q.Limit, Asc: q.Asc})
-	if err != nil {
+	var inc *IncompleteError
+	if errors.As(err, &inc) {
+		w.Header().Set(IncompleteHeader, inc.Missing)
+	} else if err != nil {
 		httperr.Write(w, err)
 		return
 	}
@@ -119,6 +123,19 @@ func (s *Service) listEvents(w http.ResponseWriter, r *http.Request, team, sandb
 	w.WriteHeader(http.StatusOK)
 	io.WriteString(w, "["+strings.Join(bodies, ",")+"]\n")
 }
+
+// IncompleteHeader is set on an events answer that lacks some events the
+// server could not read at the time (the cluster tier: a node agent that
+// is gone or does not answer), saying what is missing. The body is the
+// events that could be read, paged as if they were all there were.
+const IncompleteHeader = "Agentbox-Events-Incomplete"
+
+// IncompleteError is what a Store's ListEvents returns with the events it
+// could read when part of them could not be read: the route serves those
+// events with IncompleteHeader set to Missing. Any other error fails it.
+type IncompleteError struct{ Missing string }
+
+func (e *IncompleteError) Error() string { return "events incomplete: " + e.Missing }
 
 // ---- webhooks ----
 

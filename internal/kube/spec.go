@@ -127,11 +127,7 @@ func createRequest(sb *agentsv1.Sandbox, teamID string, timeout time.Duration) (
 		AllowInternet: sb.Annotations[AnnotationAllowInternet] == "true",
 		Network:       network,
 		Workdir:       c.WorkingDir,
-		Metadata: map[string]string{
-			MetaUID:       string(sb.UID),
-			MetaNamespace: sb.Namespace,
-			MetaName:      sb.Name,
-		},
+		Metadata:      sandboxMetadata(sb), // metadata.go
 	}, nil
 }
 

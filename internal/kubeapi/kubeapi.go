@@ -43,8 +43,9 @@ const (
 	SecretType   = "agentbox.dev/api-key"
 	KeyHashField = "sha256"
 	// AnnotationMetadata holds a sandbox's E2B metadata (JSON) on the
-	// Sandbox or SandboxClaim the API tier made.
-	AnnotationMetadata = "agentbox.dev/metadata"
+	// Sandbox or SandboxClaim the API tier made; the node agent gives it
+	// to the sandbox.
+	AnnotationMetadata = kube.AnnotationMetadata
 	// LabelOrigin marks the objects the API tier made.
 	LabelOrigin = "agentbox.dev/origin"
 )

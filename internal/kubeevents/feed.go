@@ -26,6 +26,18 @@ import (
 // not an E2B route: only a holder of the cluster's token secret may call it.
 const FeedPath = "/agentbox/cluster/events"
 
+// StatsPath is the node agent's route the API tier reads the delivery
+// figures of a team's webhooks from, with the feed's token.
+const StatsPath = "/agentbox/cluster/webhook-stats"
+
+// WebhookStats are one webhook's delivery figures on one node agent.
+type WebhookStats struct {
+	ID        string `json:"id"`
+	Pending   int    `json:"pending"`
+	Dropped   int64  `json:"dropped"`
+	LastError string `json:"lastError,omitempty"`
+}
+
 // MaxDepth bounds how deep the API tier pages (offset + limit): every node
 // agent sends up to that many events per request, to be merged.
 const MaxDepth = 1100
@@ -42,29 +54,39 @@ func FeedToken(secret []byte) string {
 type FeedStore interface {
 	FindTeam(ctx context.Context, ref string) (store.Team, error)
 	ListEvents(ctx context.Context, f store.EventFilter) ([]string, error)
+	ListWebhooks(ctx context.Context, teamID string) ([]store.WebhookRow, error)
+	PendingDeliveries(ctx context.Context, webhookID string) (int, error)
 }
 
-// Feed serves FeedPath on a node agent and passes every other request to
-// next. secret is the shared token secret; without one there is no feed.
+// Feed serves FeedPath and StatsPath on a node agent and passes every
+// other request to next. secret is the shared token secret; without one there is no feed.
 func Feed(next http.Handler, secret []byte, st FeedStore, log *slog.Logger) http.Handler {
 	if len(secret) == 0 {
 		return next
 	}
 	want := []byte("Bearer " + FeedToken(secret))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != FeedPath {
+		if r.URL.Path != FeedPath && r.URL.Path != StatsPath {
 			next.ServeHTTP(w, r)
 			return
 		}
 		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
-			httperr.Write(w, fmt.Errorf("%s serves the cluster's API replicas only: %w", FeedPath, errdefs.ErrUnauthenticated))
+			httperr.Write(w, fmt.Errorf("%s serves the cluster's API replicas only: %w", r.URL.Path, errdefs.ErrUnauthenticated))
 			return
 		}
 		if r.Method != http.MethodGet {
-			httperr.Write(w, fmt.Errorf("%s %s: only GET: %w", r.Method, FeedPath, errdefs.ErrInvalidArgument))
+			httperr.Write(w, fmt.Errorf("%s %s: only GET: %w", r.Method, r.URL.Path, errdefs.ErrInvalidArgument))
 			return
 		}
-		bodies, err := feed(r.Context(), st, r.URL.Query())
+		var (
+			bodies any
+			err    error
+		)
+		if r.URL.Path == StatsPath {
+			bodies, err = stats(r.Context(), st, r.URL.Query().Get("team"))
+		} else {
+			bodies, err = feed(r.Context(), st, r.URL.Query())
+		}
 		if err != nil {
 			log.Warn("cluster events feed", "err", err)
 			httperr.Write(w, err)
@@ -138,6 +160,34 @@ func feed(ctx context.Context, st FeedStore, q url.Values) ([]json.RawMessage, e
 			return nil, err
 		}
 		out = append(out, raw)
+	}
+	return out, nil
+}
+
+// stats answers one StatsPath request: the delivery figures of the
+// webhooks of the team (by its cluster name) this agent holds.
+func stats(ctx context.Context, st FeedStore, name string) ([]WebhookStats, error) {
+	if name == "" {
+		return nil, fmt.Errorf("team: missing: %w", errdefs.ErrInvalidArgument)
+	}
+	out := []WebhookStats{}
+	t, err := st.FindTeam(ctx, name)
+	if errors.Is(err, errdefs.ErrNotFound) || (err == nil && t.Name != name) {
+		return out, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	rows, err := st.ListWebhooks(ctx, t.ID)
+	if err != nil {
+		return nil, err
+	}
+	for _, w := range rows {
+		n, err := st.PendingDeliveries(ctx, w.ID)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, WebhookStats{ID: w.ID, Pending: n, Dropped: w.Dropped, LastError: w.LastError})
 	}
 	return out, nil
 }

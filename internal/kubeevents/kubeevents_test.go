@@ -33,6 +33,22 @@ type memStore struct {
 	teams    []store.Team
 	events   []store.EventRow
 	webhooks map[string]store.WebhookRow
+	pending  map[string]int // webhook id -> owed deliveries
+}
+
+func (m *memStore) ListWebhooks(_ context.Context, team string) ([]store.WebhookRow, error) {
+	var out []store.WebhookRow
+	for _, w := range m.webhooks {
+		if w.TeamID == team {
+			out = append(out, w)
+		}
+	}
+	slices.SortFunc(out, func(a, b store.WebhookRow) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+func (m *memStore) PendingDeliveries(_ context.Context, id string) (int, error) {
+	return m.pending[id], nil
 }
 
 func (m *memStore) FindTeam(_ context.Context, ref string) (store.Team, error) {
@@ -218,7 +234,9 @@ func TestListEventsMerge(t *testing.T) {
 	defer failing.Close()
 	host := func(s *httptest.Server) string { return strings.TrimPrefix(s.URL, "http://") }
 	now := time.Now()
-	objs := []client.Object{lease("a", host(srvA), now), lease("b", host(srvB), now), lease("gone", "127.0.0.1:1", now.Add(-time.Hour))}
+	objs := []client.Object{lease("a", host(srvA), now), lease("b", host(srvB), now)}
+	gone := lease("gone", "127.0.0.1:1", now.Add(-time.Hour))
+	all := []string{"s1/resumed/team-a", "s1/paused/team-a", "s2/created/team-a", "s1/created/team-a"}
 	ids := func(bodies []string) []string {
 		var out []string
 		for _, b := range bodies {
@@ -231,8 +249,10 @@ func TestListEventsMerge(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		extra   []client.Object
+		only    []client.Object // instead of objs and extra
 		f       store.EventFilter
 		want    []string
+		missing string // the start of the IncompleteError's Missing
 		wantErr error
 	}{
 		{name: "newest first across agents", f: store.EventFilter{TeamID: "team-a", Limit: 10},
@@ -246,14 +266,28 @@ func TestListEventsMerge(t *testing.T) {
 		{name: "past the end", f: store.EventFilter{TeamID: "team-a", Offset: 10, Limit: 10}},
 		{name: "another team", f: store.EventFilter{TeamID: "team-b", Limit: 10}, want: []string{"s9/created/team-b"}},
 		{name: "too deep", f: store.EventFilter{TeamID: "team-a", Offset: MaxDepth, Limit: 10}, wantErr: errdefs.ErrInvalidArgument},
+		// Agents that cannot be read: the others' events, and what is missing.
 		{name: "a live agent that refuses", extra: []client.Object{lease("c", host(failing), now)}, f: store.EventFilter{TeamID: "team-a", Limit: 10},
-			wantErr: errdefs.ErrUnavailable},
+			want: all, missing: "1 of 3 node agents not read (1 did not answer)"},
 		{name: "a live agent without an address", extra: []client.Object{lease("d", "", now)}, f: store.EventFilter{TeamID: "team-a", Limit: 10},
+			want: all, missing: "1 of 3 node agents not read (1 no address on its Lease)"},
+		{name: "an agent whose Lease expired", extra: []client.Object{gone}, f: store.EventFilter{TeamID: "team-a", Limit: 10, Since: t0.Add(-time.Hour)},
+			want: all, missing: "1 of 3 node agents not read (1 Lease expired)"},
+		{name: "all three", extra: []client.Object{gone, lease("c", host(failing), now), lease("d", "", now)}, f: store.EventFilter{TeamID: "team-a", Limit: 1, Offset: 1},
+			want: all[1:2], missing: "3 of 5 node agents not read (1 Lease expired, 1 did not answer, 1 no address on its Lease)"},
+		// (The events here are older than that too: none is served.)
+		{name: "a Lease expired before the events kept", extra: []client.Object{gone}, f: store.EventFilter{TeamID: "team-a", Limit: 10, Since: now.Add(-time.Minute)}},
+		{name: "no agent can be read", only: []client.Object{gone, lease("c", host(failing), now)}, f: store.EventFilter{TeamID: "team-a", Limit: 10},
 			wantErr: errdefs.ErrUnavailable},
+		{name: "no agent at all", only: []client.Object{}, f: store.EventFilter{TeamID: "team-a", Limit: 10}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := scheme(t).WithObjects(append(slices.Clone(objs), tc.extra...)...).Build()
-			st := NewStore(c, "agentbox-system", "agentbox-system", secretA, quiet)
+			o := append(slices.Clone(objs), tc.extra...)
+			if tc.only != nil {
+				o = tc.only
+			}
+			c := scheme(t).WithObjects(o...).Build()
+			st := NewStore(c, "agentbox-webhooks", "agentbox-system", secretA, quiet)
 			got, err := st.ListEvents(t.Context(), tc.f)
 			if tc.wantErr != nil {
 				if !errors.Is(err, tc.wantErr) {
@@ -261,8 +295,14 @@ func TestListEventsMerge(t *testing.T) {
 				}
 				return
 			}
-			if err != nil {
+			var inc *events.IncompleteError
+			switch {
+			case tc.missing == "" && err != nil:
 				t.Fatal(err)
+			case tc.missing != "" && !errors.As(err, &inc):
+				t.Fatalf("err %v, want the events of the agents read and what is missing", err)
+			case tc.missing != "" && !strings.HasPrefix(inc.Missing, tc.missing):
+				t.Errorf("missing %q, want %q...", inc.Missing, tc.missing)
 			}
 			if g := ids(got); !slices.Equal(g, tc.want) {
 				t.Errorf("got %v, want %v", g, tc.want)
@@ -274,7 +314,7 @@ func TestListEventsMerge(t *testing.T) {
 func TestWebhookSecrets(t *testing.T) {
 	ctx := t.Context()
 	c := scheme(t).Build()
-	st := NewStore(c, "agentbox-system", "agentbox-system", secretA, quiet)
+	st := NewStore(c, "agentbox-webhooks", "agentbox-system", secretA, quiet)
 	w := store.WebhookRow{ID: "0c6d7e3a-1111-4222-8333-944445555666", TeamID: "team-a", Name: "n", URL: "https://hooks.example.com/x",
 		Enabled: true, Events: []string{events.TypeCreated}, Secret: "s3cret-s3cret", CreatedAt: t0}
 	if err := st.CreateWebhook(ctx, w, 1, "--max-webhooks"); err != nil {
@@ -341,7 +381,7 @@ func TestWebhookSecrets(t *testing.T) {
 		t.Errorf("after delete: %+v", l)
 	}
 	// An API key Secret is never a webhook.
-	key := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "agentbox-system", Name: SecretPrefix + "k1",
+	key := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "agentbox-webhooks", Name: SecretPrefix + "k1",
 		Labels: map[string]string{kube.LabelTeam: "team-a", LabelWebhookID: "k1"}}, Type: "agentbox.dev/api-key"}
 	if err := c.Create(ctx, key); err != nil {
 		t.Fatal(err)
@@ -354,7 +394,7 @@ func TestWebhookSecrets(t *testing.T) {
 func TestMirror(t *testing.T) {
 	ctx := t.Context()
 	c := scheme(t).Build()
-	api := NewStore(c, "agentbox-system", "agentbox-system", secretA, quiet)
+	api := NewStore(c, "agentbox-webhooks", "agentbox-system", secretA, quiet)
 	hook := func(id, team string) store.WebhookRow {
 		return store.WebhookRow{ID: id, TeamID: team, URL: "https://hooks.example.com/" + id, Enabled: true,
 			Events: []string{events.TypeCreated}, Secret: "secret-" + id, CreatedAt: t0}
@@ -369,7 +409,7 @@ func TestMirror(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "kube-webhooks.json")
 	sync := func() {
 		t.Helper()
-		if err := NewMirror(c, "agentbox-system", local, state, quiet).Sync(ctx); err != nil {
+		if err := NewMirror(c, "agentbox-webhooks", local, state, quiet).Sync(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -404,7 +444,7 @@ func TestMirror(t *testing.T) {
 	// A team moved under a webhook: removed from the old team, then added
 	// to the new one.
 	var sec corev1.Secret
-	if err := c.Get(ctx, client.ObjectKey{Namespace: "agentbox-system", Name: SecretPrefix + "h1"}, &sec); err != nil {
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "agentbox-webhooks", Name: SecretPrefix + "h1"}, &sec); err != nil {
 		t.Fatal(err)
 	}
 	sec.Labels[kube.LabelTeam] = "team-b"
@@ -415,5 +455,62 @@ func TestMirror(t *testing.T) {
 	sync()
 	if got, want := has(), []string{"h1@local-b", "own@local-a"}; !slices.Equal(got, want) {
 		t.Fatalf("after the team changed: %v, want %v", got, want)
+	}
+}
+
+// TestWebhookFigures: the API tier reports a cluster webhook's owed and
+// dropped deliveries and last error as the node agents that deliver it
+// count them, summed, and only for the caller's team's webhooks.
+func TestWebhookFigures(t *testing.T) {
+	ctx := t.Context()
+	const id = "0c6d7e3a-1111-4222-8333-944445555666"
+	a := &memStore{teams: []store.Team{{ID: "x1", Name: "team-a"}}, pending: map[string]int{id: 2, "own": 7},
+		webhooks: map[string]store.WebhookRow{id: {ID: id, TeamID: "x1", Dropped: 1}, "own": {ID: "own", TeamID: "x1", Dropped: 9}}}
+	b := &memStore{teams: []store.Team{{ID: "y1", Name: "team-a"}}, pending: map[string]int{id: 3},
+		webhooks: map[string]store.WebhookRow{id: {ID: id, TeamID: "y1", Dropped: 4, LastError: "receiver answered 500"}}}
+	srvA := httptest.NewServer(Feed(http.NotFoundHandler(), secretA, a, quiet))
+	defer srvA.Close()
+	srvB := httptest.NewServer(Feed(http.NotFoundHandler(), secretA, b, quiet))
+	defer srvB.Close()
+	failing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusBadGateway) }))
+	defer failing.Close()
+	host := func(s *httptest.Server) string { return strings.TrimPrefix(s.URL, "http://") }
+	now := time.Now()
+	c := scheme(t).WithObjects(lease("a", host(srvA), now), lease("b", host(srvB), now), lease("c", host(failing), now)).Build()
+	st := NewStore(c, "agentbox-webhooks", "agentbox-system", secretA, quiet)
+	w := store.WebhookRow{ID: id, TeamID: "team-a", URL: "https://hooks.example.com/x", Enabled: true,
+		Events: []string{events.TypeCreated}, Secret: "s3cret-s3cret", CreatedAt: t0}
+	if err := st.CreateWebhook(ctx, w, 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := st.PendingDeliveries(ctx, id); n != 0 {
+		t.Errorf("pending before the webhook was read: %d, want 0", n)
+	}
+	got, err := st.GetWebhook(ctx, "team-a", id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Dropped != 5 || got.LastError != "node b: receiver answered 500" {
+		t.Errorf("dropped %d, last error %q; want 5 and node b's", got.Dropped, got.LastError)
+	}
+	if n, _ := st.PendingDeliveries(ctx, id); n != 5 {
+		t.Errorf("pending %d, want 2+3 (the agent that failed adds nothing)", n)
+	}
+	list, err := st.ListWebhooks(ctx, "team-a")
+	if err != nil || len(list) != 1 || list[0].Dropped != 5 {
+		t.Errorf("list: %+v %v, want the one webhook, 5 dropped", list, err)
+	}
+	if n, _ := st.PendingDeliveries(ctx, "own"); n != 0 {
+		t.Errorf("an agent's own webhook counted on the cluster tier: %d", n)
+	}
+	if l, _ := st.ListWebhooks(ctx, "team-b"); len(l) != 0 {
+		t.Errorf("team B lists %+v", l)
+	}
+	// The agents' route answers only the replicas' token.
+	req := httptest.NewRequest("GET", StatsPath+"?team=team-a", nil)
+	rec := httptest.NewRecorder()
+	Feed(http.NotFoundHandler(), secretA, a, quiet).ServeHTTP(rec, req)
+	if rec.Code != http.StatusUnauthorized {
+		t.Errorf("stats without a token: %d %s", rec.Code, rec.Body)
 	}
 }

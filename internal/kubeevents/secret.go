@@ -7,14 +7,19 @@
 // live node agent for the caller's team's events (the feed, authenticated
 // with a token derived from the token secret the agents and replicas
 // share) and merging the answers, so the wire shape, team scoping and
-// paging are internal/events' own.
+// paging are internal/events' own. When an agent cannot be read (its Lease
+// ran out, or it does not answer) the others' events are served with
+// header events.IncompleteHeader saying what is missing.
 //
 // Webhooks registered through the API tier are kept in the cluster, one
-// Secret each in the keys namespace (the signature secret is a secret).
-// Every node agent mirrors them into its own store, so the one deliverer of
-// an event is the events service of the agent that made it: durable
-// at-least-once delivery, retries, the per-team queue bound and the
-// destination policy of that agent all hold unchanged.
+// Secret each in a namespace of their own (--kube-webhooks-namespace: the
+// signature secret is a secret, and node agents may read that namespace
+// but never the API keys'). Every node agent mirrors them into its own
+// store, so the one deliverer of an event is the events service of the
+// agent that made it: durable at-least-once delivery, retries, the
+// per-team queue bound and the destination policy of that agent all hold
+// unchanged. The figures of a webhook's queue (pendingDeliveries,
+// droppedDeliveries, lastError) are the agents' too, read through the feed.
 package kubeevents
 
 import (
@@ -29,7 +34,7 @@ import (
 	"github.com/agentbox/agentbox/internal/store"
 )
 
-// Webhook Secrets: type WebhookSecretType in the keys namespace, named
+// Webhook Secrets: type WebhookSecretType in the webhooks namespace, named
 // SecretPrefix+id, labelled kube.LabelTeam=TEAM and LabelWebhookID=id.
 const (
 	WebhookSecretType = "agentbox.dev/webhook"
