@@ -68,6 +68,7 @@ type serveConfig struct {
 	Runsc           string
 	MicroVMAccel    string
 	UserNS          bool
+	DiskPool        int
 	BuildBase       bool
 	LogLevel        string
 	LogFormat       string
@@ -156,6 +157,7 @@ which wins over the file.`,
 	f.IntVar(&c.LazyResumeMB, "lazy-resume-mb", runc.DefaultLazyResumeMB, "resume a paused container-tier sandbox whose memory image is at least this many MiB lazily: it runs at once and its memory is loaded on first touch and in the background (CRIU lazy pages over userfaultfd; a full restore where that is unavailable); -1 never")
 	f.StringVar(&c.Runsc, "runsc", "runsc", "gVisor runsc binary for the gvisor isolation tier (the tier is unavailable when it is missing)")
 	f.StringVar(&c.MicroVMAccel, "microvm-accel", "", "accelerator of the microvm isolation tier: kvm, tcg, or empty to use KVM where it boots a guest and TCG (software emulation) elsewhere")
+	f.IntVar(&c.DiskPool, "disk-pool", 2, "sandbox disks (the writable layer of a sandbox with a disk limit) kept made, attached and mounted ahead of creates (each a fresh copy of the empty disk image, used by one sandbox only; refilled in the background), which takes the loop device and ext4 mount off the create path; 0 makes each disk in its create")
 	f.BoolVar(&c.UserNS, "userns", true, "run container-tier sandboxes in a user namespace that owns their network namespace, each with a host uid range of its own (65536 ids from host uid 100000 on), so sandbox root owns nothing of another sandbox (template layers are shown through idmapped mounts, or uid-shifted copies where the kernel cannot idmap); --userns=false shares the host's user namespace")
 	addLifecycleFlags(f, &c.Lifecycle)
 	f.BoolVar(&c.BuildBase, "build-base", true, "build the base template at start if it is missing")
@@ -279,6 +281,9 @@ func findEnvd(explicit string) (string, error) {
 // runc (the default), runsc and microvm. The registry is the runtime the sandbox
 // manager uses; it routes each sandbox to its tier's driver.
 func newRuntime(c *serveConfig, runDir, envd, hookBin string, nw *network.Manager, log *slog.Logger) (*bundle.Store, *runtime.Tiers, error) {
+	if c.DiskPool < 0 || c.DiskPool > 64 {
+		return nil, nil, fmt.Errorf("--disk-pool %d: want 0 (no pool) to 64 disks made ahead", c.DiskPool)
+	}
 	runcRoot := filepath.Join(runDir, "runc")
 	bundles, err := bundle.New(bundle.Config{
 		StateDir:     filepath.Join(c.DataDir, "sandboxes"),
@@ -289,6 +294,7 @@ func newRuntime(c *serveConfig, runDir, envd, hookBin string, nw *network.Manage
 		// everything else.
 		IdmapDir:   runcRoot + "-idmap",
 		HookBinary: hookBin,
+		DiskPool:   c.DiskPool,
 	}, log)
 	if err != nil {
 		return nil, nil, err
@@ -646,6 +652,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	log.Info("shutting down; sandboxes keep running and are re-adopted at the next start")
 	shutdownServers(servers, c.ShutdownGrace, gw.Drain, log) // serve_shutdown.go
 	vols.Close()
+	bundles.Close()
 	return nil
 }
 

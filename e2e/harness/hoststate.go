@@ -67,6 +67,12 @@ func (s *Server) HostState(ctx context.Context) HostState {
 	}
 	if out, err := exec.CommandContext(ctx, "losetup", "-a").Output(); err == nil {
 		for line := range strings.SplitSeq(string(out), "\n") {
+			// The disk pool's ready disks (--disk-pool) are the server's
+			// own, made for no sandbox yet and replaced as creates take
+			// them; one whose file is gone (an earlier run's) is a leak.
+			if strings.Contains(line, filepath.Join(s.DataDir, "disk-pool")+"/") && !strings.Contains(line, "(deleted)") {
+				continue
+			}
 			if strings.Contains(line, s.DataDir) || strings.Contains(line, s.TemplateDir+"/") && strings.Contains(line, s.Instance) {
 				h.add(KindLoop, strings.TrimSpace(line))
 			}

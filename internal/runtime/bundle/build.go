@@ -58,6 +58,7 @@ func (s *Store) Build(ctx context.Context, spec runtime.Spec, o Options) (b Buil
 		return b, Rollback{}, fmt.Errorf("sandbox %s: no rootfs layers: %w", spec.ID, errdefs.ErrInvalidArgument)
 	}
 	dir := s.Dir(spec.ID)
+	ph := NewPhases()
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return b, Rollback{}, fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrConflict)
@@ -68,7 +69,9 @@ func (s *Store) Build(ctx context.Context, spec runtime.Spec, o Options) (b Buil
 		if err != nil {
 			rb.Run()
 			rb = Rollback{}
+			return
 		}
+		s.log.Debug("bundle built", append([]any{"id", spec.ID}, ph.Attrs()...)...)
 	}()
 	rb.Add(func() { _ = removeBundleDir(dir) })
 	b.Dir = dir
@@ -89,6 +92,7 @@ func (s *Store) Build(ctx context.Context, spec runtime.Spec, o Options) (b Buil
 	if err := SetTier(dir, o.Tier); err != nil {
 		return b, rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
+	ph.Mark("dirs")
 	onDisk := spec.Resources.DiskMB > 0
 	if onDisk {
 		if err := s.mountDisk(ctx, dir, spec.Resources.DiskMB); err != nil {
@@ -96,25 +100,30 @@ func (s *Store) Build(ctx context.Context, spec runtime.Spec, o Options) (b Buil
 		}
 		rb.Add(func() { _ = unmountDisk(dir) })
 	}
+	ph.Mark("disk")
 	upper, work := LayerDirs(dir, onDisk)
 	if err := s.mountRootfs(ctx, spec, o, dir, b.Base, upper, work, &rb); err != nil {
 		return b, rb, err
 	}
+	ph.Mark("rootfs")
 	if err := s.mountVolumes(ctx, dir, spec.Volumes, o.UserNS, b.Base, &rb); err != nil {
 		return b, rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	if err := writeEtc(dir, spec); err != nil {
 		return b, rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
+	ph.Mark("volumes and etc")
 	if o.HidePaths {
 		if err := s.mountView(dir, o.UserNS, b.Base); err != nil {
 			return b, rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 		}
 		rb.Add(func() { _ = unmountView(dir) })
 	}
+	ph.Mark("view")
 	if err := WriteConfig(dir, s.HardenedSpec(spec, dir, o, b.Base)); err != nil {
 		return b, rb, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
+	ph.Mark("config")
 	return b, rb, nil
 }
 

@@ -219,6 +219,14 @@ func attachLoop(file string) (string, *os.File, error) {
 // mountDisk gives bundle dir its own ext4 disk of mb MiB at <dir>/disk with
 // the overlay's upper and work dirs on it.
 func (s *Store) mountDisk(ctx context.Context, dir string, mb int) error {
+	mnt := filepath.Join(dir, diskDirName)
+	if d, ok := s.disks.take(mb); ok {
+		err := attachPooledDisk(d, dir)
+		if err == nil {
+			return finishDisk(mnt)
+		}
+		s.log.Warn("disk pool: attaching a ready disk failed; making one", "err", err)
+	}
 	img, err := s.diskImage(ctx, mb)
 	if err != nil {
 		return err
@@ -227,7 +235,6 @@ func (s *Store) mountDisk(ctx context.Context, dir string, mb int) error {
 	if err := sparseCopy(img, file); err != nil {
 		return fmt.Errorf("copy disk image: %w", err)
 	}
-	mnt := filepath.Join(dir, diskDirName)
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		return err
 	}
@@ -240,6 +247,12 @@ func (s *Store) mountDisk(ctx context.Context, dir string, mb int) error {
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", dev, err)
 	}
+	return finishDisk(mnt)
+}
+
+// finishDisk makes sure the sandbox's freshly mounted disk at mnt has the
+// overlay's dirs and no lost+found.
+func finishDisk(mnt string) error {
 	// The image has the dirs already (prepareLayerDirs); an image made
 	// by hand without them still works, at the cost of the writes.
 	for _, sub := range []string{"upper", "work"} {

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -67,6 +68,7 @@ func (s *Store) idmappedLayer(ctx context.Context, layer string, from, to uint32
 	if err := os.Mkdir(target, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return "", err
 	}
+	t0 := time.Now()
 	if err := s.mountIdmapped(ctx, layer, target, from, to, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV); err != nil {
 		_ = os.Remove(target)
 		if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EOPNOTSUPP) {
@@ -76,6 +78,7 @@ func (s *Store) idmappedLayer(ctx context.Context, layer string, from, to uint32
 		}
 		return "", err
 	}
+	s.log.Debug("idmapped layer mounted", "layer", layer, "to", to, "took", time.Since(t0).Round(time.Microsecond))
 	im.pending[target]++
 	return target, nil
 }

@@ -43,6 +43,9 @@ type Config struct {
 	// DiskImageDir caches the formatted empty images that size-limited
 	// writable layers are copied from. Default <StateDir>/../disk-images.
 	DiskImageDir string
+	// DiskPool is how many size-limited disks are kept made, attached and
+	// mounted ahead of creates (diskpool.go); 0 makes each in its create.
+	DiskPool int
 	// UserNS lets drivers run sandboxes in a user namespace of their own,
 	// each with a host id range of its own (userns.go).
 	UserNS bool
@@ -63,8 +66,9 @@ type Config struct {
 }
 
 // Store builds, inspects and removes sandbox bundles. It keeps no state in
-// memory besides its configuration and the idmapped mounts being handed
-// out, so it is safe for concurrent use and across restarts.
+// memory besides its configuration, the idmapped mounts being handed out
+// and the disks made ahead, so it is safe for concurrent use and across
+// restarts.
 type Store struct {
 	cfg      Config
 	log      *slog.Logger
@@ -73,6 +77,7 @@ type Store struct {
 	idmap    idmapper
 	keys     hostkey.Keyer // names host paths (hostpaths.go)
 	uids     uidPool
+	disks    *diskPool // nil: none
 }
 
 // validID matches ids that are safe as a container id, a directory name
@@ -149,7 +154,22 @@ func New(cfg Config, log *slog.Logger) (*Store, error) {
 	if err := s.setupCgroupParent(); err != nil { // cgroupparent.go
 		return nil, err
 	}
+	if s.disks, err = newDiskPool(filepath.Join(filepath.Dir(cfg.StateDir), diskPoolDirName), cfg.DiskPool, s.log, s.makeDetachedDisk); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// Close drops the disks made ahead (see DiskPool). Sandboxes keep theirs.
+func (s *Store) Close() { s.disks.close() }
+
+// DiskPoolStats are the disks ready in the pool and the creates that took
+// one.
+func (s *Store) DiskPoolStats() (ready int, taken int64) {
+	if s.disks == nil {
+		return 0, 0
+	}
+	return s.disks.size(), s.disks.taken.Load()
 }
 
 // closeBundles takes the others' search bit off the user-namespaced

@@ -43,6 +43,7 @@ func (d *Driver) start(ctx context.Context, id, dir string, ownNet bool) (int, e
 			return 0, err
 		}
 	}
+	ph := bundle.NewPhases()
 	pidFile := bundle.PidFile(dir)
 	_ = os.Remove(pidFile)
 	err := d.inSession(func() error {
@@ -58,14 +59,18 @@ func (d *Driver) start(ctx context.Context, id, dir string, ownNet bool) (int, e
 		return 0, err
 	}
 	bundle.RecordSession(dir, pid)
+	d.noteInit(pid)
+	ph.Mark("runc create")
 	if ownNet {
 		if err := d.cfg.Net.Plug(ctx, id, pid); err != nil {
 			return 0, err
 		}
 	}
+	ph.Mark("net plug")
 	if err := d.mountBootID(ctx, dir, pid, d.b.UserNS()); err != nil {
 		return 0, err
 	}
+	ph.Mark("boot-id hook")
 	d.reserveForEnvd(id)
 	err = d.startInit(ctx, id, pid)
 	if errors.Is(err, errNoExecFifo) {
@@ -74,6 +79,8 @@ func (d *Driver) start(ctx context.Context, id, dir string, ownNet bool) (int, e
 	if err != nil {
 		return pid, d.Failed("start", logFile, err)
 	}
+	ph.Mark("start init")
+	d.log.Debug("container started", append([]any{"id", id}, ph.Attrs()...)...)
 	return pid, nil
 }
 

@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	gorunc "github.com/containerd/go-runc"
@@ -74,6 +75,13 @@ type Driver struct {
 	lazy     lazyState
 	// auditSyscalls is envd's --audit-syscalls list (see harden).
 	auditSyscalls string
+	// sealed is the sealed copy of runc every runc call executes
+	// (sealedbin.go); nil runs the binary's file.
+	sealed *sealedBinary
+	// sealedInits counts the created inits that ran from the sealed copy;
+	// sealedMissed is set once one did not (noteInit).
+	sealedInits  atomic.Int64
+	sealedMissed atomic.Bool
 }
 
 // The driver's optional capabilities.
@@ -122,8 +130,14 @@ func New(cfg Config, log *slog.Logger) (*Driver, error) {
 	}
 	log = log.With("component", "runc")
 	d := &Driver{cfg: cfg, b: cfg.Bundles, log: log, auditSyscalls: seccomprules.AuditedSyscalls()}
+	exe := bin
+	if sb, err := sealBinary(bin); err != nil {
+		log.Warn("runc runs from its file, so each runc init copies itself first", "binary", bin, "err", err)
+	} else {
+		d.sealed, exe = sb, sb.path
+	}
 	d.Base = ocicli.Base{
-		Name: Name, Binary: bin, Root: cfg.Root, Bundles: cfg.Bundles, Log: log, FreezeAttempts: 5,
+		Name: Name, Binary: exe, Root: cfg.Root, Bundles: cfg.Bundles, Log: log, FreezeAttempts: 5,
 		HasState: func(name string) bool {
 			_, err := os.Stat(filepath.Join(cfg.Root, name))
 			return err == nil
