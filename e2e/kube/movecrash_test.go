@@ -15,6 +15,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/agentbox/agentbox/e2e/harness"
 	"github.com/agentbox/agentbox/internal/kube"
@@ -288,8 +289,8 @@ echo $! > /tmp/counter.pid; echo 'written on node-a' > /tmp/moved.txt; sleep 0.5
 			mode(ctx, t, c, name, "Suspended")
 			select {
 			case <-a.Exited():
-			case <-ctx.Done():
-				t.Fatalf("node-a did not reach %s: %v", upload, ctx.Err())
+			case <-time.After(waitLimit):
+				t.Fatalf("node-a did not crash at %s in %s", upload, waitLimit)
 			}
 			if ps := a.ProcessState(); ps == nil || !crashKilled(ps.Sys()) {
 				t.Fatalf("node-a exited with %v, want SIGKILL at the crash point:\n%s", ps, a.LogTail(30))
@@ -321,14 +322,17 @@ echo $! > /tmp/counter.pid; echo 'written on node-a' > /tmp/moved.txt; sleep 0.5
 					return err != nil, fmt.Sprint(err)
 				})
 			case "resume":
+				// The crash lost the suspension's status: Ready=True is the
+				// one from before it until node-a has seen the Running spec.
 				waitFor(ctx, t, name+" Ready on node-a", func() (bool, string) {
 					u, err := getIn(ctx, c, ns, name)
 					if err != nil {
 						return false, err.Error()
 					}
 					rc := condition(u, "Ready")
-					return rc != nil && rc.Status == metav1.ConditionTrue && status(u, "nodeName") == "node-a" && status(u, "sandboxID") == id,
-						fmtCond(rc) + " on " + status(u, "nodeName")
+					seen, _, _ := unstructured.NestedInt64(u.Object, "status", "observedGeneration")
+					return rc != nil && rc.Status == metav1.ConditionTrue && seen == u.GetGeneration() && status(u, "nodeName") == "node-a" && status(u, "sandboxID") == id,
+						fmt.Sprintf("%s on %s, generation %d seen %d", fmtCond(rc), status(u, "nodeName"), u.GetGeneration(), seen)
 				})
 				sbx, err := sdkOf(a).Connect(ctx, id, 10*time.Minute)
 				if err != nil {
@@ -391,8 +395,8 @@ echo $! > /tmp/counter.pid; echo 'written on node-a' > /tmp/moved.txt; sleep 0.5
 			a.Kill9(t)
 			select {
 			case <-b.Exited():
-			case <-ctx.Done():
-				t.Fatalf("node-b did not reach %s: %v", mark, ctx.Err())
+			case <-time.After(waitLimit):
+				t.Fatalf("node-b did not crash at %s in %s", mark, waitLimit)
 			}
 			if ps := b.ProcessState(); ps == nil || !crashKilled(ps.Sys()) {
 				t.Fatalf("node-b exited with %v, want SIGKILL at the crash point:\n%s", ps, b.LogTail(30))
