@@ -29,7 +29,7 @@ func minFreeMB() (uint64, error) {
 }
 
 // checkFreeSpace refuses when a disk holding one of dirs has less than
-// minMB MiB free for root.
+// minMB MiB available.
 func checkFreeSpace(minMB uint64, dirs map[string]string) error {
 	if minMB == 0 {
 		return nil
@@ -39,9 +39,11 @@ func checkFreeSpace(minMB uint64, dirs map[string]string) error {
 		if err := unix.Statfs(dir, &st); err != nil {
 			return fmt.Errorf("free space of %s %s: %w", what, dir, err)
 		}
-		free := st.Bfree * uint64(st.Bsize) >> 20
+		// Available, not free: a disk whose reserved blocks are all that
+		// is left is full for this purpose.
+		free := st.Bavail * uint64(st.Frsize) >> 20
 		if free < minMB {
-			return fmt.Errorf("not starting a server: the disk of %s %s has %d MiB free, under the harness's margin of %d MiB; free space (finished runs' /tmp/agentbox-e2e-* data dirs, old template builds) or set AGENTBOX_E2E_MIN_FREE_MB",
+			return fmt.Errorf("not starting a server: the disk of %s %s has %d MiB available, under the harness's margin of %d MiB; free space (finished runs' /tmp/agentbox-e2e-* data dirs, old template builds) or set AGENTBOX_E2E_MIN_FREE_MB",
 				what, dir, free, minMB)
 		}
 	}
