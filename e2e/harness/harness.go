@@ -20,6 +20,12 @@
 // the process stopped, and the host state of the instance removed; on failure
 // the tail of the server log is printed.
 //
+// Two runs of one package in one worktree would share an instance: the
+// harness holds a lock per instance name under /run/agentbox-e2e from start
+// to teardown and refuses the second run, naming the first. It also refuses
+// to start a server while the disk of its data dir or template cache has
+// less than DefaultMinFreeMB free ($AGENTBOX_E2E_MIN_FREE_MB).
+//
 // End-to-end tests need root; run them serialised machine-wide:
 //
 //	flock /tmp/agentbox-e2e.lock go test -count=1 ./e2e/...
@@ -113,6 +119,8 @@ type Server struct {
 	extra   []string // per-run flags of the current process
 	exited  chan struct{}
 	stopped bool
+	// lock is held from start to teardown (lock.go).
+	lock *instanceLock
 }
 
 // Start starts a server for t and tears it down when t ends. It skips t in
@@ -175,18 +183,32 @@ func start(cfg config) (*Server, error) {
 	if err := os.MkdirAll(cfg.templateDir, 0o755); err != nil {
 		return nil, err
 	}
+	minMB, err := minFreeMB()
+	if err != nil {
+		return nil, err
+	}
+	if err := checkFreeSpace(minMB, map[string]string{"the data dir's parent": os.TempDir(), "the template cache": cfg.templateDir}); err != nil {
+		return nil, err
+	}
+	instance := "e2e-" + sanitize(filepath.Base(pkg)) + "-" + tag[:8]
+	lock, err := lockInstance(LockDir, instance)
+	if err != nil {
+		return nil, err
+	}
 	// The data dir's parent is traversable by everyone, like /var/lib: the
 	// server's own permissions, not the harness's, guard the data dir
 	// against host users.
 	parent, err := os.MkdirTemp("", "agentbox-e2e-")
 	if err != nil {
-		return nil, err
-	}
-	if err := os.Chmod(parent, 0o755); err != nil {
+		lock.release()
 		return nil, err
 	}
 	addr, err := freeAddr()
+	if err == nil {
+		err = os.Chmod(parent, 0o755)
+	}
 	if err != nil {
+		lock.release()
 		return nil, err
 	}
 	s := &Server{
@@ -194,7 +216,7 @@ func start(cfg config) (*Server, error) {
 		Addr:        addr,
 		DataDir:     filepath.Join(parent, "data"),
 		TemplateDir: cfg.templateDir,
-		Instance:    "e2e-" + sanitize(filepath.Base(pkg)) + "-" + tag[:8],
+		Instance:    instance,
 		Bridge:      "abx" + tag[:10],
 		Subnet:      subnet,
 		Root:        b.root,
@@ -202,8 +224,10 @@ func start(cfg config) (*Server, error) {
 		Envd:        b.envd,
 		LogPath:     filepath.Join(parent, "serve.log"),
 		cfg:         cfg,
+		lock:        lock,
 	}
 	if err := s.mountDataDisk(); err != nil {
+		lock.release()
 		return nil, err
 	}
 	if err := s.launch(nil); err != nil {
@@ -460,6 +484,9 @@ func (s *Server) teardown() error {
 	keys := slices.Clone(s.keys)
 	plain := len(s.extra) == 0
 	s.mu.Unlock()
+	// Released whatever is left: the next run's teardown of this instance
+	// removes what this one could not.
+	defer s.lock.release()
 
 	var errs []error
 	if s.running() && !plain {

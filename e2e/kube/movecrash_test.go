@@ -15,9 +15,11 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/agentbox/agentbox/e2e/harness"
 	"github.com/agentbox/agentbox/internal/kube"
+	"github.com/agentbox/agentbox/internal/sandbox"
 	agentbox "github.com/agentbox/agentbox/sdk/go"
 )
 
@@ -76,8 +78,10 @@ func (m *moveRig) wait(what string, f func() (bool, string)) {
 // one node under its own id (a command runs; its file, its process and the
 // counter in that process's memory are intact), that the Sandbox's status
 // says it was restored, and that neither node nor the bucket holds anything
-// once the Sandbox is deleted. $CRASH_POINT narrows the table to the crash
-// points containing it.
+// once the Sandbox is deleted. Rows after the table crash after the upload
+// and then delete or resume the Sandbox while its node is down (the bucket
+// must end empty), and crash right after marking a running Sandbox's node
+// lost. $CRASH_POINT narrows the table to the rows containing it.
 func TestKubeMoveCrash(t *testing.T) {
 	harness.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
@@ -248,6 +252,188 @@ echo $! > /tmp/counter.pid; echo 'written on node-a' > /tmp/moved.txt; sleep 0.5
 			if left := bucketKeys(ctx, t, raw, ""); len(left) != 0 {
 				t.Errorf("the bucket keeps %v after the delete", left)
 			}
+			a.WaitNoLeaks(t, beforeA)
+			b.WaitNoLeaks(t, beforeB)
+		})
+	}
+
+	// A crash right after the upload, then the Sandbox deleted or resumed
+	// before its node returns: nothing records that image, so whoever
+	// deletes or resumes the Sandbox must find it in the bucket.
+	upload := sandbox.CrashStep{Op: sandbox.OpMoveOut, Step: kube.MoveUpload}
+	for _, then := range []string{"delete", "resume"} {
+		row := upload.String() + " then " + then
+		if only != "" && !strings.Contains(row, only) {
+			continue
+		}
+		t.Run(row, func(t *testing.T) {
+			for _, s := range []*harness.Server{a, b} {
+				select {
+				case <-s.Exited():
+				default:
+					s.Terminate(t)
+				}
+				s.Launch(t, "--test-crash-after", upload.String())
+			}
+			beforeA, beforeB := a.HostState(ctx), b.HostState(ctx)
+			name := "move-crash-then-" + then
+			u := decode(t, direct)[0]
+			u.SetName(name)
+			if err := c.Create(ctx, u); err != nil {
+				t.Fatal(err)
+			}
+			id := waitReady(ctx, t, c, name)
+			if got, _ := getIn(ctx, c, ns, name); status(got, "nodeName") != "node-a" {
+				t.Fatalf("%s is on %q, want node-a", name, status(got, "nodeName"))
+			}
+			mode(ctx, t, c, name, "Suspended")
+			select {
+			case <-a.Exited():
+			case <-time.After(waitLimit):
+				t.Fatalf("node-a did not crash at %s in %s", upload, waitLimit)
+			}
+			if ps := a.ProcessState(); ps == nil || !crashKilled(ps.Sys()) {
+				t.Fatalf("node-a exited with %v, want SIGKILL at the crash point:\n%s", ps, a.LogTail(30))
+			}
+			// Else the row would prove nothing.
+			if keys := bucketKeys(ctx, t, raw, ns+"/"+id+"/"); len(keys) == 0 {
+				t.Fatalf("node-a crashed after %s with nothing in the bucket under %s/%s/", upload, ns, id)
+			}
+			u, err := getIn(ctx, c, ns, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, has := storedImageOf(u); has {
+				t.Fatalf("the image is recorded although node-a crashed before the record step: %v", u.GetAnnotations())
+			}
+			switch then {
+			case "delete":
+				if err := c.Delete(ctx, u); err != nil {
+					t.Fatal(err)
+				}
+			case "resume":
+				mode(ctx, t, c, name, "Running")
+			}
+			a.Launch(t)
+			switch then {
+			case "delete":
+				waitFor(ctx, t, name+" deleted", func() (bool, string) {
+					_, err := getIn(ctx, c, ns, name)
+					return err != nil, fmt.Sprint(err)
+				})
+			case "resume":
+				// The crash lost the suspension's status: Ready=True is the
+				// one from before it until node-a has seen the Running spec.
+				waitFor(ctx, t, name+" Ready on node-a", func() (bool, string) {
+					u, err := getIn(ctx, c, ns, name)
+					if err != nil {
+						return false, err.Error()
+					}
+					rc := condition(u, "Ready")
+					seen, _, _ := unstructured.NestedInt64(u.Object, "status", "observedGeneration")
+					return rc != nil && rc.Status == metav1.ConditionTrue && seen == u.GetGeneration() && status(u, "nodeName") == "node-a" && status(u, "sandboxID") == id,
+						fmt.Sprintf("%s on %s, generation %d seen %d", fmtCond(rc), status(u, "nodeName"), u.GetGeneration(), seen)
+				})
+				sbx, err := sdkOf(a).Connect(ctx, id, 10*time.Minute)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res, err := sbx.Commands.Run(ctx, "echo resumed"); err != nil || strings.TrimSpace(res.Stdout) != "resumed" {
+					t.Fatalf("command after the resume: %v %+v", err, res)
+				}
+			}
+			if left := bucketKeys(ctx, t, raw, ns+"/"); len(left) != 0 {
+				t.Errorf("the bucket keeps %v after the %s", left, then)
+			}
+			if then == "resume" {
+				u, _ := getIn(ctx, c, ns, name)
+				if err := c.Delete(ctx, u); err != nil {
+					t.Fatal(err)
+				}
+				waitFor(ctx, t, name+" deleted", func() (bool, string) {
+					_, err := getIn(ctx, c, ns, name)
+					return err != nil, fmt.Sprint(err)
+				})
+			}
+			a.WaitNoLeaks(t, beforeA)
+			b.WaitNoLeaks(t, beforeB)
+		})
+	}
+
+	// A crash right after marking a running Sandbox's node lost (no image
+	// stored, so nothing moves): the mark stays, and the node, back, makes
+	// the Sandbox Ready again with its files.
+	mark := kube.OpNodeLost + "/" + kube.NodeLostMark
+	if row := mark + " running"; only == "" || strings.Contains(row, only) {
+		t.Run(row, func(t *testing.T) {
+			for _, s := range []*harness.Server{a, b} {
+				select {
+				case <-s.Exited():
+				default:
+					s.Terminate(t)
+				}
+				s.Launch(t, "--test-crash-after", mark)
+			}
+			beforeA, beforeB := a.HostState(ctx), b.HostState(ctx)
+			name := "move-crash-lost-running"
+			u := decode(t, direct)[0]
+			u.SetName(name)
+			if err := c.Create(ctx, u); err != nil {
+				t.Fatal(err)
+			}
+			id := waitReady(ctx, t, c, name)
+			if got, _ := getIn(ctx, c, ns, name); status(got, "nodeName") != "node-a" {
+				t.Fatalf("%s is on %q, want node-a", name, status(got, "nodeName"))
+			}
+			sbx, err := sdkOf(a).Connect(ctx, id, 10*time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := sbx.Commands.Run(ctx, "echo 'kept through the loss' > /tmp/lost.txt"); err != nil {
+				t.Fatal(err)
+			}
+			a.Kill9(t)
+			select {
+			case <-b.Exited():
+			case <-time.After(waitLimit):
+				t.Fatalf("node-b did not crash at %s in %s", mark, waitLimit)
+			}
+			if ps := b.ProcessState(); ps == nil || !crashKilled(ps.Sys()) {
+				t.Fatalf("node-b exited with %v, want SIGKILL at the crash point:\n%s", ps, b.LogTail(30))
+			}
+			u, err = getIn(ctx, c, ns, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rc := condition(u, "Ready"); rc == nil || rc.Reason != kube.ReasonNodeLost || status(u, "nodeName") != "node-a" {
+				t.Fatalf("after the crash at %s: Ready %s on %s; want %s, still bound to node-a", mark, fmtCond(rc), status(u, "nodeName"), kube.ReasonNodeLost)
+			}
+			b.Launch(t)
+			a.Launch(t)
+			waitFor(ctx, t, name+" Ready on node-a again", func() (bool, string) {
+				u, err := getIn(ctx, c, ns, name)
+				if err != nil {
+					return false, err.Error()
+				}
+				rc := condition(u, "Ready")
+				return rc != nil && rc.Status == metav1.ConditionTrue && status(u, "nodeName") == "node-a" && status(u, "sandboxID") == id,
+					fmtCond(rc) + " on " + status(u, "nodeName")
+			})
+			sbx, err = sdkOf(a).Connect(ctx, id, 10*time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res, err := sbx.Commands.Run(ctx, "cat /tmp/lost.txt"); err != nil || strings.TrimSpace(res.Stdout) != "kept through the loss" {
+				t.Fatalf("after node-a's return: %v %+v", err, res)
+			}
+			u, _ = getIn(ctx, c, ns, name)
+			if err := c.Delete(ctx, u); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(ctx, t, name+" deleted", func() (bool, string) {
+				_, err := getIn(ctx, c, ns, name)
+				return err != nil, fmt.Sprint(err)
+			})
 			a.WaitNoLeaks(t, beforeA)
 			b.WaitNoLeaks(t, beforeB)
 		})

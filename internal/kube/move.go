@@ -6,12 +6,13 @@ import (
 	"github.com/agentbox/agentbox/internal/sandbox"
 )
 
-// A move of a suspended Sandbox between node agents is three ordered lists
+// A move of a suspended Sandbox between node agents is four ordered lists
 // of named steps, each step idempotent, so an agent that crashes after any
 // of them finishes the move when it starts again (or another agent does):
 //
 //	op        agent               steps
 //	move-out  the Sandbox's node  copy layers, export image (sandbox manager), upload, record, drop older
+//	node-lost the live agent      mark (Ready=False NodeLost), before any rebind
 //	move      the live agent      rebind (its node is lost and the image is stored)
 //	move-in   the new node        fetch image, place image (sandbox manager), the restore
 //	                              pipeline (as "restore/<step>"), restore, drop image, clear record
@@ -28,14 +29,22 @@ const (
 	// move-out: the Sandbox's annotation names the image: from here any
 	// agent may restore it.
 	MoveRecord = "record"
-	// move-out: the image of an earlier suspension is deleted.
+	// move-out: the images of earlier suspensions are deleted (also those
+	// an earlier pass uploaded and died before recording).
 	MoveDropOlder = "drop older"
+	// OpNodeLost is a live agent marking the Sandboxes of a node whose
+	// agent let its Lease expire; a Sandbox whose image is stored is
+	// rebound (move/rebind) only on a pass after its mark is written.
+	OpNodeLost = "node-lost"
+	// node-lost: the Sandbox's Ready condition says NodeLost.
+	NodeLostMark = "mark"
+
 	// move: status.nodeName names the live agent.
 	MoveRebind = "rebind"
 	// move-in: the sandbox runs here under its own id, marked with the
 	// image's prefix so a retry finds it instead of restoring twice.
 	MoveRestore = "restore"
-	// move-in: the stored objects are deleted.
+	// move-in: the stored objects are deleted, every generation's.
 	MoveDropImage = "drop image"
 	// move-in: the annotation is removed.
 	MoveClearRecord = "clear record"
@@ -86,6 +95,7 @@ func MoveCrashSteps() []sandbox.CrashStep {
 		add(c.Op, []string{c.Step})
 	}
 	add(sandbox.OpMoveOut, stepNames(r.storeSteps(&storeRun{})))
+	add(OpNodeLost, []string{NodeLostMark})
 	add(OpMove, []string{MoveRebind})
 	out = append(out, sandbox.MoveInSteps()...)
 	add(sandbox.OpMoveIn, stepNames(r.restoreSteps(&restoreRun{})))

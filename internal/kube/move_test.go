@@ -22,7 +22,7 @@ func TestMoveCrashSteps(t *testing.T) {
 	// In the order a move reaches them.
 	want := []string{
 		"move-out/copy layers", "move-out/export image", "move-out/upload", "move-out/record", "move-out/drop older",
-		"move/rebind",
+		"node-lost/mark", "move/rebind",
 		"move-in/fetch image", "move-in/place image", "restore/persist creating", "restore/register",
 		"move-in/restore", "move-in/drop image", "move-in/clear record",
 	}

@@ -226,10 +226,16 @@ func (h *heartbeat) markLost(ctx context.Context) error {
 			msg := fmt.Sprintf("node %s is lost: its agent has not renewed Lease %s/%s%s since %s; the Sandbox stays bound and its agent reconciles it when it returns",
 				n.Node, h.cfg.LeaseNamespace, LeasePrefix, n.Node, n.renewed.UTC().Format(time.RFC3339))
 			setCond(&obj.Status.Conditions, obj.Generation, agentsv1.ConditionReady, false, ReasonNodeLost, msg)
-			if err := h.writeStatus(ctx, obj); err != nil {
-				return err
+			err := h.runMove(ctx, OpNodeLost, []moveStep{{NodeLostMark, func(ctx context.Context) error {
+				if err := h.c.Status().Update(ctx, obj); err != nil {
+					return err
+				}
+				h.event(obj, true, ReasonNodeLost, "MarkLost", "%s", msg)
+				return nil
+			}}})
+			if err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+				return err // a conflict or a deleted object: the next pass looks again
 			}
-			h.event(obj, true, ReasonNodeLost, "MarkLost", "%s", msg)
 		}
 	}
 	return nil

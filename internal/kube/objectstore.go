@@ -203,25 +203,54 @@ func (r *sandboxReconciler) storeSteps(s *storeRun) []moveStep {
 					r.log.Warn("delete an older stored image", "prefix", s.old.Prefix, "err", err)
 				}
 			}
+			// And those of earlier passes that died before recording theirs.
+			if err := r.sweepImages(ctx, s.obj, s.img.Prefix, s.sb.ID); err != nil {
+				r.log.Warn("delete older stored images", "sandbox", s.sb.ID, "err", err)
+			}
 			return nil
 		}},
 	}
 }
 
-// dropImage deletes a Sandbox's stored image (resumed in place, restored,
-// or deleted) and its annotation.
+// dropImage deletes a Sandbox's stored images (resumed in place, or
+// deleted) and its annotation: the recorded one and every other generation
+// the bucket holds for its sandbox, as an agent that died between
+// uploading an image and recording it left one that nothing names.
 func (r *sandboxReconciler) dropImage(ctx context.Context, obj *agentsv1.Sandbox, reason, msg string) error {
 	img := imageOf(obj)
+	if img != nil {
+		if err := r.dropStored(ctx, obj, img); err != nil {
+			return err
+		}
+	}
+	var err error
+	if img == nil || img.SandboxID != obj.Status.SandboxID {
+		err = r.sweepImages(ctx, obj, "", obj.Status.SandboxID)
+	}
+	if err != nil {
+		if img != nil || mayHoldImage(obj) {
+			return err
+		}
+		// A Sandbox never suspended has none: its delete does not wait
+		// for the bucket.
+		r.log.Warn("look for stored images of a Sandbox never suspended", "sandbox", obj.Namespace+"/"+obj.Name, "err", err)
+	}
 	if img == nil {
 		return nil
-	}
-	if err := r.dropStored(ctx, obj, img); err != nil {
-		return err
 	}
 	return r.clearRecord(ctx, obj, reason, msg)
 }
 
-// dropStored deletes the objects of a Sandbox's stored image.
+// mayHoldImage reports whether obj was ever asked to suspend, so an image
+// of it may be stored.
+func mayHoldImage(obj *agentsv1.Sandbox) bool {
+	return obj.Spec.OperatingMode == agentsv1.OperatingModeSuspended ||
+		meta.FindStatusCondition(obj.Status.Conditions, agentsv1.ConditionSuspended) != nil ||
+		meta.FindStatusCondition(obj.Status.Conditions, ConditionImageStored) != nil
+}
+
+// dropStored deletes the objects of a Sandbox's stored image, and those
+// of every other generation stored for its sandbox.
 func (r *sandboxReconciler) dropStored(ctx context.Context, obj *agentsv1.Sandbox, img *storedImage) error {
 	if r.cfg.Images == nil {
 		// Not fatal: a delete must not wait for a flag this agent lacks.
@@ -231,7 +260,33 @@ func (r *sandboxReconciler) dropStored(ctx context.Context, obj *agentsv1.Sandbo
 	if err := r.cfg.Images.Store.DeletePrefix(ctx, img.Prefix); err != nil {
 		return fmt.Errorf("delete stored image %s: %w", img.Prefix, err)
 	}
-	return nil
+	return r.sweepImages(ctx, obj, "", img.SandboxID)
+}
+
+// sweepImages deletes every generation of obj's image stored under each
+// of ids but keep ("" keeps none), recorded or not. Only objects sealed
+// for obj (its namespace and uid) go, so an id a status names wrongly
+// costs another Sandbox nothing.
+func (r *sandboxReconciler) sweepImages(ctx context.Context, obj *agentsv1.Sandbox, keep string, ids ...string) error {
+	if r.cfg.Images == nil {
+		return nil
+	}
+	var errs []error
+	seen := map[string]bool{}
+	for _, id := range ids {
+		if seen[id] || !sandbox.ValidID(id) {
+			continue
+		}
+		seen[id] = true
+		gone, err := r.cfg.Images.Store.SweepImages(ctx, obj.Namespace, id, binding(obj), keep)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("delete stored images of sandbox %s: %w", id, err))
+		}
+		if len(gone) > 0 {
+			r.log.Info("deleted stored images", "sandbox", obj.Namespace+"/"+obj.Name, "prefixes", gone)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // clearRecord says why the image goes in the ImageStored condition, then
