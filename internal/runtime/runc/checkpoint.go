@@ -69,6 +69,9 @@ func (d *Driver) criu() (string, error) {
 		}
 		d.criuOnce.err = fmt.Errorf("%w: %w", errNoCRIU, errdefs.ErrUnavailable)
 	})
+	if d.criuOnce.err == nil {
+		d.kdat.ensure(context.Background(), d.criuOnce.path, d.log) // kdat.go
+	}
 	return d.criuOnce.path, d.criuOnce.err
 }
 

@@ -1,6 +1,7 @@
 package runc
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -143,6 +144,7 @@ func testCheckpointRestoreInPlace(t *testing.T, userns bool) {
 		if err := e.rt.Restore(ctx, runtime.Spec{ID: "ckpt1"}, runtime.RestoreOptions{}); err != nil {
 			t.Fatalf("cycle %d: restore: %v", cycle, err)
 		}
+		assertKdatLoaded(t, filepath.Join(e.b.Dir("ckpt1"), criuRestoreLog))
 		if err := e.rt.DropCheckpoint(ctx, "ckpt1"); err != nil {
 			t.Fatal(err)
 		}
@@ -226,5 +228,19 @@ func BenchmarkFreezeThaw(b *testing.B) {
 		if err := e.rt.Thaw(ctx, "frz"); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// assertKdatLoaded checks that the CRIU run that wrote log read its
+// kernel-feature cache instead of probing the kernel (kdat.go), also where
+// /run is not a tmpfs.
+func assertKdatLoaded(t *testing.T, log string) {
+	t.Helper()
+	b, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(b, []byte("Loaded kdat cache from "+criuKdatFile)) {
+		t.Fatalf("CRIU probed the kernel instead of reading its cache %s; its log %s:\n%s", criuKdatFile, log, b)
 	}
 }
