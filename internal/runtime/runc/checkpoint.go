@@ -207,6 +207,18 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 		return err
 	}
 	defer frozen.Thaw(&err)
+	if !opts.LeaveRunning && opts.UpperCopy == "" {
+		// Frozen here, CRIU does not wait for the freezer in steps of
+		// 100 ms (freezefast.go); a failed dump leaves the cgroup
+		// frozen as CRIU found it, and the sandbox keeps running.
+		if st := d.freezerStateFile(id); quickFreeze(ctx, st, quickFreezeWait) {
+			defer func() {
+				if err != nil {
+					thawFile(st)
+				}
+			}()
+		}
+	}
 	// Connections the sandbox's servers have not accepted yet (a client
 	// connecting at this instant) cannot be dumped; CRIU would fail the
 	// whole pause on them. They are left out: their clients see a reset,

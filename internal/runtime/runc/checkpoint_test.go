@@ -14,6 +14,7 @@ import (
 
 	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
 )
 
 func TestCRIUVersion(t *testing.T) {
@@ -132,8 +133,12 @@ func testCheckpointRestoreInPlace(t *testing.T, userns bool) {
 
 	for cycle := range 2 {
 		before := count(t, ep)
+		v1 := e.rc.freezerStateFile("ckpt1") != ""
 		if err := e.rt.Checkpoint(ctx, "ckpt1", runtime.CheckpointOptions{}); err != nil {
 			t.Fatalf("cycle %d: checkpoint: %v", cycle, err)
+		}
+		if v1 {
+			assertFoundFrozen(t, filepath.Join(e.b.Dir("ckpt1"), bundle.CRIUWorkDir, "dump.log"))
 		}
 		if ok, err := e.rt.HasCheckpoint(ctx, "ckpt1"); err != nil || !ok {
 			t.Fatalf("cycle %d: HasCheckpoint = %v, %v", cycle, ok, err)
@@ -242,5 +247,26 @@ func assertKdatLoaded(t *testing.T, log string) {
 	}
 	if !bytes.Contains(b, []byte("Loaded kdat cache from "+criuKdatFile)) {
 		t.Fatalf("CRIU probed the kernel instead of reading its cache %s; its log %s:\n%s", criuKdatFile, log, b)
+	}
+}
+
+// assertFoundFrozen checks that the CRIU dump that wrote log found the
+// sandbox's cgroup frozen already (freezefast.go), so it did not wait for
+// the freezer in its steps of 100 ms.
+func assertFoundFrozen(t *testing.T, log string) {
+	t.Helper()
+	b, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := ""
+	for l := range strings.Lines(string(b)) {
+		if _, st, ok := strings.Cut(l, "freezer.state="); ok {
+			first = strings.TrimSpace(st)
+			break
+		}
+	}
+	if first != "FROZEN" || bytes.Contains(b, []byte("attempts done")) {
+		t.Fatalf("CRIU froze the sandbox itself (first freezer state %q); its log %s:\n%s", first, log, b)
 	}
 }
