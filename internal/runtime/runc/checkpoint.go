@@ -207,11 +207,13 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 		return err
 	}
 	defer frozen.Thaw(&err)
+	quickState := ""
 	if !opts.LeaveRunning && opts.UpperCopy == "" {
 		// Frozen here, CRIU does not wait for the freezer in steps of
 		// 100 ms (freezefast.go); a failed dump leaves the cgroup
 		// frozen as CRIU found it, and the sandbox keeps running.
 		if st := d.freezerStateFile(id); quickFreeze(ctx, st, quickFreezeWait) {
+			quickState = st
 			defer func() {
 				if err != nil {
 					thawFile(st)
@@ -244,6 +246,15 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 			break
 		}
 		err = d.criuFailed("checkpoint", logFile, work, err)
+		if quickState != "" && caughtExiting(work) {
+			// A process was mid-exit when the sandbox froze at once
+			// (its leader dead, its threads not yet): CRIU cannot dump
+			// it. CRIU's own freeze gives exiting tasks time to finish.
+			d.log.Info("checkpoint: a process was exiting as the sandbox froze; leaving the freeze to CRIU", "id", id, "err", err)
+			thawFile(quickState)
+			quickState = ""
+			continue
+		}
 		if !freezeTimedOut(work) {
 			return fmt.Errorf("sandbox %s: %w", id, err)
 		}

@@ -1,6 +1,7 @@
 package runc
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -88,4 +89,12 @@ func quickFreeze(ctx context.Context, state string, wait time.Duration) bool {
 // that is gone (the dump ended its tasks) needs nothing.
 func thawFile(state string) {
 	_ = os.WriteFile(state, []byte("THAWED"), 0)
+}
+
+// caughtExiting reports whether the failed dump whose CRIU work dir is work
+// met a process caught mid-exit by the freezer (a dead thread-group leader
+// whose threads still exit), which a second freeze a moment later does not.
+func caughtExiting(work string) bool {
+	b, err := os.ReadFile(filepath.Join(work, "dump.log"))
+	return err == nil && (bytes.Contains(b, []byte("Zombies with threads are not supported")) || bytes.Contains(b, []byte(") found while seizing")))
 }

@@ -42,3 +42,25 @@ func TestQuickFreeze(t *testing.T) {
 		t.Fatal("quickFreeze of no file = true")
 	}
 }
+
+func TestCaughtExiting(t *testing.T) {
+	for _, tc := range []struct {
+		log  string
+		want bool
+	}{
+		{"(00.005278) Error (criu/seize.c:882): Zombies with threads are not supported\n", true},
+		{"(00.004000) Error (criu/seize.c:330): zombie 4242 (comm sh) found while seizing\n", true},
+		{"(00.100000) Error (criu/seize.c:636): Unable to freeze cgroup /sys/fs/cgroup/freezer/x\n", false},
+		{"", false},
+	} {
+		work := t.TempDir()
+		if tc.log != "" {
+			if err := os.WriteFile(filepath.Join(work, "dump.log"), []byte(tc.log), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := caughtExiting(work); got != tc.want {
+			t.Errorf("caughtExiting(%q) = %v, want %v", tc.log, got, tc.want)
+		}
+	}
+}
