@@ -69,6 +69,9 @@ func (d *Driver) criu() (string, error) {
 		}
 		d.criuOnce.err = fmt.Errorf("%w: %w", errNoCRIU, errdefs.ErrUnavailable)
 	})
+	if d.criuOnce.err == nil {
+		d.kdat.ensure(context.Background(), d.criuOnce.path, d.log) // kdat.go
+	}
 	return d.criuOnce.path, d.criuOnce.err
 }
 
@@ -204,6 +207,20 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 		return err
 	}
 	defer frozen.Thaw(&err)
+	quickState := ""
+	if !opts.LeaveRunning && opts.UpperCopy == "" {
+		// Frozen here, CRIU does not wait for the freezer in steps of
+		// 100 ms (freezefast.go); a failed dump leaves the cgroup
+		// frozen as CRIU found it, and the sandbox keeps running.
+		if st := d.freezerStateFile(id); quickFreeze(ctx, st, quickFreezeWait) {
+			quickState = st
+			defer func() {
+				if err != nil {
+					thawFile(st)
+				}
+			}()
+		}
+	}
 	// Connections the sandbox's servers have not accepted yet (a client
 	// connecting at this instant) cannot be dumped; CRIU would fail the
 	// whole pause on them. They are left out: their clients see a reset,
@@ -229,6 +246,15 @@ func (d *Driver) Checkpoint(ctx context.Context, id string, opts runtime.Checkpo
 			break
 		}
 		err = d.criuFailed("checkpoint", logFile, work, err)
+		if quickState != "" && caughtExiting(work) {
+			// A process was mid-exit when the sandbox froze at once
+			// (its leader dead, its threads not yet): CRIU cannot dump
+			// it. CRIU's own freeze gives exiting tasks time to finish.
+			d.log.Info("checkpoint: a process was exiting as the sandbox froze; leaving the freeze to CRIU", "id", id, "err", err)
+			thawFile(quickState)
+			quickState = ""
+			continue
+		}
 		if !freezeTimedOut(work) {
 			return fmt.Errorf("sandbox %s: %w", id, err)
 		}

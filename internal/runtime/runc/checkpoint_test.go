@@ -1,6 +1,7 @@
 package runc
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/agentbox/agentbox/internal/network"
 	"github.com/agentbox/agentbox/internal/runtime"
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
 )
 
 func TestCRIUVersion(t *testing.T) {
@@ -131,8 +133,12 @@ func testCheckpointRestoreInPlace(t *testing.T, userns bool) {
 
 	for cycle := range 2 {
 		before := count(t, ep)
+		v1 := e.rc.freezerStateFile("ckpt1") != ""
 		if err := e.rt.Checkpoint(ctx, "ckpt1", runtime.CheckpointOptions{}); err != nil {
 			t.Fatalf("cycle %d: checkpoint: %v", cycle, err)
+		}
+		if v1 {
+			assertFoundFrozen(t, filepath.Join(e.b.Dir("ckpt1"), bundle.CRIUWorkDir, "dump.log"))
 		}
 		if ok, err := e.rt.HasCheckpoint(ctx, "ckpt1"); err != nil || !ok {
 			t.Fatalf("cycle %d: HasCheckpoint = %v, %v", cycle, ok, err)
@@ -143,6 +149,7 @@ func testCheckpointRestoreInPlace(t *testing.T, userns bool) {
 		if err := e.rt.Restore(ctx, runtime.Spec{ID: "ckpt1"}, runtime.RestoreOptions{}); err != nil {
 			t.Fatalf("cycle %d: restore: %v", cycle, err)
 		}
+		assertKdatLoaded(t, filepath.Join(e.b.Dir("ckpt1"), criuRestoreLog))
 		if err := e.rt.DropCheckpoint(ctx, "ckpt1"); err != nil {
 			t.Fatal(err)
 		}
@@ -226,5 +233,40 @@ func BenchmarkFreezeThaw(b *testing.B) {
 		if err := e.rt.Thaw(ctx, "frz"); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// assertKdatLoaded checks that the CRIU run that wrote log read its
+// kernel-feature cache instead of probing the kernel (kdat.go), also where
+// /run is not a tmpfs.
+func assertKdatLoaded(t *testing.T, log string) {
+	t.Helper()
+	b, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(b, []byte("Loaded kdat cache from "+criuKdatFile)) {
+		t.Fatalf("CRIU probed the kernel instead of reading its cache %s; its log %s:\n%s", criuKdatFile, log, b)
+	}
+}
+
+// assertFoundFrozen checks that the CRIU dump that wrote log found the
+// sandbox's cgroup frozen already (freezefast.go), so it did not wait for
+// the freezer in its steps of 100 ms.
+func assertFoundFrozen(t *testing.T, log string) {
+	t.Helper()
+	b, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := ""
+	for l := range strings.Lines(string(b)) {
+		if _, st, ok := strings.Cut(l, "freezer.state="); ok {
+			first = strings.TrimSpace(st)
+			break
+		}
+	}
+	if first != "FROZEN" || bytes.Contains(b, []byte("attempts done")) {
+		t.Fatalf("CRIU froze the sandbox itself (first freezer state %q); its log %s:\n%s", first, log, b)
 	}
 }

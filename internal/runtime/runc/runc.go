@@ -72,6 +72,7 @@ type Driver struct {
 	b        *bundle.Store
 	log      *slog.Logger
 	criuOnce criuFinder
+	kdat     kdatCache
 	lazy     lazyState
 	// auditSyscalls is envd's --audit-syscalls list (see harden).
 	auditSyscalls string
