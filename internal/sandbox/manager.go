@@ -86,7 +86,7 @@ type Manager struct {
 	inst        *instruments // audit, observer, tracer, step hook, crash point
 	start       *starter     // the start pipelines (pipeline.go)
 	pauser      *pauser      // pauses and resumes (pause.go)
-	snapshotter *snapshotter // snapshots and forks (snapshotter.go)
+	snapshotter *Snapshotter // snapshots, forks and moves (snapshotter.go)
 	reaper      *reaper      // timeouts, idle handling, pools' tick; waking on traffic (reaper.go)
 }
 
@@ -132,14 +132,18 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 		forget: func(id string) { m.samples.forget(id); m.idle.forget(id) },
 	}
 	m.reaper.pauser = m.pauser
-	m.snapshotter = &snapshotter{
+	m.snapshotter = &Snapshotter{
 		cfg: cfg, log: log, inst: m.inst, rt: rt, templates: tpl, admission: m.admission, envd: m.envd,
-		store: m.start.snaps, gc: m.snapshots.gc, recs: m, start: m.start, thaw: m.reaper.thaw,
+		store: m.start.snaps, snaps: m.snapshots, recs: m, start: m.start, thaw: m.reaper.thaw,
 	}
 	m.sampler = &sampler{log: log, rt: rt, running: m.Running, samples: m.samples, metering: m.metering}
 	m.health = &health{rt: rt, interval: cfg.HealthInterval, limits: m.limits, running: m.Running, envd: m.envd.of, set: m.setHealth, dead: m.endIfDead}
 	return m, nil
 }
+
+// Snapshots takes, lists, deletes, forks and moves the sandboxes'
+// snapshots.
+func (m *Manager) Snapshots() *Snapshotter { return m.snapshotter }
 
 // Token returns the envd access token of sandbox id.
 func (m *Manager) Token(id string) string { return m.envd.token(id) }

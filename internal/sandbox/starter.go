@@ -46,4 +46,6 @@ type records interface {
 	// pool cannot serve the request); discard ends one never handed out.
 	claimWarm(tplID, teamID string, at time.Time, timeout time.Duration) *Sandbox
 	discard(ctx context.Context, sb *Sandbox, why string) error
+	// checkChosenID refuses a caller-chosen id that is malformed or taken.
+	checkChosenID(id string) error
 }
