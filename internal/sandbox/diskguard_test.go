@@ -29,7 +29,7 @@ func TestDiskGuard(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := &fullDisk{}
-	e.m.SetDiskGuard(g)
+	e.m.admission.disk = g
 	for _, op := range []struct {
 		name string
 		do   func() error

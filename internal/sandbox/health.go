@@ -18,10 +18,6 @@ const HealthError = "error"
 // agent finds the explanation of a killed command right after it failed.
 const limitInterval = 2 * time.Second
 
-// SetAudit makes the manager append lifecycle and limit events to l.
-// Call before Run.
-func (m *Manager) SetAudit(l *audit.Log) { m.inst.audit = l }
-
 // Audit returns the audit log (nil if none).
 func (m *Manager) Audit() *audit.Log { return m.inst.audit }
 

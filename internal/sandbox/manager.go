@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/envdclient"
 	"github.com/agentbox/agentbox/internal/errdefs"
@@ -81,7 +83,7 @@ type Manager struct {
 	sandboxes map[string]*Sandbox
 	samples   *samples   // metric samples, own lock (metrics.go)
 	idle      *idleState // data-plane activity, own lock (idle.go)
-	life      lifecycle  // pause/resume, snapshots, forks, pools (lifecycle.go)
+	life      lifecycle  // pause/resume, snapshots, forks, pools (lifecycle.go); fixed at New
 
 	inst        *instruments // audit, observer, tracer, step hook, crash point
 	start       *starter     // the start pipelines (pipeline.go)
@@ -90,8 +92,40 @@ type Manager struct {
 	reaper      *reaper      // timeouts, idle handling, pools' tick; waking on traffic (reaper.go)
 }
 
+// Options is what a manager is made of, given once to New: its settings,
+// the host it drives and the services it reports to. A nil service is off.
+type Options struct {
+	Config Config
+	// Lifecycle enables pause/resume, snapshots, forks and warm pools.
+	Lifecycle LifecycleConfig
+	Log       *slog.Logger
+	Store     *store.Store
+	Runtime   runtime.Runtime
+	Network   Network
+	Templates Templates
+	// Audit receives lifecycle and limit events; nil: none are kept.
+	Audit *audit.Log
+	// Observer receives the manager's measurements (internal/metrics);
+	// nil: none are taken.
+	Observer Observer
+	// Tracer traces every start pipeline: one span per run ("sandbox
+	// <path>") with a child span per step, named for the step. nil traces
+	// nothing at no cost.
+	Tracer trace.Tracer
+	// Meter receives usage observations at each sampling tick; nil: not
+	// metered.
+	Meter Meter
+	// Volumes mounts team volumes; nil: a create asking for volume mounts
+	// is refused, naming the field.
+	Volumes Volumes
+	// DiskGuard is asked before every create, fork, restore, build step,
+	// snapshot and pause; nil: disks are not guarded.
+	DiskGuard DiskGuard
+}
+
 // New makes a manager. Call Reconcile before serving, then Run.
-func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt runtime.Runtime, nw Network, tpl Templates) (*Manager, error) {
+func New(ctx context.Context, o Options) (*Manager, error) {
+	cfg, log, st, rt, nw, tpl := o.Config, o.Log, o.Store, o.Runtime, o.Network, o.Templates
 	cfg.defaults()
 	secret := cfg.TokenSecret
 	if len(secret) == 0 {
@@ -106,16 +140,30 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 		sandboxes: map[string]*Sandbox{},
 		samples:   newSamples(),
 		idle:      newIdleState(),
+		life:      lifecycle{cfg: o.Lifecycle},
+	}
+	if o.Lifecycle.SnapshotDir != "" {
+		snaps, err := openSnapshotStore(o.Lifecycle.SnapshotDir, log)
+		if err != nil {
+			return nil, err
+		}
+		m.life.snaps = snaps
+	}
+	m.inst.audit, m.inst.tracer, m.inst.faultStep = o.Audit, o.Tracer, o.Lifecycle.FaultStep
+	if o.Observer != nil {
+		m.inst.obs = o.Observer
 	}
 	m.pools = newWarmPools(tpl, m.readyWarm)
+	m.pools.configure(o.Lifecycle.Pools, o.Lifecycle.PoolMax)
 	m.admission = newAdmission(log, cfg.Quota, st, m.teamHeld)
+	m.admission.disk = o.DiskGuard
 	m.start = &starter{
 		cfg: cfg, log: log, inst: m.inst, rt: rt, net: nw, templates: tpl, envd: m.envd, admission: m.admission,
-		policies: m.policies, rows: m.rows, snaps: func() *snapshotStore { return m.life.snaps }, recs: m,
+		policies: m.policies, rows: m.rows, vols: o.Volumes, snaps: func() *snapshotStore { return m.life.snaps }, recs: m,
 	}
 	m.limits = newLimits(log, rt, m.Audit, m.Running, m.admission.quotaOf)
 	m.snapshots = &snapshots{log: log, store: func() *snapshotStore { return m.life.snaps }, inUse: m.baseSnapshots}
-	m.metering = &metering{rt: rt, snaps: m.snapshots.store, each: func(f func(*Sandbox)) {
+	m.metering = &metering{rt: rt, meter: o.Meter, snaps: m.snapshots.store, each: func(f func(*Sandbox)) {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		for _, sb := range m.sandboxes {

@@ -19,9 +19,6 @@ type noObserver struct{}
 func (noObserver) Created(string, string, string, bool, time.Duration, map[string]time.Duration) {}
 func (noObserver) Lifecycle(string, bool, time.Duration)                                         {}
 
-// SetObserver sends the manager's measurements to o. Call before serving.
-func (m *Manager) SetObserver(o Observer) { m.inst.obs = o }
-
 // StateCount is how many sandboxes are in one state on one tier.
 type StateCount struct {
 	State     State

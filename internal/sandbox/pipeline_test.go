@@ -45,19 +45,16 @@ func newFakeEnv(t *testing.T, lc LifecycleConfig) *fakeEnv {
 	t.Cleanup(h.Close)
 	tpl := oneTemplate{template.Template{ID: "base", Aliases: []string{"base"}, CPUCount: 1, MemoryMB: 512, DiskMB: 1024,
 		Layers: []string{"/layers/base"}, StartCmd: "start-kernel", ReadyCmd: "ready-check", DefaultUser: "user", DefaultWorkdir: "/home/user"}}
-	m, err := New(ctx, Config{EnvdReadyWait: time.Second}, slog.New(slog.NewTextHandler(io.Discard, nil)), st, h.Runtime, h.Network, tpl)
+	if lc.SnapshotDir == "" {
+		lc.SnapshotDir = filepath.Join(dir, "snapshots")
+	}
+	al := audit.New(st)
+	m, err := New(ctx, Options{Config: Config{EnvdReadyWait: time.Second}, Lifecycle: lc, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Store: st, Runtime: h.Runtime, Network: h.Network, Templates: tpl, Audit: al})
 	if err != nil {
 		t.Fatal(err)
 	}
 	m.envd.client = h.Envd.Client()
-	if lc.SnapshotDir == "" {
-		lc.SnapshotDir = filepath.Join(dir, "snapshots")
-	}
-	if err := m.EnableLifecycle(lc); err != nil {
-		t.Fatal(err)
-	}
-	al := audit.New(st)
-	m.SetAudit(al)
 	team, err := st.EnsureTeam(ctx, "t1")
 	if err != nil {
 		t.Fatal(err)
@@ -624,14 +621,12 @@ func TestReconcileAfterCrash(t *testing.T) {
 	_, _ = h.Network.Attach(ctx, build.ID, network.Policy{})
 	_ = h.Runtime.Create(ctx, runtimeSpec(build.ID))
 
-	m2, err := New(ctx, Config{EnvdReadyWait: time.Second}, e.m.log, e.st, h.Runtime, h.Network, e.m.templates)
+	m2, err := New(ctx, Options{Config: Config{EnvdReadyWait: time.Second}, Lifecycle: LifecycleConfig{SnapshotDir: t.TempDir()},
+		Log: e.m.log, Store: e.st, Runtime: h.Runtime, Network: h.Network, Templates: e.m.templates})
 	if err != nil {
 		t.Fatal(err)
 	}
 	m2.envd.client = h.Envd.Client()
-	if err := m2.EnableLifecycle(LifecycleConfig{SnapshotDir: t.TempDir()}); err != nil {
-		t.Fatal(err)
-	}
 	if err := m2.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -110,7 +110,7 @@ func newWarmPools(tpl Templates, ready func() map[string]int) *WarmPools {
 	return &WarmPools{templates: tpl, ready: ready, max: 32, byTpl: map[string]*pool{}}
 }
 
-// configure sets the pools to keep (EnableLifecycle).
+// configure sets the pools to keep (Options.Lifecycle, at New).
 func (w *WarmPools) configure(pools map[string]int, max int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()

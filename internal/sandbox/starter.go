@@ -24,7 +24,7 @@ type starter struct {
 	admission *admission
 	policies  policies
 	rows      rows
-	vols      Volumes               // nil: no volume mounts (SetVolumes)
+	vols      Volumes               // nil: no volume mounts (Options.Volumes)
 	snaps     func() *snapshotStore // nil store: no lifecycle features
 	recs      records
 }

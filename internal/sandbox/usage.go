@@ -20,10 +20,6 @@ type Meter interface {
 	ObserveOne(ctx context.Context, o usage.Observation)
 }
 
-// SetMeter sends usage observations to u at each sampling tick. Call
-// before Run.
-func (m *Manager) SetMeter(u Meter) { m.metering.meter = u }
-
 // metered says whether a sandbox's usage is a team's: warm-pool members
 // belong to no team until claimed, and build sandboxes are the server's.
 func metered(sb *Sandbox) bool { return sb.TeamID != poolTeam && sb.TeamID != "" && sb.BuildID == "" }
@@ -46,7 +42,7 @@ func withStats(o usage.Observation, st runtime.Stats) usage.Observation {
 // goes. The sandboxes are the manager's records, visited through each.
 type metering struct {
 	rt    runtime.Runtime
-	meter Meter // nil: not metered; set before Run
+	meter Meter // nil: not metered (Options.Meter)
 	// each calls f for every sandbox record, under the manager's lock: f
 	// must not block or call back into the manager.
 	each  func(f func(*Sandbox))

@@ -77,7 +77,7 @@ func TestVolumeMountsThroughThePipeline(t *testing.T) {
 	if _, err := e.m.Create(ctx, req); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("create with volumes on a server without them: %v", err)
 	}
-	e.m.SetVolumes(fv)
+	e.m.start.vols = fv
 
 	req.VolumeMounts = []VolumeMount{{Name: "ws", Path: "/workspace"}, {Name: "data", Path: "/data"}}
 	sb := e.create(t, req)
