@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"maps"
 	"slices"
@@ -60,7 +61,15 @@ func (c *Config) defaults() {
 	}
 }
 
-// Manager runs the lifecycle of every sandbox of this server.
+// Manager runs the lifecycle of every sandbox of this server. It keeps the
+// records and their state machine (begin, commit, rollback, Reconcile);
+// each other concern is a part with its own lock that reaches the records
+// through the records interface: the start pipelines (starter), pauses
+// (pauser), snapshots, forks and moves (Snapshotter), the clock and the
+// data plane's waking (reaper), warm pools, admission, health and limits,
+// and metric sampling (sampler). Lock order: admission, then the records
+// (Manager.mu), then a part's own lock (idle, pools); a part never calls
+// into the manager with its own lock held.
 type Manager struct {
 	cfg       Config
 	log       *slog.Logger
@@ -153,27 +162,21 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 	if o.Observer != nil {
 		m.inst.obs = o.Observer
 	}
-	m.pools = newWarmPools(tpl, m.readyWarm)
+	m.pools = newWarmPools(tpl, func() map[string]int { return readyWarm(m) })
 	m.pools.configure(o.Lifecycle.Pools, o.Lifecycle.PoolMax)
-	m.admission = newAdmission(log, cfg.Quota, st, m.teamHeld)
+	m.admission = newAdmission(log, cfg.Quota, st, func(teamID string, inBuild func(string) bool) int { return teamHeld(m, teamID, inBuild) })
 	m.admission.disk = o.DiskGuard
+	snaps := func() *snapshotStore { return m.life.snaps }
 	m.start = &starter{
 		cfg: cfg, log: log, inst: m.inst, rt: rt, net: nw, templates: tpl, envd: m.envd, admission: m.admission,
-		policies: m.policies, rows: m.rows, vols: o.Volumes, snaps: func() *snapshotStore { return m.life.snaps }, recs: m,
+		policies: m.policies, rows: m.rows, vols: o.Volumes, snaps: snaps, recs: m,
 	}
 	m.limits = newLimits(log, rt, m.Audit, m.Running, m.admission.quotaOf)
-	m.snapshots = &snapshots{log: log, store: func() *snapshotStore { return m.life.snaps }, inUse: m.baseSnapshots}
-	m.metering = &metering{rt: rt, meter: o.Meter, snaps: m.snapshots.store, each: func(f func(*Sandbox)) {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		for _, sb := range m.sandboxes {
-			f(sb)
-		}
-	}}
+	m.snapshots = &snapshots{log: log, store: snaps, recs: m, rows: m.rows}
+	m.metering = &metering{rt: rt, meter: o.Meter, snaps: snaps, recs: m}
 	m.reaper = &reaper{
-		log: log, rt: rt, mu: &m.mu, live: m.sandboxes, idle: m.idle, pools: m.pools, maxTimeout: cfg.MaxTimeout,
-		idleFreeze: func() time.Duration { return m.life.cfg.IdleFreeze },
-		resume:     m.Resume, create: m.Create, destroy: m.destroy, snapshotsTick: m.snapshots.tick,
+		log: log, rt: rt, recs: m, idle: m.idle, pools: m.pools, maxTimeout: cfg.MaxTimeout, idleFreeze: o.Lifecycle.IdleFreeze,
+		create: m.Create, snapshotsTick: m.snapshots.tick,
 	}
 	m.pauser = &pauser{
 		log: log, inst: m.inst, rt: rt, admission: m.admission, metering: m.metering, recs: m, start: m.start, thaw: m.reaper.thaw,
@@ -182,10 +185,10 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 	m.reaper.pauser = m.pauser
 	m.snapshotter = &Snapshotter{
 		cfg: cfg, log: log, inst: m.inst, rt: rt, templates: tpl, admission: m.admission, envd: m.envd,
-		store: m.start.snaps, snaps: m.snapshots, recs: m, start: m.start, thaw: m.reaper.thaw,
+		store: snaps, snaps: m.snapshots, recs: m, start: m.start, thaw: m.reaper.thaw,
 	}
 	m.sampler = &sampler{log: log, rt: rt, running: m.Running, samples: m.samples, metering: m.metering}
-	m.health = &health{rt: rt, interval: cfg.HealthInterval, limits: m.limits, running: m.Running, envd: m.envd.of, set: m.setHealth, dead: m.endIfDead}
+	m.health = &health{rt: rt, log: log, inst: m.inst, rows: m.rows, recs: m, idle: m.idle, interval: cfg.HealthInterval, limits: m.limits, running: m.Running, envd: m.envd.of}
 	return m, nil
 }
 
@@ -285,25 +288,15 @@ func visibleTo(sb *Sandbox, teamID string) bool {
 
 func notFound(id string) error { return NotFound(id) }
 
-// get returns the live sandbox of the team (nil team = any, for the gateway).
-func (m *Manager) get(teamID, id string) (*Sandbox, error) {
+// Get returns a copy of the team's sandbox ("" team: any, for the server
+// itself).
+func (m *Manager) Get(ctx context.Context, teamID, id string) (*Sandbox, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sb, ok := m.sandboxes[id]
 	if !ok || !visibleTo(sb, teamID) {
 		return nil, notFound(id)
 	}
-	return sb, nil
-}
-
-// Get returns a copy of the team's sandbox.
-func (m *Manager) Get(ctx context.Context, teamID, id string) (*Sandbox, error) {
-	sb, err := m.get(teamID, id)
-	if err != nil {
-		return nil, err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	return clone(sb), nil
 }
 
@@ -367,6 +360,35 @@ func (m *Manager) register(sb *Sandbox) {
 	m.sandboxes[sb.ID] = clone(sb)
 	m.mu.Unlock()
 	m.idle.touch(sb.ID)
+}
+
+// each calls f on every live record under the records' lock (records).
+func (m *Manager) each(f func(sb *Sandbox)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, sb := range m.sandboxes {
+		f(sb)
+	}
+}
+
+// all runs f under the records' lock with every live record, which f may
+// visit more than once (records).
+func (m *Manager) all(f func(live iter.Seq[*Sandbox])) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	f(maps.Values(m.sandboxes))
+}
+
+// one calls f on sandbox id's live record under the records' lock; false
+// when there is none (records).
+func (m *Manager) one(id string, f func(sb *Sandbox)) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, ok := m.sandboxes[id]
+	if ok {
+		f(sb)
+	}
+	return ok
 }
 
 // discard ends a sandbox no client holds (a failed warm claim, a build

@@ -12,7 +12,7 @@ import (
 // maxManagerMethods is the ceiling on Manager's methods while the split by
 // concern goes on: lower it as concerns move out, never raise it. The goal
 // is maxMethods for every type.
-const maxManagerMethods = 45
+const maxManagerMethods = 42
 
 // maxMethods is the most methods any other type of the package may have.
 const maxMethods = 40

@@ -286,12 +286,12 @@ func dirSize(dir string) int64 {
 // snapshots is the catalogue of the team snapshots in the snapshot store:
 // lookups, deletion and the collection of what nothing uses any more. The
 // store keeps its own lock; lastGC has this type's. The sandboxes that use
-// a snapshot are the manager's records, read through inUse.
+// a snapshot are the manager's records, read through recs, and their rows.
 type snapshots struct {
 	log   *slog.Logger
 	store func() *snapshotStore // nil store: snapshots are off
-	// inUse names the snapshots that a live or stored sandbox starts from.
-	inUse func(ctx context.Context) map[string]bool
+	recs  records
+	rows  rows
 
 	mu     sync.Mutex
 	lastGC time.Time
@@ -373,18 +373,15 @@ func (c *snapshots) tick(ctx context.Context) {
 	c.gc(ctx, snapshotMinAge)
 }
 
-// baseSnapshots names the snapshots that a live or stored sandbox starts
-// from (snapshots.inUse).
-func (m *Manager) baseSnapshots(ctx context.Context) map[string]bool {
+// inUse names the snapshots that a live or stored sandbox starts from.
+func (c *snapshots) inUse(ctx context.Context) map[string]bool {
 	used := map[string]bool{}
-	m.mu.Lock()
-	for _, sb := range m.sandboxes {
+	c.recs.each(func(sb *Sandbox) {
 		if sb.BaseSnapshot != "" {
 			used[sb.BaseSnapshot] = true
 		}
-	}
-	m.mu.Unlock()
-	if recs, err := m.store.ListSandboxes(ctx); err == nil {
+	})
+	if recs, err := c.rows.st.ListSandboxes(ctx); err == nil {
 		for _, r := range recs {
 			var sb Sandbox
 			if json.Unmarshal(r.Doc, &sb) == nil && sb.BaseSnapshot != "" {

@@ -39,13 +39,11 @@ func withStats(o usage.Observation, st runtime.Stats) usage.Observation {
 
 // metering reports usage to the meter: every metered sandbox and snapshot
 // at each sampling tick, and a sandbox's last figures before it pauses or
-// goes. The sandboxes are the manager's records, visited through each.
+// goes. The sandboxes are the manager's records, visited through recs.
 type metering struct {
 	rt    runtime.Runtime
 	meter Meter // nil: not metered (Options.Meter)
-	// each calls f for every sandbox record, under the manager's lock: f
-	// must not block or call back into the manager.
-	each  func(f func(*Sandbox))
+	recs  records
 	snaps func() *snapshotStore // nil store: no snapshots
 }
 
@@ -58,7 +56,7 @@ func (u *metering) tick(ctx context.Context, stats map[string]runtime.Stats) {
 	}
 	now := time.Now()
 	var obs []usage.Observation
-	u.each(func(sb *Sandbox) {
+	u.recs.each(func(sb *Sandbox) {
 		if !metered(sb) {
 			return
 		}
