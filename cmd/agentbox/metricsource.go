@@ -7,8 +7,8 @@ import "github.com/agentbox/agentbox/internal/sandbox"
 // made (it reports to the metrics), before the first scrape.
 type metricSource struct{ mgr *sandbox.Manager }
 
-func (s *metricSource) StateCounts() []sandbox.StateCount { return s.mgr.StateCounts() }
+func (s *metricSource) StateCounts() []sandbox.StateCount { return s.mgr.Sampler().StateCounts() }
 
-func (s *metricSource) LatestSamples() []sandbox.Latest { return s.mgr.LatestSamples() }
+func (s *metricSource) LatestSamples() []sandbox.Latest { return s.mgr.Sampler().LatestSamples() }
 
 func (s *metricSource) Pools() []sandbox.PoolStats { return s.mgr.Pools().List() }

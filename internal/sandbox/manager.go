@@ -67,7 +67,7 @@ func (c *Config) defaults() {
 // through the records interface: the start pipelines (starter), pauses
 // (pauser), snapshots, forks and moves (Snapshotter), the clock and the
 // data plane's waking (reaper), warm pools, admission, health and limits,
-// and metric sampling (sampler). Lock order: admission, then the records
+// and metric sampling (Sampler). Lock order: admission, then the records
 // (Manager.mu), then a part's own lock (idle, pools); a part never calls
 // into the manager with its own lock held.
 type Manager struct {
@@ -86,7 +86,7 @@ type Manager struct {
 	health    *health    // envd and container checks (health.go)
 	snapshots *snapshots // the snapshot catalogue and its collection (snapshot.go)
 	metering  *metering  // usage to the meter (usage.go)
-	sampler   *sampler   // stats sampling at each tick (metrics.go)
+	sampler   *Sampler   // stats sampling at each tick, metric sources (metrics.go)
 
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
@@ -187,7 +187,7 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 		cfg: cfg, log: log, inst: m.inst, rt: rt, templates: tpl, admission: m.admission, envd: m.envd,
 		store: snaps, snaps: m.snapshots, recs: m, start: m.start, thaw: m.reaper.thaw,
 	}
-	m.sampler = &sampler{log: log, rt: rt, running: m.Running, samples: m.samples, metering: m.metering}
+	m.sampler = &Sampler{log: log, rt: rt, recs: m, running: m.Running, samples: m.samples, metering: m.metering}
 	m.health = &health{rt: rt, log: log, inst: m.inst, rows: m.rows, recs: m, idle: m.idle, interval: cfg.HealthInterval, limits: m.limits, running: m.Running, envd: m.envd.of}
 	return m, nil
 }
@@ -195,6 +195,10 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 // Snapshots takes, lists, deletes, forks and moves the sandboxes'
 // snapshots.
 func (m *Manager) Snapshots() *Snapshotter { return m.snapshotter }
+
+// Sampler is the sandboxes' metrics: samples, state counts and the newest
+// figures of each.
+func (m *Manager) Sampler() *Sampler { return m.sampler }
 
 // Token returns the envd access token of sandbox id.
 func (m *Manager) Token(id string) string { return m.envd.token(id) }
