@@ -491,15 +491,12 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	mgr, err := sandbox.New(ctx, sandbox.Config{MaxTimeout: c.MaxTimeout, HealthInterval: c.HealthInterval, MaxCommandLifetime: c.MaxCommandLife, TokenSecret: tokenSecret}, log, st, rt, nw, templates)
-	if err != nil {
-		return err
-	}
-	mgr.SetAudit(audit.New(st, append(auditOpts, audit.WithLogger(log))...))
-	mgr.SetDiskGuard(disk)
-	mets := metrics.New(metricSource{mgr})
+	auditLog := audit.New(st, append(auditOpts, audit.WithLogger(log))...)
+	// The metrics read the manager, which reports to them: the source
+	// gets the manager once it is made, before anything scrapes.
+	metSrc := &metricSource{}
+	mets := metrics.New(metSrc)
 	mets.SetMaxSandboxSeries(c.MetricsMaxSB)
-	mgr.SetObserver(mets)
 	tracer, stopTracing, err := tracing.Setup(ctx, os.Getenv) // off unless OTEL_* ask
 	if err != nil {
 		return err
@@ -511,11 +508,11 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 			log.Warn("flush traces", "err", err)
 		}
 	}()
-	mgr.SetTracer(tracer)
 	meter := usage.NewMeter(st, sandbox.DefaultSampleInterval, log)
-	mgr.SetMeter(meter)
 	eg.SetObserver(egressFanout{mets: mets, meter: meter}) // serve_metering.go
-	if err := enableLifecycle(mgr, c); err != nil {
+	// Pause/resume, snapshots and pools: serve_lifecycle.go.
+	lifecycle, err := lifecycleConfig(c)
+	if err != nil {
 		return err
 	}
 	vols, err := volume.New(ctx, volume.Config{Dir: filepath.Join(c.DataDir, "volumes"), DefaultSizeMB: c.VolumeSizeMB,
@@ -524,9 +521,17 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	vols.SetUsers(mgr.VolumeUsers)
 	vols.SetDiskGuard(disk)
-	mgr.SetVolumes(vols)
+	mgr, err := sandbox.New(ctx, sandbox.Options{
+		Config:    sandbox.Config{MaxTimeout: c.MaxTimeout, HealthInterval: c.HealthInterval, MaxCommandLifetime: c.MaxCommandLife, TokenSecret: tokenSecret},
+		Lifecycle: lifecycle, Log: log, Store: st, Runtime: rt, Network: nw, Templates: templates,
+		Audit: auditLog, Observer: mets, Tracer: tracer, Meter: meter, Volumes: vols, DiskGuard: disk,
+	})
+	if err != nil {
+		return err
+	}
+	metSrc.mgr = mgr
+	vols.SetUsers(mgr.VolumeUsers)
 	gw := gateway.New(mgr, log)
 	gw.SetAudit(mgr.Audit())
 	gw.SetRequestCounter(mets.GatewayRequest)

@@ -117,8 +117,8 @@ func startKube(ctx context.Context, k kubeFlags, mgr *sandbox.Manager, tiers *ru
 		LabelTeams: labelTeams, ValidTeamName: store.ValidTeamName,
 		LeaderElection: k.LeaderElect, LeaderElectionNamespace: k.LeaderElectNS, MetricsAddr: k.MetricsListen,
 		LeaseNamespace: k.LeaseNS, LeaseDuration: k.LeaseDuration, CPU: k.NodeCPU, MemoryMB: k.NodeMemoryMB,
-		Images: images,
-		QPS:    k.QPS, Burst: k.Burst, Workers: k.Workers,
+		Images: images, Snapshots: mgr.Snapshots(),
+		QPS: k.QPS, Burst: k.Burst, Workers: k.Workers,
 		Crash: crashpoint.New(cmp.Or(c.Lifecycle.CrashAfter, c.Lifecycle.FaultStep), log),
 	}, mgr, kubeHost{tiers: tiers, templates: templates, teams: teams, log: log}, log.With("component", "kube"))
 	if err != nil {

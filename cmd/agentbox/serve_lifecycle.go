@@ -53,18 +53,19 @@ func parsePools(vals []string) (map[string]int, error) {
 	return out, nil
 }
 
-func enableLifecycle(mgr *sandbox.Manager, c serveConfig) error {
+// lifecycleConfig is the manager's lifecycle settings from the serve flags.
+func lifecycleConfig(c serveConfig) (sandbox.LifecycleConfig, error) {
 	l := c.Lifecycle
 	pools, err := parsePools(l.Pools)
 	if err != nil {
-		return err
+		return sandbox.LifecycleConfig{}, err
 	}
 	if l.SnapshotDir == "" {
 		l.SnapshotDir = filepath.Join(c.DataDir, "snapshots")
 	}
-	return mgr.EnableLifecycle(sandbox.LifecycleConfig{
+	return sandbox.LifecycleConfig{
 		SnapshotDir: l.SnapshotDir, IdleFreeze: l.IdleFreeze, Pools: pools, PoolMax: l.PoolMax, FaultStep: cmp.Or(l.CrashAfter, l.FaultStep),
-	})
+	}, nil
 }
 
 // pinEnvd copies the envd binary to <data-dir>/envd/<sha256> and returns

@@ -69,5 +69,5 @@ func openImages(ctx context.Context, o objectStoreFlags, mgr *sandbox.Manager, c
 	if err := os.Chmod(tmp, 0o700); err != nil {
 		return nil, fmt.Errorf("--kube-object-store: staging dir: %w", err)
 	}
-	return &kube.Images{Store: st, Mover: mgr, TempDir: tmp}, nil
+	return &kube.Images{Store: st, Mover: mgr.Snapshots(), TempDir: tmp}, nil
 }

@@ -525,7 +525,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 		httperr.Write(w, err)
 		return
 	}
-	pts, err := s.mgr.Metrics(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), start, end)
+	pts, err := s.mgr.Sampler().Metrics(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), start, end)
 	if err != nil {
 		httperr.Write(w, err)
 		return

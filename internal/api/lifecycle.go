@@ -213,7 +213,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		httperr.Write(w, err)
 		return
 	}
-	res, err := s.mgr.Fork(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), int(count), d)
+	res, err := s.mgr.Snapshots().Fork(r.Context(), keyOf(r.Context()).TeamID, sandboxID(r), int(count), d)
 	if err != nil {
 		httperr.Write(w, err)
 		return

@@ -52,20 +52,21 @@ func (b LocalBackend) Resume(ctx context.Context, team, id string, d time.Durati
 
 func (b LocalBackend) CreateSnapshot(ctx context.Context, team, id, name string, memory bool) (*sandbox.Snapshot, error) {
 	if !memory {
-		return b.M.CreateFilesystemSnapshot(ctx, team, id, name)
+		return b.M.Snapshots().CreateFilesystemSnapshot(ctx, team, id, name)
 	}
-	return b.M.CreateSnapshot(ctx, team, id, name)
+	return b.M.Snapshots().CreateSnapshot(ctx, team, id, name)
 }
 
 func (b LocalBackend) ListSnapshots(ctx context.Context, team, sandboxID, name string) ([]*sandbox.Snapshot, error) {
-	return b.M.ListSnapshots(ctx, team, sandboxID, name), nil
+	return b.M.Snapshots().ListSnapshots(ctx, team, sandboxID, name), nil
 }
 
 func (b LocalBackend) DeleteSnapshot(ctx context.Context, team, ref string) (bool, error) {
-	if !b.M.IsSnapshot(team, ref) {
+	ss := b.M.Snapshots()
+	if !ss.IsSnapshot(team, ref) {
 		return false, nil
 	}
-	return true, b.M.DeleteSnapshot(ctx, team, ref)
+	return true, ss.DeleteSnapshot(ctx, team, ref)
 }
 
 func (b LocalBackend) CheckNetwork(ctx context.Context, team string, allowInternet bool, n *sandbox.NetworkSpec) error {

@@ -85,6 +85,9 @@ type Config struct {
 	// Images stores suspended Sandboxes' images in an object store so any
 	// agent can resume them (nil: they stay on their node).
 	Images *Images
+	// Snapshots takes, uploads and restores SandboxSnapshots on this node
+	// (the manager's sandbox.Snapshotter); nil: this agent takes none.
+	Snapshots Snapshotter
 	// Address is where the API tier reaches this agent's gateway
 	// (host:port), reported on the Lease.
 	Address string

@@ -41,8 +41,8 @@ const (
 	MetaRestoredFrom = "k8s.restored-from"
 )
 
-// Mover is what moving suspended sandboxes needs of the sandbox manager
-// (*sandbox.Manager).
+// Mover is what moving suspended sandboxes needs of the sandbox manager's
+// snapshots (*sandbox.Snapshotter).
 type Mover interface {
 	ExportPaused(ctx context.Context, teamID, id, dir string) (*sandbox.MovedImage, error)
 	ImportPaused(ctx context.Context, req sandbox.CreateRequest, fill func(dir string) (*sandbox.MovedImage, error)) (*sandbox.Sandbox, error)

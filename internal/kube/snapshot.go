@@ -32,8 +32,8 @@ const (
 	ReasonSnapshotUnavailable = "SnapshotUnavailable"
 )
 
-// Snapshotter is what SandboxSnapshots need of the sandbox manager
-// (*sandbox.Manager).
+// Snapshotter is what SandboxSnapshots need of the sandbox manager's
+// snapshots (*sandbox.Snapshotter).
 type Snapshotter interface {
 	CreateSnapshot(ctx context.Context, teamID, id, name string) (*sandbox.Snapshot, error)
 	ListSnapshots(ctx context.Context, teamID, sandboxID, name string) []*sandbox.Snapshot
@@ -84,8 +84,8 @@ func (r *snapshotReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	if !bound || r.cfg.Node == "" {
 		return ctrl.Result{}, nil
 	}
-	ss, ok := r.sbs.(Snapshotter)
-	if !ok {
+	ss := r.cfg.Snapshots
+	if ss == nil {
 		return ctrl.Result{}, nil
 	}
 	st := &snap.Status
@@ -297,8 +297,8 @@ func (r *sandboxReconciler) fromSnapshot(ctx context.Context, team string, obj *
 	if c := meta.FindStatusCondition(cur.Status.Conditions, agentsv1.ConditionReady); c != nil && c.Reason == ReasonImageIntegrity && c.ObservedGeneration == gen {
 		return nil, ctrl.Result{}, nil
 	}
-	ss, ok := r.sbs.(Snapshotter)
-	if !ok {
+	ss := r.cfg.Snapshots
+	if ss == nil {
 		return refuse(ReasonSnapshotUnavailable, errors.New("this agent cannot start sandboxes from snapshots"), 0)
 	}
 	snap, reason, err := r.sourceSnapshot(ctx, obj)
@@ -365,4 +365,4 @@ func (b reconcilerBase) snapshotNode(ctx context.Context, obj *agentsv1.Sandbox)
 }
 
 // The server's sandbox manager takes, stores and restores snapshots.
-var _ Snapshotter = (*sandbox.Manager)(nil)
+var _ Snapshotter = (*sandbox.Snapshotter)(nil)

@@ -24,7 +24,7 @@ type admission struct {
 	// those of a build for which inBuild reports true.
 	held func(teamID string, inBuild func(buildID string) bool) int
 
-	disk DiskGuard // nil: disks are not guarded; set before Run
+	disk DiskGuard // nil: disks are not guarded (Options.DiskGuard)
 
 	mu          sync.Mutex
 	createSlots chan struct{}     // cold creates in host setup

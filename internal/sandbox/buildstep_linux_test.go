@@ -111,11 +111,9 @@ func realStack(t *testing.T) (*Manager, *template.Template, netip.Addr) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	m, err := New(ctx, Config{}, log, st, rt, nw, tpls)
+	m, err := New(ctx, Options{Log: log, Store: st, Runtime: rt, Network: nw, Templates: tpls,
+		Lifecycle: LifecycleConfig{SnapshotDir: filepath.Join(tmp, "snapshots")}})
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.EnableLifecycle(LifecycleConfig{SnapshotDir: filepath.Join(tmp, "snapshots")}); err != nil {
 		t.Fatal(err)
 	}
 	return m, base, subnet.Addr().Next()

@@ -8,10 +8,6 @@ type DiskGuard interface {
 	Admit(what string) error
 }
 
-// SetDiskGuard makes every create, fork, restore, build step, snapshot and
-// pause ask g first. Call before Run.
-func (m *Manager) SetDiskGuard(g DiskGuard) { m.admission.disk = g }
-
 // admitDisk asks the disk guard, if any, whether what may grow a disk.
 func (a *admission) admitDisk(what string) error {
 	if a.disk == nil {

@@ -29,15 +29,15 @@ func TestDiskGuard(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := &fullDisk{}
-	e.m.SetDiskGuard(g)
+	e.m.admission.disk = g
 	for _, op := range []struct {
 		name string
 		do   func() error
 	}{
 		{"create", func() error { _, err := e.m.Create(ctx, e.req()); return err }},
-		{"snapshot", func() error { _, err := e.m.CreateSnapshot(ctx, e.team, running.ID, "full"); return err }},
+		{"snapshot", func() error { _, err := e.m.Snapshots().CreateSnapshot(ctx, e.team, running.ID, "full"); return err }},
 		{"pause", func() error { return e.m.Pause(ctx, e.team, running.ID) }},
-		{"fork", func() error { _, err := e.m.Fork(ctx, e.team, running.ID, 1, 0); return err }},
+		{"fork", func() error { _, err := e.m.Snapshots().Fork(ctx, e.team, running.ID, 1, 0); return err }},
 	} {
 		err := op.do()
 		if !errors.Is(err, errdefs.ErrNoSpace) {

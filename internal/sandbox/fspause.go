@@ -25,8 +25,8 @@ func (m *Manager) ResumeFromFiles(ctx context.Context, teamID, id string, timeou
 // CreateFilesystemSnapshot snapshots the team's running sandbox's files
 // only (its writable layer, copied while it is frozen for that instant).
 // Sandboxes created from it boot fresh: no memory, new processes.
-func (m *Manager) CreateFilesystemSnapshot(ctx context.Context, teamID, id, name string) (*Snapshot, error) {
-	return m.snapshotter.snapshot(ctx, teamID, id, name, false, false)
+func (t *Snapshotter) CreateFilesystemSnapshot(ctx context.Context, teamID, id, name string) (*Snapshot, error) {
+	return t.snapshot(ctx, teamID, id, name, false, false)
 }
 
 // resolvePaused finds the paused sandbox a files-only resume boots, and

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -18,28 +19,24 @@ const HealthError = "error"
 // agent finds the explanation of a killed command right after it failed.
 const limitInterval = 2 * time.Second
 
-// SetAudit makes the manager append lifecycle and limit events to l.
-// Call before Run.
-func (m *Manager) SetAudit(l *audit.Log) { m.inst.audit = l }
-
 // Audit returns the audit log (nil if none).
 func (m *Manager) Audit() *audit.Log { return m.inst.audit }
 
 // health checks that every running sandbox's container runs and its envd
-// answers, and paces the limit checks (limits.go). What it needs of the
-// manager comes in as function fields: the running sandboxes, their envd
-// clients, and what to do with a verdict (setHealth, endIfDead), which
-// stay with the records.
+// answers, and paces the limit checks (limits.go). It writes each verdict
+// on the sandbox's record through recs, and ends the traffic of a sandbox
+// found dead through idle.
 type health struct {
 	rt       runtime.Runtime
+	log      *slog.Logger
+	inst     *instruments
+	rows     rows
+	recs     records
+	idle     *idleState
 	interval time.Duration
 	limits   *limits
 	running  func() []*Sandbox
 	envd     func(*Sandbox) *envdclient.Client
-	// set records the verdict ("" healthy, else why not) of sandbox id.
-	set func(ctx context.Context, id, reason string)
-	// dead reconciles a sandbox that failed its check with the host.
-	dead func(ctx context.Context, sb *Sandbox)
 }
 
 // watch checks envd health and limit counters until ctx ends.
@@ -68,7 +65,7 @@ func (h *health) check(ctx context.Context) {
 			reason := h.probe(ctx, sb)
 			h.set(ctx, sb.ID, reason)
 			if reason != "" {
-				h.dead(ctx, sb) // reconcile.go
+				h.endIfDead(ctx, sb) // reconcile.go
 			}
 		})
 	}
@@ -93,33 +90,34 @@ func (h *health) probe(ctx context.Context, sb *Sandbox) string {
 	return ""
 }
 
-func (m *Manager) setHealth(ctx context.Context, id, reason string) {
-	m.mu.Lock()
-	sb, ok := m.sandboxes[id]
-	if !ok || sb.State != StateRunning {
-		m.mu.Unlock()
+// set records the verdict ("" healthy, else why not) on running sandbox
+// id's record, persisted and audited when it changed.
+func (h *health) set(ctx context.Context, id, reason string) {
+	var was string
+	var snap *Sandbox
+	h.recs.one(id, func(sb *Sandbox) {
+		if sb.State != StateRunning || reason == sb.HealthReason {
+			return
+		}
+		was = sb.HealthReason
+		if reason == "" {
+			sb.Health, sb.HealthReason = "", ""
+		} else {
+			sb.Health, sb.HealthReason = HealthError, reason
+		}
+		snap = clone(sb)
+	})
+	if snap == nil {
 		return
 	}
-	was := sb.HealthReason
-	if reason == was {
-		m.mu.Unlock()
-		return
-	}
-	if reason == "" {
-		sb.Health, sb.HealthReason = "", ""
-	} else {
-		sb.Health, sb.HealthReason = HealthError, reason
-	}
-	snap := clone(sb)
-	m.mu.Unlock()
-	if err := m.rows.save(ctx, snap); err != nil {
-		m.log.Error("persist health", "sandbox", id, "err", err)
+	if err := h.rows.save(ctx, snap); err != nil {
+		h.log.Error("persist health", "sandbox", id, "err", err)
 	}
 	if reason != "" {
-		m.log.Warn("sandbox unhealthy", "sandbox", id, "reason", reason)
-		m.inst.auditLifecycle(ctx, snap, "unhealthy", audit.Info, reason, nil)
+		h.log.Warn("sandbox unhealthy", "sandbox", id, "reason", reason)
+		h.inst.auditLifecycle(ctx, snap, "unhealthy", audit.Info, reason, nil)
 	} else {
-		m.log.Info("sandbox healthy again", "sandbox", id)
-		m.inst.auditLifecycle(ctx, snap, "recovered", audit.Info, "health check passes again after: "+was, nil)
+		h.log.Info("sandbox healthy again", "sandbox", id)
+		h.inst.auditLifecycle(ctx, snap, "recovered", audit.Info, "health check passes again after: "+was, nil)
 	}
 }

@@ -15,8 +15,8 @@ import (
 
 // instruments is what watches every operation of the manager and its
 // parts: the audit log, the observer, the tracer, the tests' step hook and
-// the crash point. One is shared by all of them; it is set before serving
-// (SetAudit, SetObserver, SetTracer, EnableLifecycle) and only read after.
+// the crash point. One is shared by all of them; it is set at New (Options)
+// and only read after.
 type instruments struct {
 	log    *slog.Logger
 	audit  *audit.Log   // nil: no audit log

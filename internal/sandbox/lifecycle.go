@@ -70,27 +70,11 @@ type LifecycleConfig struct {
 	FaultStep string
 }
 
-// lifecycle is the manager's lifecycle state; guarded by Manager.mu.
+// lifecycle is the manager's lifecycle settings and snapshot store, fixed
+// at New (Options.Lifecycle).
 type lifecycle struct {
 	cfg   LifecycleConfig
-	snaps *snapshotStore
-}
-
-// EnableLifecycle configures lifecycle features. Call before Reconcile.
-func (m *Manager) EnableLifecycle(cfg LifecycleConfig) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.life.cfg = cfg
-	m.inst.faultStep = cfg.FaultStep
-	m.pools.configure(cfg.Pools, cfg.PoolMax)
-	if cfg.SnapshotDir != "" {
-		st, err := openSnapshotStore(cfg.SnapshotDir, m.log)
-		if err != nil {
-			return err
-		}
-		m.life.snaps = st
-	}
-	return nil
+	snaps *snapshotStore // nil: no snapshot dir
 }
 
 // checkpointer is rt's pause and restore, if it has them and they work

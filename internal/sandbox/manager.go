@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"maps"
 	"slices"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentbox/agentbox/internal/audit"
 	"github.com/agentbox/agentbox/internal/envdclient"
@@ -58,7 +61,15 @@ func (c *Config) defaults() {
 	}
 }
 
-// Manager runs the lifecycle of every sandbox of this server.
+// Manager runs the lifecycle of every sandbox of this server. It keeps the
+// records and their state machine (begin, commit, rollback, Reconcile);
+// each other concern is a part with its own lock that reaches the records
+// through the records interface: the start pipelines (starter), pauses
+// (pauser), snapshots, forks and moves (Snapshotter), the clock and the
+// data plane's waking (reaper), warm pools, admission, health and limits,
+// and metric sampling (Sampler). Lock order: admission, then the records
+// (Manager.mu), then a part's own lock (idle, pools); a part never calls
+// into the manager with its own lock held.
 type Manager struct {
 	cfg       Config
 	log       *slog.Logger
@@ -75,23 +86,55 @@ type Manager struct {
 	health    *health    // envd and container checks (health.go)
 	snapshots *snapshots // the snapshot catalogue and its collection (snapshot.go)
 	metering  *metering  // usage to the meter (usage.go)
-	sampler   *sampler   // stats sampling at each tick (metrics.go)
+	sampler   *Sampler   // stats sampling at each tick, metric sources (metrics.go)
 
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
 	samples   *samples   // metric samples, own lock (metrics.go)
 	idle      *idleState // data-plane activity, own lock (idle.go)
-	life      lifecycle  // pause/resume, snapshots, forks, pools (lifecycle.go)
+	life      lifecycle  // pause/resume, snapshots, forks, pools (lifecycle.go); fixed at New
 
 	inst        *instruments // audit, observer, tracer, step hook, crash point
 	start       *starter     // the start pipelines (pipeline.go)
 	pauser      *pauser      // pauses and resumes (pause.go)
-	snapshotter *snapshotter // snapshots and forks (snapshotter.go)
+	snapshotter *Snapshotter // snapshots, forks and moves (snapshotter.go)
 	reaper      *reaper      // timeouts, idle handling, pools' tick; waking on traffic (reaper.go)
 }
 
+// Options is what a manager is made of, given once to New: its settings,
+// the host it drives and the services it reports to. A nil service is off.
+type Options struct {
+	Config Config
+	// Lifecycle enables pause/resume, snapshots, forks and warm pools.
+	Lifecycle LifecycleConfig
+	Log       *slog.Logger
+	Store     *store.Store
+	Runtime   runtime.Runtime
+	Network   Network
+	Templates Templates
+	// Audit receives lifecycle and limit events; nil: none are kept.
+	Audit *audit.Log
+	// Observer receives the manager's measurements (internal/metrics);
+	// nil: none are taken.
+	Observer Observer
+	// Tracer traces every start pipeline: one span per run ("sandbox
+	// <path>") with a child span per step, named for the step. nil traces
+	// nothing at no cost.
+	Tracer trace.Tracer
+	// Meter receives usage observations at each sampling tick; nil: not
+	// metered.
+	Meter Meter
+	// Volumes mounts team volumes; nil: a create asking for volume mounts
+	// is refused, naming the field.
+	Volumes Volumes
+	// DiskGuard is asked before every create, fork, restore, build step,
+	// snapshot and pause; nil: disks are not guarded.
+	DiskGuard DiskGuard
+}
+
 // New makes a manager. Call Reconcile before serving, then Run.
-func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt runtime.Runtime, nw Network, tpl Templates) (*Manager, error) {
+func New(ctx context.Context, o Options) (*Manager, error) {
+	cfg, log, st, rt, nw, tpl := o.Config, o.Log, o.Store, o.Runtime, o.Network, o.Templates
 	cfg.defaults()
 	secret := cfg.TokenSecret
 	if len(secret) == 0 {
@@ -106,40 +149,56 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, st *store.Store, rt 
 		sandboxes: map[string]*Sandbox{},
 		samples:   newSamples(),
 		idle:      newIdleState(),
+		life:      lifecycle{cfg: o.Lifecycle},
 	}
-	m.pools = newWarmPools(tpl, m.readyWarm)
-	m.admission = newAdmission(log, cfg.Quota, st, m.teamHeld)
+	if o.Lifecycle.SnapshotDir != "" {
+		snaps, err := openSnapshotStore(o.Lifecycle.SnapshotDir, log)
+		if err != nil {
+			return nil, err
+		}
+		m.life.snaps = snaps
+	}
+	m.inst.audit, m.inst.tracer, m.inst.faultStep = o.Audit, o.Tracer, o.Lifecycle.FaultStep
+	if o.Observer != nil {
+		m.inst.obs = o.Observer
+	}
+	m.pools = newWarmPools(tpl, func() map[string]int { return readyWarm(m) })
+	m.pools.configure(o.Lifecycle.Pools, o.Lifecycle.PoolMax)
+	m.admission = newAdmission(log, cfg.Quota, st, func(teamID string, inBuild func(string) bool) int { return teamHeld(m, teamID, inBuild) })
+	m.admission.disk = o.DiskGuard
+	snaps := func() *snapshotStore { return m.life.snaps }
 	m.start = &starter{
 		cfg: cfg, log: log, inst: m.inst, rt: rt, net: nw, templates: tpl, envd: m.envd, admission: m.admission,
-		policies: m.policies, rows: m.rows, snaps: func() *snapshotStore { return m.life.snaps }, recs: m,
+		policies: m.policies, rows: m.rows, vols: o.Volumes, snaps: snaps, recs: m,
 	}
 	m.limits = newLimits(log, rt, m.Audit, m.Running, m.admission.quotaOf)
-	m.snapshots = &snapshots{log: log, store: func() *snapshotStore { return m.life.snaps }, inUse: m.baseSnapshots}
-	m.metering = &metering{rt: rt, snaps: m.snapshots.store, each: func(f func(*Sandbox)) {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		for _, sb := range m.sandboxes {
-			f(sb)
-		}
-	}}
+	m.snapshots = &snapshots{log: log, store: snaps, recs: m, rows: m.rows}
+	m.metering = &metering{rt: rt, meter: o.Meter, snaps: snaps, recs: m}
 	m.reaper = &reaper{
-		log: log, rt: rt, mu: &m.mu, live: m.sandboxes, idle: m.idle, pools: m.pools, maxTimeout: cfg.MaxTimeout,
-		idleFreeze: func() time.Duration { return m.life.cfg.IdleFreeze },
-		resume:     m.Resume, create: m.Create, destroy: m.destroy, snapshotsTick: m.snapshots.tick,
+		log: log, rt: rt, recs: m, idle: m.idle, pools: m.pools, maxTimeout: cfg.MaxTimeout, idleFreeze: o.Lifecycle.IdleFreeze,
+		create: m.Create, snapshotsTick: m.snapshots.tick,
 	}
 	m.pauser = &pauser{
 		log: log, inst: m.inst, rt: rt, admission: m.admission, metering: m.metering, recs: m, start: m.start, thaw: m.reaper.thaw,
 		forget: func(id string) { m.samples.forget(id); m.idle.forget(id) },
 	}
 	m.reaper.pauser = m.pauser
-	m.snapshotter = &snapshotter{
+	m.snapshotter = &Snapshotter{
 		cfg: cfg, log: log, inst: m.inst, rt: rt, templates: tpl, admission: m.admission, envd: m.envd,
-		store: m.start.snaps, gc: m.snapshots.gc, recs: m, start: m.start, thaw: m.reaper.thaw,
+		store: snaps, snaps: m.snapshots, recs: m, start: m.start, thaw: m.reaper.thaw,
 	}
-	m.sampler = &sampler{log: log, rt: rt, running: m.Running, samples: m.samples, metering: m.metering}
-	m.health = &health{rt: rt, interval: cfg.HealthInterval, limits: m.limits, running: m.Running, envd: m.envd.of, set: m.setHealth, dead: m.endIfDead}
+	m.sampler = &Sampler{log: log, rt: rt, recs: m, running: m.Running, samples: m.samples, metering: m.metering}
+	m.health = &health{rt: rt, log: log, inst: m.inst, rows: m.rows, recs: m, idle: m.idle, interval: cfg.HealthInterval, limits: m.limits, running: m.Running, envd: m.envd.of}
 	return m, nil
 }
+
+// Snapshots takes, lists, deletes, forks and moves the sandboxes'
+// snapshots.
+func (m *Manager) Snapshots() *Snapshotter { return m.snapshotter }
+
+// Sampler is the sandboxes' metrics: samples, state counts and the newest
+// figures of each.
+func (m *Manager) Sampler() *Sampler { return m.sampler }
 
 // Token returns the envd access token of sandbox id.
 func (m *Manager) Token(id string) string { return m.envd.token(id) }
@@ -233,25 +292,15 @@ func visibleTo(sb *Sandbox, teamID string) bool {
 
 func notFound(id string) error { return NotFound(id) }
 
-// get returns the live sandbox of the team (nil team = any, for the gateway).
-func (m *Manager) get(teamID, id string) (*Sandbox, error) {
+// Get returns a copy of the team's sandbox ("" team: any, for the server
+// itself).
+func (m *Manager) Get(ctx context.Context, teamID, id string) (*Sandbox, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sb, ok := m.sandboxes[id]
 	if !ok || !visibleTo(sb, teamID) {
 		return nil, notFound(id)
 	}
-	return sb, nil
-}
-
-// Get returns a copy of the team's sandbox.
-func (m *Manager) Get(ctx context.Context, teamID, id string) (*Sandbox, error) {
-	sb, err := m.get(teamID, id)
-	if err != nil {
-		return nil, err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	return clone(sb), nil
 }
 
@@ -315,6 +364,35 @@ func (m *Manager) register(sb *Sandbox) {
 	m.sandboxes[sb.ID] = clone(sb)
 	m.mu.Unlock()
 	m.idle.touch(sb.ID)
+}
+
+// each calls f on every live record under the records' lock (records).
+func (m *Manager) each(f func(sb *Sandbox)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, sb := range m.sandboxes {
+		f(sb)
+	}
+}
+
+// all runs f under the records' lock with every live record, which f may
+// visit more than once (records).
+func (m *Manager) all(f func(live iter.Seq[*Sandbox])) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	f(maps.Values(m.sandboxes))
+}
+
+// one calls f on sandbox id's live record under the records' lock; false
+// when there is none (records).
+func (m *Manager) one(id string, f func(sb *Sandbox)) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, ok := m.sandboxes[id]
+	if ok {
+		f(sb)
+	}
+	return ok
 }
 
 // discard ends a sandbox no client holds (a failed warm claim, a build

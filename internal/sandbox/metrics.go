@@ -29,17 +29,21 @@ type series struct {
 
 const keepSamples = 720
 
-// sampler reads every running sandbox's stats at each sampling tick into
-// the samples, and hands them on to usage metering.
-type sampler struct {
+// Sampler is the sandboxes' metrics: it reads every running sandbox's
+// stats at each sampling tick into the samples and hands them on to usage
+// metering, and it is what the metrics API and exporter read (Metrics,
+// LatestSamples, StateCounts). Callers reach it through Manager.Sampler;
+// it reaches the records through recs.
+type Sampler struct {
 	log      *slog.Logger
 	rt       runtime.Runtime
+	recs     records
 	running  func() []*Sandbox
 	samples  *samples
 	metering *metering
 }
 
-func (p *sampler) tick(ctx context.Context) {
+func (p *Sampler) tick(ctx context.Context) {
 	stats := map[string]runtime.Stats{}
 	for _, sb := range p.running() {
 		st, err := p.rt.Stats(ctx, sb.ID)
@@ -139,19 +143,19 @@ func (s *samples) forget(id string) {
 // Metrics returns the samples of the team's sandbox between start and end
 // (zero = unbounded). With no sample yet it takes one now, so a fresh sandbox
 // answers with real figures at once.
-func (m *Manager) Metrics(ctx context.Context, teamID, id string, start, end time.Time) ([]Metric, error) {
-	sb, err := m.Get(ctx, teamID, id)
+func (p *Sampler) Metrics(ctx context.Context, teamID, id string, start, end time.Time) ([]Metric, error) {
+	sb, err := p.recs.Get(ctx, teamID, id)
 	if err != nil {
 		return nil, err
 	}
-	if m.samples.empty(id) {
-		st, err := m.rt.Stats(ctx, id)
+	if p.samples.empty(id) {
+		st, err := p.rt.Stats(ctx, id)
 		if err != nil {
 			return nil, err
 		}
-		m.samples.record(sb, st)
+		p.samples.record(sb, st)
 	}
-	return m.samples.between(id, start, end), nil
+	return p.samples.between(id, start, end), nil
 }
 
 // Latest is the newest sample of one running team sandbox.
@@ -165,22 +169,49 @@ type Latest struct {
 
 // LatestSamples returns the newest sample of every running team sandbox
 // (warm-pool members and build sandboxes left out).
-func (m *Manager) LatestSamples() []Latest {
-	m.mu.Lock()
+func (p *Sampler) LatestSamples() []Latest {
 	var out []Latest
-	for id, sb := range m.sandboxes {
+	p.recs.each(func(sb *Sandbox) {
 		if metered(sb) && sb.State == StateRunning {
-			out = append(out, Latest{ID: id, TeamID: sb.TeamID})
+			out = append(out, Latest{ID: sb.ID, TeamID: sb.TeamID})
 		}
-	}
-	m.mu.Unlock()
+	})
 	for i, l := range out {
-		if st, ok := m.samples.last(l.ID); ok {
+		if st, ok := p.samples.last(l.ID); ok {
 			out[i].Sampled, out[i].CPUSeconds, out[i].MemUsed, out[i].DiskUsed = true, float64(st.CPUUsageNanos)/1e9, st.MemoryUsed, st.DiskUsed
 		}
 	}
 	if out == nil {
 		out = []Latest{}
+	}
+	return out
+}
+
+// StateCount is how many sandboxes are in one state on one tier.
+type StateCount struct {
+	State     State
+	Isolation string
+	Count     int
+}
+
+// StateCounts counts every sandbox the manager holds (warm pool members and
+// build sandboxes included) by state and tier.
+func (p *Sampler) StateCounts() []StateCount {
+	type key struct {
+		state State
+		iso   string
+	}
+	counts := map[key]int{}
+	p.recs.each(func(sb *Sandbox) {
+		iso := sb.Isolation
+		if iso == "" {
+			iso = IsolationContainer
+		}
+		counts[key{sb.State, iso}]++
+	})
+	out := make([]StateCount, 0, len(counts))
+	for k, n := range counts {
+		out = append(out, StateCount{State: k.state, Isolation: k.iso, Count: n})
 	}
 	return out
 }

@@ -31,21 +31,15 @@ type MovedImage struct {
 // ExportPaused copies the team's sandbox, paused with its memory, into dir
 // in the shape of a snapshot (image/, upper/, upper.log/), for another
 // server to restore with ImportPaused. The sandbox stays paused here.
-func (m *Manager) ExportPaused(ctx context.Context, teamID, id, dir string) (*MovedImage, error) {
-	ex, ok := m.rt.(runtime.PauseExporter)
+func (t *Snapshotter) ExportPaused(ctx context.Context, teamID, id, dir string) (*MovedImage, error) {
+	ex, ok := t.rt.(runtime.PauseExporter)
 	if !ok {
 		return nil, fmt.Errorf("this runtime cannot export paused sandboxes: %w", errdefs.ErrUnavailable)
 	}
-	m.mu.Lock()
-	cur, found := m.sandboxes[id]
-	var src *Sandbox
-	if found && visibleTo(cur, teamID) {
-		src = clone(cur)
-	}
-	m.mu.Unlock()
+	src, err := t.recs.Get(ctx, teamID, id)
 	switch {
-	case src == nil:
-		return nil, notFound(id)
+	case err != nil:
+		return nil, err
 	case src.State != StatePaused || src.PausedFS:
 		return nil, fmt.Errorf("sandbox %s is %s, not paused with its memory: %w", id, src.State, errdefs.ErrConflict)
 	}
@@ -54,13 +48,13 @@ func (m *Manager) ExportPaused(ctx context.Context, teamID, id, dir string) (*Mo
 	var extra []string
 	tplID := src.TemplateID
 	if src.BaseSnapshot != "" {
-		base, err := m.life.snaps.load(src.BaseSnapshot)
+		base, err := t.store().load(src.BaseSnapshot)
 		if err != nil {
 			return nil, fmt.Errorf("sandbox %s: base snapshot: %w", id, err)
 		}
 		tplID = base.TemplateID
 		for _, l := range base.Layers {
-			if rel, err := filepath.Rel(m.life.snaps.dir, l); err == nil && !strings.HasPrefix(rel, "..") {
+			if rel, err := filepath.Rel(t.store().dir, l); err == nil && !strings.HasPrefix(rel, "..") {
 				extra = append(extra, l)
 			}
 		}
@@ -70,11 +64,11 @@ func (m *Manager) ExportPaused(ctx context.Context, teamID, id, dir string) (*Mo
 			return nil, fmt.Errorf("sandbox %s: copy base layer %s: %w: %s", id, l, err, strings.TrimSpace(string(out)))
 		}
 	}
-	m.inst.crashAfter(OpMoveOut, MoveLayersCopied)
+	t.inst.crashAfter(OpMoveOut, MoveLayersCopied)
 	if err := ex.ExportPause(ctx, id, filepath.Join(dir, "image"), filepath.Join(dir, "upper")); err != nil {
 		return nil, err
 	}
-	m.inst.crashAfter(OpMoveOut, MoveImageOut)
+	t.inst.crashAfter(OpMoveOut, MoveImageOut)
 	out := &MovedImage{BaseLayers: len(extra), Snapshot: Snapshot{
 		TeamID: src.TeamID, SandboxID: src.ID, TemplateID: tplID, Alias: src.Alias,
 		CPUCount: src.CPUCount, MemoryMB: src.MemoryMB, DiskMB: src.DiskMB, PIDs: src.PIDs, TmpMB: src.TmpMB,
@@ -83,7 +77,7 @@ func (m *Manager) ExportPaused(ctx context.Context, teamID, id, dir string) (*Mo
 		AllowInternet: src.AllowInternet, CreatedAt: time.Now().UTC(), BootID: src.BootID,
 	}}
 	if src.Secure {
-		out.EnvdAuth = m.envd.token(src.ID)
+		out.EnvdAuth = t.envd.token(src.ID)
 	}
 	return out, nil
 }
@@ -95,12 +89,12 @@ func (m *Manager) ExportPaused(ctx context.Context, teamID, id, dir string) (*Mo
 // given (download, verify, unpack) and returns its record; on any error
 // nothing is left behind. The tree becomes a hidden snapshot of the team
 // that lives as long as the sandbox, as a fork's does.
-func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func(dir string) (*MovedImage, error)) (_ *Sandbox, err error) {
-	snaps := m.life.snaps
+func (t *Snapshotter) ImportPaused(ctx context.Context, req CreateRequest, fill func(dir string) (*MovedImage, error)) (_ *Sandbox, err error) {
+	snaps := t.store()
 	if snaps == nil {
 		return nil, fmt.Errorf("snapshots are not enabled on this server: %w", errdefs.ErrUnavailable)
 	}
-	if _, err := checkpointer(m.rt); err != nil {
+	if _, err := checkpointer(t.rt); err != nil {
 		return nil, err
 	}
 	sid := newSnapshotID()
@@ -122,7 +116,7 @@ func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func
 	if err := sealLayers(tmp); err != nil {
 		return nil, err
 	}
-	m.inst.crashAfter(OpMoveIn, MoveImageFetched)
+	t.inst.crashAfter(OpMoveIn, MoveImageFetched)
 	snap := img.Snapshot
 	if snap.FilesystemOnly || !ValidID(snap.SandboxID) {
 		return nil, fmt.Errorf("moved image of sandbox %q: not a memory image: %w", snap.SandboxID, errdefs.ErrInvalidArgument)
@@ -130,21 +124,21 @@ func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func
 	// After fill: an image that fails its check is refused as such, not
 	// for the id it claims.
 	if req.ID != "" {
-		if err := m.checkChosenID(req.ID); err != nil {
+		if err := t.recs.checkChosenID(req.ID); err != nil {
 			return nil, err
 		}
 	}
 	// The writable layer was captured over the template's layers: the same
 	// template (by id, else by alias) must be here.
-	tpl, err := m.templates.Get(ctx, req.TeamID, snap.TemplateID)
+	tpl, err := t.templates.Get(ctx, req.TeamID, snap.TemplateID)
 	if err != nil && snap.Alias != "" {
-		tpl, err = m.templates.Get(ctx, req.TeamID, snap.Alias)
+		tpl, err = t.templates.Get(ctx, req.TeamID, snap.Alias)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("moved image of sandbox %s: template %s (%s) is not on this server: %w", snap.SandboxID, snap.TemplateID, snap.Alias, err)
 	}
 	if tpl.ID != snap.TemplateID {
-		m.log.Warn("moved image restores on another build of its template", "sandbox", snap.SandboxID, "template", snap.TemplateID, "here", tpl.ID)
+		t.log.Warn("moved image restores on another build of its template", "sandbox", snap.SandboxID, "template", snap.TemplateID, "here", tpl.ID)
 	}
 	snap.ID, snap.Name, snap.TeamID, snap.Hidden = sid, "", req.TeamID, true
 	snap.TemplateID, snap.CreatedAt = tpl.ID, time.Now().UTC()
@@ -164,7 +158,7 @@ func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func
 	if err := os.Rename(tmp, final); err != nil {
 		return nil, err
 	}
-	m.inst.crashAfter(OpMoveIn, MoveImagePlaced)
+	t.inst.crashAfter(OpMoveIn, MoveImagePlaced)
 	req.Template = tpl.ID
 	bd := newBuild("restore", req)
 	bd.snap, bd.tplID = &snap, tpl.ID
@@ -177,12 +171,12 @@ func (m *Manager) ImportPaused(ctx context.Context, req CreateRequest, fill func
 		}
 		return nil
 	})
-	sb, err := m.start.run(ctx, p, bd)
+	sb, err := t.start.run(ctx, p, bd)
 	if err == nil {
 		// The snapshot is this sandbox's alone: it goes as soon as the
 		// sandbox stops using it, not after the minimum age that protects
 		// snapshots forks are made from.
-		m.snapshotter.forkDone(&snap)
+		t.forkDone(&snap)
 	}
 	return sb, err
 }

@@ -19,40 +19,6 @@ type noObserver struct{}
 func (noObserver) Created(string, string, string, bool, time.Duration, map[string]time.Duration) {}
 func (noObserver) Lifecycle(string, bool, time.Duration)                                         {}
 
-// SetObserver sends the manager's measurements to o. Call before serving.
-func (m *Manager) SetObserver(o Observer) { m.inst.obs = o }
-
-// StateCount is how many sandboxes are in one state on one tier.
-type StateCount struct {
-	State     State
-	Isolation string
-	Count     int
-}
-
-// StateCounts counts every sandbox the manager holds (warm pool members and
-// build sandboxes included) by state and tier.
-func (m *Manager) StateCounts() []StateCount {
-	type key struct {
-		state State
-		iso   string
-	}
-	counts := map[key]int{}
-	m.mu.Lock()
-	for _, sb := range m.sandboxes {
-		iso := sb.Isolation
-		if iso == "" {
-			iso = IsolationContainer
-		}
-		counts[key{sb.State, iso}]++
-	}
-	m.mu.Unlock()
-	out := make([]StateCount, 0, len(counts))
-	for k, n := range counts {
-		out = append(out, StateCount{State: k.state, Isolation: k.iso, Count: n})
-	}
-	return out
-}
-
 // opName names a lifecycle operation: "pause" with memory, "pause_files"
 // without.
 func opName(op string, memory bool) string {

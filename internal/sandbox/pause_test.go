@@ -36,7 +36,7 @@ func TestMemoryResumeIsAPipelinePath(t *testing.T) {
 	ctx := context.Background()
 	e := newFakeEnv(t, LifecycleConfig{})
 	obs := &createdObserver{}
-	e.m.SetObserver(obs)
+	e.m.inst.obs = obs
 	sb := e.create(t, e.req())
 	if err := e.m.Pause(ctx, e.team, sb.ID); err != nil {
 		t.Fatal(err)

@@ -30,6 +30,10 @@ import (
 //	persist running   row "running"
 //	register          visible to the API (a build step's sandbox stays hidden)
 //
+// A memory resume is this pipeline too, with steps swapped (resumeMemory);
+// a pause, which starts nothing, is its own list (pauseSteps); both are in
+// pause.go.
+//
 // Each step that makes something pushes its undo onto the build's rollback
 // list; a failing step runs the list newest first, writes a failure audit
 // event naming the step and returns the step's error.

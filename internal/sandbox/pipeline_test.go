@@ -45,19 +45,16 @@ func newFakeEnv(t *testing.T, lc LifecycleConfig) *fakeEnv {
 	t.Cleanup(h.Close)
 	tpl := oneTemplate{template.Template{ID: "base", Aliases: []string{"base"}, CPUCount: 1, MemoryMB: 512, DiskMB: 1024,
 		Layers: []string{"/layers/base"}, StartCmd: "start-kernel", ReadyCmd: "ready-check", DefaultUser: "user", DefaultWorkdir: "/home/user"}}
-	m, err := New(ctx, Config{EnvdReadyWait: time.Second}, slog.New(slog.NewTextHandler(io.Discard, nil)), st, h.Runtime, h.Network, tpl)
+	if lc.SnapshotDir == "" {
+		lc.SnapshotDir = filepath.Join(dir, "snapshots")
+	}
+	al := audit.New(st)
+	m, err := New(ctx, Options{Config: Config{EnvdReadyWait: time.Second}, Lifecycle: lc, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Store: st, Runtime: h.Runtime, Network: h.Network, Templates: tpl, Audit: al})
 	if err != nil {
 		t.Fatal(err)
 	}
 	m.envd.client = h.Envd.Client()
-	if lc.SnapshotDir == "" {
-		lc.SnapshotDir = filepath.Join(dir, "snapshots")
-	}
-	if err := m.EnableLifecycle(lc); err != nil {
-		t.Fatal(err)
-	}
-	al := audit.New(st)
-	m.SetAudit(al)
 	team, err := st.EnsureTeam(ctx, "t1")
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +152,7 @@ func TestPipelineRollsBackAtEveryStep(t *testing.T) {
 		{"restore", restoreSnapshot(), func(t *testing.T, e *fakeEnv) func() error {
 			src := e.create(t, e.req())
 			srcID = src.ID
-			snap, err := e.m.CreateSnapshot(context.Background(), e.team, src.ID, "snap1")
+			snap, err := e.m.Snapshots().CreateSnapshot(context.Background(), e.team, src.ID, "snap1")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -289,7 +286,7 @@ func TestStateMachine(t *testing.T) {
 
 	// snapshot + fork: copies get their own id, address and token; the
 	// restored envd's re-init is authorised by the source's token.
-	results, err := m.Fork(ctx, e.team, sb.ID, 2, time.Minute)
+	results, err := m.Snapshots().Fork(ctx, e.team, sb.ID, 2, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,11 +364,11 @@ func TestSnapshotRestoreHonoursRequest(t *testing.T) {
 	ctx := context.Background()
 	e := newFakeEnv(t, LifecycleConfig{})
 	src := e.create(t, e.req())
-	snap, err := e.m.CreateSnapshot(ctx, e.team, src.ID, "s1")
+	snap, err := e.m.Snapshots().CreateSnapshot(ctx, e.team, src.ID, "s1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	fsSnap, err := e.m.CreateFilesystemSnapshot(ctx, e.team, src.ID, "fs1")
+	fsSnap, err := e.m.Snapshots().CreateFilesystemSnapshot(ctx, e.team, src.ID, "fs1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -442,7 +439,7 @@ func TestSnapshotsBelongToTheirTeam(t *testing.T) {
 	ctx := context.Background()
 	e := newFakeEnv(t, LifecycleConfig{})
 	src := e.create(t, e.req())
-	snap, err := e.m.CreateSnapshot(ctx, e.team, src.ID, "mine")
+	snap, err := e.m.Snapshots().CreateSnapshot(ctx, e.team, src.ID, "mine")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -462,10 +459,10 @@ func TestSnapshotsBelongToTheirTeam(t *testing.T) {
 			t.Errorf("another team's snapshot %q: %q; a missing one: %q", ref, got, want)
 		}
 	}
-	if e.m.IsSnapshot(other.ID, "mine") || len(e.m.ListSnapshots(ctx, other.ID, "", "")) != 0 {
+	if e.m.Snapshots().IsSnapshot(other.ID, "mine") || len(e.m.Snapshots().ListSnapshots(ctx, other.ID, "", "")) != 0 {
 		t.Error("another team sees the snapshot")
 	}
-	if err := e.m.DeleteSnapshot(ctx, other.ID, "mine"); !errors.Is(err, errdefs.ErrNotFound) {
+	if err := e.m.Snapshots().DeleteSnapshot(ctx, other.ID, "mine"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("another team deleted the snapshot: %v", err)
 	}
 }
@@ -479,7 +476,7 @@ func TestMaxSandboxesOnEveryPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	src := e.create(t, e.req())
-	snap, err := e.m.CreateSnapshot(ctx, e.team, src.ID, "")
+	snap, err := e.m.Snapshots().CreateSnapshot(ctx, e.team, src.ID, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -489,7 +486,7 @@ func TestMaxSandboxesOnEveryPath(t *testing.T) {
 		"create":  func() error { _, err := e.m.Create(ctx, e.req()); return err },
 		"restore": func() error { _, err := e.m.Create(ctx, r); return err },
 		"fork": func() error {
-			res, err := e.m.Fork(ctx, e.team, src.ID, 1, time.Minute)
+			res, err := e.m.Snapshots().Fork(ctx, e.team, src.ID, 1, time.Minute)
 			if err != nil {
 				return err
 			}
@@ -624,14 +621,12 @@ func TestReconcileAfterCrash(t *testing.T) {
 	_, _ = h.Network.Attach(ctx, build.ID, network.Policy{})
 	_ = h.Runtime.Create(ctx, runtimeSpec(build.ID))
 
-	m2, err := New(ctx, Config{EnvdReadyWait: time.Second}, e.m.log, e.st, h.Runtime, h.Network, e.m.templates)
+	m2, err := New(ctx, Options{Config: Config{EnvdReadyWait: time.Second}, Lifecycle: LifecycleConfig{SnapshotDir: t.TempDir()},
+		Log: e.m.log, Store: e.st, Runtime: h.Runtime, Network: h.Network, Templates: e.m.templates})
 	if err != nil {
 		t.Fatal(err)
 	}
 	m2.envd.client = h.Envd.Client()
-	if err := m2.EnableLifecycle(LifecycleConfig{SnapshotDir: t.TempDir()}); err != nil {
-		t.Fatal(err)
-	}
 	if err := m2.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}

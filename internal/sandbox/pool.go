@@ -110,7 +110,7 @@ func newWarmPools(tpl Templates, ready func() map[string]int) *WarmPools {
 	return &WarmPools{templates: tpl, ready: ready, max: 32, byTpl: map[string]*pool{}}
 }
 
-// configure sets the pools to keep (EnableLifecycle).
+// configure sets the pools to keep (Options.Lifecycle, at New).
 func (w *WarmPools) configure(pools map[string]int, max int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -284,16 +284,15 @@ func (w *WarmPools) Team(team string) []PoolStats {
 // Pools returns the warm pools.
 func (m *Manager) Pools() *WarmPools { return m.pools }
 
-// readyWarm counts the claimable warm sandboxes per template id.
-func (m *Manager) readyWarm() map[string]int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+// readyWarm counts the claimable warm sandboxes of recs per template id
+// (WarmPools.ready).
+func readyWarm(recs records) map[string]int {
 	ready := map[string]int{}
-	for _, sb := range m.sandboxes {
+	recs.each(func(sb *Sandbox) {
 		if claimable(sb) {
 			ready[sb.TemplateID]++
 		}
-	}
+	})
 	return ready
 }
 

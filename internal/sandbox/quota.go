@@ -80,22 +80,18 @@ func (a *admission) teamUseLocked(teamID string) (n, builds int) {
 	return n, builds
 }
 
-// teamHeld counts teamID's sandboxes that hold one of its maxSandboxes:
-// not those being killed, nor those of a build for which inBuild reports
-// true (the build holds one already). It takes m.mu (admission.held).
-func (m *Manager) teamHeld(teamID string, inBuild func(buildID string) bool) int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+// teamHeld counts teamID's sandboxes in recs that hold one of its
+// maxSandboxes: not those being killed, nor those of a build for which
+// inBuild reports true (the build holds one already). It takes the
+// records' lock (admission.held).
+func teamHeld(recs records, teamID string, inBuild func(buildID string) bool) int {
 	n := 0
-	for _, sb := range m.sandboxes {
-		if sb.TeamID != teamID || sb.State == StateKilling {
-			continue
-		}
-		if sb.BuildID != "" && inBuild(sb.BuildID) {
-			continue
+	recs.each(func(sb *Sandbox) {
+		if sb.TeamID != teamID || sb.State == StateKilling || sb.BuildID != "" && inBuild(sb.BuildID) {
+			return
 		}
 		n++
-	}
+	})
 	return n
 }
 

@@ -36,7 +36,7 @@ func quotaManager(t *testing.T) (*Manager, *store.Store) {
 	}
 	t.Cleanup(func() { st.Close() })
 	tpl := oneTemplate{template.Template{ID: "base", CPUCount: 1, MemoryMB: 512, DiskMB: 1024}}
-	m, err := New(ctx, Config{}, slog.New(slog.NewTextHandler(io.Discard, nil)), st, nil, nil, tpl)
+	m, err := New(ctx, Options{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Store: st, Templates: tpl})
 	if err != nil {
 		t.Fatal(err)
 	}

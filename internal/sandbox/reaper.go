@@ -3,8 +3,8 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"iter"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
@@ -14,22 +14,20 @@ import (
 // reaper is the manager's clock and the data plane's waker: at each tick it
 // kills expired sandboxes, runs auto-pause, idle timeouts and idle freezes,
 // sizes the warm pools and collects snapshots; on traffic it thaws or
-// resumes a sandbox. It decides under the records' lock, shared with the
-// manager (lock order: records, then idle), and acts through function
-// fields outside it.
+// resumes a sandbox. It decides inside the records' lock, reached through
+// recs (each, one, all), and acts outside it; the idle state and the pools
+// have their own locks, taken after the records' (lock order: records,
+// then idle or pools).
 type reaper struct {
 	log        *slog.Logger
 	rt         runtime.Runtime
-	mu         *sync.Mutex         // the manager's records lock
-	live       map[string]*Sandbox // the manager's records, under mu
+	recs       records
 	idle       *idleState
 	pools      *WarmPools
 	pauser     *pauser
 	maxTimeout time.Duration
-	idleFreeze func() time.Duration // LifecycleConfig.IdleFreeze
-	resume     func(ctx context.Context, teamID, id string, timeout time.Duration, auto bool) (*Sandbox, bool, error)
+	idleFreeze time.Duration // LifecycleConfig.IdleFreeze; 0: never
 	create     func(ctx context.Context, req CreateRequest) (*Sandbox, error)
-	destroy    func(ctx context.Context, sb *Sandbox, why string) error
 	// snapshotsTick collects snapshots (snapshots.tick).
 	snapshotsTick func(ctx context.Context)
 }
@@ -40,17 +38,15 @@ func (r *reaper) reap(ctx context.Context) {
 	// the running state before the kill loop below looks (lifecycle.go).
 	r.reapLifecycle(ctx, now)
 	var expired []*Sandbox
-	r.mu.Lock()
-	for _, sb := range r.live {
+	r.recs.each(func(sb *Sandbox) {
 		if sb.State == StateRunning && now.After(sb.EndAt) {
 			sb.State = StateKilling
 			expired = append(expired, clone(sb))
 		}
-	}
-	r.mu.Unlock()
+	})
 	for _, sb := range expired {
 		go func() {
-			if err := r.destroy(context.WithoutCancel(ctx), sb, "timeout expired"); err != nil {
+			if err := r.recs.discard(ctx, sb, "timeout expired"); err != nil {
 				r.log.Error("reap", "sandbox", sb.ID, "err", err)
 			}
 		}()
@@ -66,10 +62,10 @@ func (r *reaper) reapLifecycle(ctx context.Context, now time.Time) {
 		fs   bool // pause without memory
 	}
 	var todo []action
-	r.mu.Lock()
-	for id, sb := range r.live {
+	r.recs.each(func(sb *Sandbox) {
+		id := sb.ID
 		if sb.State != StateRunning || sb.TeamID == poolTeam || sb.BuildID != "" {
-			continue
+			return
 		}
 		idle, inflight := r.idle.idle(id, now)
 		switch {
@@ -85,31 +81,31 @@ func (r *reaper) reapLifecycle(ctx context.Context, now time.Time) {
 				sb.State = StateKilling
 				todo = append(todo, action{id, "kill", false})
 			}
-		case r.idleFreeze() > 0 && r.idle.freezeIfIdle(id, now, r.idleFreeze()):
+		case r.idleFreeze > 0 && r.idle.freezeIfIdle(id, now, r.idleFreeze):
 			todo = append(todo, action{id, "freeze", false})
 		}
-	}
-	r.mu.Unlock()
+	})
 	for _, a := range todo {
 		go func() {
 			var err error
 			switch a.what {
 			case "expire":
 				if err = r.pauser.pause(ctx, "", a.id, true, !a.fs); err != nil && !errors.Is(err, errdefs.ErrConflict) {
-					r.mu.Lock()
-					if sb := r.live[a.id]; sb != nil && sb.State == StateRunning {
-						sb.AutoPause = false // kill it at the next tick
-						sb.EndAt = time.Now()
-					}
-					r.mu.Unlock()
+					r.recs.one(a.id, func(sb *Sandbox) {
+						if sb.State == StateRunning {
+							sb.AutoPause = false // kill it at the next tick
+							sb.EndAt = time.Now()
+						}
+					})
 				}
 			case "pause":
 				err = r.pauser.pause(ctx, "", a.id, false, !a.fs)
 			case "kill":
-				r.mu.Lock()
-				sb := clone(r.live[a.id])
-				r.mu.Unlock()
-				err = r.destroy(context.WithoutCancel(ctx), sb, "idle timeout")
+				var sb *Sandbox
+				r.recs.one(a.id, func(cur *Sandbox) { sb = clone(cur) })
+				if sb != nil {
+					err = r.recs.discard(ctx, sb, "idle timeout")
+				}
 			case "freeze":
 				if ck, cerr := checkpointer(r.rt); cerr != nil {
 					err = cerr
@@ -149,100 +145,104 @@ func (r *reaper) wakeIf(ctx context.Context, id string, check func(*Sandbox) boo
 	if !ok {
 		return nil, nil, nil, false
 	}
-	r.mu.Lock()
-	if _, alive := r.live[id]; !alive {
-		r.mu.Unlock() // removed meanwhile: no life to tie the traffic to
-		end()
+	var life sandboxLife
+	if !r.recs.one(id, func(*Sandbox) { life = r.idle.life(id) }) {
+		end() // removed meanwhile: no life to tie the traffic to
 		return nil, nil, nil, false
 	}
-	life := r.idle.life(id)
-	r.mu.Unlock()
 	live, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(life.ctx, cancel)
 	return sb, live, func() { stop(); cancel(); end() }, true
 }
 
 func (r *reaper) wake(ctx context.Context, id string, check func(*Sandbox) bool) (*Sandbox, func(), bool) {
-	r.mu.Lock()
-	sb, ok := r.live[id]
-	if !ok || sb.TeamID == poolTeam || sb.BuildID != "" {
-		r.mu.Unlock()
+	var rec *Sandbox
+	r.recs.one(id, func(sb *Sandbox) {
+		if sb.TeamID != poolTeam && sb.BuildID == "" {
+			rec = clone(sb)
+		}
+	})
+	if rec == nil {
 		return nil, nil, false
 	}
-	st := sb.State
-	rec := clone(sb)
-	r.mu.Unlock()
 	if check != nil && !check(rec) {
 		return nil, nil, false
 	}
-	switch st {
+	switch rec.State {
 	case StateRunning:
 		if err := r.thaw(ctx, id); err != nil {
 			r.log.Warn("thaw on traffic", "sandbox", id, "err", err)
 			return nil, nil, false
 		}
 	case StatePaused, StatePausing, StateResuming:
-		if _, _, err := r.resume(ctx, "", id, 0, true); err != nil {
+		if _, _, err := r.pauser.resume(ctx, "", id, 0, true, true); err != nil {
 			return nil, nil, false
 		}
 	default:
 		return nil, nil, false
 	}
 	r.idle.touch(id)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	sb, ok = r.live[id]
-	if !ok || sb.State != StateRunning {
+	var out *Sandbox
+	var end func()
+	r.recs.one(id, func(sb *Sandbox) {
+		if sb.State == StateRunning {
+			// Counted under the records' lock: the reaper decides an idle
+			// timeout under it.
+			out, end = clone(sb), r.idle.request(id)
+		}
+	})
+	if out == nil {
 		return nil, nil, false
 	}
-	// Counted under r.mu: the reaper decides an idle timeout under it.
-	return clone(sb), r.idle.request(id), true
+	return out, end, true
 }
 
 // poolTick resolves configured pools, resizes them to the create rate and
-// starts refills. Called from the reaper (r.mu not held).
+// starts refills. Called from the reaper (no lock held).
 func (r *reaper) poolTick(ctx context.Context, now time.Time) {
 	if !r.pools.enabled() {
 		return
 	}
 	r.pools.resolve(ctx)
 
-	r.mu.Lock()
-	ready := map[string]int{}
 	var trim []*Sandbox
-	for _, sb := range r.live {
-		if sb.TeamID != poolTeam || sb.State != StateRunning {
-			continue
-		}
-		if sb.Health != "" {
-			// The health check found it broken: a claim would wait for
-			// it in vain. It goes, and the pool refills.
-			sb.State = StateKilling
-			trim = append(trim, clone(sb))
-			continue
-		}
-		ready[sb.TemplateID]++
-	}
-	fills, targets := r.pools.plan(now, ready)
-	for id, target := range targets {
-		// Demand fell: the surplus goes, a few at a time.
-		trimmed := 0
-		for _, sb := range r.live {
-			if trimmed >= poolTrimPerTick || ready[id] <= target {
-				break
+	var fills []poolFill
+	r.recs.all(func(live iter.Seq[*Sandbox]) {
+		ready := map[string]int{}
+		for sb := range live {
+			if sb.TeamID != poolTeam || sb.State != StateRunning {
+				continue
 			}
-			if claimable(sb) && sb.TemplateID == id {
-				trimmed++
-				sb.State = StateKilling // hidden from claims from here on
-				ready[id]--
+			if sb.Health != "" {
+				// The health check found it broken: a claim would wait for
+				// it in vain. It goes, and the pool refills.
+				sb.State = StateKilling
 				trim = append(trim, clone(sb))
+				continue
+			}
+			ready[sb.TemplateID]++
+		}
+		var targets map[string]int
+		fills, targets = r.pools.plan(now, ready)
+		for id, target := range targets {
+			// Demand fell: the surplus goes, a few at a time.
+			trimmed := 0
+			for sb := range live {
+				if trimmed >= poolTrimPerTick || ready[id] <= target {
+					break
+				}
+				if claimable(sb) && sb.TemplateID == id {
+					trimmed++
+					sb.State = StateKilling // hidden from claims from here on
+					ready[id]--
+					trim = append(trim, clone(sb))
+				}
 			}
 		}
-	}
-	r.mu.Unlock()
+	})
 	for _, sb := range trim {
 		go func() {
-			if err := r.destroy(context.WithoutCancel(ctx), sb, "warm pool above its size"); err != nil {
+			if err := r.recs.discard(ctx, sb, "warm pool above its size"); err != nil {
 				r.log.Warn("warm pool trim", "sandbox", sb.ID, "err", err)
 			}
 		}()

@@ -14,17 +14,15 @@ import (
 // network stack dies with the sentry and a stream would wait forever.
 // The sandbox stays listed with health "error" and its reason until its
 // owner kills it, which frees its resources as for any sandbox.
-func (m *Manager) endIfDead(ctx context.Context, sb *Sandbox) {
-	st, err := m.rt.State(ctx, sb.ID)
+func (h *health) endIfDead(ctx context.Context, sb *Sandbox) {
+	st, err := h.rt.State(ctx, sb.ID)
 	if err == nil && (st == runtime.StatusRunning || st == runtime.StatusPaused) {
 		return // envd is slow or restarting: its container still runs
 	}
-	m.mu.Lock()
-	cur, ok := m.sandboxes[sb.ID]
-	still := ok && cur.State == StateRunning
-	m.mu.Unlock()
+	still := false
+	h.recs.one(sb.ID, func(cur *Sandbox) { still = cur.State == StateRunning })
 	if !still {
 		return // paused, killed or moved meanwhile: its own path ends the traffic
 	}
-	m.idle.ended(sb.ID)
+	h.idle.ended(sb.ID)
 }

@@ -240,8 +240,8 @@ func newSnapshotID() string {
 // CreateSnapshot captures the team's running sandbox (memory and writable
 // layer, one consistent instant while it is frozen) as a persistent
 // snapshot. The sandbox keeps running, with the same id and lifetime.
-func (m *Manager) CreateSnapshot(ctx context.Context, teamID, id, name string) (*Snapshot, error) {
-	return m.snapshotter.snapshot(ctx, teamID, id, name, false, true)
+func (t *Snapshotter) CreateSnapshot(ctx context.Context, teamID, id, name string) (*Snapshot, error) {
+	return t.snapshot(ctx, teamID, id, name, false, true)
 }
 
 // sealLayers closes the captured layers of the snapshot in dir to every
@@ -286,12 +286,12 @@ func dirSize(dir string) int64 {
 // snapshots is the catalogue of the team snapshots in the snapshot store:
 // lookups, deletion and the collection of what nothing uses any more. The
 // store keeps its own lock; lastGC has this type's. The sandboxes that use
-// a snapshot are the manager's records, read through inUse.
+// a snapshot are the manager's records, read through recs, and their rows.
 type snapshots struct {
 	log   *slog.Logger
 	store func() *snapshotStore // nil store: snapshots are off
-	// inUse names the snapshots that a live or stored sandbox starts from.
-	inUse func(ctx context.Context) map[string]bool
+	recs  records
+	rows  rows
 
 	mu     sync.Mutex
 	lastGC time.Time
@@ -299,8 +299,8 @@ type snapshots struct {
 
 // ListSnapshots returns the team's snapshots, newest first, optionally of
 // one sandbox or matching a name or id.
-func (m *Manager) ListSnapshots(ctx context.Context, teamID, sandboxID, name string) []*Snapshot {
-	return m.snapshots.list(teamID, sandboxID, name)
+func (t *Snapshotter) ListSnapshots(ctx context.Context, teamID, sandboxID, name string) []*Snapshot {
+	return t.snaps.list(teamID, sandboxID, name)
 }
 
 func (c *snapshots) list(teamID, sandboxID, name string) []*Snapshot {
@@ -327,8 +327,8 @@ func (c *snapshots) list(teamID, sandboxID, name string) []*Snapshot {
 
 // DeleteSnapshot deletes the team's snapshot. Sandboxes running on it keep
 // its layer until they are gone; new ones cannot start from it.
-func (m *Manager) DeleteSnapshot(ctx context.Context, teamID, ref string) error {
-	return m.snapshots.delete(ctx, teamID, ref)
+func (t *Snapshotter) DeleteSnapshot(ctx context.Context, teamID, ref string) error {
+	return t.snaps.delete(ctx, teamID, ref)
 }
 
 func (c *snapshots) delete(ctx context.Context, teamID, ref string) error {
@@ -351,8 +351,8 @@ func (c *snapshots) delete(ctx context.Context, teamID, ref string) error {
 }
 
 // IsSnapshot reports whether ref names one of the team's snapshots.
-func (m *Manager) IsSnapshot(teamID, ref string) bool {
-	_, ok := m.snapshots.team(teamID, ref)
+func (t *Snapshotter) IsSnapshot(teamID, ref string) bool {
+	_, ok := t.snaps.team(teamID, ref)
 	return ok
 }
 
@@ -373,18 +373,15 @@ func (c *snapshots) tick(ctx context.Context) {
 	c.gc(ctx, snapshotMinAge)
 }
 
-// baseSnapshots names the snapshots that a live or stored sandbox starts
-// from (snapshots.inUse).
-func (m *Manager) baseSnapshots(ctx context.Context) map[string]bool {
+// inUse names the snapshots that a live or stored sandbox starts from.
+func (c *snapshots) inUse(ctx context.Context) map[string]bool {
 	used := map[string]bool{}
-	m.mu.Lock()
-	for _, sb := range m.sandboxes {
+	c.recs.each(func(sb *Sandbox) {
 		if sb.BaseSnapshot != "" {
 			used[sb.BaseSnapshot] = true
 		}
-	}
-	m.mu.Unlock()
-	if recs, err := m.store.ListSandboxes(ctx); err == nil {
+	})
+	if recs, err := c.rows.st.ListSandboxes(ctx); err == nil {
 		for _, r := range recs {
 			var sb Sandbox
 			if json.Unmarshal(r.Doc, &sb) == nil && sb.BaseSnapshot != "" {
@@ -449,10 +446,3 @@ type ForkResult struct {
 
 // MaxForks is the most copies one fork call makes.
 const MaxForks = 100
-
-// Fork checkpoints the team's running sandbox once (it keeps running, same
-// id and lifetime) and starts count copies of it, memory included, each
-// with its own writable layer, network namespace, address and token.
-func (m *Manager) Fork(ctx context.Context, teamID, id string, count int, timeout time.Duration) ([]ForkResult, error) {
-	return m.snapshotter.fork(ctx, teamID, id, count, timeout)
-}

@@ -19,10 +19,13 @@ import (
 	"github.com/agentbox/agentbox/internal/runtime"
 )
 
-// snapshotter takes snapshots and forks: it freezes a running sandbox for
-// one instant, captures it into the snapshot store, and starts a fork's
-// copies through the start pipeline. It reaches the records through recs.
-type snapshotter struct {
+// Snapshotter takes, lists, deletes, forks and moves snapshots: it freezes
+// a running sandbox for one instant, captures it into the snapshot store,
+// starts a fork's copies (and a moved sandbox) through the start pipeline,
+// and exports images for another server. Callers reach it through
+// Manager.Snapshots. It reaches the records through recs and the
+// catalogue (lookups, deletion, collection) through snaps.
+type Snapshotter struct {
 	cfg       Config // MaxTimeout, MaxCommandLifetime
 	log       *slog.Logger
 	inst      *instruments
@@ -31,14 +34,14 @@ type snapshotter struct {
 	admission *admission
 	envd      *envdLink
 	store     func() *snapshotStore // nil store: snapshots are off
-	gc        func(ctx context.Context, minAge time.Duration)
+	snaps     *snapshots            // the catalogue (snapshot.go)
 	recs      records
 	start     *starter
 	thaw      func(ctx context.Context, id string) error // undo an idle freeze
 }
 
 // baseLayers are the read-only layers sb runs on.
-func (t *snapshotter) baseLayers(ctx context.Context, sb *Sandbox) ([]string, error) {
+func (t *Snapshotter) baseLayers(ctx context.Context, sb *Sandbox) ([]string, error) {
 	if sb.BaseSnapshot != "" {
 		snap, err := t.store().load(sb.BaseSnapshot)
 		if err != nil {
@@ -54,7 +57,7 @@ func (t *snapshotter) baseLayers(ctx context.Context, sb *Sandbox) ([]string, er
 }
 
 // snapshot captures sandbox id; memory false captures its files only.
-func (t *snapshotter) snapshot(ctx context.Context, teamID, id, name string, hidden, memory bool) (_ *Snapshot, err error) {
+func (t *Snapshotter) snapshot(ctx context.Context, teamID, id, name string, hidden, memory bool) (_ *Snapshot, err error) {
 	if !hidden { // a fork's own checkpoint counts as part of the fork
 		defer t.inst.observe(opName("snapshot", memory), time.Now(), &err)
 	}
@@ -145,8 +148,10 @@ func (t *snapshotter) snapshot(ctx context.Context, teamID, id, name string, hid
 	return snap, nil
 }
 
-// fork is Manager.Fork.
-func (t *snapshotter) fork(ctx context.Context, teamID, id string, count int, timeout time.Duration) (_ []ForkResult, err error) {
+// Fork checkpoints the team's running sandbox once (it keeps running, same
+// id and lifetime) and starts count copies of it, memory included, each
+// with its own writable layer, network namespace, address and token.
+func (t *Snapshotter) Fork(ctx context.Context, teamID, id string, count int, timeout time.Duration) (_ []ForkResult, err error) {
 	defer t.inst.observe("fork", time.Now(), &err)
 	if count < 1 || count > MaxForks {
 		return nil, fmt.Errorf("count: must be from 1 to %d, got %d: %w", MaxForks, count, errdefs.ErrInvalidArgument)
@@ -195,7 +200,7 @@ func (t *snapshotter) fork(ctx context.Context, teamID, id string, count int, ti
 // hidden snapshot of a fork the crash interrupted. No fork is in flight at
 // start, so each is done: it goes now if no copy was made, else with its
 // last copy.
-func (t *snapshotter) reconcile(ctx context.Context) {
+func (t *Snapshotter) reconcile(ctx context.Context) {
 	snaps := t.store()
 	if snaps == nil {
 		return
@@ -205,21 +210,24 @@ func (t *snapshotter) reconcile(ctx context.Context) {
 			t.forkDone(s)
 		}
 	}
-	t.gc(ctx, 0)
+	t.snaps.gc(ctx, 0)
 }
 
 // forkDone marks a fork's own snapshot deleted once every copy is made or
 // has failed: it is removed as soon as no copy runs on it, not after the
 // minimum age that protects forks in flight, so killing the copies leaves
 // nothing behind.
-func (t *snapshotter) forkDone(snap *Snapshot) {
+func (t *Snapshotter) forkDone(snap *Snapshot) {
 	if err := os.WriteFile(filepath.Join(t.store().path(snap.ID), snapshotGone), nil, 0o600); err != nil {
 		t.log.Warn("fork snapshot stays until its minimum age", "snapshot", snap.ID, "err", err)
 	}
 }
 
-// export is Manager.ExportSnapshot.
-func (t *snapshotter) export(ctx context.Context, teamID, ref, dir string) (*MovedImage, error) {
+// ExportSnapshot copies the team's memory snapshot ref into dir in the
+// shape ExportPaused writes (image/, upper/, upper.log/, base-N/), so
+// another server starts a sandbox from it with ImportPaused. The snapshot
+// stays here.
+func (t *Snapshotter) ExportSnapshot(ctx context.Context, teamID, ref, dir string) (*MovedImage, error) {
 	snaps := t.store()
 	if snaps == nil {
 		return nil, fmt.Errorf("snapshots are not enabled on this server: %w", errdefs.ErrUnavailable)

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"iter"
 	"log/slog"
 	"time"
 
@@ -24,13 +25,14 @@ type starter struct {
 	admission *admission
 	policies  policies
 	rows      rows
-	vols      Volumes               // nil: no volume mounts (SetVolumes)
+	vols      Volumes               // nil: no volume mounts (Options.Volumes)
 	snaps     func() *snapshotStore // nil store: no lifecycle features
 	recs      records
 }
 
-// records is what the start steps need of the manager's records and their
-// state machine: the manager keeps the sandboxes; a step asks it.
+// records is what the parts need of the manager's records and their state
+// machine: the manager keeps the sandboxes; a start step, a pause, a
+// snapshot, the reaper or a sampler asks it.
 type records interface {
 	// Get is a copy of the team's live record of sandbox id.
 	Get(ctx context.Context, teamID, id string) (*Sandbox, error)
@@ -46,4 +48,16 @@ type records interface {
 	// pool cannot serve the request); discard ends one never handed out.
 	claimWarm(tplID, teamID string, at time.Time, timeout time.Duration) *Sandbox
 	discard(ctx context.Context, sb *Sandbox, why string) error
+	// checkChosenID refuses a caller-chosen id that is malformed or taken.
+	checkChosenID(id string) error
+	// each calls f on every live record, one calls it on sandbox id's
+	// (false: none), under the records' lock: f may change the record in
+	// memory (the caller persists what must last), must not block and must
+	// not call back into the manager; it may take a part's own lock
+	// (idle, pools, samples), which comes after the records' lock.
+	each(f func(sb *Sandbox))
+	one(id string, f func(sb *Sandbox)) bool
+	// all runs f under the records' lock with every live record, which f
+	// may visit more than once (a count, then a choice by it).
+	all(f func(live iter.Seq[*Sandbox]))
 }

@@ -6,11 +6,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// SetTracer traces every start pipeline with t: one span per run ("sandbox
-// <path>") with a child span per step, named for the step. nil, the
-// default, traces nothing at no cost. Call before serving.
-func (m *Manager) SetTracer(t trace.Tracer) { m.inst.tracer = t }
-
 // endSpan ends sp (nil: not tracing) with err's status; the run's span
 // also gets what the steps resolved (sandbox, template, tier).
 func endSpan(sp trace.Span, b *build, err error) {

@@ -20,10 +20,6 @@ type Meter interface {
 	ObserveOne(ctx context.Context, o usage.Observation)
 }
 
-// SetMeter sends usage observations to u at each sampling tick. Call
-// before Run.
-func (m *Manager) SetMeter(u Meter) { m.metering.meter = u }
-
 // metered says whether a sandbox's usage is a team's: warm-pool members
 // belong to no team until claimed, and build sandboxes are the server's.
 func metered(sb *Sandbox) bool { return sb.TeamID != poolTeam && sb.TeamID != "" && sb.BuildID == "" }
@@ -43,13 +39,11 @@ func withStats(o usage.Observation, st runtime.Stats) usage.Observation {
 
 // metering reports usage to the meter: every metered sandbox and snapshot
 // at each sampling tick, and a sandbox's last figures before it pauses or
-// goes. The sandboxes are the manager's records, visited through each.
+// goes. The sandboxes are the manager's records, visited through recs.
 type metering struct {
 	rt    runtime.Runtime
-	meter Meter // nil: not metered; set before Run
-	// each calls f for every sandbox record, under the manager's lock: f
-	// must not block or call back into the manager.
-	each  func(f func(*Sandbox))
+	meter Meter // nil: not metered (Options.Meter)
+	recs  records
 	snaps func() *snapshotStore // nil store: no snapshots
 }
 
@@ -62,7 +56,7 @@ func (u *metering) tick(ctx context.Context, stats map[string]runtime.Stats) {
 	}
 	now := time.Now()
 	var obs []usage.Observation
-	u.each(func(sb *Sandbox) {
+	u.recs.each(func(sb *Sandbox) {
 		if !metered(sb) {
 			return
 		}

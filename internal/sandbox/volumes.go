@@ -27,9 +27,6 @@ type Volumes interface {
 	Claim(ctx context.Context, teamID string, refs []string, byID bool) ([]volume.Mounted, func(), error)
 }
 
-// SetVolumes enables volume mounts. Call before serving.
-func (m *Manager) SetVolumes(v Volumes) { m.start.vols = v }
-
 // VolumeUsers returns the team's sandboxes that mount volume id, in any
 // state (a paused sandbox's mount stays in its bundle).
 func (m *Manager) VolumeUsers(teamID, id string) []string {

@@ -77,7 +77,7 @@ func TestVolumeMountsThroughThePipeline(t *testing.T) {
 	if _, err := e.m.Create(ctx, req); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("create with volumes on a server without them: %v", err)
 	}
-	e.m.SetVolumes(fv)
+	e.m.start.vols = fv
 
 	req.VolumeMounts = []VolumeMount{{Name: "ws", Path: "/workspace"}, {Name: "data", Path: "/data"}}
 	sb := e.create(t, req)
@@ -114,7 +114,7 @@ func TestVolumeMountsThroughThePipeline(t *testing.T) {
 	}
 
 	// A snapshot and a fork mount the source's volumes, by id.
-	snap, err := e.m.CreateSnapshot(ctx, e.team, sb.ID, "withvols")
+	snap, err := e.m.Snapshots().CreateSnapshot(ctx, e.team, sb.ID, "withvols")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestVolumeMountsThroughThePipeline(t *testing.T) {
 	if _, err := e.m.Create(ctx, fromSnap); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("volumeMounts with a snapshot: %v", err)
 	}
-	forks, err := e.m.Fork(ctx, e.team, sb.ID, 1, time.Minute)
+	forks, err := e.m.Snapshots().Fork(ctx, e.team, sb.ID, 1, time.Minute)
 	if err != nil || len(forks) != 1 || forks[0].Err != nil {
 		t.Fatalf("fork: %+v %v", forks, err)
 	}
