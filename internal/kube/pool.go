@@ -2,9 +2,11 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -140,16 +142,10 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 			res.RequeueAfter = refillRetry
 			n = want
 		}
-		for ; n < want; n++ {
-			s := newMember(&pool, &tpl, hash)
-			if err := controllerutil.SetControllerReference(&pool, s, r.c.Scheme()); err != nil {
-				return ctrl.Result{}, err
-			}
-			if err := r.c.Create(ctx, s); err != nil {
-				return ctrl.Result{}, fmt.Errorf("create pool member: %w", err)
-			}
-			r.created.add(pool.UID, s.Name)
-			keep = append(keep, *s)
+		made, err := r.createMembers(ctx, &pool, &tpl, hash, int(want-n))
+		keep = append(keep, made...)
+		if err != nil {
+			return ctrl.Result{}, err
 		}
 	}
 	st := extv1.SandboxWarmPoolStatus{
@@ -172,6 +168,49 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 	}
 	return res, nil
 }
+
+// createMembers creates n members in batches of 1, 2, 4, ... up to
+// maxCreateBatch at once (the ReplicaSet controller's slow start): one at a
+// time, a pool that refills after a burst waits on each create's round trip
+// in turn; all at once, a failing create (quota, webhook) fails n times.
+func (r *poolReconciler) createMembers(ctx context.Context, pool *extv1.SandboxWarmPool, tpl *extv1.SandboxTemplate, hash string, n int) ([]agentsv1.Sandbox, error) {
+	var made []agentsv1.Sandbox
+	for batch := 1; n > 0; batch = min(batch*2, maxCreateBatch) {
+		size := min(batch, n)
+		out := make([]*agentsv1.Sandbox, size)
+		errs := make([]error, size)
+		var wg sync.WaitGroup
+		for i := range size {
+			wg.Go(func() {
+				s := newMember(pool, tpl, hash)
+				if err := controllerutil.SetControllerReference(pool, s, r.c.Scheme()); err != nil {
+					errs[i] = err
+					return
+				}
+				if err := r.c.Create(ctx, s); err != nil {
+					errs[i] = fmt.Errorf("create pool member: %w", err)
+					return
+				}
+				r.created.add(pool.UID, s.Name)
+				out[i] = s
+			})
+		}
+		wg.Wait()
+		for _, s := range out {
+			if s != nil {
+				made = append(made, *s)
+			}
+		}
+		if err := errors.Join(errs...); err != nil {
+			return made, err
+		}
+		n -= size
+	}
+	return made, nil
+}
+
+// maxCreateBatch bounds a pool's creates in flight.
+const maxCreateBatch = 32
 
 // memberRank orders members to keep: ready and fresh first.
 func memberRank(s agentsv1.Sandbox, hash string) int {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -96,12 +97,13 @@ func TestPoolRefillsAfterClaims(t *testing.T) {
 	claim.Spec.WarmPoolRef.Name = pool.Name
 	objs = append(objs, claim)
 	writes := &calls{}
+	var made atomic.Int32 // members are created concurrently
 	server := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).
 		WithStatusSubresource(&agentsv1.Sandbox{}, &extv1.SandboxClaim{}, &extv1.SandboxWarmPool{}).Build()
 	c := interceptor.NewClient(server.(client.WithWatch), interceptor.Funcs{
 		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
 			if obj.GetGenerateName() != "" && obj.GetName() == "" {
-				obj.SetName(obj.GetGenerateName() + fmt.Sprint(writes.get("create sandbox")))
+				obj.SetName(obj.GetGenerateName() + fmt.Sprint(made.Add(1)))
 			}
 			writes.add("create", obj)
 			return c.Create(ctx, obj, opts...)
