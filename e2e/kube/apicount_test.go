@@ -48,10 +48,22 @@ func parseRequestTotals(raw []byte) (apiCounts, error) {
 	out := apiCounts{}
 	sc := bufio.NewScanner(bytes.NewReader(raw))
 	sc.Buffer(make([]byte, 0, 1<<20), 1<<22)
-	const name = "apiserver_request_total{"
+	// Besides the counts, the seconds the API server spent answering
+	// (queueing and storage included), and the seconds etcd took it.
+	const (
+		name     = "apiserver_request_total{"
+		seconds  = "apiserver_request_duration_seconds_sum{"
+		etcdTime = "etcd_request_duration_seconds_sum{"
+	)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, name) {
+		var prefix string
+		for _, p := range []string{name, seconds, etcdTime} {
+			if strings.HasPrefix(line, p) {
+				prefix = p
+			}
+		}
+		if prefix == "" {
 			continue
 		}
 		end := strings.LastIndexByte(line, '}')
@@ -63,11 +75,22 @@ func parseRequestTotals(raw []byte) (apiCounts, error) {
 			return nil, fmt.Errorf("metrics line %q: %w", line, err)
 		}
 		lbl := map[string]string{}
-		for kv := range strings.SplitSeq(line[len(name):end], ",") {
+		for kv := range strings.SplitSeq(line[len(prefix):end], ",") {
 			k, val, ok := strings.Cut(kv, "=")
 			if ok {
 				lbl[k] = strings.Trim(val, `"`)
 			}
+		}
+		switch prefix {
+		case etcdTime:
+			out[secPrefix+"etcd "+lbl["operation"]+" "+lbl["type"]] += v
+			continue
+		case seconds:
+			if lbl["verb"] == "WATCH" || lbl["verb"] == "CONNECT" {
+				continue // lasts as long as the client stays
+			}
+			out[secPrefix+lbl["verb"]+" "+lbl["resource"]+"/"+lbl["subresource"]] += v
+			continue
 		}
 		key := lbl["verb"] + " " + lbl["resource"]
 		if s := lbl["subresource"]; s != "" {
@@ -87,6 +110,9 @@ func (after apiCounts) perClaim(before apiCounts, n int) (lines []string, total,
 	}
 	var rows []row
 	for _, k := range slices.Sorted(maps.Keys(after)) {
+		if strings.HasPrefix(k, secPrefix) {
+			continue
+		}
 		d := after[k] - before[k]
 		if d <= 0 {
 			continue
@@ -115,23 +141,65 @@ func (after apiCounts) perClaim(before apiCounts, n int) (lines []string, total,
 	return lines, total, writes
 }
 
+// secPrefix marks the keys of seconds spent, not requests.
+const secPrefix = "sec "
+
+// timeSpent is the API server's and etcd's seconds from before to after by
+// verb and resource (etcd: operation and type), largest first, with the
+// API server's total (etcd's overlaps it).
+func (after apiCounts) timeSpent(before apiCounts) (lines []string, total float64) {
+	type row struct {
+		key string
+		v   float64
+	}
+	var rows []row
+	for k, v := range after {
+		if d := v - before[k]; strings.HasPrefix(k, secPrefix) && d > 0 {
+			rows = append(rows, row{strings.TrimPrefix(k, secPrefix), d})
+			if !strings.HasPrefix(k, secPrefix+"etcd ") {
+				total += d
+			}
+		}
+	}
+	slices.SortFunc(rows, func(a, b row) int {
+		switch {
+		case a.v > b.v:
+			return -1
+		case a.v < b.v:
+			return 1
+		}
+		return strings.Compare(a.key, b.key)
+	})
+	for _, r := range rows[:min(len(rows), 12)] {
+		lines = append(lines, fmt.Sprintf("%8.1fs %s", r.v, r.key))
+	}
+	return lines, total
+}
+
 func TestParseRequestTotals(t *testing.T) {
 	raw := []byte(`# HELP apiserver_request_total [STABLE] Counter
 apiserver_request_total{code="201",component="apiserver",dry_run="",group="",resource="configmaps",scope="resource",subresource="",verb="POST",version="v1"} 1000
 apiserver_request_total{code="409",component="apiserver",dry_run="",group="",resource="configmaps",scope="resource",subresource="",verb="POST",version="v1"} 3
 apiserver_request_total{code="200",component="apiserver",dry_run="",group="agents.x-k8s.io",resource="sandboxes",scope="resource",subresource="status",verb="PUT",version="v1beta1"} 7
 apiserver_request_duration_seconds_bucket{verb="POST",le="1"} 9
+apiserver_request_duration_seconds_sum{component="apiserver",dry_run="",group="",resource="configmaps",scope="resource",subresource="",verb="POST",version="v1"} 2.5
+apiserver_request_duration_seconds_sum{component="apiserver",dry_run="",group="",resource="configmaps",scope="resource",subresource="",verb="WATCH",version="v1"} 99
+etcd_request_duration_seconds_sum{operation="create",type="/registry/configmaps"} 1.5
 `)
 	got, err := parseRequestTotals(raw)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := apiCounts{"POST configmaps": 1003, "PUT sandboxes/status": 7}
+	want := apiCounts{"POST configmaps": 1003, "PUT sandboxes/status": 7, "sec POST configmaps/": 2.5, "sec etcd create /registry/configmaps": 1.5}
 	if !maps.Equal(got, want) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
 	lines, total, writes := got.perClaim(apiCounts{"POST configmaps": 3}, 10)
 	if math.Abs(total-100.7) > 1e-9 || math.Abs(writes-100.7) > 1e-9 || len(lines) != 2 || !strings.HasSuffix(lines[0], "POST configmaps") {
 		t.Fatalf("perClaim: %v %v %v", lines, total, writes)
+	}
+	spent, secs := got.timeSpent(apiCounts{})
+	if secs != 2.5 || len(spent) != 2 || !strings.HasSuffix(spent[0], "POST configmaps/") {
+		t.Fatalf("timeSpent: %v %v", spent, secs)
 	}
 }

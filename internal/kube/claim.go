@@ -20,13 +20,17 @@ import (
 	extv1 "github.com/agentbox/agentbox/internal/kube/apis/extensions/v1beta1"
 )
 
-// claimFinalizer holds a claim until its sandbox is deleted.
+// claimFinalizer held a claim until its sandbox was deleted. Claims no
+// longer get it (claimowned.go); one that still has it is released when
+// deleted.
 const claimFinalizer = "extensions.agents.x-k8s.io/agentbox-claim"
 
 type claimReconciler struct {
 	reconcilerBase
 	// taken covers the cache's lag behind this reconciler's adoptions.
 	taken *taken
+	// before covers the cache's lag behind an earlier leader's writes.
+	before *preexisting
 }
 
 // Reconcile gives a claim a ready sandbox: a ready member of its pool made
@@ -34,12 +38,19 @@ type claimReconciler struct {
 func (r *claimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var claim extv1.SandboxClaim
 	if err := r.c.Get(ctx, req.NamespacedName, &claim); err != nil {
+		if apierrors.IsNotFound(err) {
+			if _, bound := r.teams.team(req.Namespace); bound {
+				return ctrl.Result{}, r.releaseOrphans(ctx, req.NamespacedName, "")
+			}
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if _, bound := r.teams.team(claim.Namespace); !bound {
 		return ctrl.Result{}, nil
 	}
 	if !claim.DeletionTimestamp.IsZero() {
+		// Held by the finalizer claims used to get, or by someone else's:
+		// its sandbox goes now.
 		if claim.Status.SandboxStatus.Name == "" {
 			claim.Status.SandboxStatus.Name, _ = r.taken.get(claim.UID)
 		}
@@ -49,39 +60,38 @@ func (r *claimReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 		r.taken.forget(claim.UID)
 		return ctrl.Result{}, r.removeFinalizer(ctx, &claim, claimFinalizer)
 	}
-	fresh := !controllerutil.ContainsFinalizer(&claim, claimFinalizer)
-	took, written := r.taken.get(claim.UID)
-	if (fresh && r.taken.finalized(claim.UID)) || (written && claim.Status.SandboxStatus.Name == "") {
-		// The cache lags this process's own write, whose event reconciles
-		// the claim again: an update now would only conflict.
-		return ctrl.Result{}, nil
-	}
-	// An update guarded by the cached resourceVersion that succeeds proves
-	// the cached claim, status included, was the API server's latest.
-	if err := r.addFinalizer(ctx, &claim, claimFinalizer); err != nil {
+	if err := r.releaseOrphans(ctx, req.NamespacedName, claim.UID); err != nil {
 		return ctrl.Result{}, err
 	}
-	if fresh {
-		r.taken.finalize(claim.UID)
+	took, written := r.taken.get(claim.UID)
+	if written && claim.Status.SandboxStatus.Name == "" {
+		// The cache lags this process's own status write, whose event
+		// reconciles the claim again: a write now would only conflict.
+		return ctrl.Result{}, nil
 	}
 	before := claim.Status.DeepCopy()
-	if claim.Status.SandboxStatus.Name != "" {
-		if controllerutil.ContainsFinalizer(&claim, claimFinalizer) && !fresh {
-			r.taken.forget(claim.UID) // the cache shows every write
-		}
-	} else if took != "" {
+	switch {
+	case claim.Status.SandboxStatus.Name != "":
+		r.taken.forget(claim.UID) // the cache shows the status write
+		r.before.forget(claim.UID)
+	case took != "":
 		// Taken here, but the status write failed: write it again.
 		claim.Status.SandboxStatus.Name = took
-	} else if !fresh {
-		// The cache may not hold this claim's last status write yet: a
-		// claim that already adopted a member must not adopt a second.
-		if err := r.api.Get(ctx, req.NamespacedName, &claim); err != nil {
-			return ctrl.Result{}, client.IgnoreNotFound(err)
+	default:
+		// An earlier leader may have served it and the cache not show it
+		// yet: a claim that already holds a member must not adopt a second.
+		held, existed, err := r.before.sandbox(ctx, r.api, &claim)
+		if err != nil {
+			return ctrl.Result{}, err
 		}
-		before = claim.Status.DeepCopy()
+		if existed && held != "" {
+			return ctrl.Result{RequeueAfter: time.Second}, nil // its event comes
+		}
 	}
 	res, err := r.reconcile(ctx, &claim)
 	if !claimStatusEqual(before, &claim.Status) {
+		// Guarded by the cached resourceVersion: a claim changed since
+		// conflicts, and taken brings the member to the next reconcile.
 		if uerr := r.c.Status().Update(ctx, &claim); uerr != nil && !apierrors.IsNotFound(uerr) {
 			return ctrl.Result{}, uerr
 		}

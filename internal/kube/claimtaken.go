@@ -64,14 +64,7 @@ func (t *taken) unreserve(member string) {
 type takenBy struct {
 	sandbox string
 	written bool
-	// finalized: this process added the claim's finalizer.
-	finalized bool
-	at        time.Time
-}
-
-// finalize records that this process added claim's finalizer.
-func (t *taken) finalize(claim types.UID) {
-	t.set(claim, func(b *takenBy) { b.finalized = true })
+	at      time.Time
 }
 
 // put records that claim took sandbox (its status not written yet).
@@ -112,10 +105,6 @@ func (t *taken) get(claim types.UID) (sandbox string, written bool) {
 	b := t.record(claim)
 	return b.sandbox, b.written
 }
-
-// finalized says whether this process added claim's finalizer (within
-// expectWindow).
-func (t *taken) finalized(claim types.UID) bool { return t.record(claim).finalized }
 
 func (t *taken) record(claim types.UID) takenBy {
 	t.mu.Lock()

@@ -2,11 +2,13 @@ package kube
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -48,6 +50,8 @@ func kindOf(obj any) string {
 		return "claim"
 	case *agentsv1.Sandbox:
 		return "sandbox"
+	case *extv1.SandboxClaimList:
+		return "claims"
 	}
 	return "other"
 }
@@ -63,6 +67,7 @@ type claimFixture struct {
 	stale   bool
 	created *extv1.SandboxClaim
 	member  string
+	server  client.Client
 }
 
 func newClaimFixture(t *testing.T) *claimFixture {
@@ -99,7 +104,9 @@ func newClaimFixture(t *testing.T) *claimFixture {
 	server := fake.NewClientBuilder().WithScheme(scheme).
 		WithObjects(tpl, pool, member, other, claim, claim2).
 		WithStatusSubresource(&agentsv1.Sandbox{}, &extv1.SandboxClaim{}, &extv1.SandboxWarmPool{}).
+		WithIndex(&agentsv1.Sandbox{}, claimOwnerIndex, claimOwnerOf).
 		Build()
+	f.server = server
 	f.created = claim.DeepCopy()
 	if err := server.Get(context.Background(), client.ObjectKeyFromObject(claim), f.created); err != nil {
 		t.Fatal(err)
@@ -144,8 +151,9 @@ func newClaimFixture(t *testing.T) *claimFixture {
 	})
 	cfg := Config{Teams: map[string]string{ns: "team"}, Workers: DefaultWorkers}
 	f.r = &claimReconciler{
-		reconcilerBase: reconcilerBase{c: cached, api: apiReader, rec: events.NewFakeRecorder(100), cfg: cfg, teams: newBindings(cfg)},
+		reconcilerBase: reconcilerBase{c: cached, api: apiReader, rec: events.NewFakeRecorder(100), cfg: cfg, teams: newBindings(cfg), log: slog.New(slog.DiscardHandler)},
 		taken:          &taken{},
+		before:         &preexisting{},
 	}
 	return f
 }
@@ -162,11 +170,11 @@ func (f *claimFixture) reconcile(t *testing.T, claim ...string) {
 }
 
 // TestClaimAdoptsWithoutReadingPastTheCache checks the claim's fast path:
-// a new claim adopts the ready member with three writes (its finalizer, the
-// member, its status) and no read from the API server, and a reconcile
-// from a cache that lags its status write neither adopts again nor reads
-// the API server; a new leader (nothing remembered) reads it, and still
-// does not adopt again.
+// a new claim adopts the ready member with two writes (the member, its
+// status; no finalizer) and no read of itself from the API server (one list
+// of the namespace's claims per leader), and a reconcile from a cache that
+// lags its status write neither adopts again nor reads the API server; a new
+// leader (nothing remembered) lists the claims once, and does not adopt again.
 func TestClaimAdoptsWithoutReadingPastTheCache(t *testing.T) {
 	f := newClaimFixture(t)
 	f.reconcile(t)
@@ -177,41 +185,44 @@ func TestClaimAdoptsWithoutReadingPastTheCache(t *testing.T) {
 	if claim.Status.SandboxStatus.Name != f.member || !meta.IsStatusConditionTrue(claim.Status.Conditions, agentsv1.ConditionReady) {
 		t.Fatalf("claim status %+v, want Ready holding %s", claim.Status, f.member)
 	}
-	for key, want := range map[string]int{"update claim": 1, "update sandbox": 1, "update/status claim": 1} {
+	if len(claim.Finalizers) != 0 {
+		t.Errorf("claim finalizers %v, want none: its Sandbox's owner reference is enough", claim.Finalizers)
+	}
+	for key, want := range map[string]int{"update claim": 0, "update sandbox": 1, "update/status claim": 1} {
 		if got := f.writes.get(key); got != want {
 			t.Errorf("%s: %d writes, want %d", key, got, want)
 		}
 	}
+	f.reconcile(t, "c2")
 	if got := f.api.get("get claim"); got != 0 {
-		t.Errorf("a new claim read itself from the API server %d times: its finalizer write already proved the cache current", got)
+		t.Errorf("new claims read themselves from the API server %d times", got)
+	}
+	if got := f.api.get("list claims"); got != 1 {
+		t.Errorf("the namespace's claims were listed from the API server %d times for two claims, want once", got)
 	}
 
-	// The cache lags: it shows the claim as created, without the finalizer
-	// this process wrote; an update now would only conflict.
+	// The cache lags: it shows the claim as created, without the status
+	// this process wrote.
 	f.stale = true
 	f.reconcile(t)
-	if got := f.writes.get("update claim"); got != 1 {
-		t.Errorf("a reconcile from a cache lagging the finalizer write wrote the claim again (%d updates)", got)
+	if got := f.writes.get("update sandbox"); got != 2 {
+		t.Errorf("a reconcile from a lagging cache adopted again (%d Sandbox updates for two claims)", got)
 	}
-
-	// The cache shows the finalizer write, not the status write.
-	f.created.Finalizers = []string{claimFinalizer}
-	f.reconcile(t)
-	if got := f.writes.get("update sandbox"); got != 1 {
-		t.Errorf("a reconcile from a lagging cache adopted again (%d Sandbox updates)", got)
-	}
-	if got := f.api.get("get claim"); got != 0 {
-		t.Errorf("a reconcile from a lagging cache read the API server %d times, though this process wrote the status", got)
+	if got := f.api.get("get claim") + f.api.get("list claims"); got != 1 {
+		t.Errorf("a reconcile from a lagging cache read the API server (%d reads in all), though this process wrote the status", got)
 	}
 
 	// A new leader remembers nothing: the API server says the claim holds one.
-	f.r.taken = &taken{}
+	f.r.taken, f.r.before = &taken{}, &preexisting{}
 	f.reconcile(t)
-	if got := f.api.get("get claim"); got != 1 {
-		t.Errorf("a new leader with a lagging cache read the claim from the API server %d times, want 1", got)
+	if got := f.api.get("list claims"); got != 2 {
+		t.Errorf("a new leader with a lagging cache listed the claims from the API server %d times in all, want 2", got)
 	}
-	if got := f.writes.get("update sandbox"); got != 1 {
-		t.Errorf("a new leader adopted again (%d Sandbox updates)", got)
+	if got := f.writes.get("update sandbox"); got != 2 {
+		t.Errorf("a new leader adopted again (%d Sandbox updates for two claims)", got)
+	}
+	if got := f.writes.get("update/status claim"); got != 2 {
+		t.Errorf("a new leader wrote the status from a lagging cache (%d status writes for two claims)", got)
 	}
 }
 
@@ -221,7 +232,6 @@ func TestClaimAdoptsWithoutReadingPastTheCache(t *testing.T) {
 func TestClaimRewritesStatusAfterAFailedWrite(t *testing.T) {
 	f := newClaimFixture(t)
 	f.r.taken.put("claim-uid", f.member)
-	f.created.Finalizers = []string{claimFinalizer}
 	f.stale = true
 	f.reconcile(t)
 	if got := f.writes.get("update/status claim"); got != 1 {
@@ -271,25 +281,89 @@ func TestClaimSkipsMemberTakenHere(t *testing.T) {
 	}
 }
 
-// TestClaimWaitsForItsFinalizerInTheCache: a claim that cannot be served
-// yet (no such pool) and is reconciled again from a cache that lags its
-// finalizer write does not write the claim again (a certain conflict).
-func TestClaimWaitsForItsFinalizerInTheCache(t *testing.T) {
-	f := newClaimFixture(t)
-	var claim extv1.SandboxClaim
-	key := types.NamespacedName{Namespace: "team-a", Name: "c1"}
-	if err := f.r.c.Get(context.Background(), key, &claim); err != nil {
-		t.Fatal(err)
+// TestClaimDeletedReleasesItsSandbox: a claim has no finalizer, so it is
+// gone at once when deleted; its reconcile then deletes the Sandbox it
+// controlled (no garbage collector on a bare API server), and one left by an
+// earlier claim of the same name, but not the Sandbox of the claim now of
+// that name. A claim that still has the finalizer claims used to get is
+// released and let go.
+func TestClaimDeletedReleasesItsSandbox(t *testing.T) {
+	ctx := context.Background()
+	gone := func(f *claimFixture, name string) bool {
+		var sb agentsv1.Sandbox
+		err := f.server.Get(ctx, types.NamespacedName{Namespace: "team-a", Name: name}, &sb)
+		return apierrors.IsNotFound(err) || (err == nil && !sb.DeletionTimestamp.IsZero())
 	}
-	claim.Spec.WarmPoolRef.Name = "no-such-pool"
-	if err := f.r.c.Update(context.Background(), &claim); err != nil {
-		t.Fatal(err)
+	held := func(f *claimFixture, name string) string {
+		var cl extv1.SandboxClaim
+		if err := f.server.Get(ctx, types.NamespacedName{Namespace: "team-a", Name: name}, &cl); err != nil {
+			t.Fatal(err)
+		}
+		return cl.Status.SandboxStatus.Name
 	}
-	claim.DeepCopyInto(f.created)
-	f.reconcile(t)
-	f.stale = true
-	f.reconcile(t)
-	if got := f.writes.get("update claim"); got != 2 {
-		t.Errorf("%d claim updates, want 2 (the test's, the finalizer's)", got)
-	}
+
+	t.Run("deleted", func(t *testing.T) {
+		f := newClaimFixture(t)
+		f.reconcile(t)
+		sb := held(f, "c1")
+		f.reconcile(t, "c2")
+		other := held(f, "c2")
+		if err := f.server.Delete(ctx, &extv1.SandboxClaim{ObjectMeta: metav1.ObjectMeta{Name: "c1", Namespace: "team-a"}}); err != nil {
+			t.Fatal(err)
+		}
+		f.reconcile(t)
+		if !gone(f, sb) {
+			t.Errorf("Sandbox %s of the deleted claim is still there", sb)
+		}
+		if gone(f, other) {
+			t.Errorf("Sandbox %s of another claim was deleted", other)
+		}
+	})
+
+	t.Run("replaced by a claim of the same name", func(t *testing.T) {
+		f := newClaimFixture(t)
+		f.reconcile(t)
+		old := held(f, "c1")
+		if err := f.server.Delete(ctx, &extv1.SandboxClaim{ObjectMeta: metav1.ObjectMeta{Name: "c1", Namespace: "team-a"}}); err != nil {
+			t.Fatal(err)
+		}
+		again := &extv1.SandboxClaim{ObjectMeta: metav1.ObjectMeta{Name: "c1", Namespace: "team-a", UID: "claim-uid-2"}}
+		again.Spec.WarmPoolRef.Name = "pool"
+		if err := f.server.Create(ctx, again); err != nil {
+			t.Fatal(err)
+		}
+		f.reconcile(t)
+		if !gone(f, old) {
+			t.Errorf("Sandbox %s of the earlier claim c1 is still there", old)
+		}
+		now := held(f, "c1")
+		if now == "" || now == old || gone(f, now) {
+			t.Errorf("the new claim c1 holds %q (the earlier one held %q), want a live Sandbox of its own", now, old)
+		}
+	})
+
+	t.Run("still holding the old finalizer", func(t *testing.T) {
+		f := newClaimFixture(t)
+		var cl extv1.SandboxClaim
+		key := types.NamespacedName{Namespace: "team-a", Name: "c1"}
+		if err := f.server.Get(ctx, key, &cl); err != nil {
+			t.Fatal(err)
+		}
+		cl.Finalizers = []string{claimFinalizer}
+		if err := f.server.Update(ctx, &cl); err != nil {
+			t.Fatal(err)
+		}
+		f.reconcile(t)
+		sb := held(f, "c1")
+		if err := f.server.Delete(ctx, &cl); err != nil {
+			t.Fatal(err)
+		}
+		f.reconcile(t)
+		if !gone(f, sb) {
+			t.Errorf("Sandbox %s of the deleted claim is still there", sb)
+		}
+		if err := f.server.Get(ctx, key, &cl); !apierrors.IsNotFound(err) {
+			t.Errorf("the claim is still there (%v, finalizers %v)", err, cl.Finalizers)
+		}
+	})
 }

@@ -221,6 +221,9 @@ func build(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger, again bool
 	if err != nil {
 		return nil, fmt.Errorf("kube: controller manager: %w", err)
 	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &agentsv1.Sandbox{}, claimOwnerIndex, claimOwnerOf); err != nil {
+		return nil, fmt.Errorf("kube: index Sandboxes by claim: %w", err)
+	}
 	rec := mgr.GetEventRecorder("agentbox")
 	base := reconcilerBase{c: mgr.GetClient(), api: mgr.GetAPIReader(), rec: rec, sbs: sbs, host: host, cfg: cfg, log: logger, teams: newBindings(cfg)}
 	opts := controller.Options{MaxConcurrentReconciles: cfg.Workers}
@@ -247,13 +250,13 @@ func build(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger, again bool
 		Owns(&agentsv1.Sandbox{}).
 		Watches(&extv1.SandboxTemplate{}, handler.EnqueueRequestsFromMapFunc(poolsOfTemplate(mgr.GetClient()))).
 		WatchesRawSource(source.Channel(wake[1], &handler.EnqueueRequestForObject{})).
-		Complete(&poolReconciler{reconcilerBase: base, created: &creations{}}); err != nil {
+		Complete(&poolReconciler{reconcilerBase: base, created: &creations{}, paced: &statusPace{}}); err != nil {
 		return nil, fmt.Errorf("kube: warm pool controller: %w", err)
 	}
 	if err := ctrl.NewControllerManagedBy(mgr).For(&extv1.SandboxClaim{}).Named("sandboxclaim").WithOptions(opts).
 		Owns(&agentsv1.Sandbox{}).
 		WatchesRawSource(source.Channel(wake[2], &handler.EnqueueRequestForObject{})).
-		Complete(&claimReconciler{reconcilerBase: base, taken: &taken{}}); err != nil {
+		Complete(&claimReconciler{reconcilerBase: base, taken: &taken{}, before: &preexisting{}}); err != nil {
 		return nil, fmt.Errorf("kube: claim controller: %w", err)
 	}
 	if cfg.LabelTeams != nil {

@@ -2,9 +2,11 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -27,6 +29,8 @@ type poolReconciler struct {
 	reconcilerBase
 	// created covers the cache's lag behind this reconciler's own creates.
 	created *creations
+	// paced spaces each pool's status writes.
+	paced *statusPace
 }
 
 // members lists the pool's unclaimed sandboxes from the cache: a listing
@@ -67,6 +71,7 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 			}
 		}
 		r.created.forget(pool.UID)
+		r.paced.forget(pool.UID)
 		return ctrl.Result{}, r.removeFinalizer(ctx, &pool, poolFinalizer)
 	}
 	if err := r.addFinalizer(ctx, &pool, poolFinalizer); err != nil {
@@ -116,26 +121,31 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		}
 		keep = keep[:len(keep)-1]
 	}
+	ready := int32(0)
+	for _, s := range keep {
+		if meta.IsStatusConditionTrue(s.Status.Conditions, agentsv1.ConditionReady) {
+			ready++
+		}
+	}
+	var res ctrl.Result
 	// A create counts as seen once the cache holds it in any state: a
 	// member adopted since is no longer the pool's, and is replaced.
 	seen := func(name string) bool {
 		return r.c.Get(ctx, client.ObjectKey{Namespace: pool.Namespace, Name: name}, &agentsv1.Sandbox{}) == nil
 	}
-	for n := int32(len(keep) + r.created.pending(pool.UID, seen)); n < want; n++ {
-		s := newMember(&pool, &tpl, hash)
-		if err := controllerutil.SetControllerReference(&pool, s, r.c.Scheme()); err != nil {
+	if n := int32(len(keep) + r.created.pending(pool.UID, seen)); n < want {
+		waiting, err := r.waitingClaims(ctx, &pool)
+		if err != nil {
 			return ctrl.Result{}, err
 		}
-		if err := r.c.Create(ctx, s); err != nil {
-			return ctrl.Result{}, fmt.Errorf("create pool member: %w", err)
+		if refillLater(ready, want, waiting) {
+			res.RequeueAfter = refillRetry
+			n = want
 		}
-		r.created.add(pool.UID, s.Name)
-		keep = append(keep, *s)
-	}
-	ready := int32(0)
-	for _, s := range keep {
-		if meta.IsStatusConditionTrue(s.Status.Conditions, agentsv1.ConditionReady) {
-			ready++
+		made, err := r.createMembers(ctx, &pool, &tpl, hash, int(want-n))
+		keep = append(keep, made...)
+		if err != nil {
+			return ctrl.Result{}, err
 		}
 	}
 	st := extv1.SandboxWarmPoolStatus{
@@ -143,14 +153,64 @@ func (r *poolReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.
 		Selector: labels.SelectorFromSet(labels.Set{agentsv1.LabelWarmPool: pool.Name}).String(),
 	}
 	if st != pool.Status {
+		if wait := r.paced.wait(pool.UID, time.Now()); wait > 0 {
+			// Written with the counts of then; the requeue comes back.
+			if res.RequeueAfter == 0 || wait < res.RequeueAfter {
+				res.RequeueAfter = wait
+			}
+			return res, nil
+		}
 		pool.Status = st
 		// A conflict is no error: the newer pool's event reconciles it again.
 		if err := r.c.Status().Update(ctx, &pool); err != nil && !apierrors.IsConflict(err) {
 			return ctrl.Result{}, client.IgnoreNotFound(err)
 		}
 	}
-	return ctrl.Result{}, nil
+	return res, nil
 }
+
+// createMembers creates n members in batches of 1, 2, 4, ... up to
+// maxCreateBatch at once (the ReplicaSet controller's slow start): one at a
+// time, a pool that refills after a burst waits on each create's round trip
+// in turn; all at once, a failing create (quota, webhook) fails n times.
+func (r *poolReconciler) createMembers(ctx context.Context, pool *extv1.SandboxWarmPool, tpl *extv1.SandboxTemplate, hash string, n int) ([]agentsv1.Sandbox, error) {
+	var made []agentsv1.Sandbox
+	for batch := 1; n > 0; batch = min(batch*2, maxCreateBatch) {
+		size := min(batch, n)
+		out := make([]*agentsv1.Sandbox, size)
+		errs := make([]error, size)
+		var wg sync.WaitGroup
+		for i := range size {
+			wg.Go(func() {
+				s := newMember(pool, tpl, hash)
+				if err := controllerutil.SetControllerReference(pool, s, r.c.Scheme()); err != nil {
+					errs[i] = err
+					return
+				}
+				if err := r.c.Create(ctx, s); err != nil {
+					errs[i] = fmt.Errorf("create pool member: %w", err)
+					return
+				}
+				r.created.add(pool.UID, s.Name)
+				out[i] = s
+			})
+		}
+		wg.Wait()
+		for _, s := range out {
+			if s != nil {
+				made = append(made, *s)
+			}
+		}
+		if err := errors.Join(errs...); err != nil {
+			return made, err
+		}
+		n -= size
+	}
+	return made, nil
+}
+
+// maxCreateBatch bounds a pool's creates in flight.
+const maxCreateBatch = 32
 
 // memberRank orders members to keep: ready and fresh first.
 func memberRank(s agentsv1.Sandbox, hash string) int {
