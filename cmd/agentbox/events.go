@@ -40,10 +40,15 @@ server keeps them for --events-max-age. With --all, every sandbox of the team.`,
 			} else if !all {
 				return fmt.Errorf("name a sandbox id, or --all for every sandbox of the team")
 			}
-			evs, err := newClient(cmd).SandboxEvents(cmd.Context(), id, agentbox.EventsOptions{Types: types, Offset: offset, Limit: limit})
+			page, err := newClient(cmd).SandboxEventsPage(cmd.Context(), id, agentbox.EventsOptions{Types: types, Offset: offset, Limit: limit})
 			if err != nil {
 				return err
 			}
+			if page.Incomplete != "" {
+				// Said apart from the events, so --json output stays parseable.
+				fmt.Fprintf(cmd.ErrOrStderr(), "warning: some events could not be read: %s\n", page.Incomplete)
+			}
+			evs := page.Events
 			// The server pages newest first (the newest N); print them in order.
 			sort.SliceStable(evs, func(i, j int) bool { return evs[i].Timestamp.Before(evs[j].Timestamp) })
 			out := cmd.OutOrStdout()

@@ -33,9 +33,29 @@ type EventsOptions struct {
 	OrderAsc bool     // oldest first
 }
 
+// IncompleteHeader is the header a server sets on an events answer that
+// lacks some events it could not read (on a cluster, node agents that
+// did not answer); its value says how many are missing and why.
+const IncompleteHeader = "Agentbox-Events-Incomplete"
+
+// EventsPage is one answer of the events API: the events, and what the
+// server could not read for it ("" when the answer is whole).
+type EventsPage struct {
+	Events     []SandboxEvent
+	Incomplete string
+}
+
 // SandboxEvents returns the lifecycle events of sandbox id ("" = every
-// sandbox of the team), which outlive the sandbox.
+// sandbox of the team), which outlive the sandbox. SandboxEventsPage also
+// says when the answer is incomplete.
 func (c *Client) SandboxEvents(ctx context.Context, id string, opts EventsOptions) ([]SandboxEvent, error) {
+	p, err := c.SandboxEventsPage(ctx, id, opts)
+	return p.Events, err
+}
+
+// SandboxEventsPage is SandboxEvents with the server's word on what the
+// answer lacks.
+func (c *Client) SandboxEventsPage(ctx context.Context, id string, opts EventsOptions) (EventsPage, error) {
 	q := url.Values{}
 	for _, t := range opts.Types {
 		q.Add("types", t)
@@ -54,8 +74,9 @@ func (c *Client) SandboxEvents(ctx context.Context, id string, opts EventsOption
 		path += "/" + url.PathEscape(id)
 	}
 	var out []SandboxEvent
-	if _, err := c.do(ctx, http.MethodGet, path+"?"+q.Encode(), nil, &out, http.StatusOK); err != nil {
-		return nil, err
+	resp, err := c.do(ctx, http.MethodGet, path+"?"+q.Encode(), nil, &out, http.StatusOK)
+	if err != nil {
+		return EventsPage{}, err
 	}
-	return out, nil
+	return EventsPage{Events: out, Incomplete: resp.Header.Get(IncompleteHeader)}, nil
 }
