@@ -300,8 +300,11 @@ func (s *Server) startProcessOn(ctx context.Context, u *User, req *process.Start
 				return s.startProcessOn(ctx, u, req, false)
 			}
 			code := errdefs.ErrInvalidArgument
-			if strings.Contains(err.Error(), "no such file") {
+			switch msg := err.Error(); {
+			case strings.Contains(msg, "no such file"):
 				code = errdefs.ErrNotFound
+			case strings.Contains(msg, "process limit is reached"):
+				code = errdefs.ErrResourceExhausted
 			}
 			return nil, nil, fmt.Errorf("start %s: %v: %w", cfg.GetCmd(), err, code)
 		}

@@ -121,10 +121,26 @@ func runReaper(argv, env []string, dir string, sys *syscall.SysProcAttr) int {
 	// The command runs in the user cgroup; the reaper stays in envd's
 	// reserve, so it can report and kill whatever the command does.
 	var p *os.Process
-	err := startInUserCgroup(cgroupMount, sys, func() (err error) {
+	start := func() (err error) {
 		p, err = os.StartProcess(argv[0], argv, &os.ProcAttr{Dir: dir, Env: env, Sys: sys, Files: []*os.File{os.Stdin, os.Stdout, os.Stderr}})
 		return err
-	})
+	}
+	// When the user cgroup is full (or nearly: a command that takes its
+	// last free pid cannot fork), runaway processes hold it: a fork bomb
+	// that outlived the command that started it, so no handle can kill
+	// it. The owner's command then starts in the reserve instead, beside
+	// the reaper, so the owner can still stop them (`pkill`, `kill -9
+	// -1`). It stays within the sandbox's own limits; only envd's process
+	// API (the owner) starts commands here, never the runaway code.
+	var err error
+	if userCgroupFull(cgroupMount) {
+		err = start()
+	} else if err = startInUserCgroup(cgroupMount, sys, start); errors.Is(err, unix.EAGAIN) {
+		err = start()
+	}
+	if errors.Is(err, unix.EAGAIN) {
+		err = fmt.Errorf("%w (the sandbox's process limit is reached: runaway processes hold every pid; kill them, e.g. `pkill -9 -u user` as root, or kill the sandbox)", err)
+	}
 	if err != nil {
 		fmt.Fprintf(status, "err %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
 		return 127

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -53,6 +54,36 @@ func findUserCgroup(root string) userCgroup {
 		}
 	}
 	return cg
+}
+
+// fullMargin is how close to its pids limit the user cgroup may be before
+// a new command starts in the reserve instead: a command that squeezes
+// into the last free pid of a cgroup a fork bomb holds starts, and then
+// cannot fork anything (not even its login shell's first subshell).
+const fullMargin = 16
+
+// userCgroupFull says whether the user cgroup under root is within
+// fullMargin pids of its limit (false when it has no pids limit or cannot
+// be read).
+func userCgroupFull(root string) bool {
+	dir := filepath.Join(root, "pids", agentruntime.UserCgroup)
+	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err == nil {
+		dir = filepath.Join(root, agentruntime.UserCgroup)
+	}
+	read := func(name string) (int64, bool) {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return 0, false
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		return n, err == nil
+	}
+	limit, ok := read("pids.max") // "max" (no limit) does not parse
+	if !ok {
+		return false
+	}
+	cur, ok := read("pids.current")
+	return ok && cur >= limit-fullMargin
 }
 
 // startInUserCgroup calls start, which forks one process with sys (or with

@@ -69,3 +69,44 @@ func TestCredArg(t *testing.T) {
 		}
 	}
 }
+
+func TestUserCgroupFull(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		v2       bool
+		cur, max string
+		want     bool
+	}{
+		{"v1 room left", false, "100", "3584", false},
+		{"v1 at the limit", false, "3584", "3584", true},
+		{"v1 within the margin", false, "3570", "3584", true},
+		{"v1 no limit", false, "100", "max", false},
+		{"v2 at the limit", true, "512", "512", true},
+		{"v2 room left", true, "12", "512", false},
+		{"no user cgroup", false, "", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			dir := filepath.Join(root, "pids", "user")
+			if tc.v2 {
+				if err := os.WriteFile(filepath.Join(root, "cgroup.controllers"), nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				dir = filepath.Join(root, "user")
+			}
+			if tc.max != "" {
+				if err := os.MkdirAll(dir, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				for name, v := range map[string]string{"pids.current": tc.cur, "pids.max": tc.max} {
+					if err := os.WriteFile(filepath.Join(dir, name), []byte(v+"\n"), 0o644); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if got := userCgroupFull(root); got != tc.want {
+				t.Errorf("userCgroupFull = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
