@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -65,9 +66,13 @@ const ForkBomb = `:(){ :|:& };:; exec sleep 3600`
 // bomb fill the limit): there was nothing to recover from.
 var ErrNeverBlocked = errors.New("the fork bomb never kept the owner from running a command")
 
+// userPidsCmd prints the user cgroup's pids.current and pids.max (cgroup v1
+// as runc and gVisor show it, else v2 as the microVM's guest does).
+const userPidsCmd = `cat /sys/fs/cgroup/pids/user/pids.current /sys/fs/cgroup/pids/user/pids.max 2>/dev/null || cat /sys/fs/cgroup/user/pids.current /sys/fs/cgroup/user/pids.max`
+
 // RecoverFromForkBomb starts ForkBomb in sb as root and waits until it holds
-// the sandbox's process limit (the owner's `echo` fails: nothing new can
-// start); then the owner kills it through envd (SIGKILL ends the command's
+// the user cgroup's process limit (every pid of it taken: nothing new can
+// start there); then the owner kills it through envd (SIGKILL ends the command's
 // whole tree) and the result is how long after the kill the owner's `echo
 // ok` succeeds again. Each stage gives up after deadline; each echo waits
 // at most perCall.
@@ -100,10 +105,29 @@ func RecoverFromForkBomb(ctx context.Context, c *wire.Client, sb *wire.Sandbox, 
 			return nil
 		}
 	}
+	// The bomb holds the user cgroup once (nearly) every pid of it is
+	// taken. envd then starts the owner's commands in its reserve, so the
+	// owner's reading of the cgroup answers; a reading that fails means
+	// the bomb holds the owner's commands too.
+	filled := func() bool {
+		cctx, cancel := context.WithTimeout(ctx, perCall)
+		defer cancel()
+		res, err := c.Run(cctx, sb, "root", userPidsCmd)
+		if err != nil {
+			return true
+		}
+		f := strings.Fields(res.Stdout)
+		if len(f) != 2 {
+			return false
+		}
+		cur, err1 := strconv.Atoi(f[0])
+		limit, err2 := strconv.Atoi(f[1])
+		return err1 == nil && err2 == nil && cur >= limit-16
+	}
 	start := time.Now()
 	for {
-		if err := echo(); err != nil {
-			break // the bomb holds every process slot the owner's command could take
+		if filled() {
+			break
 		}
 		if time.Since(start) > deadline {
 			return 0, fmt.Errorf("%w: its echo answered throughout %s of the bomb", ErrNeverBlocked, deadline)
