@@ -134,16 +134,17 @@ func placeKdat(file string, b []byte) error {
 
 // probeKdat runs `criu check` in a mount namespace of its own where runDir
 // is an empty tmpfs, so CRIU saves its cache there, and returns the cache.
-// The namespace is made on a locked OS thread that is never unlocked: the
-// thread ends with its goroutine and nothing else ever runs in it.
+// The namespace is made on a locked OS thread that is never unlocked and is
+// never the process's main thread: the thread ends with its goroutine and
+// nothing else ever runs in it.
 func probeKdat(ctx context.Context, criu, runDir string) ([]byte, error) {
 	type result struct {
 		b   []byte
 		err error
 	}
 	done := make(chan result, 1)
-	go func() {
-		goruntime.LockOSThread()
+	// work runs on a thread locked to it, which ends with it.
+	work := func() result {
 		b, err := func() ([]byte, error) {
 			if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 				return nil, fmt.Errorf("unshare mount namespace: %w", err)
@@ -166,7 +167,27 @@ func probeKdat(ctx context.Context, criu, runDir string) ([]byte, error) {
 			}
 			return b, nil
 		}()
-		done <- result{b, err}
+		return result{b, err}
+	}
+	go func() {
+		goruntime.LockOSThread()
+		if unix.Gettid() != unix.Getpid() {
+			done <- work()
+			return
+		}
+		// The process's main thread: a goroutine that ends locked to it
+		// does not end it but wedges it, and /proc/self (the server's
+		// mountinfo, its mount namespace) is that thread's view. Hold it
+		// while another thread does the work: no goroutine can take a
+		// thread locked to this one.
+		inner := make(chan result, 1)
+		go func() {
+			goruntime.LockOSThread()
+			inner <- work()
+		}()
+		r := <-inner
+		goruntime.UnlockOSThread()
+		done <- r
 	}()
 	select {
 	case r := <-done:

@@ -138,13 +138,22 @@ func TestProbeKdat(t *testing.T) {
 		return on
 	}
 	before := mountedOnRun()
+	nsBefore, _ := os.Readlink("/proc/self/ns/mnt")
 	stBefore, errBefore := os.Stat(criuKdatFile)
-	b, err := probeKdat(context.Background(), criu, runDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := checkKdat(b); err != nil {
-		t.Fatal(err)
+	// Several probes: any that ran on the process's main thread would
+	// leave it (and so /proc/self, the server's view) in the private
+	// namespace.
+	for range 8 {
+		b, err := probeKdat(context.Background(), criu, runDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := checkKdat(b); err != nil {
+			t.Fatal(err)
+		}
+		if ns, _ := os.Readlink("/proc/self/ns/mnt"); ns != nsBefore {
+			t.Fatalf("the probe moved the process's main thread to mount namespace %s (was %s)", ns, nsBefore)
+		}
 	}
 	if after := mountedOnRun(); len(after) != len(before) {
 		t.Fatalf("the probe left a mount on %s in the host's namespace: %q (before: %q)", runDir, after, before)
