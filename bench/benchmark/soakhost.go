@@ -160,10 +160,15 @@ func (s HostScope) loops() int {
 	if err != nil {
 		return -1
 	}
+	// The disk pool's ready disks (--disk-pool) are the server's own, made
+	// ahead of creates: a fixed number, not the workload's. One whose file
+	// is gone is a leak like any other.
+	pool := filepath.Join(s.DataDir, "disk-pool")
 	n := 0
 	for _, d := range devs {
 		b, err := os.ReadFile(d)
-		if err == nil && under(strings.TrimSpace(string(b)), s.DataDir) {
+		file := strings.TrimSpace(string(b))
+		if err == nil && under(file, s.DataDir) && (!under(file, pool) || strings.HasSuffix(file, "(deleted)")) {
 			n++
 		}
 	}
