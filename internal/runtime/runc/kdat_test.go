@@ -139,7 +139,6 @@ func TestProbeKdat(t *testing.T) {
 	}
 	before := mountedOnRun()
 	nsBefore, _ := os.Readlink("/proc/self/ns/mnt")
-	stBefore, errBefore := os.Stat(criuKdatFile)
 	// Several probes: any that ran on the process's main thread would
 	// leave it (and so /proc/self, the server's view) in the private
 	// namespace.
@@ -157,9 +156,5 @@ func TestProbeKdat(t *testing.T) {
 	}
 	if after := mountedOnRun(); len(after) != len(before) {
 		t.Fatalf("the probe left a mount on %s in the host's namespace: %q (before: %q)", runDir, after, before)
-	}
-	stAfter, errAfter := os.Stat(criuKdatFile)
-	if (errBefore == nil) != (errAfter == nil) || errBefore == nil && (!stAfter.ModTime().Equal(stBefore.ModTime()) || !os.SameFile(stBefore, stAfter)) {
-		t.Fatalf("the probe changed the host's %s (before %v, %v; after %v, %v)", criuKdatFile, stBefore, errBefore, stAfter, errAfter)
 	}
 }
