@@ -34,7 +34,10 @@ func TestDetachedForkBomb(t *testing.T) {
 		run: func(t *testing.T) error {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
-			sb, err := c.Create(ctx, wire.CreateRequest{TemplateID: "base", Timeout: 300, Metadata: map[string]string{"outside": "detached-bomb"}})
+			sb, err := c.Create(ctx, wire.CreateRequest{TemplateID: "base", Timeout: 300, Metadata: map[string]string{"outside": "detached-bomb"},
+				// A small limit: the bomb fills it as surely, with a tenth
+				// of the tasks to spin on the cores other suites share.
+				PIDs: 512})
 			if err != nil {
 				t.Fatalf("create sandbox: %v", err)
 			}

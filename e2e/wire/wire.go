@@ -79,6 +79,7 @@ type CreateRequest struct {
 	EnvVars             map[string]string `json:"envVars,omitempty"`
 	AllowInternetAccess *bool             `json:"allow_internet_access,omitempty"`
 	VolumeMounts        []VolumeMount     `json:"volumeMounts,omitempty"`
+	PIDs                int               `json:"pids,omitempty"` // process limit (agentbox extension)
 }
 
 // VolumeMount mounts the team's volume Name at Path (E2B's SandboxVolumeMount).
