@@ -16,6 +16,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/agentbox/agentbox/e2e/harness"
 	"github.com/agentbox/agentbox/internal/kube"
@@ -317,10 +318,7 @@ echo $! > /tmp/counter.pid; echo 'written on node-a' > /tmp/moved.txt; sleep 0.5
 			a.Launch(t)
 			switch then {
 			case "delete":
-				waitFor(ctx, t, name+" deleted", func() (bool, string) {
-					_, err := getIn(ctx, c, ns, name)
-					return err != nil, fmt.Sprint(err)
-				})
+				waitGone(ctx, t, c, ns, name)
 			case "resume":
 				// The crash lost the suspension's status: Ready=True is the
 				// one from before it until node-a has seen the Running spec.
@@ -346,14 +344,7 @@ echo $! > /tmp/counter.pid; echo 'written on node-a' > /tmp/moved.txt; sleep 0.5
 				t.Errorf("the bucket keeps %v after the %s", left, then)
 			}
 			if then == "resume" {
-				u, _ := getIn(ctx, c, ns, name)
-				if err := c.Delete(ctx, u); err != nil {
-					t.Fatal(err)
-				}
-				waitFor(ctx, t, name+" deleted", func() (bool, string) {
-					_, err := getIn(ctx, c, ns, name)
-					return err != nil, fmt.Sprint(err)
-				})
+				deleteAndWait(ctx, t, c, ns, name)
 			}
 			a.WaitNoLeaks(t, beforeA)
 			b.WaitNoLeaks(t, beforeB)
@@ -426,16 +417,28 @@ echo $! > /tmp/counter.pid; echo 'written on node-a' > /tmp/moved.txt; sleep 0.5
 			if res, err := sbx.Commands.Run(ctx, "cat /tmp/lost.txt"); err != nil || strings.TrimSpace(res.Stdout) != "kept through the loss" {
 				t.Fatalf("after node-a's return: %v %+v", err, res)
 			}
-			u, _ = getIn(ctx, c, ns, name)
-			if err := c.Delete(ctx, u); err != nil {
-				t.Fatal(err)
-			}
-			waitFor(ctx, t, name+" deleted", func() (bool, string) {
-				_, err := getIn(ctx, c, ns, name)
-				return err != nil, fmt.Sprint(err)
-			})
+			deleteAndWait(ctx, t, c, ns, name)
 			a.WaitNoLeaks(t, beforeA)
 			b.WaitNoLeaks(t, beforeB)
 		})
 	}
+}
+
+// waitGone waits until Sandbox ns/name no longer exists.
+func waitGone(ctx context.Context, t *testing.T, c client.Client, ns, name string) {
+	t.Helper()
+	waitFor(ctx, t, name+" deleted", func() (bool, string) {
+		_, err := getIn(ctx, c, ns, name)
+		return err != nil, fmt.Sprint(err)
+	})
+}
+
+// deleteAndWait deletes Sandbox ns/name and waits until it is gone.
+func deleteAndWait(ctx context.Context, t *testing.T, c client.Client, ns, name string) {
+	t.Helper()
+	u, _ := getIn(ctx, c, ns, name)
+	if err := c.Delete(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(ctx, t, c, ns, name)
 }
