@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
 )
 
 // HostScope names one server's share of the host, so counts taken while
@@ -163,7 +165,7 @@ func (s HostScope) loops() int {
 	// The disk pool's ready disks (--disk-pool) are the server's own, made
 	// ahead of creates: a fixed number, not the workload's. One whose file
 	// is gone is a leak like any other.
-	pool := filepath.Join(s.DataDir, "disk-pool")
+	pool := filepath.Join(s.DataDir, bundle.DiskPoolDirName)
 	n := 0
 	for _, d := range devs {
 		b, err := os.ReadFile(d)

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agentbox/agentbox/internal/runtime/bundle"
 )
 
 // HostState is what one server instance holds on the host, as named items
@@ -70,7 +72,7 @@ func (s *Server) HostState(ctx context.Context) HostState {
 			// The disk pool's ready disks (--disk-pool) are the server's
 			// own, made for no sandbox yet and replaced as creates take
 			// them; one whose file is gone (an earlier run's) is a leak.
-			if strings.Contains(line, filepath.Join(s.DataDir, "disk-pool")+"/") && !strings.Contains(line, "(deleted)") {
+			if strings.Contains(line, filepath.Join(s.DataDir, bundle.DiskPoolDirName)+"/") && !strings.Contains(line, "(deleted)") {
 				continue
 			}
 			if strings.Contains(line, s.DataDir) || strings.Contains(line, s.TemplateDir+"/") && strings.Contains(line, s.Instance) {

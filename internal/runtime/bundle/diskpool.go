@@ -31,9 +31,10 @@ import (
 // descriptors (the loop devices clear themselves), and the next start
 // removes the files.
 
-// diskPoolDirName holds the pooled disks' image files, beside the
+// DiskPoolDirName (exported for the host-state checks that tell its ready
+// disks from leaks) holds the pooled disks' image files, beside the
 // sandboxes' state dir.
-const diskPoolDirName = "disk-pool"
+const DiskPoolDirName = "disk-pool"
 
 // diskPool keeps ready disks of one size.
 type diskPool struct {

@@ -19,7 +19,7 @@ func poolStore(t *testing.T, want int) (*Store, string) {
 	t.Helper()
 	base := t.TempDir()
 	s := &Store{cfg: Config{DiskImageDir: filepath.Join(base, "disk-images")}, log: slog.Default()}
-	p, err := newDiskPool(filepath.Join(base, diskPoolDirName), want, s.log, s.makeDetachedDisk)
+	p, err := newDiskPool(filepath.Join(base, DiskPoolDirName), want, s.log, s.makeDetachedDisk)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestDiskPool(t *testing.T) {
 	}
 
 	// Closing drops the ready disks: no file, no loop device left.
-	pool := filepath.Join(base, diskPoolDirName)
+	pool := filepath.Join(base, DiskPoolDirName)
 	waitReady(t, s, 2)
 	s.Close()
 	if left, _ := os.ReadDir(pool); len(left) != 0 {
@@ -179,7 +179,7 @@ func TestDiskPoolSizeChange(t *testing.T) {
 // TestNewDiskPoolRemovesLeftovers: a start removes the image files a
 // killed server's pool left (the kernel dropped their mounts with it).
 func TestNewDiskPoolRemovesLeftovers(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), diskPoolDirName)
+	dir := filepath.Join(t.TempDir(), DiskPoolDirName)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}

@@ -154,7 +154,7 @@ func New(cfg Config, log *slog.Logger) (*Store, error) {
 	if err := s.setupCgroupParent(); err != nil { // cgroupparent.go
 		return nil, err
 	}
-	if s.disks, err = newDiskPool(filepath.Join(filepath.Dir(cfg.StateDir), diskPoolDirName), cfg.DiskPool, s.log, s.makeDetachedDisk); err != nil {
+	if s.disks, err = newDiskPool(filepath.Join(filepath.Dir(cfg.StateDir), DiskPoolDirName), cfg.DiskPool, s.log, s.makeDetachedDisk); err != nil {
 		return nil, err
 	}
 	return s, nil
