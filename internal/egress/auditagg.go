@@ -27,11 +27,11 @@ import (
 //	address:  /8 → /16 → /24 → address → address:port   (IPv6: /32 → /48 → /64 → …)
 //	name:     public suffix → registrable domain → name → name with its address
 //
-// and is counted in the finest row it may have. A new row is made below a
-// row that has none yet while the family has fewer than aggFamilyRows;
-// below one that has some, while it has fewer than aggChildren, the level
-// fewer than aggLevelRows and the family fewer than aggFamilyRows less a
-// reserve. So a sweep of many ports of one address folds into that
+// and is counted in the finest row it may have. Every top-level range
+// gets a row (up to aggTopRows); below it, a new row is made while its
+// level has fewer than aggLevelRows, and, unless it is the first below its
+// parent, while the parent has fewer than aggChildren and the level leaves
+// a reserve for first rows. So a sweep of many ports of one address folds into that
 // address's row, a sweep of many addresses into their /24 or /16, a sweep
 // of names into their registrable domain, while a destination outside the
 // swept range keeps a row naming its own address (or at worst its own
@@ -60,16 +60,18 @@ import (
 // counts are "at least".
 
 // Bounds of one family's rows in one window (a family: one action,
-// decision and kind of destination).
+// decision and kind of destination). A family holds at most
+// aggTopRows + 4*aggLevelRows rows and its family row.
 const (
-	// aggFamilyRows bounds the rows of one family in one window, besides
-	// its family row; aggReserve of them are kept for destinations in
-	// ranges no row holds yet.
-	aggFamilyRows = 128
-	aggReserve    = 16
-	// aggLevelRows bounds the rows of one level of a family's paths (the
-	// /8s, the /16s, ...), past the first row below each parent.
+	// aggTopRows bounds the rows of a family's top level: the /8s (all of
+	// IPv4's), the IPv6 /32s, the public suffixes.
+	aggTopRows = 256
+	// aggLevelRows bounds the rows of each finer level of a family's
+	// paths (the /16s, the /24s, ...); the last aggReserve of them only
+	// go to the first row below another, so a destination in a range no
+	// row holds yet still gets one.
 	aggLevelRows = 32
+	aggReserve   = 8
 	// aggChildren bounds the finer rows below one row: the ports of an
 	// address, the addresses of a /24, the names of a domain...
 	aggChildren = 8
@@ -260,12 +262,17 @@ func (a *aggregator) hold(ev audit.Event) {
 				t.level = append(t.level, 0)
 			}
 			// The first row below another is how a destination in a range
-			// no flood touched keeps its own row: only the family's bound
-			// applies to it. The family's top level has no parent row.
-			first := n != t.root && len(n.children) == 0
-			bushy := n != t.root && len(n.children) >= aggChildren ||
-				t.level[i] >= aggLevelRows || t.nodes >= aggFamilyRows-aggReserve
-			if t.nodes >= aggFamilyRows || !first && bushy {
+			// no flood touched keeps its own row: only the level's bound
+			// applies to it.
+			var room bool
+			if i == 0 {
+				room = t.level[0] < aggTopRows
+			} else {
+				first := len(n.children) == 0
+				room = t.level[i] < aggLevelRows &&
+					(first || len(n.children) < aggChildren && t.level[i] < aggLevelRows-aggReserve)
+			}
+			if !room {
 				break
 			}
 			c = &aggNode{step: st, fam: p.fam}
@@ -421,11 +428,11 @@ func (n *aggNode) event(limit float64) audit.Event {
 	case foldMore:
 		fields["more"], fields["destinations"], fields["destinationsCapped"] = true, len(n.distinct), n.capped
 		return audit.Event{Time: n.first, Decision: f.decision, Fields: fields,
-			Reason: fmt.Sprintf("%d more %s %s records to %s more destinations (e.g. %s) %s: past %d rows a window, destinations no finer row could take are counted here",
-				n.count, f.action, f.decision, distinct, eg, over, aggFamilyRows)}
+			Reason: fmt.Sprintf("%d more %s %s records to %s more destinations (e.g. %s) %s: past %d top-level rows a window, destinations no finer row could take are counted here",
+				n.count, f.action, f.decision, distinct, eg, over, aggTopRows)}
 	}
 	return audit.Event{Time: n.first, Decision: f.decision, Fields: fields,
-		Reason: fmt.Sprintf("%d more %s %s to %s, %s distinct %s (e.g. %s) %s: past %d rows below one, destinations are folded into it (%s)",
+		Reason: fmt.Sprintf("%d more %s %s to %s, %s distinct %s (e.g. %s) %s: finer rows are bounded (%d below one), so destinations are folded into it (%s)",
 			n.count, f.action, f.decision, what, distinct, of, eg, over, aggChildren, n.reason)}
 }
 

@@ -58,6 +58,9 @@ func within(r audit.Event, p netip.Prefix) bool {
 	return err == nil && p.Contains(a)
 }
 
+// familyRows bounds one family's rows in a window, its family row aside.
+const familyRows = aggTopRows + 4*aggLevelRows
+
 func TestAggregator(t *testing.T) {
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	at := func(i int) time.Time { return t0.Add(time.Duration(i) * time.Microsecond) }
@@ -151,7 +154,7 @@ func TestAggregator(t *testing.T) {
 			},
 			needles: []needle{{dst: "198.18.0.7:22", decision: audit.Denied, exact: true}},
 			flood:   netip.MustParsePrefix("10.0.0.0/16"), floodCount: 1 << 16,
-			maxRows: aggFamilyRows + 2,
+			maxRows: 4 * aggLevelRows,
 			check: func(t *testing.T, rows []audit.Event) {
 				for _, r := range rows {
 					if r.Fields["prefix"] == "10.0.0.0/16" {
@@ -213,25 +216,40 @@ func TestAggregator(t *testing.T) {
 			},
 			needles: []needle{{dst: "10.0.3.4:443", decision: audit.Allowed, exact: true}},
 			flood:   netip.MustParsePrefix("10.0.0.0/16"), floodCount: 1 << 16,
-			maxRows: aggFamilyRows + 2,
+			maxRows: 4 * aggLevelRows,
 		},
 		{
-			name: "destinations no finer row can take are counted in the family's row",
+			name: "a sweep spread to use up the finer rows does not hide a connection to a range it left alone",
 			rate: 0.001,
 			events: func() []audit.Event {
 				var out []audit.Event
-				for i := range 200 {
-					out = append(out, connectEvent(fmt.Sprintf("%d.1.2.3:80", i+1), audit.Denied, t0), connectEvent(fmt.Sprintf("%d.1.2.3:80", i+1), audit.Denied, t0))
+				for i := range 100 {
+					for p := range 20 {
+						out = append(out, connectEvent(fmt.Sprintf("%d.%d.%d.%d:%d", i+1, p, p, p, 1000+p), audit.Denied, at(i)))
+					}
+				}
+				return append(out, connectEvent("203.0.113.9:443", audit.Denied, at(100)))
+			},
+			needles: []needle{{dst: "203.0.113.9:443", decision: audit.Denied}},
+			maxRows: familyRows,
+		},
+		{
+			name: "destinations no top-level row can take are counted in the family's row",
+			rate: 0.001,
+			events: func() []audit.Event {
+				var out []audit.Event
+				for i := range 300 {
+					dst := fmt.Sprintf("[2001:%x::1]:80", i+1)
+					out = append(out, connectEvent(dst, audit.Denied, t0), connectEvent(dst, audit.Denied, t0))
 				}
 				return out
 			},
-			maxRows: aggFamilyRows + 1,
+			maxRows: familyRows + 1,
 			check: func(t *testing.T, rows []audit.Event) {
-				exact := len(rows) - 1
-				r := rows[exact]
-				if exact < aggReserve || r.Fields["more"] != true || r.Fields["fold"] != foldMore || r.Fields["destinations"] != 200-exact || r.Fields["destinationsCapped"] != false ||
-					r.Fields["count"] != int64(2*(200-exact)) || !strings.Contains(r.Reason, "more destinations") || !strings.Contains(r.Reason, audit.Denied) {
-					t.Errorf("%d exact rows, then %v %q, want the other %d in one family row", exact, r.Fields, r.Reason, 200-exact)
+				r := rows[len(rows)-1]
+				if r.Fields["more"] != true || r.Fields["fold"] != foldMore || r.Fields["destinations"] != 300-aggTopRows || r.Fields["destinationsCapped"] != false ||
+					r.Fields["count"] != int64(2*(300-aggTopRows)) || !strings.Contains(r.Reason, "more destinations") || !strings.Contains(r.Reason, audit.Denied) {
+					t.Errorf("the last row = %v %q, want the %d past the top-level rows", r.Fields, r.Reason, 300-aggTopRows)
 				}
 			},
 		},
@@ -330,8 +348,8 @@ func TestAggregatorBounds(t *testing.T) {
 	a.mu.Lock()
 	families, distinct := len(a.trees), a.distinct
 	for f, tr := range a.trees {
-		if tr.nodes > aggFamilyRows {
-			t.Errorf("%v holds %d rows, want at most %d", f, tr.nodes, aggFamilyRows)
+		if tr.nodes > familyRows {
+			t.Errorf("%v holds %d rows, want at most %d", f, tr.nodes, familyRows)
 		}
 	}
 	a.mu.Unlock()
@@ -342,8 +360,8 @@ func TestAggregatorBounds(t *testing.T) {
 		t.Errorf("the window holds %d MiB, want a bounded few", grew>>20)
 	}
 	rows := a.drain(audit.Event{SandboxID: "sb"}, 1, false)
-	if len(rows) > 3*(aggFamilyRows+1) {
-		t.Errorf("%d rows, want at most %d", len(rows), 3*(aggFamilyRows+1))
+	if len(rows) > 3*(familyRows+1) {
+		t.Errorf("%d rows, want at most %d", len(rows), 3*(familyRows+1))
 	}
 	var counted int64
 	needle, name := false, false
@@ -403,5 +421,33 @@ func TestEmitQueueFull(t *testing.T) {
 	rows := b.q.audit.drain(audit.Event{SandboxID: "sb"}, 1, false)
 	if len(rows) != 1 || rows[0].Fields["dst"] != "203.0.113.9:443" || rows[0].Decision != audit.Allowed {
 		t.Errorf("rows %v, want the record the queue had no room for", rows)
+	}
+}
+
+// BenchmarkAggregatorHold is the cost of counting one record of a sweep
+// over the audit rate: the kernel log's reader pays it for every refused
+// SYN, so it bounds the flood the reader keeps up with.
+func BenchmarkAggregatorHold(b *testing.B) {
+	t0 := time.Now()
+	for _, tc := range []struct {
+		name string
+		ev   func(i int) audit.Event
+	}{
+		{"addresses", func(i int) audit.Event {
+			return connectEvent(netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 80).String(), audit.Denied, t0)
+		}},
+		{"names", func(i int) audit.Event { return dnsEvent(fmt.Sprintf("q%d.exfil.test", i), audit.Denied, t0) }},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			evs := make([]audit.Event, 4096)
+			for i := range evs {
+				evs[i] = tc.ev(i)
+			}
+			a := newAggregator(0.001, 0.01)
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				a.hold(evs[i%len(evs)])
+			}
+		})
 	}
 }

@@ -112,9 +112,9 @@ func (s *Server) flushSuppressed(q *quota, like audit.Event) {
 	s.pushRows(q.audit.drain(like, s.cfg.Limits.AuditRate, s.nflogDropped.Load()))
 }
 
-// flushAll writes the held-back rows of every bound sandbox: at most
-// aggFamilyRows and one more per family each, every window; a flood that stopped
-// still gets its counts recorded.
+// flushAll writes the held-back rows of every bound sandbox (at most
+// aggTopRows+4*aggLevelRows and a family row per family each) every
+// window; a flood that stopped still gets its counts recorded.
 func (s *Server) flushAll() {
 	dropped := s.nflogDropped.Swap(false)
 	s.mu.RLock()
