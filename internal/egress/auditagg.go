@@ -79,8 +79,8 @@ const (
 	aggMembers = 8
 	// aggDistinctRow and aggDistinctTotal bound the members counted as
 	// distinct, per row and per window; past them the count is "at least".
-	aggDistinctRow   = 4096
-	aggDistinctTotal = 32768
+	aggDistinctRow   = 2048
+	aggDistinctTotal = 8192
 )
 
 // aggFamily is the top of every path: rows of different actions,
