@@ -21,24 +21,25 @@ import (
 // window the counts are written as "suppressed" rows: the one place every
 // egress, DNS and kernel-logged record of a sandbox goes through.
 //
-// Counting folds hierarchically, never anonymously first. Each record
-// walks its destination's path from coarse to fine
+// Counts fold by the structure of destinations, not into one anonymous
+// number. Each record walks its destination's path from coarse to fine
 //
 //	address:  /8 → /16 → /24 → address → address:port   (IPv6: /32 → /48 → /64 → …)
 //	name:     public suffix → registrable domain → name → name with its address
 //
 // and is counted in the finest row it may have. Every top-level range
 // gets a row (up to aggTopRows); below it, a new row is made while its
-// level has fewer than aggLevelRows, and, unless it is the first below its
-// parent, while the parent has fewer than aggChildren and the level leaves
-// a reserve for first rows. So a sweep of many ports of one address folds into that
-// address's row, a sweep of many addresses into their /24 or /16, a sweep
-// of names into their registrable domain, while a destination outside the
-// swept range keeps a row naming its own address (or at worst its own
-// prefix, with the address among the row's members). Action and decision
-// are the top of every path: an allowed connection is never folded with a
-// denied flood. The family row ("more destinations") takes only what no
-// finer row could.
+// level has fewer than aggLevelRows, and, unless it is the first below
+// its parent, while the parent has fewer than aggChildren and the level
+// leaves a reserve for first rows. So a sweep of many ports of one address
+// folds into that address's row, a sweep of many addresses into their /24
+// or /16, a sweep of names into their registrable domain, while a
+// destination outside the swept range keeps a row naming its own address
+// (or at worst its own prefix, with the address among the row's members
+// while the row has few). Action and decision are the top of every path:
+// an allowed connection is never folded with a denied flood. The family
+// row ("more destinations") takes only what no top-level row could (past
+// aggTopRows IPv6 /32s or public suffixes).
 //
 // Fields of a suppressed egress row (besides count, first and last time,
 // recordAction and the decision of its records):
