@@ -110,7 +110,7 @@ func addAuditFlags(f *pflag.FlagSet, a *auditFlags) {
 	f.Var(&a.MaxAge, "audit-max-age", "audit events older than this are removed (e.g. 30d, 12h; 0 keeps them)")
 	f.Int64Var(&a.MaxRows, "audit-max-rows", audit.DefaultMaxRows, "keep at most this many audit events, the newest (0: no cap)")
 	f.Int64Var(&a.MaxBytes, "audit-max-bytes", audit.DefaultMaxBytes, "remove the oldest audit events while the database is larger than this (0: no cap)")
-	f.Float64Var(&a.Rate, "audit-rate", audit.DefaultRate, "audit events per second one sandbox may add of one kind (process, file, egress, limit, syscall) after its burst; the rest are counted in \"suppressed\" events, egress ones per destination and decision (-1: no limit)")
+	f.Float64Var(&a.Rate, "audit-rate", audit.DefaultRate, "audit events per second one sandbox may add of one kind (process, file, egress, limit, syscall) after its burst; the rest are counted in \"suppressed\" events, egress ones per destination and decision (ports folded per address, then addresses per /24 and /16, names per domain, when a window holds too many) (-1: no limit)")
 	f.IntVar(&a.Burst, "audit-burst", audit.DefaultBurst, "audit events one sandbox may add of one kind at once before --audit-rate applies")
 }
 

@@ -83,6 +83,7 @@ type Server struct {
 
 	auditQ       chan audit.Event
 	auditDropped atomic.Uint64
+	nflogDropped atomic.Bool // the kernel dropped logged packets this window
 
 	stop chan struct{}
 

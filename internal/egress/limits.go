@@ -109,15 +109,14 @@ func (s *Server) admit(q *quota, ev audit.Event) bool {
 // flushSuppressed queues the rows of what q held back since the last
 // window, labelled like like.
 func (s *Server) flushSuppressed(q *quota, like audit.Event) {
-	for _, ev := range q.audit.drain(like, s.cfg.Limits.AuditRate) {
-		s.push(ev)
-	}
+	s.pushRows(q.audit.drain(like, s.cfg.Limits.AuditRate, s.nflogDropped.Load()))
 }
 
-// flushAll writes the held-back rows of every bound sandbox: at most
-// aggKeys and one per decision each, every window; a flood that stopped
-// still gets its counts recorded.
+// flushAll writes the held-back rows of every bound sandbox (at most
+// aggTopRows+4*aggLevelRows and a family row per family each) every
+// window; a flood that stopped still gets its counts recorded.
 func (s *Server) flushAll() {
+	dropped := s.nflogDropped.Swap(false)
 	s.mu.RLock()
 	bs := make([]*binding, 0, len(s.byID))
 	for _, b := range s.byID {
@@ -125,6 +124,20 @@ func (s *Server) flushAll() {
 	}
 	s.mu.RUnlock()
 	for _, b := range bs {
-		s.flushSuppressed(b.q, audit.Event{SandboxID: b.id, TeamID: b.policy.TeamID, APIKeyID: b.policy.APIKeyID})
+		s.pushRows(b.q.audit.drain(audit.Event{SandboxID: b.id, TeamID: b.policy.TeamID, APIKeyID: b.policy.APIKeyID},
+			s.cfg.Limits.AuditRate, dropped))
+	}
+}
+
+// pushRows queues a window's rows, waiting for room in the queue: they
+// are the only record of what was not written one by one, and are bounded
+// per sandbox and window, so waiting cannot grow without bound.
+func (s *Server) pushRows(rows []audit.Event) {
+	for _, ev := range rows {
+		select {
+		case s.auditQ <- ev:
+		case <-s.stop:
+			return
+		}
 	}
 }

@@ -115,7 +115,9 @@ func (s *Server) watchNFLog(c *netlink.Conn) {
 		msgs, err := c.Receive()
 		if err != nil {
 			if errors.Is(err, unix.ENOBUFS) {
-				// The kernel dropped log messages: a flood outran us.
+				// The kernel dropped log messages: a flood outran us. The
+				// window's rows say their counts are "at least".
+				s.nflogDropped.Store(true)
 				s.log.Debug("nflog: messages dropped by the kernel")
 				continue
 			}

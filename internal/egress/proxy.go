@@ -67,22 +67,27 @@ func (s *Server) record(ctx context.Context, e *connEvent, action string, extra 
 
 // emit queues ev of sandbox b for the audit log, within b's audit rate.
 func (s *Server) emit(b *binding, ev audit.Event) {
-	if s.admit(b.q, ev) {
-		s.push(ev)
+	if s.admit(b.q, ev) && !s.push(ev) {
+		// The writer is behind: the record is counted in its
+		// destination's row of the window rather than lost.
+		b.q.audit.hold(ev)
 	}
 }
 
 // push hands an event to the audit writer without waiting for the
 // database: the record of a request must not delay its response. When the
-// writer falls behind by more than the queue, events are counted and
-// dropped rather than stalling sandbox traffic.
-func (s *Server) push(ev audit.Event) {
+// writer falls behind by more than the queue, push reports false and the
+// caller counts the event in its window's rows rather than stall sandbox
+// traffic.
+func (s *Server) push(ev audit.Event) bool {
 	select {
 	case s.auditQ <- ev:
+		return true
 	default:
 		if n := s.auditDropped.Add(1); n&(n-1) == 0 {
-			s.log.Warn("egress audit queue full; events dropped", "dropped", n)
+			s.log.Warn("egress audit queue full; events counted in suppressed rows instead", "count", n)
 		}
+		return false
 	}
 }
 
