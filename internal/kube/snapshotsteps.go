@@ -73,8 +73,9 @@ type snapshotRun struct {
 	// written is the status last written (or read): a step writes only
 	// what changed.
 	written *abv1.SandboxSnapshotStatus
-	dir     string // the export's staging dir
-	rec     []byte // the sandbox manager's record of the image
+	dir     string    // the export's staging dir
+	rec     []byte    // the sandbox manager's record of the image
+	start   time.Time // of the export, for the Stored event
 	res     ctrl.Result
 }
 
@@ -161,7 +162,7 @@ func (r *snapshotReconciler) storeSnapshotSteps(s *snapshotRun) []moveStep {
 			if err != nil {
 				return r.uploadFailed(s, err)
 			}
-			s.dir = dir
+			s.dir, s.start = dir, time.Now()
 			moved, err := s.ss.ExportSnapshot(ctx, s.team, s.snap.Status.SnapshotID, dir)
 			if err != nil {
 				return r.uploadFailed(s, err)
@@ -195,7 +196,7 @@ func (r *snapshotReconciler) storeSnapshotSteps(s *snapshotRun) []moveStep {
 			if err := r.writeStatus(ctx, s); err != nil {
 				return err
 			}
-			r.event(s.snap, false, abv1.ReasonStored, "StoreImage", "%s", msg)
+			r.event(s.snap, false, abv1.ReasonStored, "StoreImage", "%s in %s", msg, time.Since(s.start).Round(time.Millisecond))
 			return nil
 		}},
 	}
