@@ -259,12 +259,12 @@ echo $! > /tmp/counter.pid; echo 'written before the snapshot' > /tmp/snap.txt; 
 				return stored(u)
 			})
 			oneCrash(t, m, point.String(), a)
-			stored := time.Now()
+			storedAt := time.Now()
 			restoreFrom(t, m, name+"-r", name)
 			restored := time.Now()
 			deleteAndWait(ctx, t, c, ns, name+"-r")
 			deleteSnapshot(ctx, t, c, name, false)
-			t.Logf("stored %s after the crash, restored in %s, deleted in %s", stored.Sub(start).Round(time.Millisecond), restored.Sub(stored).Round(time.Millisecond), time.Since(restored).Round(time.Millisecond))
+			t.Logf("stored %s after the crash, restored in %s, deleted in %s", storedAt.Sub(start).Round(time.Millisecond), restored.Sub(storedAt).Round(time.Millisecond), time.Since(restored).Round(time.Millisecond))
 			if left := bucketKeys(ctx, t, raw, ns+"/"); len(left) != 0 {
 				t.Errorf("the bucket keeps %v after the delete", left)
 			}
