@@ -87,9 +87,9 @@ func stored(u *unstructured.Unstructured) (bool, string) {
 // memory; a restore leaves exactly one working sandbox on its node; and
 // once the objects are deleted neither node nor the bucket holds anything
 // of them (containers, mounts, cgroups, netns, rows, snapshot dirs,
-// staging dirs, objects). Two rows then crash mid-store and delete the
-// SandboxSnapshot before its node returns: the copies nothing recorded
-// must still go. One cluster set-up serves every row; $CRASH_POINT narrows
+// staging dirs, objects). Three rows then crash mid-store or mid-restore
+// and delete the SandboxSnapshot or the Sandbox before its node returns:
+// the copies and the sandbox nothing recorded must still go. One cluster set-up serves every row; $CRASH_POINT narrows
 // the table to the rows containing it.
 func TestKubeSnapshotCrash(t *testing.T) {
 	harness.RequireRoot(t)
@@ -355,6 +355,51 @@ echo $! > /tmp/counter.pid; echo 'written before the snapshot' > /tmp/snap.txt; 
 				t.Errorf("Ready after the restore: %s", fmtCond(rc))
 			}
 			deleteAndWait(ctx, t, c, ns, name)
+			if left := bucketKeys(ctx, t, raw, ns+"/"); !slices.Equal(left, sharedKeys) {
+				t.Errorf("the bucket holds %v after the delete, want only the snapshot's %v", left, sharedKeys)
+			}
+			settle(t, beforeA, beforeB)
+		})
+	}
+	// A crash right after the import, and the Sandbox deleted before its
+	// node returns: the sandbox no status names must go with it.
+	imp := sandbox.CrashStep{Op: kube.OpSnapshotRestore, Step: kube.SnapshotImport}
+	if row := "restore/" + imp.String() + " then delete"; only == "" || strings.Contains(row, only) {
+		t.Run(row, func(t *testing.T) {
+			arm(t, imp.String())
+			beforeA, beforeB := a.HostState(ctx), b.HostState(ctx)
+			name := "snap-crash-restore-then-delete"
+			u := decode(t, direct)[0]
+			u.SetName(name)
+			u.SetAnnotations(map[string]string{kube.AnnotationSnapshot: shared})
+			if err := c.Create(ctx, u); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-b.Exited():
+			case <-time.After(waitLimit):
+				t.Fatalf("node-b did not crash at %s in %s", imp, waitLimit)
+			}
+			if ps := b.ProcessState(); ps == nil || !crashKilled(ps.Sys()) {
+				t.Fatalf("node-b exited with %v, want SIGKILL at the crash point:\n%s", ps, b.LogTail(30))
+			}
+			// Else the row would prove nothing: a sandbox runs that the
+			// status does not name.
+			if u, err := getIn(ctx, c, ns, name); err != nil || status(u, "sandboxID") != "" {
+				t.Fatalf("after the crash at %s: %v, sandboxID %q; want it unrecorded", imp, err, status(u, "sandboxID"))
+			}
+			if !slices.ContainsFunc(beforeB.Leaked(b.HostState(ctx)), func(s string) bool { return strings.HasPrefix(s, harness.KindContainer+": ") }) {
+				t.Fatalf("node-b crashed after %s with no sandbox running", imp)
+			}
+			u, err := getIn(ctx, c, ns, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Delete(ctx, u); err != nil {
+				t.Fatal(err)
+			}
+			b.Launch(t)
+			waitGone(ctx, t, c, ns, name)
 			if left := bucketKeys(ctx, t, raw, ns+"/"); !slices.Equal(left, sharedKeys) {
 				t.Errorf("the bucket holds %v after the delete, want only the snapshot's %v", left, sharedKeys)
 			}
