@@ -179,7 +179,7 @@ echo $! > /tmp/counter.pid; echo 'written before the snapshot' > /tmp/snap.txt; 
 		return m
 	}
 	// restoreFrom starts Sandbox name from SandboxSnapshot snap, waits
-	// until it is Ready on node-b and checks it is whole there: its file,
+	// until it is Ready on node-b and the row's crash happened, and checks it is whole there: its file,
 	// its counter alive with its pid and counting on from its memory.
 	restoreFrom := func(t *testing.T, m *moveRig, name, snap string) string {
 		t.Helper()
@@ -197,8 +197,8 @@ echo $! > /tmp/counter.pid; echo 'written before the snapshot' > /tmp/snap.txt; 
 			}
 			rc := condition(u, "Ready")
 			id = status(u, "sandboxID")
-			return rc != nil && rc.Status == metav1.ConditionTrue && status(u, "nodeName") == "node-b" && id != "",
-				fmtCond(rc) + " on " + status(u, "nodeName")
+			return rc != nil && rc.Status == metav1.ConditionTrue && status(u, "nodeName") == "node-b" && id != "" && len(m.crashes) > 0,
+				fmtCond(rc) + " on " + status(u, "nodeName") + fmt.Sprintf("; agents crashed: %v", m.crashes)
 		})
 		sbx, err := sdkOf(b).Connect(ctx, id, 10*time.Minute)
 		if err != nil {
@@ -251,12 +251,15 @@ echo $! > /tmp/counter.pid; echo 'written before the snapshot' > /tmp/snap.txt; 
 			beforeA, beforeB := a.HostState(ctx), b.HostState(ctx)
 			name := fmt.Sprintf("snap-crash-%d", i)
 			newSnapshot(ctx, t, c, name, source)
-			m.wait(name+" Ready and stored", func() (bool, string) {
+			// After the crash: a step's status write comes before its
+			// crash point, so the status alone may say stored too early.
+			m.wait(name+" Ready and stored after the crash", func() (bool, string) {
 				u, err := getSnapshot(ctx, c, name)
 				if err != nil {
 					return false, err.Error()
 				}
-				return stored(u)
+				ok, why := stored(u)
+				return ok && len(m.crashes) > 0, fmt.Sprintf("%s; agents crashed: %v", why, m.crashes)
 			})
 			oneCrash(t, m, point.String(), a)
 			storedAt := time.Now()
