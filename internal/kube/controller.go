@@ -101,8 +101,9 @@ type Config struct {
 	// Workers is how many objects of each kind reconcile at once (0 =
 	// DefaultWorkers).
 	Workers int
-	// Crash kills the agent right after a named step of a move (move.go;
-	// the hidden serve flag --test-crash-after). The zero Switch never does.
+	// Crash kills the agent right after a named step of a move (move.go)
+	// or of a SandboxSnapshot's store or restore (snapshotsteps.go); the
+	// hidden serve flag --test-crash-after. The zero Switch never does.
 	Crash crashpoint.Switch
 }
 

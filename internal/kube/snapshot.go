@@ -105,18 +105,21 @@ func (r *snapshotReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 				return ctrl.Result{}, nil
 			}
 		}
-		if at := storedAt(&snap); at != "" {
-			if r.cfg.Images == nil {
+		// Its own prefix, recorded or not (an agent that died between the
+		// upload and recording it left objects no status names); only
+		// objects sealed for this object's uid go.
+		if r.cfg.Images == nil {
+			if at := storedAt(&snap); at != "" {
 				r.event(&snap, true, ReasonImageRestoreFailed, "DeleteImage", "the image stored under %s stays in the bucket: this agent (node %s) has no --kube-object-store", at, r.cfg.Node)
-			} else if err := r.cfg.Images.Store.DeletePrefix(ctx, at); err != nil {
-				return ctrl.Result{}, fmt.Errorf("delete stored snapshot %s: %w", at, err)
 			}
+		} else if _, err := r.cfg.Images.Store.DeleteOwned(ctx, SnapshotPrefix(snap.Namespace, snap.Name), snapshotBinding(&snap)); err != nil {
+			return ctrl.Result{}, fmt.Errorf("delete stored snapshot %s: %w", SnapshotPrefix(snap.Namespace, snap.Name), err)
 		}
-		if st.NodeName == r.cfg.Node {
-			for _, s := range ss.ListSnapshots(ctx, team, "", localSnapshotName(&snap)) {
-				if err := ss.DeleteSnapshot(ctx, team, s.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-					return ctrl.Result{}, fmt.Errorf("delete local snapshot %s: %w", s.ID, err)
-				}
+		// The local copy by its name, recorded or not (taken by an agent
+		// that died before writing the status).
+		for _, s := range ss.ListSnapshots(ctx, team, "", localSnapshotName(&snap)) {
+			if err := ss.DeleteSnapshot(ctx, team, s.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+				return ctrl.Result{}, fmt.Errorf("delete local snapshot %s: %w", s.ID, err)
 			}
 		}
 		return ctrl.Result{}, r.removeFinalizer(ctx, &snap, abv1.Finalizer)
@@ -124,17 +127,10 @@ func (r *snapshotReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	if st.Phase == abv1.PhaseFailed || (st.NodeName != "" && st.NodeName != r.cfg.Node) {
 		return ctrl.Result{}, nil
 	}
-	before := st.DeepCopy()
-	res, err := r.take(ctx, team, ss, &snap)
-	if st.SnapshotID != "" && st.Team == "" && bnd.name != "" {
-		// The team that took it (one taken before snapshots recorded
-		// their team gets its namespace's): it keeps the snapshot, and
-		// the namespace, whatever the namespace's label says later.
-		st.Team = bnd.name
-	}
-	st.ObservedGeneration = snap.Generation
-	if err == nil && !snapshotStatusEqual(before, st) {
-		err = r.c.Status().Update(ctx, &snap)
+	run := &snapshotRun{team: team, teamName: bnd.name, ss: ss, snap: &snap, written: st.DeepCopy()}
+	res, err := r.take(ctx, run)
+	if err == nil {
+		err = r.writeStatus(ctx, run)
 	}
 	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 		// Read from a stale cache: the next reconcile sees the newer
@@ -151,8 +147,10 @@ func snapshotStatusEqual(a, b *abv1.SandboxSnapshotStatus) bool {
 }
 
 // take snapshots the source Sandbox when it runs on this node, then stores
-// the image (when the agents have an object store).
-func (r *snapshotReconciler) take(ctx context.Context, team string, ss Snapshotter, snap *abv1.SandboxSnapshot) (ctrl.Result, error) {
+// the image (when the agents have an object store): the snapshot-store
+// steps (snapshotsteps.go).
+func (r *snapshotReconciler) take(ctx context.Context, s *snapshotRun) (ctrl.Result, error) {
+	snap := s.snap
 	st, gen := &snap.Status, snap.Generation
 	fail := func(reason, msg string) (ctrl.Result, error) {
 		st.Phase = abv1.PhaseFailed
@@ -161,6 +159,13 @@ func (r *snapshotReconciler) take(ctx context.Context, team string, ss Snapshott
 		return ctrl.Result{}, nil
 	}
 	if st.SnapshotID == "" {
+		// Taken on a pass whose status write was lost (a crash): it is
+		// recorded whatever became of its source.
+		if got := s.ss.ListSnapshots(ctx, s.team, "", localSnapshotName(snap)); len(got) > 0 {
+			s.local = got[0]
+		}
+	}
+	if st.SnapshotID == "" && s.local == nil {
 		var src agentsv1.Sandbox
 		key := client.ObjectKey{Namespace: snap.Namespace, Name: snap.Spec.SandboxRef.Name}
 		if err := r.api.Get(ctx, key, &src); err != nil {
@@ -180,73 +185,20 @@ func (r *snapshotReconciler) take(ctx context.Context, team string, ss Snapshott
 			setCond(&st.Conditions, gen, abv1.ConditionReady, false, abv1.ReasonSourceNotReady, "waiting for Sandbox "+src.Name+" to be Ready")
 			return ctrl.Result{RequeueAfter: 2 * time.Second}, nil
 		}
-		if err := r.addFinalizer(ctx, snap, abv1.Finalizer); err != nil {
-			return ctrl.Result{}, err
-		}
-		name := localSnapshotName(snap)
-		var local *sandbox.Snapshot
-		if got := ss.ListSnapshots(ctx, team, "", name); len(got) > 0 {
-			local = got[0] // taken before a lost status write
-		} else {
-			start := time.Now()
-			taken, err := ss.CreateSnapshot(ctx, team, src.Status.SandboxID, name)
-			if err != nil {
-				// Not retried: each try freezes the sandbox again. Make a
-				// new SandboxSnapshot to try again.
-				return fail(abv1.ReasonFailed, fmt.Sprintf("snapshot of sandbox %s on node %s: %v", src.Status.SandboxID, r.cfg.Node, err))
-			}
-			r.event(snap, false, abv1.ReasonTaken, "Snapshot", "snapshot %s of sandbox %s taken on node %s in %s", taken.ID, src.Status.SandboxID, r.cfg.Node, time.Since(start).Round(time.Millisecond))
-			local = taken
-		}
-		st.SnapshotID, st.SandboxID, st.NodeName, st.SizeBytes = local.ID, local.SandboxID, r.cfg.Node, local.SizeBytes
-		st.Template = local.Alias
-		if st.Template == "" {
-			st.Template = local.TemplateID
-		}
-		st.Phase = abv1.PhaseReady
-		setCond(&st.Conditions, gen, abv1.ConditionReady, true, abv1.ReasonTaken, "snapshot "+local.ID+" kept on node "+r.cfg.Node+" only")
+		s.src = src.Status.SandboxID
 	}
-	if st.Location != "" || r.cfg.Images == nil {
+	if st.SnapshotID != "" && !r.storing(s) {
 		return ctrl.Result{}, nil
 	}
-	return r.upload(ctx, team, ss, snap)
-}
-
-// upload stores the sealed image under SnapshotPrefix. A failure leaves
-// the snapshot usable on its node and is retried every minute.
-func (r *snapshotReconciler) upload(ctx context.Context, team string, ss Snapshotter, snap *abv1.SandboxSnapshot) (ctrl.Result, error) {
-	st, gen, im := &snap.Status, snap.Generation, r.cfg.Images
-	fail := func(err error) (ctrl.Result, error) {
-		msg := fmt.Sprintf("snapshot %s is kept on node %s only; the upload failed: %v", st.SnapshotID, r.cfg.Node, err)
-		setCond(&st.Conditions, gen, abv1.ConditionReady, true, abv1.ReasonUploadFailed, msg)
-		r.event(snap, true, abv1.ReasonUploadFailed, "StoreImage", "%s", msg)
-		return ctrl.Result{RequeueAfter: time.Minute}, nil
+	defer func() {
+		if s.dir != "" {
+			_ = os.RemoveAll(s.dir)
+		}
+	}()
+	if err := r.runMove(ctx, OpSnapshotStore, r.storeSnapshotSteps(s)); err != nil && !errors.Is(err, errReported) {
+		return ctrl.Result{}, err
 	}
-	dir, err := os.MkdirTemp(im.TempDir, "snapshot-")
-	if err != nil {
-		return fail(err)
-	}
-	defer os.RemoveAll(dir)
-	start := time.Now()
-	moved, err := ss.ExportSnapshot(ctx, team, st.SnapshotID, dir)
-	if err != nil {
-		return fail(err)
-	}
-	rec, err := json.Marshal(moved)
-	if err != nil {
-		return fail(err)
-	}
-	prefix := SnapshotPrefix(snap.Namespace, snap.Name)
-	if err := im.Store.PutImage(ctx, prefix, snapshotBinding(snap), dir, objstore.Manifest{
-		SandboxID: st.SandboxID, Node: r.cfg.Node, CreatedAt: time.Now().UTC(), Record: rec,
-	}); err != nil {
-		return fail(err)
-	}
-	st.Location = prefix
-	msg := fmt.Sprintf("snapshot %s stored (sealed) under %s by node %s; any agent with the object store starts sandboxes from it", st.SnapshotID, prefix, r.cfg.Node)
-	setCond(&st.Conditions, gen, abv1.ConditionReady, true, abv1.ReasonStored, msg)
-	r.event(snap, false, abv1.ReasonStored, "StoreImage", "%s in %s", msg, time.Since(start).Round(time.Millisecond))
-	return ctrl.Result{}, nil
+	return s.res, nil
 }
 
 // sourceSnapshot reads the Ready SandboxSnapshot a Sandbox starts from.
@@ -335,8 +287,14 @@ func (r *sandboxReconciler) fromSnapshot(ctx context.Context, team string, obj *
 	}
 	setCond(&st.Conditions, gen, agentsv1.ConditionReady, false, agentsv1.ReasonDependenciesNotReady, "starting the sandbox from SandboxSnapshot "+snap.Name)
 	start := time.Now()
-	sb, err := ss.ImportPaused(ctx, req, fill)
-	if err != nil {
+	run := &snapshotRestoreRun{obj: obj, team: team, start: func(ctx context.Context) (*sandbox.Sandbox, error) {
+		return ss.ImportPaused(ctx, req, fill)
+	}}
+	if err := r.runMove(ctx, OpSnapshotRestore, r.restoreSnapshotSteps(run)); err != nil {
+		if run.sb != nil {
+			// Started; only its record failed: the next pass finds it by uid.
+			return nil, ctrl.Result{}, err
+		}
 		reason := ReasonImageRestoreFailed
 		if errors.Is(err, objstore.ErrIntegrity) {
 			reason = ReasonImageIntegrity
@@ -347,6 +305,7 @@ func (r *sandboxReconciler) fromSnapshot(ctx context.Context, team string, obj *
 		}
 		return refuse(reason, fmt.Errorf("start from SandboxSnapshot %s (from %s) failed; nothing was restored: %w", snap.Name, from, err), retry)
 	}
+	sb := run.sb
 	r.event(obj, false, "Created", "Create", "sandbox %s started on node %s from SandboxSnapshot %s (from %s) in %s", sb.ID, r.cfg.Node, snap.Name, from, time.Since(start).Round(time.Millisecond))
 	return sb, ctrl.Result{}, nil
 }

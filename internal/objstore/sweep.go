@@ -99,3 +99,18 @@ func (s *Store) owns(ctx context.Context, prefix string, b Binding) (bool, error
 	}
 	return false, nil
 }
+
+// DeleteOwned deletes the image under prefix when it is sealed for b (also
+// an upload cut short before its manifest), and reports whether it did:
+// whoever deletes a recorded-or-not image by its prefix leaves another
+// object's image there untouched.
+func (s *Store) DeleteOwned(ctx context.Context, prefix string, b Binding) (bool, error) {
+	ours, err := s.owns(ctx, prefix, b)
+	if err != nil || !ours {
+		return false, err
+	}
+	if err := s.DeletePrefix(ctx, prefix); err != nil {
+		return false, err
+	}
+	return true, nil
+}

@@ -84,3 +84,53 @@ func TestSweepImages(t *testing.T) {
 		})
 	}
 }
+
+func TestDeleteOwned(t *testing.T) {
+	ours := Binding{Team: "agents", Sandbox: "uid-1"}
+	other := Binding{Team: "agents", Sandbox: "uid-2"}
+	const prefix = "agents/snap/snapshot/"
+	tests := []struct {
+		name     string
+		objects  map[string]Binding
+		wantGone bool
+	}{
+		{"a complete image sealed for it goes",
+			map[string]Binding{prefix + imageObject: ours, prefix + manifestObject: ours}, true},
+		{"an upload cut short before its manifest goes",
+			map[string]Binding{prefix + imageObject: ours}, true},
+		{"another object's image under the same prefix stays",
+			map[string]Binding{prefix + imageObject: other, prefix + manifestObject: other}, false},
+		{"nothing stored is no error", nil, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			url, raw := fakeS3(t)
+			key := make([]byte, KeySize)
+			_, _ = rand.Read(key)
+			s, err := Open(ctx, Config{URL: url, AccessKey: "id", SecretKey: "secret", Key: key})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for name, b := range tt.objects {
+				if err := s.Put(ctx, name, b, bytes.NewReader([]byte("contents of "+name))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			gone, err := s.DeleteOwned(ctx, prefix, ours)
+			if err != nil || gone != tt.wantGone {
+				t.Fatalf("DeleteOwned = %v, %v; want %v, nil", gone, err, tt.wantGone)
+			}
+			n := 0
+			for o := range raw.ListObjects(ctx, "bkt", minio.ListObjectsOptions{Prefix: "images/", Recursive: true}) {
+				if o.Err != nil {
+					t.Fatal(o.Err)
+				}
+				n++
+			}
+			if want := len(tt.objects); tt.wantGone && n != 0 || !tt.wantGone && n != want {
+				t.Errorf("%d objects left of %d (deleted: %v)", n, want, gone)
+			}
+		})
+	}
+}
