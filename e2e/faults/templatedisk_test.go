@@ -16,8 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/agentbox/agentbox/e2e/harness"
 	"github.com/agentbox/agentbox/e2e/wire"
 	"github.com/agentbox/agentbox/internal/diskspace"
@@ -165,16 +163,7 @@ func fill(t *testing.T, dir string, reserveMB int) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	filler := filepath.Join(dir, "filler")
-	f, err := os.Create(filler)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(free)-int64(reserveMB)/2<<20); err != nil {
-		t.Fatalf("fill %s: %v", dir, err)
-	}
-	return filler
+	return fillTo(t, dir, free-uint64(reserveMB)/2<<20)
 }
 
 // buildWorkDirs lists the template store's build work dirs.

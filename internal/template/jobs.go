@@ -397,6 +397,7 @@ func (b *Builds) Start(ctx context.Context, team, templateID, buildID string, sp
 		j.logf("info", "Building template %s:%s (%s)", j.Name, j.Tag, j.TemplateID)
 		began := time.Now()
 		tpl, err := b.store.BuildFromSpec(bctx, spec, j)
+		err = b.store.explainDisk("build a template", err)
 		release() // before the status says the build ended
 		if err == nil {
 			b.store.crash.After(OpBuild, StepBuildPublished)
