@@ -45,7 +45,7 @@ func (s *Server) HostState(ctx context.Context) HostState {
 		if _, err := os.Stat(rt.root); err != nil {
 			continue
 		}
-		out, err := exec.CommandContext(ctx, rt.bin, "--root", rt.root, "list", "-q").Output()
+		out, err := exec.CommandContext(ctx, rt.bin, "--root", rt.root, "list", "--quiet").Output()
 		if err != nil {
 			h.add(KindContainer, fmt.Sprintf("(%s list: %v)", rt.bin, err))
 			continue

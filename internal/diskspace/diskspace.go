@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -149,4 +150,44 @@ func (g *Guard) hold(dir string) error {
 		return fmt.Errorf("reserve %d MiB in %s: %w", g.file>>20, dir, err)
 	}
 	return nil
+}
+
+// OutOfSpace reports whether err says a disk ran out of room: an ENOSPC
+// or EDQUOT errno, or the text of one in the output of a tool the server
+// ran (runc and CRIU report theirs as text).
+func OutOfSpace(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+		return true
+	}
+	msg := strings.ToLower(err.Error())
+	return strings.Contains(msg, strings.ToLower(unix.ENOSPC.Error())) || strings.Contains(msg, strings.ToLower(unix.EDQUOT.Error()))
+}
+
+// Explain turns err, the failure of work the guard admitted (what names
+// it, as for Admit), into an errdefs.ErrNoSpace naming the disk and what to
+// free when err says a disk ran out of room while the work wrote to it:
+// the room above the reserve was smaller than the work. The disk named is
+// the one with the least room left (the work's own partial files are
+// usually removed by then, so none need be under the reserve). Other
+// errors, and every error of a nil guard, are returned as they are.
+func (g *Guard) Explain(what string, err error) error {
+	if g == nil || len(g.disks) == 0 || !OutOfSpace(err) || errors.Is(err, errdefs.ErrNoSpace) {
+		return err
+	}
+	var disk Disk
+	least := uint64(0)
+	for _, d := range g.disks {
+		free, ferr := Free(d.Dir)
+		if ferr == nil && (disk.Dir == "" || free < least) {
+			disk, least = d, free
+		}
+	}
+	if disk.Dir == "" {
+		return err
+	}
+	return fmt.Errorf("cannot %s: the server's %s ran out of space before it was done (%d MiB free now, %d MiB of it kept for recording state and deleting); free space by deleting %s, then retry: %w",
+		what, disk.Name, least>>20, g.reserve>>20, disk.ToFree, errdefs.ErrNoSpace)
 }

@@ -2,10 +2,13 @@ package diskspace
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/agentbox/agentbox/internal/errdefs"
 )
@@ -77,5 +80,43 @@ func TestReserveFileHeldAndReleased(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, ReserveFile)); err != nil {
 		t.Fatalf("reserve file not made again: %v", err)
+	}
+}
+
+func TestExplain(t *testing.T) {
+	dir := t.TempDir()
+	g := &Guard{disks: []Disk{{Name: "data disk (--data-dir)", Dir: dir, ToFree: "snapshots"}}, reserve: 64 << 20, released: map[string]bool{}}
+	criu := errors.New("runc checkpoint: exit status 1: (criu: Error (criu/page-xfer.c:263): page-xfer: Unable to spice data: No space left on device)")
+	other := errors.New("runc checkpoint: exit status 1: permission denied")
+	for _, tc := range []struct {
+		name    string
+		g       *Guard
+		err     error
+		noSpace bool
+	}{
+		{"errno", g, fmt.Errorf("write image: %w", unix.ENOSPC), true},
+		{"quota errno", g, &os.PathError{Op: "write", Path: "x", Err: unix.EDQUOT}, true},
+		{"a tool's text", g, criu, true},
+		{"another failure", g, other, false},
+		{"no error", g, nil, false},
+		{"nil guard", nil, criu, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.g.Explain("snapshot a sandbox", tc.err)
+			if got := errors.Is(err, errdefs.ErrNoSpace); got != tc.noSpace {
+				t.Fatalf("Explain(%v) = %v: ErrNoSpace %v, want %v", tc.err, err, got, tc.noSpace)
+			}
+			if !tc.noSpace {
+				if err != tc.err {
+					t.Fatalf("Explain changed %v into %v", tc.err, err)
+				}
+				return
+			}
+			for _, want := range []string{"cannot snapshot a sandbox", "data disk (--data-dir)", "ran out of space", "snapshots"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("%q does not name %q", err, want)
+				}
+			}
+		})
 	}
 }

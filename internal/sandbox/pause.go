@@ -116,7 +116,7 @@ func (p *pauser) resume(ctx context.Context, teamID, id string, timeout time.Dur
 		if errors.Is(err, errdefs.ErrConflict) { // someone else resumed it meanwhile
 			return p.resume(ctx, teamID, id, timeout, auto, memory)
 		}
-		if errors.Is(err, errdefs.ErrNotFound) {
+		if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrNoSpace) {
 			return nil, false, err
 		}
 		p.log.Error("resume failed; sandbox stays paused", "sandbox", id, "files", fresh, "err", err)
@@ -174,7 +174,7 @@ func (p *pauser) runPause(ctx context.Context, steps []pauseStep, op *pauseOp) e
 			if uerr := op.undo.Run(ctx); uerr != nil {
 				p.log.Error("undo after failed pause", "sandbox", op.id, "step", s.name, "err", uerr)
 			}
-			return err
+			return p.admission.diskFailed("pause a sandbox", err)
 		}
 	}
 	op.undo.Release()

@@ -207,7 +207,7 @@ func (s *starter) run(ctx context.Context, p pipeline, b *build) (_ *Sandbox, er
 				s.inst.auditLifecycle(sctx, b.sb, b.action, "denied", err.Error(), map[string]any{"path": b.path, "step": next.name})
 				s.inst.obs.Created(b.path, b.sb.Isolation, b.sb.TemplateID, false, time.Since(start), b.took)
 			}
-			return nil, err
+			return nil, s.admission.diskFailed(startWhat(b.path), err)
 		}
 	}
 	b.undo.Release()

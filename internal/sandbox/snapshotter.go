@@ -68,6 +68,7 @@ func (t *Snapshotter) snapshot(ctx context.Context, teamID, id, name string, hid
 	if err := t.admission.admitDisk("snapshot a sandbox"); err != nil {
 		return nil, err
 	}
+	defer func() { err = t.admission.diskFailed("snapshot a sandbox", err) }()
 	ck, err := checkpointer(t.rt)
 	if err != nil {
 		return nil, err

@@ -357,6 +357,12 @@ func (b *Builds) Start(ctx context.Context, team, templateID, buildID string, sp
 	}
 	spec.TeamID, spec.Name, spec.Tag, spec.Tags, spec.ID, spec.BuildID = team, j.Name, j.Tag, j.Tags, j.TemplateID, j.BuildID
 	spec.CPUCount, spec.MemoryMB, spec.Runner, spec.LocalImages = j.CPUCount, j.MemoryMB, b.runner, false
+	// A full disk refuses the start itself (507 to the client, not a
+	// failed build later): the build stays waiting, to start once there
+	// is room.
+	if err := b.store.admitDisk("build a template"); err != nil {
+		return err
+	}
 	// The build holds its slot in the team's quota from here until it
 	// ends, however it ends; refused, it stays waiting and can be started
 	// again later.
@@ -391,6 +397,7 @@ func (b *Builds) Start(ctx context.Context, team, templateID, buildID string, sp
 		j.logf("info", "Building template %s:%s (%s)", j.Name, j.Tag, j.TemplateID)
 		began := time.Now()
 		tpl, err := b.store.BuildFromSpec(bctx, spec, j)
+		err = b.store.explainDisk("build a template", err)
 		release() // before the status says the build ended
 		if err == nil {
 			b.store.crash.After(OpBuild, StepBuildPublished)

@@ -85,6 +85,11 @@ func (s *Store) HasUpload(team, hash string) bool {
 // bytes count toward the team's upload quota as they arrive: an upload
 // that would pass it is cut off and refused (ErrResourceExhausted).
 func (s *Store) PutUpload(team, hash string, r io.Reader, maxBytes int64, digestMustMatch bool) (Upload, error) {
+	u, err := s.putUpload(team, hash, r, maxBytes, digestMustMatch)
+	return u, s.explainDisk("store an upload", err)
+}
+
+func (s *Store) putUpload(team, hash string, r io.Reader, maxBytes int64, digestMustMatch bool) (Upload, error) {
 	if team == "" {
 		return Upload{}, fmt.Errorf("uploads belong to a team: %w", errdefs.ErrInvalidArgument)
 	}
