@@ -278,11 +278,20 @@ func (s *Server) startProcessOn(ctx context.Context, u *User, req *process.Start
 	p.pid = uint32(p.cmd.Process.Pid)
 	if statusW != nil {
 		closeReaperPipes(false)
-		p.reaperPid = p.cmd.Process.Pid
+		if p.spare == nil {
+			p.reaperPid = p.cmd.Process.Pid
+		}
 		pid, err := reaperStarted(p.status)
 		if err != nil {
 			// The reaper could not start the command: no process to report.
-			_ = s.children.Wait(p.cmd)
+			if p.spare != nil {
+				p.spare.discard()
+				if errors.Is(err, io.EOF) {
+					<-p.spare.gone
+				}
+			} else {
+				_ = s.children.Wait(p.cmd)
+			}
 			for _, r := range readers {
 				r.Close()
 			}
@@ -479,17 +488,19 @@ func (s *Server) superviseReaped(life context.Context, cancel context.CancelFunc
 		ok bool
 	}
 	exited := make(chan exit, 1)
+	treeGone := make(chan struct{})
 	go func() {
-		// The reaper's exit closes the pipe, so this ends either way.
+		// The reaper closes the pipe once the command's tree is gone, or
+		// by its exit, so this ends either way.
 		ws, ok := reaperExit(p.status)
-		p.statusF.Close()
 		exited <- exit{ws, ok}
+		_, _ = io.Copy(io.Discard, p.status)
+		p.statusF.Close()
+		close(treeGone)
 	}()
-	reaperDone := make(chan struct{})
-	go func() {
-		_ = s.children.Wait(p.cmd)
-		close(reaperDone)
-	}()
+	if p.spare == nil {
+		go func() { _ = s.children.Wait(p.cmd) }() // the reaper of this command alone
+	}
 	var e exit
 	killed := false
 	select {
@@ -504,7 +515,7 @@ func (s *Server) superviseReaped(life context.Context, cancel context.CancelFunc
 	if e.ok {
 		end.ExitCode, end.Exited, end.Status = int32(exitCode(e.ws)), e.ws.Exited(), statusString(e.ws)
 	} else {
-		<-reaperDone
+		<-treeGone
 		end.ExitCode, end.Status = -1, "signal: killed"
 		msg := "the command's reaper was killed before the command ended; the command's processes were left to envd, the sandbox's init, which reaps them"
 		end.Error = &msg
@@ -524,7 +535,6 @@ func (s *Server) superviseReaped(life context.Context, cancel context.CancelFunc
 	// running, as in E2B, but not past the command lifetime cap.
 	go func() {
 		defer cancel()
-		defer p.control.Close()
 		var capC <-chan time.Time
 		if !p.capAt.IsZero() {
 			t := time.NewTimer(time.Until(p.capAt))
@@ -532,11 +542,20 @@ func (s *Server) superviseReaped(life context.Context, cancel context.CancelFunc
 			capC = t.C
 		}
 		select {
-		case <-reaperDone:
+		case <-treeGone:
 		case <-capC:
 			s.log.Info("command lifetime cap: ending what the command left running", "pid", p.pid)
 			p.killTree()
-			<-reaperDone
+			<-treeGone
+		}
+		p.control.Close()
+		if p.spare == nil {
+			return
+		}
+		if p.keepSpare && e.ok {
+			s.spares.put(p.spare) // free: the next command needs no new one
+		} else {
+			p.spare.discard()
 		}
 	}()
 }
