@@ -484,16 +484,16 @@ func drain(p *proc, readers []io.ReadCloser, wg *sync.WaitGroup) {
 // the reaper kills the whole tree.
 func (s *Server) superviseReaped(life context.Context, cancel context.CancelFunc, p *proc, readers []io.ReadCloser, wg *sync.WaitGroup) {
 	type exit struct {
-		ws syscall.WaitStatus
-		ok bool
+		ws       syscall.WaitStatus
+		ok, gone bool
 	}
 	exited := make(chan exit, 1)
 	treeGone := make(chan struct{})
 	go func() {
 		// The reaper closes the pipe once the command's tree is gone, or
 		// by its exit, so this ends either way.
-		ws, ok := reaperExit(p.status)
-		exited <- exit{ws, ok}
+		ws, ok, gone := reaperExit(p.status)
+		exited <- exit{ws, ok, gone}
 		_, _ = io.Copy(io.Discard, p.status)
 		p.statusF.Close()
 		close(treeGone)
@@ -502,6 +502,19 @@ func (s *Server) superviseReaped(life context.Context, cancel context.CancelFunc
 		go func() { _ = s.children.Wait(p.cmd) }() // the reaper of this command alone
 	}
 	var e exit
+	// release frees the reaper once the command's tree is gone: parked
+	// for the next command when commands come in succession, unless it
+	// died before it reported the command's end.
+	release := sync.OnceFunc(func() {
+		p.control.Close()
+		switch {
+		case p.spare == nil:
+		case p.keepSpare && e.ok:
+			s.spares.put(p.spare)
+		default:
+			p.spare.discard()
+		}
+	})
 	killed := false
 	select {
 	case e = <-exited:
@@ -509,6 +522,12 @@ func (s *Server) superviseReaped(life context.Context, cancel context.CancelFunc
 		killed = true
 		p.killTree()
 		e = <-exited
+	}
+	if e.gone {
+		// Before the end reaches the client, whose next command may
+		// follow at once.
+		<-treeGone
+		release()
 	}
 	drain(p, readers, wg)
 	end := &process.ProcessEvent_EndEvent{}
@@ -548,15 +567,7 @@ func (s *Server) superviseReaped(life context.Context, cancel context.CancelFunc
 			p.killTree()
 			<-treeGone
 		}
-		p.control.Close()
-		if p.spare == nil {
-			return
-		}
-		if p.keepSpare && e.ok {
-			s.spares.put(p.spare) // free: the next command needs no new one
-		} else {
-			p.spare.discard()
-		}
+		release()
 	}()
 }
 

@@ -209,6 +209,13 @@ func (r *reaper) run(j reapJob) bool {
 		}
 		if pid == main && !reported {
 			r.main.Store(0)
+			// Most commands leave nothing running: saying so with the
+			// exit lets envd free this reaper before the client learns
+			// of the end, ready for its next command.
+			if reapExited() {
+				fmt.Fprintf(j.status, "exit %d %s\n", uint32(ws), treeGoneWord)
+				break
+			}
 			fmt.Fprintf(j.status, "exit %d\n", uint32(ws))
 			reported = true
 		}
@@ -219,6 +226,23 @@ func (r *reaper) run(j reapJob) bool {
 	killMu.Unlock()
 	j.control.Close() // ends the control reader (the pipe is non-blocking)
 	return true
+}
+
+// reapExited reaps the exited children there are and says whether none is
+// left. The command's children are the reaper's by the time its exit can be
+// waited for (the kernel moves them before it reports the exit).
+func reapExited() bool {
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		switch {
+		case errors.Is(err, syscall.EINTR):
+		case err != nil:
+			return true // ECHILD
+		case pid == 0:
+			return false
+		}
+	}
 }
 
 // controlFile wraps fd, the control pipe, non-blocking, so that closing it
@@ -383,19 +407,24 @@ func reaperStarted(r *bufio.Reader) (int, error) {
 }
 
 // reaperExit reads the command's wait status; ok is false if the reaper
-// died without reporting one.
-func reaperExit(r *bufio.Reader) (syscall.WaitStatus, bool) {
+// died without reporting one; gone says the command left nothing running.
+func reaperExit(r *bufio.Reader) (ws syscall.WaitStatus, ok, gone bool) {
 	line, err := r.ReadString('\n')
 	if err != nil {
-		return 0, false
+		return 0, false, false
 	}
 	n, ok := strings.CutPrefix(strings.TrimSpace(line), "exit ")
 	if !ok {
-		return 0, false
+		return 0, false, false
 	}
+	n, gone = strings.CutSuffix(n, " "+treeGoneWord)
 	v, err := strconv.ParseUint(n, 10, 32)
-	return syscall.WaitStatus(v), err == nil
+	return syscall.WaitStatus(v), err == nil, gone
 }
+
+// treeGoneWord ends the exit message of a command that left nothing
+// running: the status pipe closes right after it.
+const treeGoneWord = "alone"
 
 // statusString formats a wait status the way Go's ProcessState.String does
 // ("exit status 1", "signal: killed"), which E2B clients show.
