@@ -278,9 +278,7 @@ func (s *Server) startProcessOn(ctx context.Context, u *User, req *process.Start
 	p.pid = uint32(p.cmd.Process.Pid)
 	if statusW != nil {
 		closeReaperPipes(false)
-		if p.spare == nil {
-			p.reaperPid = p.cmd.Process.Pid
-		}
+		p.reaperPid = p.cmd.Process.Pid
 		pid, err := reaperStarted(p.status)
 		if err != nil {
 			// The reaper could not start the command: no process to report.

@@ -100,7 +100,7 @@ type proc struct {
 
 	// The command runs under a reaper (reaper_linux.go); nil control means
 	// none (the process is cmd itself).
-	reaperPid int          // the reaper that leads the command's session; 0: the command leads it
+	reaperPid int          // the reaper, which leads the command's session and group
 	spare     *spareReaper // the reusable reaper running the command (spare_linux.go), nil if one of its own
 	keepSpare bool         // park spare for the next command once this one's tree is gone
 	control   *os.File     // a byte written here kills the command's whole tree
@@ -239,9 +239,9 @@ func (p *proc) killTree() {
 	p.killOnce.Do(func() { _, _ = p.control.Write([]byte{'k'}) })
 }
 
-// signal sends sig to the command's process group (or its reaper's, when
-// the reaper leads the session and passes signals on to the command);
-// SIGKILL ends the command's whole tree, like its lifetime cap.
+// signal sends sig to the command's process group (its reaper leads its
+// own session and passes signals on to the command); SIGKILL ends the
+// command's whole tree, like its lifetime cap.
 func (p *proc) signal(sig syscall.Signal) error {
 	if p.isDone() {
 		return fmt.Errorf("process %d has exited: %w", p.pid, errdefs.ErrNotFound)

@@ -35,9 +35,12 @@ import (
 // one is parked; a command that finds none starts one on its way, and
 // commands that overlap each have their own.
 //
-// The command leads a session of its own and takes its terminal, if it
-// has one; the reaper stays in envd's session, so a signal to the
-// command's group reaches the command's processes and no reaper.
+// The reaper leads a session of its own, and so of every command it runs:
+// a session whose leader lives as long as anything the command started is
+// one CRIU can checkpoint and restore (a session whose leader has exited
+// cannot be restored). A session keeps the first terminal it takes, so a
+// reaper that gave a command a terminal ends after it instead of serving
+// again.
 //
 // A reaper is a fresh exec of envd started by the server: it holds no
 // secret (envd's token lives only in the server's memory). It runs as root,
@@ -174,6 +177,7 @@ func startSpare(exe string, children *Children) (*spareReaper, error) {
 	defer theirs.Close()
 	cmd := exec.Command(exe, "reap", "--spare")
 	cmd.Env = []string{}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	cmd.ExtraFiles = []*os.File{theirs}
 	cmd.Stderr = os.Stderr // a Go runtime failure
 	if err := children.Start(cmd, cmd.Start); err != nil {
@@ -220,9 +224,10 @@ func (r *spareReaper) hand(req *spareRequest, files []*os.File) error {
 	return nil
 }
 
-// RunSpareReaper is "envd reap --spare": it takes commands from fd 3, one
-// at a time, and reaps each like RunReaper, the command leading a session
-// of its own. It exits quietly when envd closes the socket.
+// RunSpareReaper is "envd reap --spare", started as a session leader: it
+// takes commands from fd 3, one at a time, and reaps each like RunReaper.
+// It exits quietly when envd closes the socket, and after a command it
+// gave a terminal.
 func RunSpareReaper() int {
 	r, err := newReaper()
 	if err != nil {
@@ -269,16 +274,28 @@ func RunSpareReaper() int {
 			job.status.Close()
 			continue
 		}
+		if req.Ctty {
+			if err := unix.IoctlSetInt(int(stdio[0].Fd()), unix.TIOCSCTTY, 0); err != nil {
+				job.releaseStdio()
+				job.control.Close()
+				fmt.Fprintf(job.status, "err set controlling terminal: %v\n", err)
+				job.status.Close()
+				return 127
+			}
+		}
 		// The command (not the reaper) takes the user, in the forked
 		// child: switching a running Go process's credentials signals
 		// every one of its threads. The reaper stays root, so the command
 		// cannot kill it.
-		job.sys = &syscall.SysProcAttr{Setsid: true, Setctty: req.Ctty}
+		job.sys = &syscall.SysProcAttr{}
 		if req.SetCred {
 			job.sys.Credential = &syscall.Credential{Uid: req.UID, Gid: req.GID, Groups: req.Groups}
 		}
 		job.argv, job.env, job.dir = req.Argv, req.Env, req.Dir
 		r.run(job)
+		if req.Ctty {
+			return 0 // the session keeps that terminal
+		}
 	}
 }
 
@@ -354,6 +371,7 @@ func (s *Server) startOnSpare(cmd *exec.Cmd, req *process.StartRequest, p *proc,
 	if req.Pty != nil {
 		p.tty = ours[0]
 	}
-	p.cmd, p.spare, p.keepSpare = sp.cmd, sp, keep
+	// A reaper that gave a terminal ends after its command.
+	p.cmd, p.spare, p.keepSpare = sp.cmd, sp, keep && req.Pty == nil
 	return readers, kinds, true
 }

@@ -56,8 +56,8 @@ func spareKept(s *Server) bool {
 // TestSpareReaperRunsCommandsLikeAFreshOne runs the same commands under a
 // reaper of their own ("envd reap --"), under a new reusable reaper (none
 // parked) and under a reused one, and wants the same view from inside: a
-// session and group of their own, the user, groups, cwd, env, exit code,
-// stdin and terminal.
+// session and group led by the reaper, the user, groups, cwd, env, exit
+// code, stdin and terminal.
 func TestSpareReaperRunsCommandsLikeAFreshOne(t *testing.T) {
 	e := newTestEnv(t, "")
 	c := e.processClient(nil)
@@ -99,6 +99,9 @@ func TestSpareReaperRunsCommandsLikeAFreshOne(t *testing.T) {
 		for _, tt := range tests {
 			t.Run(mode+"/"+tt.name, func(t *testing.T) {
 				if mode == "reused" {
+					if !spareKept(e.srv) {
+						run(t, c, startReq("true")) // after a terminal: see below
+					}
 					waitSpare(t, e.srv)
 				}
 				s, err := c.Start(ctxT(t), tt.req)
@@ -123,19 +126,24 @@ func TestSpareReaperRunsCommandsLikeAFreshOne(t *testing.T) {
 					}
 				}
 				if strings.Contains(out, "reaper=") {
-					// A reaper of its own leads the command's session and
-					// names the command and its user's ids; a reusable one
-					// leaves the session to the command.
-					wantReaper, wantLeads := " -- /bin/bash", "leads=reaper"
+					// The reaper leads the command's session and group
+					// (CRIU restores no session whose leader is gone); a
+					// reaper of its own names the command and its user's ids.
+					wantReaper := " -- /bin/bash"
 					if mode != "own" {
-						wantReaper, wantLeads = "reap --spare", "leads=command"
+						wantReaper = "reap --spare"
 					}
-					if !strings.Contains(out, wantReaper) || !strings.Contains(out, wantLeads) || mode == "own" && !strings.Contains(out, "envd reap ") {
-						t.Errorf("output %q: want a %q reaper and %q", out, wantReaper, wantLeads)
+					if !strings.Contains(out, wantReaper) || !strings.Contains(out, "leads=reaper") || mode == "own" && !strings.Contains(out, "envd reap ") {
+						t.Errorf("output %q: want a %q reaper leading the session", out, wantReaper)
 					}
 				}
 				if r.end.GetExitCode() != tt.wantCode {
 					t.Errorf("exit code %d, want %d (end %v, err %v)", r.end.GetExitCode(), tt.wantCode, r.end, r.err)
+				}
+				// A session keeps the first terminal it takes: the reaper
+				// that gave one serves no other command.
+				if mode == "reused" && tt.name == "terminal" && spareKept(e.srv) {
+					t.Error("the reaper of a terminal command was parked for another")
 				}
 			})
 		}
@@ -204,6 +212,13 @@ func TestReaperIsReusedOnlyOnceItsTreeIsGone(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d of 3 background processes running", len(alive(mark)))
 		}
+	}
+	// The double-forked one (escapees' second) is still in the session its
+	// reaper leads: a session whose leader lives on, which CRIU can
+	// checkpoint (a command leading its own session would leave it
+	// leaderless once it returned).
+	if sid := sessionOf(t, sleepers(mark+1)); sid != held {
+		t.Fatalf("a background process is in session %s, not its reaper's (%s)", sid, held)
 	}
 	other := reaperOf(t, c)
 	if other == held {
@@ -301,4 +316,33 @@ func TestSpareReaperDeathStartsTheCommandAnyway(t *testing.T) {
 			}
 		})
 	}
+}
+
+// sessionOf returns the session id of the one process in pids.
+func sessionOf(t *testing.T, pids []int) string {
+	t.Helper()
+	if len(pids) != 1 {
+		t.Fatalf("want one process, got %v", pids)
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pids[0]) + "/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// "pid (comm) state ppid pgrp session ..."
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	return f[3]
+}
+
+// sleepers lists the pids of "sleep n".
+func sleepers(n int) []int {
+	var out []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline"); err == nil && string(b) == "sleep\x00"+strconv.Itoa(n)+"\x00" {
+			if pid, err := strconv.Atoi(e.Name()); err == nil {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
 }
