@@ -160,7 +160,7 @@ which wins over the file.`,
 	f.IntVar(&c.DiskPool, "disk-pool", 2, "sandbox disks (the writable layer of a sandbox with a disk limit) kept made, attached and mounted ahead of creates (each a fresh copy of the empty disk image, used by one sandbox only; refilled in the background), which takes the loop device and ext4 mount off the create path; 0 makes each disk in its create")
 	f.BoolVar(&c.UserNS, "userns", true, "run container-tier sandboxes in a user namespace that owns their network namespace, each with a host uid range of its own (65536 ids from host uid 100000 on), so sandbox root owns nothing of another sandbox (template layers are shown through idmapped mounts, or uid-shifted copies where the kernel cannot idmap); --userns=false shares the host's user namespace")
 	addLifecycleFlags(f, &c.Lifecycle)
-	f.BoolVar(&c.BuildBase, "build-base", true, "build the base template at start if it is missing")
+	f.BoolVar(&c.BuildBase, "build-base", true, "build the base template at start if this version's is missing (an older base stays, for the sandboxes and templates made from it)")
 	f.StringVar(&c.LogLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&c.MetricsToken, "metrics-token", "", "serve Prometheus metrics at /metrics on --listen to requests with \"Authorization: Bearer <this token>\" (or set AGENTBOX_METRICS_TOKEN); without it /metrics there is off")
 	f.IntVar(&c.MetricsMaxSB, "metrics-max-sandboxes", metrics.DefaultMaxSandboxSeries, "export per-sandbox CPU, memory, disk and network series for at most this many running sandboxes (the rest are counted in agentbox_sandbox_series_omitted); 0 turns them off")
@@ -446,9 +446,16 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 	}
 	templates.SetDiskGuard(disk)
 	if c.BuildBase {
-		if _, err := templates.Get(ctx, "", "base"); err != nil {
+		base := template.BuiltinDefinitions()["base"]
+		baseID, err := base.ID()
+		if err != nil {
+			return err
+		}
+		// By its id, not by the alias: a server whose builtin base changed
+		// builds the new one, which the alias then names (newest first).
+		if _, err := templates.Get(ctx, "", baseID); err != nil {
 			fmt.Fprintln(out, "Building the base template (first start only; about 1-2 minutes)...")
-			if _, err := templates.Build(ctx, template.BuiltinDefinitions()["base"], nil, out); err != nil {
+			if _, err := templates.Build(ctx, base, nil, out); err != nil {
 				return fmt.Errorf("build base template: %w", err)
 			}
 		}

@@ -282,7 +282,14 @@ func (s *Server) startProcessOn(ctx context.Context, u *User, req *process.Start
 		pid, err := reaperStarted(p.status)
 		if err != nil {
 			// The reaper could not start the command: no process to report.
-			_ = s.children.Wait(p.cmd)
+			if p.spare != nil {
+				p.spare.discard()
+				if errors.Is(err, io.EOF) {
+					<-p.spare.gone
+				}
+			} else {
+				_ = s.children.Wait(p.cmd)
+			}
 			for _, r := range readers {
 				r.Close()
 			}
@@ -475,22 +482,37 @@ func drain(p *proc, readers []io.ReadCloser, wg *sync.WaitGroup) {
 // the reaper kills the whole tree.
 func (s *Server) superviseReaped(life context.Context, cancel context.CancelFunc, p *proc, readers []io.ReadCloser, wg *sync.WaitGroup) {
 	type exit struct {
-		ws syscall.WaitStatus
-		ok bool
+		ws       syscall.WaitStatus
+		ok, gone bool
 	}
 	exited := make(chan exit, 1)
+	treeGone := make(chan struct{})
 	go func() {
-		// The reaper's exit closes the pipe, so this ends either way.
-		ws, ok := reaperExit(p.status)
+		// The reaper closes the pipe once the command's tree is gone, or
+		// by its exit, so this ends either way.
+		ws, ok, gone := reaperExit(p.status)
+		exited <- exit{ws, ok, gone}
+		_, _ = io.Copy(io.Discard, p.status)
 		p.statusF.Close()
-		exited <- exit{ws, ok}
+		close(treeGone)
 	}()
-	reaperDone := make(chan struct{})
-	go func() {
-		_ = s.children.Wait(p.cmd)
-		close(reaperDone)
-	}()
+	if p.spare == nil {
+		go func() { _ = s.children.Wait(p.cmd) }() // the reaper of this command alone
+	}
 	var e exit
+	// release frees the reaper once the command's tree is gone: parked
+	// for the next command when commands come in succession, unless it
+	// died before it reported the command's end.
+	release := sync.OnceFunc(func() {
+		p.control.Close()
+		switch {
+		case p.spare == nil:
+		case p.keepSpare && e.ok:
+			s.spares.put(p.spare)
+		default:
+			p.spare.discard()
+		}
+	})
 	killed := false
 	select {
 	case e = <-exited:
@@ -499,12 +521,18 @@ func (s *Server) superviseReaped(life context.Context, cancel context.CancelFunc
 		p.killTree()
 		e = <-exited
 	}
+	if e.gone {
+		// Before the end reaches the client, whose next command may
+		// follow at once.
+		<-treeGone
+		release()
+	}
 	drain(p, readers, wg)
 	end := &process.ProcessEvent_EndEvent{}
 	if e.ok {
 		end.ExitCode, end.Exited, end.Status = int32(exitCode(e.ws)), e.ws.Exited(), statusString(e.ws)
 	} else {
-		<-reaperDone
+		<-treeGone
 		end.ExitCode, end.Status = -1, "signal: killed"
 		msg := "the command's reaper was killed before the command ended; the command's processes were left to envd, the sandbox's init, which reaps them"
 		end.Error = &msg
@@ -524,7 +552,6 @@ func (s *Server) superviseReaped(life context.Context, cancel context.CancelFunc
 	// running, as in E2B, but not past the command lifetime cap.
 	go func() {
 		defer cancel()
-		defer p.control.Close()
 		var capC <-chan time.Time
 		if !p.capAt.IsZero() {
 			t := time.NewTimer(time.Until(p.capAt))
@@ -532,12 +559,13 @@ func (s *Server) superviseReaped(life context.Context, cancel context.CancelFunc
 			capC = t.C
 		}
 		select {
-		case <-reaperDone:
+		case <-treeGone:
 		case <-capC:
 			s.log.Info("command lifetime cap: ending what the command left running", "pid", p.pid)
 			p.killTree()
-			<-reaperDone
+			<-treeGone
 		}
+		release()
 	}()
 }
 

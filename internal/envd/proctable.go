@@ -100,8 +100,10 @@ type proc struct {
 
 	// The command runs under a reaper (reaper_linux.go); nil control means
 	// none (the process is cmd itself).
-	reaperPid int
-	control   *os.File // a byte written here kills the command's whole tree
+	reaperPid int          // the reaper, which leads the command's session and group
+	spare     *spareReaper // the reusable reaper running the command (spare_linux.go), nil if one of its own
+	keepSpare bool         // park spare for the next command once this one's tree is gone
+	control   *os.File     // a byte written here kills the command's whole tree
 	status    *bufio.Reader
 	statusF   *os.File
 	killOnce  sync.Once

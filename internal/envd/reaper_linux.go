@@ -8,6 +8,8 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -26,7 +28,8 @@ import (
 // a subreaper too, which kills them (adopt.go).
 //
 // Messages on fd 3, one per line: "pid <n>" once the command started, or
-// "err <message>" if it could not; then "exit <wait status>".
+// "err <message>" if it could not; then "exit <wait status>". The pipe
+// closes once the command and everything it started are gone.
 
 // reaperStatusFD and reaperControlFD are the reaper's pipes to envd.
 const (
@@ -93,28 +96,58 @@ func parseCred(s string) (*syscall.Credential, error) {
 	return c, nil
 }
 
-// runReaper reaps argv run with env in dir (empty: the reaper's own) with
-// sys; the pipes to envd are on fds 3 and 4.
-func runReaper(argv, env []string, dir string, sys *syscall.SysProcAttr) int {
-	status := os.NewFile(reaperStatusFD, "status")
-	control := os.NewFile(reaperControlFD, "control")
-	if len(argv) == 0 || status == nil || control == nil {
-		fmt.Fprintln(os.Stderr, "envd reap: usage: envd reap -- command [args...] (started by envd with its pipes on fd 3 and 4)")
-		return 2
-	}
-	unix.CloseOnExec(reaperStatusFD)
-	unix.CloseOnExec(reaperControlFD)
+// reaper is what a reaper process sets up once for all the commands it
+// runs, one at a time: it is a child subreaper, so everything a command
+// starts stays its descendant, and it passes the signals it gets on to the
+// running command instead of dying.
+type reaper struct {
+	main atomic.Int64 // the running command's pid; 0 between commands
+}
+
+// newReaper makes the calling process a reaper.
+func newReaper() (*reaper, error) {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
-		fmt.Fprintf(status, "err become a child subreaper: %v\n", err)
-		return 127
+		return nil, fmt.Errorf("become a child subreaper: %w", err)
 	}
-	// Inherited by the command and everything it starts.
+	// Inherited by every command and everything it starts.
 	_ = oomBeforeEnvd("self")
-	// Signals envd (or a terminal) sends the command's group reach the
-	// reaper too; it passes them on instead of dying. Handled signals are
-	// reset to their defaults in the command by execve.
+	// Handled signals are reset to their defaults in the command by execve.
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
+	r := &reaper{}
+	go func() {
+		for s := range sigs {
+			if pid := r.main.Load(); pid > 0 {
+				_ = syscall.Kill(int(pid), s.(syscall.Signal))
+			}
+		}
+	}()
+	return r, nil
+}
+
+// reapJob is one command for a reaper.
+type reapJob struct {
+	argv, env []string
+	dir       string // empty: the reaper's own
+	sys       *syscall.SysProcAttr
+	stdio     []*os.File // the command's stdin, stdout and stderr
+	// releaseStdio lets go of the reaper's copies of stdio once the
+	// command has its own: they must not keep the output streams open
+	// after the command ends while its background processes live on.
+	releaseStdio func()
+	// status and control are the pipes to envd (closed by run).
+	status, control *os.File
+}
+
+// run starts j's command and reaps it: "pid <n>" (or "err <message>") on
+// the status pipe once it started, "exit <wait status>" when the command
+// itself exits, and the pipe closes once the command and everything it
+// started are gone, so the reaper is free for another command. A byte on
+// the control pipe kills the whole tree. run returns false if the command
+// did not start.
+func (r *reaper) run(j reapJob) bool {
+	defer j.status.Close()
+	sys := j.sys
 	if sys == nil {
 		sys = &syscall.SysProcAttr{}
 	}
@@ -122,7 +155,7 @@ func runReaper(argv, env []string, dir string, sys *syscall.SysProcAttr) int {
 	// reserve, so it can report and kill whatever the command does.
 	var p *os.Process
 	start := func() (err error) {
-		p, err = os.StartProcess(argv[0], argv, &os.ProcAttr{Dir: dir, Env: env, Sys: sys, Files: []*os.File{os.Stdin, os.Stdout, os.Stderr}})
+		p, err = os.StartProcess(j.argv[0], j.argv, &os.ProcAttr{Dir: j.dir, Env: j.env, Sys: sys, Files: j.stdio})
 		return err
 	}
 	// When the user cgroup is full (or nearly: a command that takes its
@@ -141,30 +174,27 @@ func runReaper(argv, env []string, dir string, sys *syscall.SysProcAttr) int {
 	if errors.Is(err, unix.EAGAIN) {
 		err = fmt.Errorf("%w (the sandbox's process limit is reached: runaway processes hold every pid; kill them, e.g. `pkill -9 -u user` as root, or kill the sandbox)", err)
 	}
+	j.releaseStdio()
 	if err != nil {
-		fmt.Fprintf(status, "err %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
-		return 127
+		j.control.Close()
+		fmt.Fprintf(j.status, "err %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+		return false
 	}
 	main := p.Pid
-	// The command has its own copies of stdin, stdout and stderr; the
-	// reaper's must not keep the output streams open after the command
-	// ends while its background processes live on.
-	if null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0); err == nil {
-		for fd := range 3 {
-			_ = unix.Dup2(int(null.Fd()), fd)
-		}
-		null.Close()
-	}
-	fmt.Fprintf(status, "pid %d\n", main)
-	go func() {
-		for s := range sigs {
-			_ = syscall.Kill(main, s.(syscall.Signal))
-		}
-	}()
+	r.main.Store(int64(main))
+	fmt.Fprintf(j.status, "pid %d\n", main)
+	// The kill must not outlive this command's tree: a reaper free again
+	// may be running the next command by then.
+	var killMu sync.Mutex
+	finished := false
 	go func() {
 		b := make([]byte, 1)
-		if n, _ := control.Read(b); n == 1 {
-			killDescendants(os.Getpid())
+		if n, _ := j.control.Read(b); n == 1 {
+			killMu.Lock()
+			if !finished {
+				killDescendants(os.Getpid())
+			}
+			killMu.Unlock()
 		}
 	}()
 	reported := false
@@ -178,10 +208,78 @@ func runReaper(argv, env []string, dir string, sys *syscall.SysProcAttr) int {
 			break
 		}
 		if pid == main && !reported {
-			fmt.Fprintf(status, "exit %d\n", uint32(ws))
-			status.Close()
+			r.main.Store(0)
+			// Most commands leave nothing running: saying so with the
+			// exit lets envd free this reaper before the client learns
+			// of the end, ready for its next command.
+			if reapExited() {
+				fmt.Fprintf(j.status, "exit %d %s\n", uint32(ws), treeGoneWord)
+				break
+			}
+			fmt.Fprintf(j.status, "exit %d\n", uint32(ws))
 			reported = true
 		}
+	}
+	r.main.Store(0)
+	killMu.Lock()
+	finished = true
+	killMu.Unlock()
+	j.control.Close() // ends the control reader (the pipe is non-blocking)
+	return true
+}
+
+// reapExited reaps the exited children there are and says whether none is
+// left. The command's children are the reaper's by the time its exit can be
+// waited for (the kernel moves them before it reports the exit).
+func reapExited() bool {
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		switch {
+		case errors.Is(err, syscall.EINTR):
+		case err != nil:
+			return true // ECHILD
+		case pid == 0:
+			return false
+		}
+	}
+}
+
+// controlFile wraps fd, the control pipe, non-blocking, so that closing it
+// ends a read in progress.
+func controlFile(fd int) *os.File {
+	_ = unix.SetNonblock(fd, true)
+	return os.NewFile(uintptr(fd), "control")
+}
+
+// runReaper reaps argv run with env in dir (empty: the reaper's own) with
+// sys, as the reaper of one command; the pipes to envd are on fds 3 and 4.
+func runReaper(argv, env []string, dir string, sys *syscall.SysProcAttr) int {
+	status := os.NewFile(reaperStatusFD, "status")
+	if len(argv) == 0 || status == nil {
+		fmt.Fprintln(os.Stderr, "envd reap: usage: envd reap -- command [args...] (started by envd with its pipes on fd 3 and 4)")
+		return 2
+	}
+	unix.CloseOnExec(reaperStatusFD)
+	unix.CloseOnExec(reaperControlFD)
+	r, err := newReaper()
+	if err != nil {
+		fmt.Fprintf(status, "err %v\n", err)
+		return 127
+	}
+	ok := r.run(reapJob{argv: argv, env: env, dir: dir, sys: sys,
+		stdio: []*os.File{os.Stdin, os.Stdout, os.Stderr},
+		releaseStdio: func() {
+			if null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0); err == nil {
+				for fd := range 3 {
+					_ = unix.Dup2(int(null.Fd()), fd)
+				}
+				null.Close()
+			}
+		},
+		status: status, control: controlFile(reaperControlFD)})
+	if !ok {
+		return 127
 	}
 	return 0
 }
@@ -309,19 +407,24 @@ func reaperStarted(r *bufio.Reader) (int, error) {
 }
 
 // reaperExit reads the command's wait status; ok is false if the reaper
-// died without reporting one.
-func reaperExit(r *bufio.Reader) (syscall.WaitStatus, bool) {
+// died without reporting one; gone says the command left nothing running.
+func reaperExit(r *bufio.Reader) (ws syscall.WaitStatus, ok, gone bool) {
 	line, err := r.ReadString('\n')
 	if err != nil {
-		return 0, false
+		return 0, false, false
 	}
 	n, ok := strings.CutPrefix(strings.TrimSpace(line), "exit ")
 	if !ok {
-		return 0, false
+		return 0, false, false
 	}
+	n, gone = strings.CutSuffix(n, " "+treeGoneWord)
 	v, err := strconv.ParseUint(n, 10, 32)
-	return syscall.WaitStatus(v), err == nil
+	return syscall.WaitStatus(v), err == nil, gone
 }
+
+// treeGoneWord ends the exit message of a command that left nothing
+// running: the status pipe closes right after it.
+const treeGoneWord = "alone"
 
 // statusString formats a wait status the way Go's ProcessState.String does
 // ("exit status 1", "signal: killed"), which E2B clients show.

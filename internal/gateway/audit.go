@@ -216,6 +216,7 @@ type startTap struct {
 
 	mu        sync.Mutex
 	buf       []byte
+	records   []audit.Event // read from the frames being written, recorded once they are sent
 	sawStart  bool
 	sawEnd    bool
 	streamErr string
@@ -235,12 +236,23 @@ func (t *startTap) Flush() {
 
 func (t *startTap) Write(p []byte) (int, error) {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	if !t.sawEnd && len(t.buf)+len(p) <= 16<<20 {
 		t.buf = append(t.buf, p...)
 		t.frames()
 	}
-	t.mu.Unlock()
-	return t.ResponseWriter.Write(p)
+	n, err := t.ResponseWriter.Write(p)
+	if len(t.records) > 0 {
+		// The start and the end reach the client first: a database write
+		// is no reason for the client to wait. The process has started or
+		// ended either way; the record follows at once, in order.
+		_ = http.NewResponseController(t.ResponseWriter).Flush()
+		for _, ev := range t.records {
+			t.g.tap.log.Record(t.ctx, ev)
+		}
+		t.records = t.records[:0]
+	}
+	return n, err
 }
 
 // frames consumes complete frames from buf. Output frames are dropped
@@ -281,7 +293,7 @@ func (t *startTap) frames() {
 			t.ev.Fields["pid"] = e.GetStart().GetPid()
 			ev := t.ev
 			ev.Decision = audit.Allowed
-			t.g.tap.log.Record(t.ctx, ev)
+			t.records = append(t.records, ev)
 		case e.GetEnd() != nil && !t.sawEnd:
 			t.sawEnd = true
 			end := e.GetEnd()
@@ -297,7 +309,7 @@ func (t *startTap) frames() {
 			if strings.Contains(end.GetStatus(), "killed") {
 				ev.Reason = "the process was killed by a signal; if the sandbox hit its memory limit an \"oom\" limit event follows"
 			}
-			t.g.tap.log.Record(t.ctx, ev)
+			t.records = append(t.records, ev)
 			t.buf = nil
 		}
 	}

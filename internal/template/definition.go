@@ -137,6 +137,13 @@ func (d Definition) ID() (string, error) {
 	return "t" + hex.EncodeToString(sum[:])[:19], nil
 }
 
+// profileWithoutID makes Debian's /etc/profile ask bash for the user id
+// (EUID) instead of running `id -u`. Every command an SDK runs is a login
+// shell (`bash -l -c`), so the stock profile costs each command a fork and
+// an exec more, tens of milliseconds under gVisor; PATH comes out the same,
+// and shells without EUID (dash's `sh -l`) still run `id -u`.
+const profileWithoutID = `sed -i 's/"$(id -u)"/"${EUID:-$(id -u)}"/g' /etc/profile`
+
 // BuiltinDefinitions are the templates agentbox knows how to build without
 // any input, keyed by name.
 func BuiltinDefinitions() map[string]Definition {
@@ -148,6 +155,7 @@ func BuiltinDefinitions() map[string]Definition {
 			"nodejs", "npm", "curl", "git", "ca-certificates", "sudo",
 			"iproute2", "iputils-ping", "less", "nano",
 		},
+		Run: []string{profileWithoutID},
 	}
 	return map[string]Definition{
 		"base":                base,
