@@ -256,6 +256,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 			s.Launch(t)
 			r.c = wire.New(s.URL, s.APIKey)
 			check(t, r, name, f)
+			checkFork(t, r, point, f, before)
 			cleanUp(t, r)
 			s.WaitNoLeaks(t, before)
 		})
