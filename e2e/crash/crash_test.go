@@ -258,9 +258,9 @@ func TestCrashAtEveryStep(t *testing.T) {
 			}
 			s.Launch(t)
 			r.c = wire.New(s.URL, s.APIKey)
+			checkVolumeWrite(t, r, point, f) // before check writes into every volume
 			check(t, r, name, f)
 			checkFork(t, r, point, f, before)
-			checkVolumeWrite(t, r, point, f)
 			cleanUp(t, r)
 			s.WaitNoLeaks(t, before)
 		})

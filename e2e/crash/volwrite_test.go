@@ -50,8 +50,17 @@ func volumeWrite() operation {
 				t.Fatalf("setup volume: %d %s", st, b)
 			}
 			f := fixture{volume: "crash", volumeID: v.VolumeID, volumeToken: v.Token}
-			if st, b := r.volumeContent(f, "PUT", "file", "path=/a.txt", []byte(volWriteOld)); st != http.StatusOK && st != http.StatusCreated {
-				t.Fatalf("setup write: %d %s", st, b)
+			// The old file is written from a sandbox: a write through the
+			// content API would meet the row's crash point.
+			sb, err := r.c.Create(r.ctx, wire.CreateRequest{TemplateID: "base", Timeout: 900, VolumeMounts: []wire.VolumeMount{{Name: f.volume, Path: "/mnt/v"}}})
+			if err != nil {
+				t.Fatalf("setup mount: %v", err)
+			}
+			if res, err := r.c.Run(r.ctx, sb, "user", "printf '"+strings.TrimSuffix(volWriteOld, "\n")+"\\n' > /mnt/v/a.txt"); err != nil || res.ExitCode != 0 {
+				t.Fatalf("setup write: %v %+v", err, res)
+			}
+			if err := r.c.Kill(r.ctx, sb.SandboxID); err != nil {
+				t.Fatalf("setup kill: %v", err)
 			}
 			return f
 		},
