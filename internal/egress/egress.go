@@ -71,6 +71,7 @@ type Server struct {
 	log *slog.Logger
 
 	proxyLn net.Listener
+	proxy   *proxySupervisor // proxyLn, opened again when it dies (supervise.go)
 	dnsTCP  net.Listener
 	dnsUDP  net.PacketConn
 	nflog   *netlink.Conn
@@ -125,7 +126,7 @@ func New(cfg Config, log *slog.Logger) *Server {
 	}
 	cfg.Limits.setDefaults()
 	s := &Server{cfg: cfg, log: log.With("component", "egress"), byIP: map[netip.Addr]*binding{}, byID: map[string]*binding{},
-		auditQ: make(chan audit.Event, 8192), stop: make(chan struct{})}
+		auditQ: make(chan audit.Event, 8192), stop: make(chan struct{}), proxy: newProxySupervisor()}
 	s.resolver = &net.Resolver{PreferGo: true, Dial: s.dialNameserver}
 	go s.auditWriter()
 	go func() {
@@ -193,7 +194,7 @@ func (s *Server) Start(ctx context.Context) (network.EgressPorts, error) {
 	s.plainHTTP = newConnServer(s.serveHTTP)
 	s.mitmHTTP = newConnServer(s.serveHTTP)
 	s.wg.Add(3)
-	go func() { defer s.wg.Done(); s.acceptLoop(ln, s.handle) }()
+	go func() { defer s.wg.Done(); s.superviseProxy(ctx, lc, ln) }()
 	go func() { defer s.wg.Done(); s.acceptLoop(tl, s.serveDNSTCP) }()
 	go func() { defer s.wg.Done(); s.serveDNSUDP(ul) }()
 	ports := network.EgressPorts{Proxy: uint16(ln.Addr().(*net.TCPAddr).Port), DNS: uint16(tl.Addr().(*net.TCPAddr).Port), LogGroup: group}
@@ -207,6 +208,9 @@ func (s *Server) Close() error {
 		return nil
 	}
 	var errs []error
+	if ln := s.proxy.close(); ln != nil {
+		s.proxyLn = ln
+	}
 	for _, c := range []interface{ Close() error }{s.proxyLn, s.dnsTCP, s.dnsUDP} {
 		if c != nil {
 			errs = append(errs, c.Close())
