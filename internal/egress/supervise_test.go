@@ -3,6 +3,7 @@ package egress
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"testing"
 	"time"
@@ -10,8 +11,9 @@ import (
 	"github.com/agentbox/agentbox/internal/network"
 )
 
-// A proxy listener that dies under the running server is opened again on
-// the same port: the sandbox's egress comes back without a new policy.
+// The proxy's and the resolver's sockets that die under the running
+// server are opened again on the same ports: the sandbox's egress and name
+// resolution come back without a new policy.
 func TestProxyListenerRecovers(t *testing.T) {
 	e := newEnv(t, network.Policy{AllowInternet: true})
 	c := e.client(e.fake.CAPool)
@@ -19,9 +21,13 @@ func TestProxyListenerRecovers(t *testing.T) {
 	defer cancel()
 	var last error
 	ok := func() bool {
+		// The client resolves over UDP at the gateway, then connects.
 		r, _, err := e.get(t, c, "http://allowed.test/hello")
 		if last = err; err == nil && r.StatusCode != http.StatusOK {
 			last = errors.New(r.Status)
+		}
+		if last == nil {
+			last = e.resolveTCP("allowed.test")
 		}
 		return last == nil
 	}
@@ -42,4 +48,12 @@ func TestProxyListenerRecovers(t *testing.T) {
 			}
 		}
 	}
+}
+
+// resolveTCP asks the resolver at the gateway over TCP for name: any
+// answer (the fake internet's nameserver answers UDP only, so the upstream
+// answer is a failure) shows the listener serves.
+func (e *env) resolveTCP(name string) error {
+	_, err := e.query("tcp4", net.JoinHostPort(e.nw.Gateway().String(), "53"), name)
+	return err
 }
