@@ -478,6 +478,7 @@ func serve(ctx context.Context, c serveConfig, out io.Writer) error {
 		return err
 	}
 	defer eg.Close()
+	failEgressProxy(ctx, eg, c.Lifecycle.FailEgressEvery, log) // faulthooks.go
 	if err := nw.Setup(ctx); err != nil {
 		return fmt.Errorf("network setup: %w", err)
 	}

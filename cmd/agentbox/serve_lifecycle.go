@@ -26,6 +26,8 @@ type lifecycleFlags struct {
 	IdleFreeze  time.Duration
 	FaultStep   string
 	CrashAfter  string
+	// FailEgressEvery: see failEgressProxy.
+	FailEgressEvery time.Duration
 }
 
 func addLifecycleFlags(f *pflag.FlagSet, l *lifecycleFlags) {
@@ -37,6 +39,8 @@ func addLifecycleFlags(f *pflag.FlagSet, l *lifecycleFlags) {
 	_ = f.MarkHidden("fault-step")
 	f.StringVar(&l.CrashAfter, "test-crash-after", "", "kill the server (SIGKILL) right after this step, as <operation>/<step> (crash-safety tests; never read from the environment or a config file)")
 	_ = f.MarkHidden("test-crash-after")
+	f.DurationVar(&l.FailEgressEvery, "test-fail-egress-proxy", 0, "close the egress proxy's listener under the running server this often, as a crash of it would (fault tests; never read from the environment or a config file)")
+	_ = f.MarkHidden("test-fail-egress-proxy")
 }
 
 // parsePools reads --pool values.

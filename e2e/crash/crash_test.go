@@ -27,13 +27,15 @@ import (
 
 // fixture is what a row's setup made before the crash.
 type fixture struct {
-	src      string    // a running (or paused) sandbox with /tmp/mark
-	pid      string    // a background process in src: alive again means memory kept
-	snapshot string    // a snapshot of src
-	fsPaused bool      // src was paused without memory: its processes are gone
-	paused   bool      // src is paused: no container or cgroup on the host
-	volume   string    // a volume's name
-	build    *tplBuild // a template build whose RUN step needs a build sandbox
+	src      string // a running (or paused) sandbox with /tmp/mark
+	pid      string // a background process in src: alive again means memory kept
+	snapshot string // a snapshot of src
+	fsPaused bool   // src was paused without memory: its processes are gone
+	paused   bool   // src is paused: no container or cgroup on the host
+	volume   string // a volume's name
+	// volumeID and volumeToken reach the volume's content API.
+	volumeID, volumeToken string
+	build                 *tplBuild // a template build whose RUN step needs a build sandbox
 }
 
 // operation drives one operation to its crash points.
@@ -131,6 +133,7 @@ func operations() map[string]operation {
 				r.do("POST", "/volumes", map[string]any{"name": "crash", "sizeMB": 64})
 			},
 		},
+		volume.OpWrite: volumeWrite(),
 		volume.OpDelete: {
 			setup: func(t *testing.T, r *rig) fixture {
 				st, b := r.do("POST", "/volumes", map[string]any{"name": "crash", "sizeMB": 64})
@@ -208,7 +211,7 @@ func TestCrashAtEveryStep(t *testing.T) {
 	ops := operations()
 	only := strings.TrimSpace(testFilterStep())
 	points := sandbox.CrashSteps()
-	for _, p := range volume.CrashSteps() {
+	for _, p := range append(volume.CrashSteps(), volume.WriteSteps()...) {
 		points = append(points, sandbox.CrashStep{Op: p[0], Step: p[1]})
 	}
 	for _, point := range points {
@@ -255,7 +258,9 @@ func TestCrashAtEveryStep(t *testing.T) {
 			}
 			s.Launch(t)
 			r.c = wire.New(s.URL, s.APIKey)
+			checkVolumeWrite(t, r, point, f) // before check writes into every volume
 			check(t, r, name, f)
+			checkFork(t, r, point, f, before)
 			cleanUp(t, r)
 			s.WaitNoLeaks(t, before)
 		})

@@ -70,9 +70,9 @@ type Server struct {
 	cfg Config
 	log *slog.Logger
 
-	proxyLn net.Listener
-	dnsTCP  net.Listener
-	dnsUDP  net.PacketConn
+	// sockets are the proxy's listener and the resolver's TCP and UDP
+	// sockets, each opened again when it dies (supervise.go).
+	sockets [3]*supervisor
 	nflog   *netlink.Conn
 
 	plainHTTP *connServer // port-80 connections, one request at a time
@@ -126,7 +126,8 @@ func New(cfg Config, log *slog.Logger) *Server {
 	}
 	cfg.Limits.setDefaults()
 	s := &Server{cfg: cfg, log: log.With("component", "egress"), byIP: map[netip.Addr]*binding{}, byID: map[string]*binding{},
-		auditQ: make(chan audit.Event, 8192), stop: make(chan struct{})}
+		auditQ: make(chan audit.Event, 8192), stop: make(chan struct{}),
+		sockets: [3]*supervisor{newSupervisor(), newSupervisor(), newSupervisor()}}
 	s.resolver = &net.Resolver{PreferGo: true, Dial: s.dialNameserver}
 	go s.auditWriter()
 	go func() {
@@ -182,7 +183,6 @@ func (s *Server) Start(ctx context.Context) (network.EgressPorts, error) {
 		ln.Close()
 		return network.EgressPorts{}, fmt.Errorf("egress resolver listen: %w", err)
 	}
-	s.proxyLn, s.dnsTCP, s.dnsUDP = ln, tl, ul
 	var group uint16
 	if c, g, err := openNFLog(gw + "/" + s.cfg.Subnet.String()); err != nil {
 		s.log.Warn("no audit of traffic refused in the kernel or of UDP flows", "err", err)
@@ -193,10 +193,7 @@ func (s *Server) Start(ctx context.Context) (network.EgressPorts, error) {
 	}
 	s.plainHTTP = newConnServer(s.serveHTTP)
 	s.mitmHTTP = newConnServer(s.serveHTTP)
-	s.wg.Add(3)
-	go func() { defer s.wg.Done(); s.acceptLoop(ln, s.handle) }()
-	go func() { defer s.wg.Done(); s.acceptLoop(tl, s.serveDNSTCP) }()
-	go func() { defer s.wg.Done(); s.serveDNSUDP(ul) }()
+	s.superviseAll(ctx, lc, ln, tl, ul) // supervise.go
 	ports := network.EgressPorts{Proxy: uint16(ln.Addr().(*net.TCPAddr).Port), DNS: uint16(tl.Addr().(*net.TCPAddr).Port), LogGroup: group}
 	s.log.Info("egress proxy listening", "addr", gw, "proxy", ports.Proxy, "dns", ports.DNS, "nflogGroup", group, "nameservers", s.cfg.Nameservers)
 	return ports, nil
@@ -207,12 +204,7 @@ func (s *Server) Close() error {
 	if s == nil {
 		return nil
 	}
-	var errs []error
-	for _, c := range []interface{ Close() error }{s.proxyLn, s.dnsTCP, s.dnsUDP} {
-		if c != nil {
-			errs = append(errs, c.Close())
-		}
-	}
+	errs := []error{s.closeSockets()}
 	if s.nflog != nil {
 		s.nflog.Close()
 	}

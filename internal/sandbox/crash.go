@@ -26,6 +26,20 @@ const (
 	SnapshotCommitted = "committed" // row back to "running"
 )
 
+// A fork is its own hidden snapshot of the parent (the snapshot's steps,
+// named forkStep(step) under the operation "fork"), then one start
+// pipeline per copy (the "fork" path), then the snapshot's release: from
+// then on it goes with the last copy that runs on it.
+const ForkSnapshotReleased = "release snapshot"
+
+// forkStep names a step of a fork's own snapshot.
+func forkStep(snapshotStep string) string { return "snapshot " + snapshotStep }
+
+// snapshotSteps lists a snapshot's steps, in order.
+func snapshotSteps() []string {
+	return []string{SnapshotPersisted, SnapshotCaptured, SnapshotPublished, SnapshotCommitted}
+}
+
 // Steps of a cluster move on this server's side (migrate.go): the node
 // agent exporting a paused sandbox ("move-out") and the one importing it
 // ("move-in"), whose restore then runs the "restore" pipeline. The node
@@ -83,8 +97,12 @@ func CrashSteps() []CrashStep {
 	add("claim", names(claimPooled())...)
 	add("resume", names(resumeFiles())...)
 	add("build", names(buildStep())...)
-	add("snapshot", SnapshotPersisted, SnapshotCaptured, SnapshotPublished, SnapshotCommitted)
+	add("snapshot", snapshotSteps()...)
+	for _, s := range snapshotSteps() {
+		add("fork", forkStep(s))
+	}
 	add("fork", names(restoreSnapshot())...)
+	add("fork", ForkSnapshotReleased)
 	add("kill", KillPersisted, KillContainerGone, KillNetworkDetached, KillRowDeleted)
 	// Pause (pause.go) and memory resume, a pipeline path whose row and
 	// restore steps also keep their older names.

@@ -61,6 +61,11 @@ func (t *Snapshotter) snapshot(ctx context.Context, teamID, id, name string, hid
 	if !hidden { // a fork's own checkpoint counts as part of the fork
 		defer t.inst.observe(opName("snapshot", memory), time.Now(), &err)
 	}
+	// A fork's own snapshot crashes at its steps under the fork's name.
+	crashAfter := func(step string) { t.inst.crashAfter("snapshot", step) }
+	if hidden {
+		crashAfter = func(step string) { t.inst.crashAfter("fork", forkStep(step)) }
+	}
 	snaps := t.store()
 	if snaps == nil {
 		return nil, fmt.Errorf("snapshots are not enabled on this server: %w", errdefs.ErrUnavailable)
@@ -88,12 +93,12 @@ func (t *Snapshotter) snapshot(ctx context.Context, teamID, id, name string, hid
 		if _, err := t.recs.commit(ctx, id, func(sb *Sandbox) { sb.State = prev.State }); err != nil {
 			t.log.Error("persist state after snapshot", "sandbox", id, "err", err)
 		}
-		t.inst.crashAfter("snapshot", SnapshotCommitted)
+		crashAfter(SnapshotCommitted)
 		if err == nil && !hidden {
 			t.inst.auditLifecycle(ctx, prev, "snapshot", "allowed", "", map[string]any{"memory": memory, "name": name})
 		}
 	}()
-	t.inst.fault("snapshot:persisted")
+	crashAfter(SnapshotPersisted)
 	layers, err := t.baseLayers(ctx, src)
 	if err != nil {
 		return nil, err
@@ -131,7 +136,7 @@ func (t *Snapshotter) snapshot(ctx context.Context, teamID, id, name string, hid
 	}); err != nil {
 		return nil, fmt.Errorf("sandbox %s: snapshot: %w", id, err)
 	}
-	t.inst.fault("snapshot:captured")
+	crashAfter(SnapshotCaptured)
 	if err := sealLayers(tmp); err != nil {
 		return nil, fmt.Errorf("sandbox %s: snapshot: %w", id, err)
 	}
@@ -144,7 +149,7 @@ func (t *Snapshotter) snapshot(ctx context.Context, teamID, id, name string, hid
 		return nil, err
 	}
 	ok = true
-	t.inst.crashAfter("snapshot", SnapshotPublished)
+	crashAfter(SnapshotPublished)
 	t.log.Info("snapshot created", "sandbox", id, "snapshot", snap.ID, "name", name, "bytes", snap.SizeBytes, "took", time.Since(start).Round(time.Millisecond))
 	return snap, nil
 }
@@ -192,7 +197,8 @@ func (t *Snapshotter) Fork(ctx context.Context, teamID, id string, count int, ti
 		})
 	}
 	wg.Wait()
-	t.forkDone(snap) // crash.go
+	t.forkDone(snap)
+	t.inst.crashAfter("fork", ForkSnapshotReleased) // crash.go
 	return out, nil
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/agentbox/agentbox/internal/crashpoint"
 	"github.com/agentbox/agentbox/internal/errdefs"
 )
 
@@ -27,6 +28,10 @@ type Files struct {
 	root   *os.Root
 	sizeMB int
 	disk   DiskGuard // nil: the host disk is not guarded
+	// pending is the server-private directory (outside the volume) that
+	// records replacements in flight (writesteps.go).
+	pending string
+	crash   crashpoint.Switch
 }
 
 // Close releases the tree.
@@ -358,9 +363,10 @@ func (f *Files) Open(p string) (*os.File, Entry, error) {
 	return fd, f.entry(r, abs, fi), nil
 }
 
-// Write writes body to file p with m, streaming. An existing file is a
-// conflict unless force is set; then it is replaced at once when the body
-// is complete (a failed or cut-off upload leaves the old file). The parent
+// Write writes body to file p with m, streaming. The write is atomic, also
+// across a crash of the server: p holds the old file or the whole new one,
+// never a part (writesteps.go). An existing file is a conflict unless force
+// is set; then it is replaced at once when the body is complete. The parent
 // directory must exist. A volume that fills up fails with ErrNoSpace and
 // keeps nothing of the upload.
 func (f *Files) Write(p string, body io.Reader, m Meta, force bool) (Entry, error) {
@@ -396,40 +402,25 @@ func (f *Files) Write(p string, body io.Reader, m Meta, force bool) (Entry, erro
 			return Entry{}, fmt.Errorf("path %s already exists; pass force to overwrite it: %w", abs, errdefs.ErrConflict)
 		}
 	}
-	target := r
-	if force {
-		target = path.Join(dir, "."+name+".upload-"+newID()[:8])
-	}
-	fd, err := f.root.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	w, err := f.beginWrite(dir)
 	if err != nil {
 		return Entry{}, f.fail(abs, err)
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			fd.Close()
-			_ = f.root.Remove(target)
-		}
-	}()
-	if _, err := io.Copy(fd, body); err != nil {
+	defer w.close()
+	if _, err := io.Copy(w.fd, body); err != nil {
 		var errno syscall.Errno
 		if errors.As(err, &errno) || errors.Is(err, fs.ErrClosed) {
 			return Entry{}, f.fail(abs, err)
 		}
 		return Entry{}, fmt.Errorf("upload of %s cut off: %v: %w", abs, err, errdefs.ErrInvalidArgument)
 	}
-	if err := setMeta(fd, m); err != nil {
+	if err := setMeta(w.fd, m); err != nil {
 		return Entry{}, f.fail(abs, err)
 	}
-	if err := fd.Close(); err != nil {
+	f.crash.After(OpWrite, StepWriteStreamed)
+	if err := w.publish(name, force); err != nil {
 		return Entry{}, f.fail(abs, err)
 	}
-	if force {
-		if err := f.root.Rename(target, r); err != nil {
-			return Entry{}, f.fail(abs, err)
-		}
-	}
-	ok = true
 	return f.Stat(abs)
 }
 

@@ -32,7 +32,7 @@ func files(t *testing.T) (*Files, string, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &Files{root: root, sizeMB: 1}
+	f := &Files{root: root, sizeMB: 1, pending: filepath.Join(base, "pending")}
 	t.Cleanup(func() { f.Close() })
 	return f, dir, secret
 }

@@ -477,7 +477,8 @@ func (s *Service) Claim(ctx context.Context, teamID string, refs []string, byID 
 }
 
 // Reconcile removes what a crash left: host directories of volumes that
-// have no row (a create or delete that did not finish).
+// have no row (a create or delete that did not finish), and the staged
+// files of replacing writes that did not finish (writesteps.go).
 func (s *Service) Reconcile(ctx context.Context) error {
 	vols, err := s.st.ListVolumes(ctx, "")
 	if err != nil {
@@ -503,6 +504,10 @@ func (s *Service) Reconcile(ctx context.Context) error {
 	for _, v := range vols {
 		if _, err := os.Stat(imagePath(s.dir(v.ID))); errors.Is(err, fs.ErrNotExist) {
 			s.log.Error("volume has no image on disk; mounting it will fail", "volume", v.ID, "team", v.TeamID)
+			continue
+		}
+		if err := s.finishWrites(ctx, v); err != nil {
+			s.log.Error("finish interrupted volume writes", "volume", v.ID, "err", err)
 		}
 	}
 	return nil
@@ -569,7 +574,7 @@ func (s *Service) Files(ctx context.Context, v store.Volume) (*Files, error) {
 	if err != nil {
 		return nil, fmt.Errorf("volume %q: %w", v.Name, err)
 	}
-	return &Files{root: root, sizeMB: v.SizeMB, disk: s.disk}, nil
+	return &Files{root: root, sizeMB: v.SizeMB, disk: s.disk, pending: pendingDir(s.dir(v.ID)), crash: s.cfg.Crash}, nil
 }
 
 // Close detaches the host mounts of every volume, at server shutdown: a
