@@ -90,8 +90,12 @@ fi
 # withholds CAP_SYS_RESOURCE; criu-userns-nondumpable lets it dump again a
 # sandbox it restored whose envd is non-dumpable; criu-uffd-userns has the
 # lazy-pages daemon pass /dev/userfaultfd to a restore into a user namespace
-# (lazy resume, internal/runtime/runc/lazy.go). A stamp next to the binary
-# records which patches it was built with.
+# (lazy resume, internal/runtime/runc/lazy.go); criu-tmpfs-plain archives a
+# tmpfs mount as plain tar instead of tar | gzip (two process starts fewer per
+# mount on each dump and restore) and an empty read-only one (a masked
+# directory) as an empty archive without running tar; it still restores the
+# gzip'd archives of earlier images. A stamp next to the binary records which
+# patches it was built with.
 criu_bin=/usr/local/libexec/agentbox/criu
 criu_patches=("$root"/scripts/criu-*.patch)
 criu_stamp=$(cat "${criu_patches[@]}" | sha256sum | cut -c1-16)
