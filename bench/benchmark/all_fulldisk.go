@@ -105,7 +105,9 @@ func fullDisk(ctx context.Context, a *allRun, srv *Server) []TargetRow {
 	if _, err := c.Run(ctx, paused, "", counterCmd); err != nil {
 		return fail("start the paused sandbox's counter", err)
 	}
-	atPause, err := risingCount(ctx, c, paused, 0)
+	// Counted past 3 before the pause: a counter that goes on from there
+	// after the resume is the paused process, with its memory.
+	atPause, err := risingCount(ctx, c, paused, 3)
 	if err != nil {
 		return fail("the counter of the sandbox to pause", err)
 	}
