@@ -163,7 +163,11 @@ func fullDisk(ctx context.Context, a *allRun, srv *Server) []TargetRow {
 		}
 		return ", does NOT name the disk: " + firstLine(string(b))
 	}
-	rows := []TargetRow{{Figure: "full disk: fill → a create refused (status)", Value: fmt.Sprintf("%s, %d%s", round(refused), createSt, names(createBody)),
+	value := fmt.Sprintf("%s, %d%s", round(refused), createSt, names(createBody))
+	if createSt == 0 {
+		value = fmt.Sprintf("creates still admitted after %s", round(refused))
+	}
+	rows := []TargetRow{{Figure: "full disk: fill → a create refused (status)", Value: value,
 		Floor: "507", Goal: fullDiskTarget, Met: createSt == http.StatusInsufficientStorage && strings.Contains(names(createBody), "names the")}}
 
 	volWrite := func() (int, []byte) {
