@@ -22,6 +22,7 @@ type allFlags struct {
 	jsDir                     string
 	soakOps                   int
 	own                       benchmark.ServerConfig // the server to start without --api-url
+	disk                      benchmark.ServerConfig // the full-disk section's own server
 }
 
 // runAll runs the all scenario and returns the exit code.
@@ -36,7 +37,7 @@ func runAll(cfg benchmark.Config, f allFlags) int {
 	acfg := benchmark.AllConfig{APIURL: cfg.APIURL, APIKey: cfg.APIKey, Template: cfg.Template, TemplateDir: cfg.TemplateDir,
 		DataDir: f.dataDir, Instance: f.instance, Bridge: f.bridge, ServerPID: cfg.ServerPID, MetricsURL: cfg.MetricsURL, MetricsToken: cfg.MetricsToken,
 		Creates: cfg.Creates, Commands: cfg.Commands, Burst: cfg.Burst, SizeMB: cfg.SizeMB, Parallel: f.parallel, MinFreeMiB: f.minFree,
-		LargeFileMB: f.largeMB, JSDir: f.jsDir, SoakOps: f.soakOps}
+		LargeFileMB: f.largeMB, JSDir: f.jsDir, SoakOps: f.soakOps, FullDisk: f.disk}
 	var err error
 	if acfg.SizesMB, err = ints("--lifecycle-sizes", f.sizes, 1); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -79,6 +80,23 @@ func runAll(cfg benchmark.Config, f allFlags) int {
 		return 1
 	}
 	fmt.Println("load average after:", benchmark.LoadAvg())
+	return 0
+}
+
+// runFullDisk runs the full-disk section alone and returns the exit code.
+func runFullDisk(cfg benchmark.Config, disk benchmark.ServerConfig) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "bench: --scenario fulldisk needs root (the server it starts and the data disk it mounts)")
+		return 2
+	}
+	acfg := benchmark.AllConfig{Template: cfg.Template, TemplateDir: cfg.TemplateDir, Commands: cfg.Commands, FullDisk: disk}
+	if _, err := benchmark.RunFullDisk(ctx, acfg, os.Stdout, log); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 1
+	}
 	return 0
 }
 

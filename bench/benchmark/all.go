@@ -42,6 +42,9 @@ type AllConfig struct {
 	MinFreeMiB                      int     // density: stop creating below this much MemAvailable
 	BudgetGiB                       float64 // density: memory the counts must fit in; default 24
 	SoakOps                         int     // soak operations; default 2000, negative skips (all_soak.go)
+	// FullDisk is the full-disk section's own server (all_fulldisk.go):
+	// binaries, instance, bridge and subnet distinct from the main one's.
+	FullDisk ServerConfig
 }
 
 func (c *AllConfig) defaults() {
@@ -130,6 +133,7 @@ func sections() []section {
 		{"density (8)", densityRows},
 		{"large files (9)", largeFileRows},
 		{"soak", soakRows},
+		{"full disk", fullDiskRows},
 	}
 }
 

@@ -34,6 +34,10 @@ type ServerConfig struct {
 	Dir         string // parent of the data dir and the log; "" makes a temporary one
 	Pool        string // warm pool, <template>=<min>
 	PoolMax     int
+	// DataDiskMB > 0 puts the data dir on a tmpfs of its own of that
+	// size, so it can be filled without touching the host's disk.
+	DataDiskMB int
+	Args       []string // more serve flags
 }
 
 // Server is a running server the bench started.
@@ -84,6 +88,16 @@ func StartServer(ctx context.Context, cfg ServerConfig, log *slog.Logger) (*Serv
 		LogPath: filepath.Join(dir, "serve.log"), cfg: cfg, dir: dir}
 	s.args = []string{"serve", "--data-dir", s.DataDir, "--listen", api, "--metrics-listen", metrics,
 		"--template-dir", cfg.TemplateDir, "--envd", cfg.Envd, "--instance", cfg.Instance, "--bridge", cfg.Bridge, "--subnet", cfg.Subnet}
+	s.args = append(s.args, cfg.Args...)
+	if cfg.DataDiskMB > 0 {
+		if err := os.MkdirAll(s.DataDir, 0o700); err != nil {
+			return s, err
+		}
+		opts := fmt.Sprintf("size=%dm,mode=0700", cfg.DataDiskMB)
+		if err := syscall.Mount("tmpfs", s.DataDir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, opts); err != nil {
+			return s, fmt.Errorf("mount a %d MiB tmpfs on %s: %w", cfg.DataDiskMB, s.DataDir, err)
+		}
+	}
 	var extra []string
 	if cfg.Pool != "" {
 		extra = []string{"--pool", cfg.Pool, "--pool-max", strconv.Itoa(cfg.PoolMax)}
@@ -200,6 +214,11 @@ func (s *Server) Stop(ctx context.Context) error {
 		_ = os.RemoveAll(run)
 	}
 	removeCgroups(inst)
+	if s.cfg.DataDiskMB > 0 && slices.Contains(mountsUnder(s.DataDir), s.DataDir) {
+		if err := syscall.Unmount(s.DataDir, 0); err != nil {
+			errs = append(errs, fmt.Errorf("unmount the data disk %s: %w", s.DataDir, err))
+		}
+	}
 	if m, _ := filepath.Glob("/sys/fs/cgroup/*/" + inst); len(m) > 0 {
 		errs = append(errs, fmt.Errorf("cgroups left: %v", m))
 	}
