@@ -89,8 +89,12 @@ func stored(u *unstructured.Unstructured) (bool, string) {
 // of them (containers, mounts, cgroups, netns, rows, snapshot dirs,
 // staging dirs, objects). Three rows then crash mid-store or mid-restore
 // and delete the SandboxSnapshot or the Sandbox before its node returns:
-// the copies and the sandbox nothing recorded must still go. One cluster set-up serves every row; $CRASH_POINT narrows
-// the table to the rows containing it.
+// the copies and the sandbox nothing recorded must still go. The restore
+// steps run again from the snapshot node's own copy (restore-local/, node-b
+// stopped), and a last row crashes after the take, then deletes the source
+// and the SandboxSnapshot while node-a is down (node-b lets the object go):
+// node-a's copy must still go on its return. One cluster set-up serves
+// every row; $CRASH_POINT narrows the table to the rows containing it.
 func TestKubeSnapshotCrash(t *testing.T) {
 	harness.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
