@@ -89,8 +89,12 @@ func stored(u *unstructured.Unstructured) (bool, string) {
 // of them (containers, mounts, cgroups, netns, rows, snapshot dirs,
 // staging dirs, objects). Three rows then crash mid-store or mid-restore
 // and delete the SandboxSnapshot or the Sandbox before its node returns:
-// the copies and the sandbox nothing recorded must still go. One cluster set-up serves every row; $CRASH_POINT narrows
-// the table to the rows containing it.
+// the copies and the sandbox nothing recorded must still go. The restore
+// steps run again from the snapshot node's own copy (restore-local/, node-b
+// stopped), and a last row crashes after the take, then deletes the source
+// and the SandboxSnapshot while node-a is down (node-b lets the object go):
+// node-a's copy must still go on its return. One cluster set-up serves
+// every row; $CRASH_POINT narrows the table to the rows containing it.
 func TestKubeSnapshotCrash(t *testing.T) {
 	harness.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
@@ -161,8 +165,9 @@ echo $! > /tmp/counter.pid; echo 'written before the snapshot' > /tmp/snap.txt; 
 	pid := strings.TrimSpace(res.Stdout)
 	b := agent("node-b", "--kube-node-cpu", "16", "--kube-node-memory-mb", "32768")
 
-	// arm relaunches both agents with the crash point.
-	arm := func(t *testing.T, point string) *moveRig {
+	// arm relaunches both agents with the crash point, except those
+	// named down, which it stops.
+	arm := func(t *testing.T, point string, down ...*harness.Server) *moveRig {
 		m := &moveRig{ctx: ctx, t: t, a: a, b: b, down: map[*harness.Server]bool{}}
 		for _, s := range []*harness.Server{a, b} {
 			select {
@@ -170,7 +175,9 @@ echo $! > /tmp/counter.pid; echo 'written before the snapshot' > /tmp/snap.txt; 
 			default:
 				s.Terminate(t)
 			}
-			if point == "" {
+			if slices.Contains(down, s) {
+				m.down[s] = true
+			} else if point == "" {
 				s.Launch(t)
 			} else {
 				s.Launch(t, "--test-crash-after", point)
@@ -178,10 +185,11 @@ echo $! > /tmp/counter.pid; echo 'written before the snapshot' > /tmp/snap.txt; 
 		}
 		return m
 	}
-	// restoreFrom starts Sandbox name from SandboxSnapshot snap, waits
-	// until it is Ready on node-b and the row's crash happened, and checks it is whole there: its file,
-	// its counter alive with its pid and counting on from its memory.
-	restoreFrom := func(t *testing.T, m *moveRig, name, snap string) string {
+	// restoreOn starts Sandbox name from SandboxSnapshot snap, waits
+	// until it is Ready on node (on: its agent) and the row's crash
+	// happened, and checks it is whole there: its file, its counter alive
+	// with its pid and counting on from its memory.
+	restoreOn := func(t *testing.T, m *moveRig, name, snap string, on *harness.Server, node string) string {
 		t.Helper()
 		u := decode(t, direct)[0]
 		u.SetName(name)
@@ -190,37 +198,45 @@ echo $! > /tmp/counter.pid; echo 'written before the snapshot' > /tmp/snap.txt; 
 			t.Fatal(err)
 		}
 		var id string
-		m.wait(name+" Ready on node-b", func() (bool, string) {
+		m.wait(name+" Ready on "+node, func() (bool, string) {
 			u, err := getIn(ctx, c, ns, name)
 			if err != nil {
 				return false, err.Error()
 			}
 			rc := condition(u, "Ready")
 			id = status(u, "sandboxID")
-			return rc != nil && rc.Status == metav1.ConditionTrue && status(u, "nodeName") == "node-b" && id != "" && len(m.crashes) > 0,
+			return rc != nil && rc.Status == metav1.ConditionTrue && status(u, "nodeName") == node && id != "" && len(m.crashes) > 0,
 				fmtCond(rc) + " on " + status(u, "nodeName") + fmt.Sprintf("; agents crashed: %v", m.crashes)
 		})
-		sbx, err := sdkOf(b).Connect(ctx, id, 10*time.Minute)
+		sbx, err := sdkOf(on).Connect(ctx, id, 10*time.Minute)
 		if err != nil {
-			t.Fatalf("connect to %s on node-b: %v", id, err)
+			t.Fatalf("connect to %s on %s: %v", id, node, err)
 		}
 		res, err := sbx.Commands.Run(ctx, `cat /tmp/counter.pid; kill -0 $(cat /tmp/counter.pid) && echo alive; cat /tmp/snap.txt; cat /tmp/count; sleep 0.5; cat /tmp/count`)
 		if err != nil {
-			t.Fatalf("command in %s on node-b: %v", id, err)
+			t.Fatalf("command in %s on %s: %v", id, node, err)
 		}
 		lines := strings.Split(strings.TrimSpace(res.Stdout), "\n")
 		if len(lines) != 5 || lines[0] != pid || lines[1] != "alive" || lines[2] != "written before the snapshot" {
-			t.Fatalf("started from %s on node-b: %q; want the counter %s alive and the file", snap, res.Stdout, pid)
+			t.Fatalf("started from %s on %s: %q; want the counter %s alive and the file", snap, node, res.Stdout, pid)
 		}
 		c1, _ := strconv.Atoi(lines[3])
 		c2, _ := strconv.Atoi(lines[4])
 		if c1 < 1 || c2 <= c1 {
 			t.Errorf("counter %d then %d: want it to go on from its memory", c1, c2)
 		}
-		if ids := sandboxesOf(ctx, t, b); len(ids) != 1 || ids[0] != id {
-			t.Errorf("node-b runs %v, want only %s", ids, id)
+		if node == "node-b" {
+			if ids := sandboxesOf(ctx, t, b); len(ids) != 1 || ids[0] != id {
+				t.Errorf("node-b runs %v, want only %s", ids, id)
+			}
+		} else if ids := sandboxesOf(ctx, t, on); len(ids) != 2 || !slices.Contains(ids, id) || !slices.Contains(ids, srcID) {
+			t.Errorf("%s runs %v, want only the source %s and %s", node, ids, srcID, id)
 		}
 		return id
+	}
+	restoreFrom := func(t *testing.T, m *moveRig, name, snap string) string {
+		t.Helper()
+		return restoreOn(t, m, name, snap, b, "node-b")
 	}
 	// settle checks that neither node holds anything the row made. node-b
 	// restarts first: a sandbox started from a snapshot runs on a hidden
@@ -409,10 +425,89 @@ echo $! > /tmp/counter.pid; echo 'written before the snapshot' > /tmp/snap.txt; 
 			settle(t, beforeA, beforeB)
 		})
 	}
+	// The same steps from the snapshot node's own copy: node-b is
+	// stopped, so the Sandbox lands on node-a, whose agent crashes.
+	for i, point := range restore {
+		row := "restore-local/" + point.String()
+		if only != "" && !strings.Contains(row, only) {
+			continue
+		}
+		t.Run(row, func(t *testing.T) {
+			m := arm(t, point.String(), b)
+			beforeA, beforeB := a.HostState(ctx), b.HostState(ctx)
+			name := fmt.Sprintf("snap-crash-local-%d", i)
+			restoreOn(t, m, name, shared, a, "node-a")
+			oneCrash(t, m, point.String(), a)
+			deleteAndWait(ctx, t, c, ns, name)
+			if left := bucketKeys(ctx, t, raw, ns+"/"); !slices.Equal(left, sharedKeys) {
+				t.Errorf("the bucket holds %v after the delete, want only the snapshot's %v", left, sharedKeys)
+			}
+			// node-a restarts: it collects the hidden copy the sandbox ran on.
+			a.Terminate(t)
+			a.Launch(t)
+			b.Launch(t)
+			a.WaitNoLeaks(t, beforeA)
+			b.WaitNoLeaks(t, beforeB)
+		})
+	}
 	if only == "" {
 		deleteSnapshot(ctx, t, c, shared, false)
 		if left := bucketKeys(ctx, t, raw, ""); len(left) != 0 {
 			t.Errorf("the bucket keeps %v after every snapshot was deleted", left)
 		}
+	}
+
+	// A crash after the take, then the source Sandbox force-deleted (its
+	// node is down) and the SandboxSnapshot deleted: node-b removes the
+	// finalizer (nothing names node-a), so node-a must find on its return
+	// that the copy's object is gone. Last: it deletes the source.
+	take := sandbox.CrashStep{Op: kube.OpSnapshotStore, Step: kube.SnapshotTake}
+	if row := "store/" + take.String() + " then source and snapshot deleted"; only == "" || strings.Contains(row, only) {
+		t.Run(row, func(t *testing.T) {
+			arm(t, take.String())
+			beforeA, beforeB := a.HostState(ctx), b.HostState(ctx)
+			name := "snap-crash-orphan"
+			newSnapshot(ctx, t, c, name, source)
+			select {
+			case <-a.Exited():
+			case <-time.After(waitLimit):
+				t.Fatalf("node-a did not crash at %s in %s", take, waitLimit)
+			}
+			if ps := a.ProcessState(); ps == nil || !crashKilled(ps.Sys()) {
+				t.Fatalf("node-a exited with %v, want SIGKILL at the crash point:\n%s", ps, a.LogTail(30))
+			}
+			if u, err := getSnapshot(ctx, c, name); err != nil || status(u, "snapshotID") != "" || status(u, "nodeName") != "" {
+				t.Fatalf("after the crash at %s: %v, status %v; want nothing recorded", take, err, u.Object["status"])
+			}
+			if !slices.ContainsFunc(beforeA.Leaked(a.HostState(ctx)), func(s string) bool { return strings.HasPrefix(s, harness.KindFile+": snapshots/") }) {
+				t.Fatalf("node-a crashed after %s with no snapshot in its data dir", take)
+			}
+			// What an operator does with a Sandbox of a dead node.
+			src, err := getIn(ctx, c, ns, source)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Delete(ctx, src); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(ctx, t, "the source's finalizers removed", func() (bool, string) {
+				src, err := getIn(ctx, c, ns, source)
+				if err != nil {
+					return true, ""
+				}
+				src.SetFinalizers(nil)
+				err = c.Update(ctx, src)
+				return err == nil, fmt.Sprint(err)
+			})
+			waitGone(ctx, t, c, ns, source)
+			deleteSnapshot(ctx, t, c, name, true)
+			waitSnapshotGone(ctx, t, c, name) // node-b let it go
+			a.Launch(t)
+			if left := bucketKeys(ctx, t, raw, ns+"/"+name+"/"); len(left) != 0 {
+				t.Errorf("the bucket keeps %v after the delete", left)
+			}
+			a.WaitNoLeaks(t, beforeA)
+			b.WaitNoLeaks(t, beforeB)
+		})
 	}
 }

@@ -278,6 +278,11 @@ func build(cfg Config, sbs Sandboxes, host Host, logger *slog.Logger, again bool
 		if err := mgr.Add(&heartbeat{base}); err != nil {
 			return nil, fmt.Errorf("kube: node agent lease: %w", err)
 		}
+		if cfg.Snapshots != nil {
+			if err := mgr.Add(&snapshotSweep{base}); err != nil {
+				return nil, fmt.Errorf("kube: snapshot copy sweep: %w", err)
+			}
+		}
 	}
 	return &Controller{mgr: mgr, base: base}, nil
 }

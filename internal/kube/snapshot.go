@@ -98,11 +98,17 @@ func (r *snapshotReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 				return ctrl.Result{}, nil // its node deletes its copy
 			}
 			// Never taken: the source's node removes the finalizer (or
-			// anyone, once the source is gone).
+			// anyone, once the source is gone; a copy its node took before
+			// crashing goes with that node's sweep, snapshotsweep.go). Asked
+			// of the API server, and asked again: no event of the source
+			// re-queues this object.
 			var src agentsv1.Sandbox
-			err := r.c.Get(ctx, client.ObjectKey{Namespace: snap.Namespace, Name: snap.Spec.SandboxRef.Name}, &src)
+			err := r.api.Get(ctx, client.ObjectKey{Namespace: snap.Namespace, Name: snap.Spec.SandboxRef.Name}, &src)
+			if err != nil && !apierrors.IsNotFound(err) {
+				return ctrl.Result{}, err
+			}
 			if err == nil && src.Status.NodeName != "" && src.Status.NodeName != r.cfg.Node {
-				return ctrl.Result{}, nil
+				return ctrl.Result{RequeueAfter: 10 * time.Second}, nil
 			}
 		}
 		// Its own prefix, recorded or not (an agent that died between the

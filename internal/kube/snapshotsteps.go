@@ -228,9 +228,9 @@ func (r *sandboxReconciler) restoreSnapshotSteps(s *snapshotRestoreRun) []moveSt
 }
 
 // SnapshotCrashSteps lists every crash point of storing a SandboxSnapshot
-// (store) and of starting a Sandbox from a stored one on another node
-// (restore), in the order they are reached: the sandbox manager's and the
-// agents' own.
+// (store) and of starting a Sandbox from one (restore: from the object
+// store on another node, or from the local copy on the snapshot's node),
+// in the order they are reached: the sandbox manager's and the agents' own.
 func SnapshotCrashSteps() (store, restore []sandbox.CrashStep) {
 	var r snapshotReconciler
 	var sr sandboxReconciler
