@@ -171,18 +171,8 @@ func fullDisk(ctx context.Context, a *allRun, srv *Server) []TargetRow {
 		Floor: "507", Goal: fullDiskTarget, Met: createSt == http.StatusInsufficientStorage && strings.Contains(names(createBody), "names the")}}
 
 	volWrite := func() (int, []byte) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPut, srv.URL+"/volumecontent/"+vol.VolumeID+"/file?path=/a.txt", bytes.NewReader([]byte("hello")))
-		if err != nil {
-			return 0, []byte(err.Error())
-		}
-		req.Header.Set("Authorization", "Bearer "+vol.Token)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return 0, []byte(err.Error())
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, b
+		return send(ctx, http.MethodPut, srv.URL+"/volumecontent/"+vol.VolumeID+"/file?path=/a.txt",
+			bytes.NewReader([]byte("hello")), map[string]string{"Authorization": "Bearer " + vol.Token})
 	}
 	var refusals []string
 	allRefused := true
@@ -353,12 +343,19 @@ func apiStatus(ctx context.Context, base, key, method, path string, body any) (i
 		}
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, base+path, rd)
+	return send(ctx, method, base+path, rd, map[string]string{"X-API-Key": key, "Content-Type": "application/json"})
+}
+
+// send makes one request with headers and returns the status and body
+// (an error as the body, with status 0).
+func send(ctx context.Context, method, url string, body io.Reader, headers map[string]string) (int, []byte) {
+	req, err := http.NewRequestWithContext(ctx, method, url, body)
 	if err != nil {
 		return 0, []byte(err.Error())
 	}
-	req.Header.Set("X-API-Key", key)
-	req.Header.Set("Content-Type", "application/json")
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, []byte(err.Error())
