@@ -18,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/minio/minio-go/v7"
+
 	"github.com/agentbox/agentbox/e2e/harness"
 	"github.com/agentbox/agentbox/internal/kube"
 	"github.com/agentbox/agentbox/internal/sandbox"
@@ -87,29 +89,7 @@ func TestKubeMoveCrash(t *testing.T) {
 	harness.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
 	defer cancel()
-	c, kcPath := cluster(ctx, t)
-	createTeamNamespace(ctx, t, c, "agentbox-system", nil)
-	url, raw := s3Server(t)
-	dir := t.TempDir()
-	key := make([]byte, 32)
-	_, _ = rand.Read(key)
-	keyFile, credFile, secret := filepath.Join(dir, "image.key"), filepath.Join(dir, "s3.env"), filepath.Join(dir, "token-secret")
-	for f, body := range map[string]string{
-		secret:   strings.Repeat("0123456789abcdef", 4),
-		keyFile:  hex.EncodeToString(key),
-		credFile: "AWS_ACCESS_KEY_ID=test-access\nAWS_SECRET_ACCESS_KEY=test-secret\n",
-	} {
-		if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	agent := func(node string, extra ...string) *harness.Server {
-		return harness.Start(t, harness.Name(t.Name()+"-"+node), harness.Args(append([]string{"--kube-controller", "--kubeconfig", kcPath,
-			"--kube-node", node, "--kube-team", ns + "=default",
-			"--kube-leader-elect", "--kube-leader-elect-namespace", "default",
-			"--kube-lease-namespace", "agentbox-system", "--kube-lease-duration", "3s", "--token-secret-file", secret,
-			"--kube-object-store", url, "--kube-object-store-key-file", keyFile, "--kube-object-store-credentials-file", credFile}, extra...)...))
-	}
+	c, raw, agent := bucketAgents(ctx, t)
 	// node-a has more room: every row's Sandbox starts there.
 	a := agent("node-a", "--kube-node-cpu", "16", "--kube-node-memory-mb", "32768")
 	b := agent("node-b", "--kube-node-cpu", "4", "--kube-node-memory-mb", "4096")
@@ -441,4 +421,32 @@ func deleteAndWait(ctx context.Context, t *testing.T, c client.Client, ns, name 
 		t.Fatal(err)
 	}
 	waitGone(ctx, t, c, ns, name)
+}
+
+// bucketAgents starts a cluster with a bucket and returns a function that
+// starts a node agent moving images through it (the crash tables' set-up).
+func bucketAgents(ctx context.Context, t *testing.T) (client.Client, *minio.Client, func(node string, extra ...string) *harness.Server) {
+	c, kcPath := cluster(ctx, t)
+	createTeamNamespace(ctx, t, c, "agentbox-system", nil)
+	url, raw := s3Server(t)
+	dir := t.TempDir()
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	keyFile, credFile, secret := filepath.Join(dir, "image.key"), filepath.Join(dir, "s3.env"), filepath.Join(dir, "token-secret")
+	for f, body := range map[string]string{
+		secret:   strings.Repeat("0123456789abcdef", 4),
+		keyFile:  hex.EncodeToString(key),
+		credFile: "AWS_ACCESS_KEY_ID=test-access\nAWS_SECRET_ACCESS_KEY=test-secret\n",
+	} {
+		if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c, raw, func(node string, extra ...string) *harness.Server {
+		return harness.Start(t, harness.Name(t.Name()+"-"+node), harness.Args(append([]string{"--kube-controller", "--kubeconfig", kcPath,
+			"--kube-node", node, "--kube-team", ns + "=default",
+			"--kube-leader-elect", "--kube-leader-elect-namespace", "default",
+			"--kube-lease-namespace", "agentbox-system", "--kube-lease-duration", "3s", "--token-secret-file", secret,
+			"--kube-object-store", url, "--kube-object-store-key-file", keyFile, "--kube-object-store-credentials-file", credFile}, extra...)...))
+	}
 }

@@ -2,11 +2,8 @@ package kube
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -99,29 +96,7 @@ func TestKubeSnapshotCrash(t *testing.T) {
 	harness.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()
-	c, kcPath := cluster(ctx, t)
-	createTeamNamespace(ctx, t, c, "agentbox-system", nil)
-	url, raw := s3Server(t)
-	dir := t.TempDir()
-	key := make([]byte, 32)
-	_, _ = rand.Read(key)
-	keyFile, credFile, secret := filepath.Join(dir, "image.key"), filepath.Join(dir, "s3.env"), filepath.Join(dir, "token-secret")
-	for f, body := range map[string]string{
-		secret:   strings.Repeat("0123456789abcdef", 4),
-		keyFile:  hex.EncodeToString(key),
-		credFile: "AWS_ACCESS_KEY_ID=test-access\nAWS_SECRET_ACCESS_KEY=test-secret\n",
-	} {
-		if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	agent := func(node string, extra ...string) *harness.Server {
-		return harness.Start(t, harness.Name(t.Name()+"-"+node), harness.Args(append([]string{"--kube-controller", "--kubeconfig", kcPath,
-			"--kube-node", node, "--kube-team", ns + "=default",
-			"--kube-leader-elect", "--kube-leader-elect-namespace", "default",
-			"--kube-lease-namespace", "agentbox-system", "--kube-lease-duration", "3s", "--token-secret-file", secret,
-			"--kube-object-store", url, "--kube-object-store-key-file", keyFile, "--kube-object-store-credentials-file", credFile}, extra...)...))
-	}
+	c, raw, agent := bucketAgents(ctx, t)
 	sdkOf := func(s *harness.Server) *agentbox.Client {
 		return agentbox.New(agentbox.WithAPIURL(s.URL), agentbox.WithSandboxURL(s.URL), agentbox.WithAPIKey(s.APIKey))
 	}
